@@ -1,0 +1,215 @@
+"""Checkpoints: one .safetensors file holding weights, with config and tokenizer as JSON metadata.
+
+Loading treats every file as hostile. Before anything is allocated it checks the file size,
+the header length and JSON, the config's bounds (parameter count computed from the config
+alone) and the exact key set, shapes, dtypes and byte ranges of every tensor; only then are
+the weights read, checked for NaN/inf and loaded with strict key matching. Nothing is ever
+unpickled. Every failure is a ValueError whose message says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .config import ModelConfig
+from .tokenizers import Tokenizer, tokenizer_from_dict
+from .transformer import DecoderLM
+
+FORMAT = "decoder-lab/1"
+MAX_FILE_BYTES = 20 * 1024 * 1024
+MAX_HEADER_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a checkpoint's config must satisfy before a model is built from it."""
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_params: int = 5_000_000
+    max_layers: int = 6
+    max_heads: int = 8
+    max_d_model: int = 256
+    max_d_ff: int = 1024
+    max_block_size: int = 256
+    max_vocab: int = 4096
+
+    def check(self, cfg: ModelConfig) -> None:
+        bounds = {
+            "n_layers": (cfg.n_layers, self.max_layers),
+            "n_heads": (cfg.n_heads, self.max_heads),
+            "d_model": (cfg.d_model, self.max_d_model),
+            "d_ff": (cfg.ff_dim, self.max_d_ff),
+            "block_size": (cfg.block_size, self.max_block_size),
+            "vocab_size": (cfg.vocab_size, self.max_vocab),
+        }
+        for name, (value, limit) in bounds.items():
+            if value > limit:
+                raise ValueError(f"{name}={value} is above this app's limit of {limit}")
+        if cfg.n_params() > self.max_params:
+            raise ValueError(f"the model would have {cfg.n_params():,} parameters; the limit is {self.max_params:,}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class Checkpoint:
+    model: DecoderLM
+    tokenizer: Tokenizer
+    meta: dict[str, Any]
+
+
+def _state_for_saving(model: DecoderLM) -> dict[str, torch.Tensor]:
+    state = {k: v.detach().contiguous().float() for k, v in model.state_dict().items()}
+    if model.cfg.tie_weights:
+        state.pop("head.weight")  # the same tensor as tok_emb.weight
+    return state
+
+
+def checkpoint_bytes(model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None) -> bytes:
+    metadata = {
+        "format": FORMAT,
+        "config": json.dumps(model.cfg.to_dict()),
+        "tokenizer": json.dumps(tokenizer.to_dict()),
+        "meta": json.dumps(meta or {}),
+    }
+    return st_save(_state_for_saving(model), metadata=metadata)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory, fsync, rename, fsync the directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(path: str | Path, model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None) -> Path:
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path = path.with_suffix(".safetensors")
+    atomic_write(path, checkpoint_bytes(model, tokenizer, meta))
+    return path
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a model with this config, without allocating its weights."""
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    return {k: tuple(v.shape) for k, v in _state_for_saving(model).items()}
+
+
+def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int]:
+    if len(data) > limits.max_file_bytes:
+        raise ValueError(f"file is {len(data):,} bytes; the limit is {limits.max_file_bytes:,}")
+    if len(data) < 8:
+        raise ValueError("not a safetensors file: shorter than its 8-byte header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"safetensors header claims {n:,} bytes; at most {MAX_HEADER_BYTES:,} are allowed")
+    if 8 + n > len(data):
+        raise ValueError("safetensors header is longer than the file (truncated or not safetensors)")
+    try:
+        header = json.loads(data[8 : 8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("not a safetensors file: its header is not valid JSON (a pickle or other format?)") from None
+    if not isinstance(header, dict):
+        raise ValueError("not a safetensors file: header is not a JSON object")
+    return header, 8 + n
+
+
+def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
+    """Validate and load checkpoint bytes. Raises ValueError with a clear message on any problem."""
+    header, body_start = read_header(data, limits)
+    meta_raw = header.pop("__metadata__", None)
+    if not isinstance(meta_raw, dict) or meta_raw.get("format") != FORMAT:
+        raise ValueError(f"not a Decoder Lab checkpoint (missing '{FORMAT}' metadata)")
+    try:
+        cfg_dict = json.loads(meta_raw["config"])
+        tok_dict = json.loads(meta_raw["tokenizer"])
+        meta = json.loads(meta_raw.get("meta", "{}"))
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise ValueError("checkpoint metadata must hold 'config' and 'tokenizer' as JSON") from None
+    cfg = ModelConfig.from_dict(cfg_dict)
+    limits.check(cfg)
+    tokenizer = tokenizer_from_dict(tok_dict)
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {cfg.vocab_size}")
+
+    expected = _expected_shapes(cfg)
+    missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
+    if missing or extra:
+        raise ValueError(f"tensor names do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
+    body_len = len(data) - body_start
+    for name, shape in expected.items():
+        info = header[name]
+        if not isinstance(info, dict) or info.get("dtype") != "F32":
+            raise ValueError(f"tensor {name} must be float32 (F32)")
+        if info.get("shape") != list(shape):
+            raise ValueError(f"tensor {name} has shape {info.get('shape')}, expected {list(shape)}")
+        offsets = info.get("data_offsets")
+        if (
+            not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= body_len
+            or offsets[1] - offsets[0] != 4 * _numel(shape)
+        ):
+            raise ValueError(f"tensor {name} points outside the file or has the wrong byte length")
+
+    try:
+        tensors = st_load(data)
+    except Exception as exc:  # safetensors raises its own error types
+        raise ValueError(f"could not read the tensors: {exc}") from None
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"tensor {name} contains NaN or infinite values")
+    model = DecoderLM(cfg)
+    result = model.load_state_dict(tensors, strict=False)
+    allowed_missing = {"head.weight"} if cfg.tie_weights else set()
+    if set(result.missing_keys) != allowed_missing or result.unexpected_keys:
+        raise ValueError("tensor names do not match the model")
+    if cfg.tie_weights:
+        model.head.weight = model.tok_emb.weight
+    model.eval()
+    return Checkpoint(model, tokenizer, meta if isinstance(meta, dict) else {})
+
+
+def load_checkpoint(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        raise ValueError(f"cannot read {path.name}") from None
+    if size > limits.max_file_bytes:
+        raise ValueError(f"file is {size:,} bytes; the limit is {limits.max_file_bytes:,}")
+    return parse_checkpoint(path.read_bytes(), limits)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,0 +1,274 @@
+"""One training loop for the CLI, the benchmark and the app.
+
+`train()` is a generator of `TrainEvent`s: the caller decides how to show progress and can
+stop it at any time (by a callable, a wall-clock deadline, or simply by not asking for the
+next event); the model keeps whatever it learned so far.
+
+CLI: python -m model.train --corpus sort --steps 2000 --out assets/sort
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .transformer import DecoderLM
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 12
+    lr: float = 1e-3
+    min_lr: float | None = None  # default lr / 10
+    warmup: int = 50
+    schedule: str = "cosine"  # or "constant"
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    seed: int = 0
+    max_seconds: float | None = None
+    bf16: bool = False  # autocast matmuls to bfloat16 (fast on CPUs with AMX)
+    probe_every: int = 0  # capture attention on probe_ids every N steps (0 = never)
+    probe_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive whole number, got {v!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= 1):
+            raise ValueError(f"learning rate must be in (0, 1], got {self.lr!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be cosine or constant, got {self.schedule!r}")
+        if self.warmup < 0 or self.eval_every < 0 or self.probe_every < 0:
+            raise ValueError("warmup, eval_every and probe_every must be ≥ 0")
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to lr, then cosine decay to min_lr at the last step."""
+        if self.schedule == "constant":
+            return self.lr
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        low = self.lr / 10 if self.min_lr is None else self.min_lr
+        span = max(1, self.steps - self.warmup)
+        progress = min(1.0, (step - self.warmup) / span)
+        return low + 0.5 * (1 + math.cos(math.pi * progress)) * (self.lr - low)
+
+
+@dataclass
+class TrainEvent:
+    step: int  # steps completed
+    total_steps: int
+    train_loss: float  # loss of this step's batch
+    val_loss: float | None  # set on evaluation steps
+    eval_train_loss: float | None
+    lr: float
+    tokens_per_s: float
+    elapsed: float
+    done: bool = False
+    stop_reason: str | None = None  # "finished" | "stopped" | "time limit"
+    probe_attention: list | None = None  # per layer (H, T, T) numpy, on probe steps
+
+
+def loss_fn(model: DecoderLM, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+
+
+@torch.no_grad()
+def evaluate(model: DecoderLM, split, batches: int, batch_size: int, block_size: int, seed: int) -> float:
+    was_training = model.training
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    losses = [loss_fn(model, *split.get_batch(batch_size, block_size, g)).item() for _ in range(batches)]
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def make_optimizer(model: DecoderLM, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay only on matrices (not on biases, norms or embeddings' 1-D params)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def train(
+    model: DecoderLM,
+    corpus,
+    cfg: TrainConfig,
+    should_stop: Callable[[], bool] | None = None,
+) -> Iterator[TrainEvent]:
+    """Train `model` in place on `corpus.train`, yielding one event per step.
+
+    Stops at cfg.steps, when should_stop() returns True, or after cfg.max_seconds; the
+    last event has done=True and says why. Evaluation on `corpus.val` every eval_every
+    steps and at the end.
+    """
+    torch.manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed)
+    block = model.cfg.block_size
+    opt = make_optimizer(model, cfg)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
+    start = time.perf_counter()
+    tokens = 0
+    model.train()
+    step = 0
+    reason = "finished"
+    try:
+        while step < cfg.steps:
+            if should_stop is not None and should_stop():
+                reason = "stopped"
+                break
+            if cfg.max_seconds is not None and time.perf_counter() - start > cfg.max_seconds:
+                reason = "time limit"
+                break
+            lr = cfg.lr_at(step)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, y = corpus.train.get_batch(cfg.batch_size, block, g)
+            with autocast:
+                loss = loss_fn(model, x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            tokens += x.numel()
+            elapsed = time.perf_counter() - start
+            ev = TrainEvent(step, cfg.steps, loss.item(), None, None, lr, tokens / elapsed, elapsed)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                ev.val_loss = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
+            if cfg.probe_every and cfg.probe_ids and step % cfg.probe_every == 0:
+                ev.probe_attention = probe(model, cfg.probe_ids)
+            yield ev
+    finally:
+        model.eval()
+    elapsed = time.perf_counter() - start
+    val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
+    tr = evaluate(model, corpus.train, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 2)
+    yield TrainEvent(step, cfg.steps, tr, val, tr, cfg.lr_at(max(0, step - 1)),
+                     tokens / max(elapsed, 1e-9), elapsed, done=True, stop_reason=reason)
+
+
+@torch.no_grad()
+def probe(model: DecoderLM, ids: tuple[int, ...]) -> list:
+    was_training = model.training
+    model.eval()
+    ids = ids[-model.cfg.block_size :]
+    out = model(torch.tensor([list(ids)]), return_attention=True)
+    model.train(was_training)
+    return [a[0].numpy().copy() for a in out.attentions]
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .corpora import CORPUS_NAMES
+
+    p = argparse.ArgumentParser(
+        prog="python -m model.train",
+        description="Train a small decoder-only transformer and save it as a checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--corpus", default="sort", help=f"built-in corpus: {', '.join(CORPUS_NAMES)}")
+    p.add_argument("--text", type=Path, help="train on this UTF-8 text file (implies --corpus text)")
+    p.add_argument("--tokenizer", default=None, choices=["char", "word", "bpe"], help="tokenizer for text corpora (default: the corpus's own)")
+    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); other flags override it")
+    p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads per block")
+    p.add_argument("--d-model", type=int, default=64, help="embedding / residual width")
+    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 4*d_model; 0 = none)")
+    p.add_argument("--block-size", type=int, default=64, help="context length in tokens")
+    p.add_argument("--pos", default="learned", choices=["sinusoidal", "learned", "rope", "none"], help="positional encoding")
+    p.add_argument("--norm", default="pre", choices=["pre", "post", "none"], help="layer-norm placement")
+    p.add_argument("--activation", default="gelu", choices=["relu", "gelu", "swiglu"], help="feed-forward activation")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
+    p.add_argument("--no-bias", action="store_true", help="linear layers and norms without bias")
+    p.add_argument("--tie", action="store_true", help="tie input embedding and output head weights")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=12, help="sequences per batch")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    p.add_argument("--min-lr", type=float, default=None, help="final learning rate of the cosine decay (default lr/10)")
+    p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    p.add_argument("--eval-every", type=int, default=100, help="evaluate on held-out data every N steps")
+    p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batches")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--out", type=Path, help="directory to save the checkpoint in")
+    p.add_argument("--quiet", action="store_true", help="print only evaluation steps and the result")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import save_checkpoint
+    from .corpora import build_corpus, read_text_file
+    from .presets import PRESETS
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.preset:
+        if args.preset not in PRESETS:
+            print(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
+            return 2
+        preset = PRESETS[args.preset]
+        corpus = build_corpus(preset.corpus, preset.tokenizer, seed=args.seed)
+        mcfg = preset.model_config(corpus.tokenizer.vocab_size)
+        tcfg = preset.train
+        overrides = {
+            k: getattr(args, k)
+            for k in ("steps", "lr", "seed", "max_seconds", "bf16")
+            if getattr(args, k) != parser.get_default(k)
+        }
+        tcfg = TrainConfig(**{**asdict(tcfg), **overrides})
+    else:
+        text = read_text_file(args.text) if args.text else None
+        corpus = build_corpus("text" if text else args.corpus, args.tokenizer, seed=args.seed, text=text)
+        mcfg = ModelConfig(
+            vocab_size=corpus.tokenizer.vocab_size, block_size=args.block_size, n_layers=args.layers,
+            n_heads=args.heads, d_model=args.d_model, d_ff=args.d_ff, pos_encoding=args.pos, norm=args.norm,
+            activation=args.activation, dropout=args.dropout, bias=not args.no_bias, tie_weights=args.tie,
+        )
+        tcfg = TrainConfig(
+            steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
+            weight_decay=args.weight_decay, eval_every=args.eval_every, seed=args.seed,
+            max_seconds=args.max_seconds, bf16=args.bf16,
+        )
+    torch.manual_seed(tcfg.seed)
+    model = DecoderLM(mcfg)
+    print(json.dumps({"corpus": corpus.name, "params": model.n_params(), "model": mcfg.to_dict()}))
+    last = None
+    for ev in train(model, corpus, tcfg):
+        last = ev
+        if ev.done or ev.val_loss is not None or not args.quiet:
+            print(json.dumps({k: v for k, v in asdict(ev).items() if k != "probe_attention"}), flush=True)
+    if args.out:
+        meta = {"corpus": corpus.name, "final_val_loss": last.val_loss, "steps": last.step,
+                "command": "python -m model.train " + " ".join(argv if argv is not None else sys.argv[1:])}
+        save_checkpoint(args.out, model, corpus.tokenizer, meta)
+        print(f"saved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""A small decoder-only (GPT-style) transformer that can report exactly what it attended to.
+
+Two attention paths share one set of weights:
+* the fused path (`F.scaled_dot_product_attention`) when no attention is requested;
+* the explicit path (scores -> mask -> softmax -> weighted sum) when it is, which returns the
+  post-softmax weights it multiplied V with and the pre-softmax scores it computed.
+Tests hold the two equal, so the picture in the app is the computation the model ran.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+@dataclass
+class LayerCache:
+    """Keys and values of one layer, shape (B, H, T_cached, head_dim)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+@dataclass
+class KVCache:
+    layers: list[LayerCache]
+
+    @property
+    def length(self) -> int:
+        return 0 if not self.layers else self.layers[0].k.shape[2]
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward pass returns; the type is the same whatever was asked for.
+
+    logits: (B, T, V). attentions / scores: one (B, H, Tq, Tk) tensor per layer when
+    return_attention=True, else None. Masked entries are exactly 0 in `attentions` and
+    -inf in `scores`. cache: the key/value cache including this call's tokens, when a
+    cache was passed in (use `KVCache([])` to start one).
+    """
+
+    logits: torch.Tensor
+    attentions: tuple[torch.Tensor, ...] | None = None
+    scores: tuple[torch.Tensor, ...] | None = None
+    cache: KVCache | None = None
+
+
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / base^(2i/d)), PE[pos, 2i+1] = cos(pos / base^(2i/d))."""
+    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angle = pos / base ** (two_i / d_model)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+def rope_angles(n_positions: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotation angle pos * base^(-2i/head_dim) for each position and dimension pair: (P, head_dim/2)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return (torch.arange(n_positions, dtype=torch.float64).unsqueeze(1) * inv_freq).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs (x[2i], x[2i+1]) of the last dim by the given angles.
+
+    x: (B, H, T, hd); cos/sin: (T, hd/2).
+    """
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2)
+
+
+def causal_mask(t_query: int, t_key: int, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask, True where attention is NOT allowed (key after query).
+
+    Queries are the last Tq positions of the Tk keys, as in incremental decoding.
+    """
+    offset = t_key - t_query
+    q = torch.arange(t_query, device=device).unsqueeze(1) + offset
+    k = torch.arange(t_key, device=device).unsqueeze(0)
+    return k > q
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if cfg.attn_out_proj else None
+        self.dropout = cfg.dropout
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        past: LayerCache | None,
+        want_cache: bool,
+        want_attention: bool,
+    ) -> tuple[torch.Tensor, LayerCache | None, torch.Tensor | None, torch.Tensor | None]:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if past is not None:
+            k = torch.cat((past.k, k), dim=2)
+            v = torch.cat((past.v, v), dim=2)
+        new_cache = LayerCache(k, v) if want_cache else None
+        t_key = k.shape[2]
+        causal = self.cfg.mask == "causal"
+        drop = self.dropout if self.training else 0.0
+
+        if not want_attention:
+            if not causal or T == 1:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+            elif t_key == T:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            else:
+                allowed = ~causal_mask(T, t_key, x.device)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+            weights = scores = None
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            if causal:
+                scores = scores.masked_fill(causal_mask(T, t_key, x.device), float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            y = F.dropout(weights, drop, training=True) @ v if drop else weights @ v
+
+        y = y.transpose(1, 2).reshape(B, T, C)
+        if self.proj is not None:
+            y = self.proj(y)
+        return y, new_cache, weights, scores
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, f = cfg.d_model, cfg.ff_dim
+        self.swiglu = cfg.activation == "swiglu"
+        self.up = nn.Linear(d, 2 * f if self.swiglu else f, bias=cfg.bias)
+        self.down = nn.Linear(f, d, bias=cfg.bias)
+        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.swiglu:
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        else:
+            h = self.act(h)
+        return self.down(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm_mode = cfg.norm
+        make_norm = (lambda: nn.LayerNorm(cfg.d_model, bias=cfg.bias)) if cfg.norm != "none" else nn.Identity
+        self.norm1 = make_norm()
+        self.attn = SelfAttention(cfg)
+        self.ffn = FeedForward(cfg) if cfg.ff_dim > 0 else None
+        self.norm2 = make_norm() if self.ffn is not None else nn.Identity()
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope, past, want_cache, want_attention):
+        if self.norm_mode == "post":
+            a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention)
+            x = self.norm1(x + self.drop(a))
+            if self.ffn is not None:
+                x = self.norm2(x + self.drop(self.ffn(x)))
+        else:  # pre-norm, or no norm at all (Identity)
+            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention)
+            x = x + self.drop(a)
+            if self.ffn is not None:
+                x = x + self.drop(self.ffn(self.norm2(x)))
+        return x, cache, w, s
+
+
+class DecoderLM(nn.Module):
+    """Token embedding + positions -> N blocks of masked self-attention -> linear head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.pos_encoding == "learned":
+            self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        if cfg.pos_encoding == "sinusoidal":
+            self.register_buffer(
+                "pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False
+            )
+        if cfg.pos_encoding == "rope":
+            angles = rope_angles(cfg.block_size, cfg.head_dim, cfg.pe_base)
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)
+        if cfg.tie_weights:
+            self.head.weight = self.tok_emb.weight
+        if cfg.init == "gpt2":
+            self.apply(self._init_gpt2)
+            for name, p in self.named_parameters():
+                if name.endswith(("attn.proj.weight", "ffn.down.weight")):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_gpt2(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        return_attention: bool = False,
+        cache: KVCache | None = None,
+    ) -> ForwardOutput:
+        """ids: (B, T) token ids. With `cache`, ids are the tokens after the cached ones."""
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, time), got {tuple(ids.shape)}")
+        B, T = ids.shape
+        start = cache.length if cache is not None else 0
+        if cache is not None and cache.length and self.cfg.mask != "causal":
+            raise ValueError("a key/value cache is only valid for the causal mask")
+        if start + T > self.cfg.block_size:
+            raise ValueError(
+                f"{start + T} positions exceed the context of {self.cfg.block_size}; crop the input"
+            )
+        if T == 0:
+            raise ValueError("ids must contain at least one token")
+
+        x = self.tok_emb(ids)
+        pe = self.cfg.pos_encoding
+        if pe == "learned":
+            x = x + self.pos_emb(torch.arange(start, start + T, device=ids.device))
+        elif pe == "sinusoidal":
+            x = x + self.pe_table[start : start + T]
+        rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T]) if pe == "rope" else None
+        x = self.drop(x)
+
+        want_cache = cache is not None
+        layers, atts, scs = [], [], []
+        for i, block in enumerate(self.blocks):
+            past = cache.layers[i] if cache is not None and cache.layers else None
+            x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention)
+            layers.append(layer_cache)
+            atts.append(w)
+            scs.append(s)
+        logits = self.head(self.norm_f(x))
+        return ForwardOutput(
+            logits=logits,
+            attentions=tuple(atts) if return_attention else None,
+            scores=tuple(scs) if return_attention else None,
+            cache=KVCache(layers) if want_cache else None,
+        )
+
+    def positional_table(self) -> tuple[str, torch.Tensor | None]:
+        """The positional information the model actually uses, for display.
+
+        sinusoidal/learned: the (block_size, d_model) table added to the embeddings.
+        rope: the (block_size, head_dim/2) rotation angles in radians. none: None.
+        """
+        pe = self.cfg.pos_encoding
+        if pe == "learned":
+            return pe, self.pos_emb.weight.detach().clone()
+        if pe == "sinusoidal":
+            return pe, self.pe_table.clone()
+        if pe == "rope":
+            return pe, rope_angles(self.cfg.block_size, self.cfg.head_dim, self.cfg.pe_base)
+        return pe, None
