@@ -135,7 +135,7 @@ def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
         raise ValueError("safetensors header is longer than the file (truncated or not safetensors)")
     try:
         header = json.loads(data[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise ValueError("not a safetensors file: its header is not valid JSON (a pickle or other format?)") from None
     if not isinstance(header, dict):
         raise ValueError("not a safetensors file: header is not a JSON object")
@@ -152,7 +152,7 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint
         cfg_dict = json.loads(meta_raw["config"])
         tok_dict = json.loads(meta_raw["tokenizer"])
         meta = json.loads(meta_raw.get("meta", "{}"))
-    except (KeyError, TypeError, json.JSONDecodeError):
+    except (KeyError, TypeError, json.JSONDecodeError, RecursionError):
         raise ValueError("checkpoint metadata must hold 'config' and 'tokenizer' as JSON") from None
     cfg = ModelConfig.from_dict(cfg_dict)
     limits.check(cfg)

@@ -48,7 +48,8 @@ def adjust_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
         out = torch.zeros_like(logits)
         out[int(torch.argmax(logits))] = 1.0
         return out
-    probs = torch.softmax(logits / s.temperature, dim=-1)
+    # shift by the max first: a tiny temperature must not turn logits into inf - inf = NaN
+    probs = torch.softmax((logits.double() - logits.max()) / s.temperature, dim=-1).float()
     if s.top_k and s.top_k < probs.numel():
         kth = torch.topk(probs, s.top_k).values[-1]
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
@@ -100,8 +101,11 @@ class Decoder:
         self.block_size = self.model.cfg.block_size
         self.cropped_prompt = len(self.ids) > self.block_size
         self.start = max(0, len(self.ids) - self.block_size)  # index of the window's first token
+        self.prompt_len = len(self.ids)
         self.generator = torch.Generator().manual_seed(self.sampling.seed)
-        self.attention: list[np.ndarray] = []  # per layer, (H, T, T) for the current window
+        self._rng_history: list[torch.Tensor] = []  # generator state before each step, for undo
+        self.attention: list[np.ndarray] = []  # per layer, (H, T, T) weights for the current window
+        self.scores: list[np.ndarray] = []  # per layer, (H, T, T) pre-softmax scores (-inf where masked)
         self._prefill()
 
     @property
@@ -115,12 +119,24 @@ class Decoder:
         self.cache = out.cache
         self.logits = out.logits[0, -1]
         self.attention = [a[0].numpy().copy() for a in out.attentions] if out.attentions else []
+        self.scores = [a[0].numpy().copy() for a in out.scores] if out.scores else []
+
+    def undo(self) -> bool:
+        """Remove the last generated token (never the prompt) and restore the sampler's state."""
+        if len(self.ids) <= self.prompt_len:
+            return False
+        self.ids.pop()
+        self.generator.set_state(self._rng_history.pop())
+        self.start = max(0, len(self.ids) - self.block_size)
+        self._prefill()
+        return True
 
     @torch.inference_mode()
     def step(self, sampling: Sampling | None = None) -> Step:
         s = sampling or self.sampling
         probs = torch.softmax(self.logits.float(), dim=-1)
         adjusted = adjust_probs(self.logits, s)
+        self._rng_history.append(self.generator.get_state())
         token = int(torch.multinomial(adjusted, 1, generator=self.generator)) if s.temperature else int(adjusted.argmax())
         self.ids.append(token)
         cropped = len(self.ids) - self.start > self.block_size
@@ -132,7 +148,10 @@ class Decoder:
             out = self.model(torch.tensor([[token]]), return_attention=self.capture_attention, cache=self.cache)
             self.cache, self.logits = out.cache, out.logits[0, -1]
             rows = [a[0].numpy().copy() for a in out.attentions] if out.attentions else []
-            self.attention = [_grow(m, r) for m, r in zip(self.attention, rows)]
+            self.attention = [_grow(m, r, 0.0) for m, r in zip(self.attention, rows)]
+            if out.scores:
+                new_scores = [a[0].numpy() for a in out.scores]
+                self.scores = [_grow(m, r, -np.inf) for m, r in zip(self.scores, new_scores)]
         else:
             self._prefill()
             rows = [a[:, -1:, :].copy() for a in self.attention]
@@ -148,10 +167,10 @@ class Decoder:
         )
 
 
-def _grow(matrix: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Append a new query row (H, 1, T+1) to an (H, T, T) matrix, padding old rows with exact zeros."""
+def _grow(matrix: np.ndarray, row: np.ndarray, masked: float) -> np.ndarray:
+    """Append a new query row (H, 1, T+1) to an (H, T, T) matrix; old rows gain a masked column."""
     H, T, _ = matrix.shape
-    out = np.zeros((H, T + 1, T + 1), dtype=matrix.dtype)
+    out = np.full((H, T + 1, T + 1), masked, dtype=matrix.dtype)
     out[:, :T, :T] = matrix
     out[:, T:, :] = row
     return out

@@ -46,7 +46,7 @@ class TrainConfig:
     probe_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size"):
+        for name in ("steps", "batch_size", "eval_batches"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive whole number, got {v!r}")
@@ -64,7 +64,7 @@ class TrainConfig:
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
         low = self.lr / 10 if self.min_lr is None else self.min_lr
-        span = max(1, self.steps - self.warmup)
+        span = max(1, self.steps - 1 - self.warmup)  # the last step (index steps-1) runs at min_lr
         progress = min(1.0, (step - self.warmup) / span)
         return low + 0.5 * (1 + math.cos(math.pi * progress)) * (self.lr - low)
 
@@ -263,10 +263,19 @@ def main(argv: list[str] | None = None) -> int:
         if ev.done or ev.val_loss is not None or not args.quiet:
             print(json.dumps({k: v for k, v in asdict(ev).items() if k != "probe_attention"}), flush=True)
     if args.out:
-        meta = {"corpus": corpus.name, "final_val_loss": last.val_loss, "steps": last.step,
-                "command": "python -m model.train " + " ".join(argv if argv is not None else sys.argv[1:])}
-        save_checkpoint(args.out, model, corpus.tokenizer, meta)
-        print(f"saved {args.out}")
+        meta = {
+            "corpus": corpus.name,
+            "command": "python -m model.train " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "steps": last.step,
+            "final_val_loss": round(last.val_loss, 4),
+            "final_train_loss": round(last.eval_train_loss, 4),
+            "seconds": round(last.elapsed, 1),
+            "summary": PRESETS[args.preset].summary if args.preset else "",
+            "quality": PRESETS[args.preset].quality if args.preset else "",
+        }
+        path = save_checkpoint(args.out, model, corpus.tokenizer, meta)
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        print(f"saved {path}")
     return 0
 
 

@@ -1,0 +1,271 @@
+"""Behaviour of model.train: config checks, lr schedule, the event stream, stopping, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.checkpoint import load_checkpoint
+from model.config import ModelConfig
+from model.corpora import build_corpus
+from model.generate import Sampling, generate
+from model.presets import PRESETS
+from model.train import TrainConfig, build_parser, evaluate, main, train
+from model.transformer import DecoderLM
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sort_corpus():
+    return build_corpus("sort")
+
+
+def tiny_model(corpus, seed: int = 0) -> DecoderLM:
+    torch.manual_seed(seed)
+    return DecoderLM(ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2,
+                                 d_model=32))
+
+
+def quick(**kw) -> TrainConfig:
+    base = dict(steps=20, batch_size=16, lr=3e-3, warmup=2, eval_every=0, eval_batches=2)
+    return TrainConfig(**{**base, **kw})
+
+
+# ------------------------------------------------------------------------------ TrainConfig
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(steps=0), dict(steps=-5), dict(steps=True), dict(steps=1.5),
+        dict(batch_size=0), dict(batch_size=False),
+        dict(lr=0), dict(lr=-1e-3), dict(lr=float("nan")), dict(lr=float("inf")), dict(lr=1.5), dict(lr="0.1"),
+        dict(schedule="linear"),
+        dict(warmup=-1), dict(eval_every=-1), dict(probe_every=-1),
+        dict(eval_batches=0),
+    ],
+)
+def test_train_config_rejects(kw):
+    with pytest.raises(ValueError):
+        TrainConfig(**kw)
+
+
+def test_train_config_defaults_valid():
+    cfg = TrainConfig()
+    assert cfg.steps > 0 and 0 < cfg.lr <= 1 and cfg.schedule in ("cosine", "constant")
+
+
+# ------------------------------------------------------------------------------ schedule
+
+
+def test_warmup_is_linear():
+    cfg = TrainConfig(steps=100, lr=1e-3, min_lr=1e-4, warmup=10)
+    for s in range(10):
+        assert cfg.lr_at(s) == pytest.approx(1e-3 * (s + 1) / 10)
+    assert cfg.lr_at(9) == pytest.approx(1e-3)  # warm-up reaches the peak
+
+
+def test_cosine_decays_to_min_lr_at_the_last_step():
+    cfg = TrainConfig(steps=100, lr=1e-3, min_lr=1e-4, warmup=10)
+    assert cfg.lr_at(10) == pytest.approx(1e-3)
+    assert cfg.lr_at(99) == pytest.approx(1e-4)  # last step index
+    assert cfg.lr_at(500) == pytest.approx(1e-4)  # never below min_lr
+    lrs = [cfg.lr_at(s) for s in range(10, 100)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    # halfway through the decay, the cosine is at its midpoint
+    mid = 10 + (99 - 10) / 2
+    assert cfg.lr_at(int(mid)) == pytest.approx(
+        1e-4 + 0.5 * (1 + math.cos(math.pi * (int(mid) - 10) / 89)) * 9e-4)
+    assert 1e-4 < cfg.lr_at(int(mid)) < 1e-3
+
+
+def test_default_min_lr_is_a_tenth():
+    cfg = TrainConfig(steps=50, lr=2e-3, warmup=0)
+    assert cfg.lr_at(0) == pytest.approx(2e-3)
+    assert cfg.lr_at(49) == pytest.approx(2e-4)
+
+
+def test_constant_schedule():
+    cfg = TrainConfig(steps=50, lr=5e-3, warmup=0, schedule="constant")
+    assert {cfg.lr_at(s) for s in range(60)} == {5e-3}
+
+
+# ------------------------------------------------------------------------------ train()
+
+
+def test_one_event_per_step_then_done(sort_corpus):
+    cfg = quick(steps=12)
+    events = list(train(tiny_model(sort_corpus), sort_corpus, cfg))
+    assert len(events) == 13
+    assert [e.step for e in events[:-1]] == list(range(1, 13))
+    assert not any(e.done for e in events[:-1])
+    last = events[-1]
+    assert last.done and last.stop_reason == "finished" and last.step == 12
+    assert last.val_loss is not None and math.isfinite(last.val_loss)
+    assert all(e.total_steps == 12 for e in events)
+    for e in events[:-1]:
+        assert e.lr == pytest.approx(cfg.lr_at(e.step - 1))
+        assert math.isfinite(e.train_loss) and e.tokens_per_s > 0
+    els = [e.elapsed for e in events]
+    assert els == sorted(els)
+
+
+def test_should_stop_ends_within_one_step_and_keeps_weights(sort_corpus):
+    model = tiny_model(sort_corpus)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = quick(steps=10_000)
+    loss0 = evaluate(model, sort_corpus.val, cfg.eval_batches, cfg.batch_size, 16, cfg.seed + 1)
+    events = []
+    k = 40
+    for ev in train(model, sort_corpus, cfg, should_stop=lambda: len(events) >= k):
+        events.append(ev)
+    last = events[-1]
+    assert last.done and last.stop_reason == "stopped"
+    assert last.step == k and len(events) == k + 1
+    assert any(not torch.equal(init[n], v) for n, v in model.state_dict().items())
+    assert last.val_loss < loss0 - 0.2
+    assert last.val_loss == pytest.approx(
+        evaluate(model, sort_corpus.val, cfg.eval_batches, cfg.batch_size, 16, cfg.seed + 1))
+    assert not model.training  # left in eval mode
+
+
+def test_stopping_before_the_first_step(sort_corpus):
+    model = tiny_model(sort_corpus)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    events = list(train(model, sort_corpus, quick(), should_stop=lambda: True))
+    assert len(events) == 1 and events[0].done and events[0].step == 0 and events[0].stop_reason == "stopped"
+    assert all(torch.equal(init[n], v) for n, v in model.state_dict().items())
+
+
+def test_max_seconds_gives_time_limit(sort_corpus):
+    t0 = time.perf_counter()
+    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=1_000_000, max_seconds=0.3)))
+    took = time.perf_counter() - t0
+    last = events[-1]
+    assert last.done and last.stop_reason == "time limit"
+    assert 0 < last.step < 1_000_000
+    assert last.elapsed >= 0.3
+    assert took < 10
+
+
+def test_eval_events_carry_val_loss(sort_corpus):
+    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=20, eval_every=5)))
+    with_val = [e.step for e in events[:-1] if e.val_loss is not None]
+    assert with_val == [5, 10, 15]
+    assert all(math.isfinite(e.val_loss) and e.val_loss > 0 for e in events if e.val_loss is not None)
+    assert events[-1].val_loss is not None
+
+
+def test_probe_captures_attention(sort_corpus):
+    probe = tuple(sort_corpus.tokenizer.encode("503124=0"))
+    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=9, probe_every=4, probe_ids=probe)))
+    probed = [e for e in events if e.probe_attention is not None]
+    assert [e.step for e in probed] == [4, 8]
+    for e in probed:
+        assert len(e.probe_attention) == 1  # one layer
+        a = e.probe_attention[0]
+        assert a.shape == (2, len(probe), len(probe))
+        assert abs(a.sum(-1) - 1).max() < 1e-5
+        assert (a[:, 0, 1:] == 0).all()  # causal
+    # a probe longer than the context is cropped to its last block_size tokens
+    long = tuple(sort_corpus.tokenizer.encode("5031245031245031245"))
+    ev = next(e for e in train(tiny_model(sort_corpus), sort_corpus, quick(steps=1, probe_every=1, probe_ids=long))
+              if e.probe_attention is not None)
+    assert ev.probe_attention[0].shape == (2, 16, 16)
+
+
+def test_same_seed_same_losses(sort_corpus):
+    def run(seed):
+        return [e.train_loss for e in train(tiny_model(sort_corpus, seed), sort_corpus, quick(steps=8, seed=seed))]
+
+    a, b, c = run(0), run(0), run(1)
+    assert a == b
+    assert a != c
+
+
+def _toy_answers(model, tok, prompts):
+    out = []
+    for p in prompts:
+        steps = list(generate(model, tok.encode(p), Sampling(temperature=0), 6, eos_id=tok.eos_id))
+        out.append([tok.decode([s.token_id]) for s in steps])
+    return out
+
+
+def test_toy_preset_reproduces_article_001():
+    preset = PRESETS["toy"]
+    corpus = build_corpus(preset.corpus, preset.tokenizer)
+    torch.manual_seed(preset.train.seed)
+    model = DecoderLM(preset.model_config(corpus.tokenizer.vocab_size))
+    events = list(train(model, corpus, preset.train))
+    assert events[-1].stop_reason == "finished" and events[-1].step == 100
+    assert len(corpus.sample_prompts) == 2
+    assert _toy_answers(model, corpus.tokenizer, corpus.sample_prompts) == [["exciting", "<EOS>"]] * 2
+
+
+def test_toy_preset_through_cli_in_process(tmp_path, capsys):
+    assert main(["--preset", "toy", "--out", str(tmp_path / "toy"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    ckpt = load_checkpoint(tmp_path / "toy.safetensors")
+    corpus = build_corpus("toy")
+    assert _toy_answers(ckpt.model, ckpt.tokenizer, corpus.sample_prompts) == [["exciting", "<EOS>"]] * 2
+    assert ckpt.meta["command"] == f"python -m model.train --preset toy --out {tmp_path / 'toy'} --quiet"
+    assert "saved" in out
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+@pytest.mark.slow
+def test_cli_trains_and_saves_a_loadable_checkpoint(tmp_path, sort_corpus):
+    out = tmp_path / "x"
+    args = ["--corpus", "sort", "--steps", "30", "--layers", "1", "--d-model", "32", "--heads", "2",
+            "--block-size", "16", "--out", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "model.train", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    assert len(records) >= 2
+    header, done = records[0], records[-1]
+    assert header["corpus"] == "sort" and header["model"]["n_layers"] == 1 and header["model"]["d_model"] == 32
+    assert done["done"] is True and done["stop_reason"] == "finished" and done["step"] == 30
+    assert not any(r.get("done") is False and r.get("val_loss") is None for r in records[1:])  # --quiet
+    assert lines[-1].startswith("saved")
+
+    ckpt = load_checkpoint(out.with_suffix(".safetensors"))
+    cfg = ckpt.model.cfg
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.block_size) == (1, 32, 2, 16)
+    assert header["params"] == ckpt.model.n_params()
+    assert ckpt.tokenizer == sort_corpus.tokenizer
+    assert ckpt.meta["command"] == "python -m model.train " + " ".join(args)
+    # the saved weights are the trained ones: they reproduce the reported held-out loss
+    val = evaluate(ckpt.model, sort_corpus.val, 8, 12, 16, 1)
+    assert val == pytest.approx(done["val_loss"], abs=1e-4)
+    assert ckpt.meta["final_val_loss"] == pytest.approx(done["val_loss"], abs=1e-4)
+
+
+def test_help_covers_every_flag():
+    parser = build_parser()
+    text = parser.format_help()
+    flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) >= 25
+    for action in flags:
+        assert action.help and action.help.strip(), f"{action.option_strings} has no help"
+        assert any(opt in text for opt in action.option_strings)
+    for needed in ("--corpus", "--steps", "--out", "--preset", "--layers", "--d-model", "--block-size", "--quiet"):
+        assert needed in text
+
+
+def test_cli_rejects_unknown_preset(capsys):
+    assert main(["--preset", "nope"]) == 2
+    assert "unknown preset" in capsys.readouterr().err

@@ -1,0 +1,476 @@
+"""Attention heatmaps: one layer's heads, one head enlarged, or every layer × head.
+
+Conventions shared by all three figures
+* rows are query positions (position 0 on top), columns are key positions;
+* the axes are category axes whose categories are unique position labels ``"tok" (i)``, so hover can
+  name the tokens and repeated tokens never merge; ticks are placed by integer position
+  (tickvals) with the (escaped, possibly thinned) tokens as tick text;
+* values travel as integer milli-units (see ``viz._common``): hover reads ``0.231`` for weights;
+* masked cells (NaN / -inf input, or ``mask`` True) are left out or sent as NaN, so they show the
+  grey plot background and do not hover.
+
+Payload. A causal map is sent as rectangular tiles: each band of B query rows becomes one
+integer tile for the keys left of the diagonal block (u1 when every value ≤ 0.255, else u2) and
+one float32 tile, NaN above the diagonal, for the diagonal block; fully masked tiles are not sent.
+B is picked per head from {4, 8, 16, 32, 64, T} by estimated size. Measured with ``payload_bytes``
+(random softmax rows, 4 heads, one layer, causal, tokens of 2–7 characters):
+
+    T      weights (this encoding)   float32 + NaN, one heatmap per head   scores (i2 milli-units)
+    16       ~9 KB                      ~12 KB                               ~10 KB
+    64       ~39 KB                     ~95 KB                               ~43 KB
+    128      ~119 KB                    ~370 KB                              ~131 KB
+    256      ~438 KB                    ~1460 KB                             ~487 KB
+
+(see the module docstring of ``viz`` for the exact numbers of the final build). A bidirectional
+(unmasked) map has no triangle to drop; it costs about 2 bytes per cell (u2 in base64).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ._common import (
+    FONT,
+    GREY,
+    MILLI,
+    MILLI_FORMAT,
+    MILLI_SEPARATORS,
+    encoded_milli,
+    esc,
+    nice_ticks,
+    short_token,
+    tick_label,
+    tick_step,
+    to_milli,
+)
+
+KINDS = ("weights", "scores")
+OVERVIEW_MAX_T = 48
+MASKED_HINT = "grey = masked (future position)"
+_TILE_SIZES = (4, 8, 16, 32, 64)
+_TRACE_OVERHEAD = 125  # measured bytes of one tile trace on the wire, besides its base64 data
+
+
+def causal_mask(t: int) -> np.ndarray:
+    """(t, t) bool mask, True above the diagonal (key after query = future position)."""
+    return np.triu(np.ones((t, t), dtype=bool), 1)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be 'weights' or 'scores', got {kind!r}")
+
+
+def _check_square(shape: tuple[int, ...], what: str = "attention") -> int:
+    tq, tk = shape[-2], shape[-1]
+    if tq != tk:
+        raise ValueError(f"{what} is {tq}×{tk} (query × key) but must be square")
+    if tq == 0:
+        raise ValueError(f"{what} is empty (0×0)")
+    return tq
+
+
+def _check_tokens(tokens: Sequence[str], t: int) -> list[str]:
+    tokens = [str(tok) for tok in tokens]
+    if len(tokens) != t:
+        raise ValueError(f"attention is {t}×{t} but {len(tokens)} token labels were given")
+    return tokens
+
+
+def _masks(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Boolean masked-cell array shaped like `values`: non-finite input or `mask` True."""
+    masked = ~np.isfinite(values)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        t = values.shape[-1]
+        if mask.shape[-2:] != (t, t) or (mask.ndim > 2 and mask.shape != values.shape):
+            shape = "×".join(map(str, mask.shape))
+            raise ValueError(f"mask is {shape} but attention is {t}×{t}")
+        masked = masked | mask
+    return masked
+
+
+def _check_weight_range(q: np.ndarray) -> None:
+    finite = q[np.isfinite(q)]
+    if finite.size and (finite.min() < -1 or finite.max() > MILLI + 1):
+        lo, hi = finite.min() / MILLI, finite.max() / MILLI
+        raise ValueError(
+            f"attention weights must lie in [0, 1] but range {lo:.3g}..{hi:.3g}; "
+            "pass kind='scores' for pre-softmax scores"
+        )
+
+
+# ----------------------------------------------------------------------------- tiling
+
+
+def _runs(masked: np.ndarray, b: int) -> list[tuple[int, int, int, int, bool]]:
+    """Rectangles (r0, r1, c0, c1, mixed) covering every unmasked cell of a (T, T) mask.
+
+    The grid is cut into b×b tiles; fully masked tiles are dropped, consecutive tiles of the same
+    kind in a band are merged, and identical runs in consecutive bands are merged vertically.
+    `mixed` rectangles hold some masked cells (sent as float32 NaN); the others hold none.
+    """
+    t = masked.shape[0]
+    edges = np.arange(0, t, b)
+    counts = np.add.reduceat(np.add.reduceat(masked.astype(np.int32), edges, 0), edges, 1)
+    sizes = np.minimum(edges + b, t) - edges
+    full = np.outer(sizes, sizes)
+    kinds = np.where(counts == 0, 0, np.where(counts == full, 2, 1))  # 0 clean, 1 mixed, 2 masked
+    done: list[list[int]] = []
+    open_runs: dict[tuple[int, int, int], list[int]] = {}
+    for bi, r0 in enumerate(edges):
+        r1 = min(r0 + b, t)
+        band: list[tuple[int, int, int]] = []
+        for ci, kind in enumerate(kinds[bi]):
+            if kind == 2:
+                continue
+            c0, c1 = int(edges[ci]), int(min(edges[ci] + b, t))
+            if band and band[-1][2] == kind and band[-1][1] == c0:
+                band[-1] = (band[-1][0], c1, kind)
+            else:
+                band.append((c0, c1, int(kind)))
+        next_open: dict[tuple[int, int, int], list[int]] = {}
+        for key in band:
+            run = open_runs.pop(key, None)
+            if run is not None and run[1] == r0:
+                run[1] = r1
+            else:
+                run = [int(r0), int(r1), key[0], key[1], key[2]]
+                done.append(run)
+            next_open[key] = run
+        open_runs = next_open
+    return [(r0, r1, c0, c1, bool(kind)) for r0, r1, c0, c1, kind in done]
+
+
+def _extend(masked: np.ndarray, run: tuple[int, int, int, int, bool]) -> tuple[int, int, int, int]:
+    """Grow a rectangle by one cell right and down where that stays valid.
+
+    Each tile is drawn as a separately positioned image at fractional pixel offsets, so abutting
+    tiles leave a faint background-coloured seam. Overlapping the neighbour by one cell (same
+    values) hides it. A clean tile only grows over unmasked cells; a mixed one over any cell
+    row/column that holds at least one unmasked cell.
+    """
+    r0, r1, c0, c1, mixed = run
+    t = masked.shape[0]
+
+    def ok(region: np.ndarray) -> bool:
+        return region.size > 0 and (not region.all() if mixed else not region.any())
+
+    if c1 < t and ok(masked[r0:r1, c1]):
+        c1 += 1
+    if r1 < t and ok(masked[r1, c0:c1]):
+        r1 += 1
+    return r0, r1, c0, c1
+
+
+def _run_cost(q: np.ndarray, masked: np.ndarray, run: tuple[int, int, int, int, bool]) -> int:
+    r0, r1, c0, c1 = _extend(masked, run)
+    width = 4 if run[4] else encoded_milli(q[r0:r1, c0:c1]).itemsize
+    return math.ceil((r1 - r0) * (c1 - c0) * width / 3) * 4 + _TRACE_OVERHEAD
+
+
+def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str) -> list[dict]:
+    """Heatmap trace dicts (one per rectangle) for one panel of milli-unit values."""
+    t = q.shape[0]
+    candidates = [b for b in _TILE_SIZES if b < t] + [t]
+    best = min((_runs(masked, b) for b in candidates), key=lambda runs: sum(_run_cost(q, masked, r) for r in runs))
+    q = np.where(masked, np.nan, q)
+    traces = []
+    for run in best:
+        r0, r1, c0, c1 = _extend(masked, run)
+        trace: dict = {"type": "heatmap", "z": encoded_milli(q[r0:r1, c0:c1])}
+        if c0:
+            trace["x0"] = c0
+        if r0:
+            trace["y0"] = r0
+        if xref != "x":
+            trace["xaxis"] = xref
+        if yref != "y":
+            trace["yaxis"] = yref
+        traces.append(trace)
+    return traces
+
+
+# ----------------------------------------------------------------------------- figure builder
+
+
+def _colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, show_scale: bool) -> dict:
+    if kind == "weights":
+        lo, hi, scale, title = 0.0, 1.0, "Viridis", "weight"
+    else:
+        vals = q[~masked]
+        bound = float(np.abs(vals).max()) / MILLI if vals.size else 1.0
+        bound = bound or 1.0
+        lo, hi, scale, title = -bound, bound, "RdBu", "score"
+    ticks = nice_ticks(lo, hi)
+    axis = {
+        "cmin": lo * MILLI,
+        "cmax": hi * MILLI,
+        "colorscale": scale,
+        "reversescale": kind == "scores",
+        "showscale": show_scale,
+        "colorbar": {
+            "title": {"text": title, "side": "right"},
+            "tickmode": "array",
+            "tickvals": (ticks * MILLI).tolist(),
+            "ticktext": [tick_label(v) for v in ticks],
+            "thickness": 12,
+            "len": 1.0,
+            "outlinewidth": 0,
+        },
+    }
+    return axis
+
+
+def _attention_figure(
+    values: np.ndarray,
+    masked: np.ndarray,
+    tokens: list[str],
+    *,
+    ncols: int,
+    panel_titles: list[str],
+    row_titles: list[str] | None,
+    kind: str,
+    title: str,
+    width_px: int,
+    show_scale: bool = True,
+) -> go.Figure:
+    """Figure with one panel per values[k] (N, T, T) laid out in a grid of `ncols` columns."""
+    n, t = values.shape[0], values.shape[-1]
+    q = to_milli(np.where(masked, np.nan, values))
+    if kind == "weights":
+        _check_weight_range(q)
+        q = np.clip(q, 0, MILLI)
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    margin = {"l": 80 if row_titles is None else 96, "r": 70 if show_scale else 20, "t": 58, "b": 78}
+    gap = 0.035 if ncols > 1 else 0.0
+    plot_w = width_px - margin["l"] - margin["r"]
+    panel_frac = (1 - gap * (ncols - 1)) / ncols
+    panel_px = plot_w * panel_frac
+    vgap_px = 26
+    height = int(margin["t"] + margin["b"] + nrows * panel_px + (nrows - 1) * vgap_px)
+    plot_h = height - margin["t"] - margin["b"]
+    row_frac, vgap = panel_px / plot_h, vgap_px / plot_h
+
+    labels = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
+    step = tick_step(t, panel_px, 12.0 if t > 8 else 20.0)
+    tickvals = list(range(0, t, step))
+    ticktext = [short_token(tokens[i]) for i in tickvals]
+    small = {"size": 10 if t <= 32 else 9}
+
+    layout: dict = {
+        "template": {
+            "data": {
+                "heatmap": [
+                    {
+                        "coloraxis": "coloraxis",
+                        "hoverongaps": False,
+                        "hovertemplate": f"query %{{y}} → key %{{x}}: {MILLI_FORMAT}<extra></extra>",
+                    }
+                ]
+            }
+        },
+        "separators": MILLI_SEPARATORS,
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "font": FONT,
+        "height": height,
+        "margin": margin,
+        "plot_bgcolor": GREY,
+        "paper_bgcolor": "white",
+        "coloraxis": _colour_axis(q, masked, kind, show_scale),
+        "hoverlabel": {"font": {"family": FONT["family"], "size": 12}},
+        "uirevision": "attention",
+        "meta": {"viz": "attention", "kind": kind, "unit": 1 / MILLI, "T": t, "panels": n},
+        "annotations": [],
+    }
+    data: list[dict] = []
+    for k in range(n):
+        row, col = divmod(k, ncols)
+        suffix = "" if k == 0 else str(k + 1)
+        xref, yref = f"x{suffix}", f"y{suffix}"
+        x0 = col * (panel_frac + gap)
+        y1 = 1 - row * (row_frac + vgap)
+        bottom = row == nrows - 1 or k + ncols >= n
+        xaxis: dict = {
+            "type": "category",
+            "domain": [x0, x0 + panel_frac],
+            "anchor": yref,
+            "tickmode": "array",
+            "tickvals": tickvals,
+            "ticktext": ticktext,
+            "showticklabels": bottom,
+            "tickfont": small,
+            "showgrid": False,
+            "zeroline": False,
+            "ticks": "",
+        }
+        yaxis: dict = {
+            "type": "category",
+            "domain": [max(0.0, y1 - row_frac), y1],
+            "anchor": xref,
+            "tickmode": "array",
+            "tickvals": tickvals,
+            "ticktext": ticktext,
+            "showticklabels": col == 0,
+            "tickfont": small,
+            "showgrid": False,
+            "zeroline": False,
+            "ticks": "",
+        }
+        if k == 0:
+            xaxis.update(categoryorder="array", categoryarray=labels, range=[-0.5, t - 0.5])
+            yaxis.update(categoryorder="array", categoryarray=labels, range=[t - 0.5, -0.5])
+        else:
+            xaxis["matches"], yaxis["matches"] = "x", "y"
+        if bottom and k == (nrows - 1) * ncols:
+            xaxis["title"] = {"text": "key position (attended to)", "standoff": 4, "font": {"size": 11}}
+        if col == 0:
+            ytitle = row_titles[row] if row_titles else "query position"
+            yaxis["title"] = {"text": ytitle, "standoff": 4, "font": {"size": 11}}
+        layout[f"xaxis{suffix}"] = xaxis
+        layout[f"yaxis{suffix}"] = yaxis
+        if panel_titles[k]:
+            layout["annotations"].append(
+                {
+                    "text": panel_titles[k],
+                    "x": x0 + panel_frac / 2,
+                    "y": y1,
+                    "xref": "paper",
+                    "yref": "paper",
+                    "xanchor": "center",
+                    "yanchor": "bottom",
+                    "showarrow": False,
+                    "font": {"size": 11},
+                }
+            )
+        data.extend(_tiles(q[k], masked[k], xref, yref))
+    if masked.any():
+        layout["annotations"].append(
+            {"text": MASKED_HINT, "x": 1, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "right",
+             "yanchor": "bottom", "yshift": 22, "showarrow": False, "font": {"size": 10, "color": "#666"}}
+        )
+    return go.Figure(data=data, layout=layout)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def attention_grid(
+    attn: np.ndarray,
+    tokens: Sequence[str],
+    layer: int,
+    *,
+    heads: Sequence[int] | None = None,
+    kind: str = "weights",
+    mask: np.ndarray | None = None,
+    width_px: int = 1000,
+) -> go.Figure:
+    """One layer's heads as a grid of heatmaps (up to 4 columns) with one shared colour scale.
+
+    attn: (H, T, T) post-softmax weights (kind="weights", colour scale fixed 0–1) or pre-softmax
+    scores (kind="scores", symmetric scale around 0). Masked cells: NaN/-inf, or `mask` True
+    ((T, T) or (H, T, T)). heads: which heads to show (default all). width_px: the width the
+    figure is laid out for (square panels, thinned tick labels).
+    """
+    _check_kind(kind)
+    attn = np.asarray(attn, dtype=np.float64)
+    if attn.ndim != 3:
+        raise ValueError(f"attention must be 3-D (heads, T, T), got shape {attn.shape}")
+    t = _check_square(attn.shape)
+    tokens = _check_tokens(tokens, t)
+    masked = np.broadcast_to(_masks(attn, mask), attn.shape)
+    n_heads = attn.shape[0]
+    heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    bad = [h for h in heads if not 0 <= h < n_heads]
+    if bad or not heads:
+        raise ValueError(f"heads {bad or heads} out of range: this layer has {n_heads} heads")
+    what = "attention weights" if kind == "weights" else "attention scores (before softmax)"
+    return _attention_figure(
+        attn[heads],
+        masked[heads],
+        tokens,
+        ncols=4,
+        panel_titles=[f"head {h}" for h in heads],
+        row_titles=None,
+        kind=kind,
+        title=f"Layer {layer} {what}",
+        width_px=width_px,
+    )
+
+
+def attention_head(
+    attn2d: np.ndarray,
+    tokens: Sequence[str],
+    layer: int,
+    head: int,
+    kind: str = "weights",
+    *,
+    mask: np.ndarray | None = None,
+    width_px: int = 720,
+) -> go.Figure:
+    """A single head, large, with colour bar; same conventions as `attention_grid`."""
+    _check_kind(kind)
+    attn2d = np.asarray(attn2d, dtype=np.float64)
+    if attn2d.ndim != 2:
+        raise ValueError(f"attention must be 2-D (T, T), got shape {attn2d.shape}")
+    t = _check_square(attn2d.shape)
+    tokens = _check_tokens(tokens, t)
+    masked = _masks(attn2d, mask)
+    what = "weights" if kind == "weights" else "scores (before softmax)"
+    return _attention_figure(
+        attn2d[None],
+        masked[None],
+        tokens,
+        ncols=1,
+        panel_titles=[""],
+        row_titles=None,
+        kind=kind,
+        title=f"Layer {layer}, head {head}: attention {what}",
+        width_px=width_px,
+    )
+
+
+def attention_overview(
+    attn: np.ndarray,
+    tokens: Sequence[str],
+    *,
+    kind: str = "weights",
+    mask: np.ndarray | None = None,
+    width_px: int = 1000,
+) -> go.Figure:
+    """Every layer × head as small multiples (rows = layers), for prompts of at most 48 tokens."""
+    _check_kind(kind)
+    attn = np.asarray(attn, dtype=np.float64)
+    if attn.ndim != 4:
+        raise ValueError(f"attention must be 4-D (layers, heads, T, T), got shape {attn.shape}")
+    t = _check_square(attn.shape)
+    if t > OVERVIEW_MAX_T:
+        raise ValueError(
+            f"the all-layers overview needs T ≤ {OVERVIEW_MAX_T} tokens but T = {t}; "
+            "pick one layer (attention_grid) instead"
+        )
+    tokens = _check_tokens(tokens, t)
+    n_layers, n_heads = attn.shape[:2]
+    flat = attn.reshape(n_layers * n_heads, t, t)
+    masked = np.broadcast_to(_masks(attn, mask), attn.shape).reshape(flat.shape)
+    titles = [f"head {h}" if layer == 0 else "" for layer in range(n_layers) for h in range(n_heads)]
+    what = "weights" if kind == "weights" else "scores (before softmax)"
+    return _attention_figure(
+        flat,
+        masked,
+        tokens,
+        ncols=n_heads,
+        panel_titles=titles,
+        row_titles=[f"layer {layer}<br>query" for layer in range(n_layers)],
+        kind=kind,
+        title=f"Attention {what}: every layer (rows) × head (columns)",
+        width_px=width_px,
+    )
