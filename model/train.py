@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default="sort", help=f"built-in corpus: {', '.join(CORPUS_NAMES)}")
     p.add_argument("--text", type=Path, help="train on this UTF-8 text file (implies --corpus text)")
     p.add_argument("--tokenizer", default=None, choices=["char", "word", "bpe"], help="tokenizer for text corpora (default: the corpus's own)")
-    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); other flags override it")
+    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds and --bf16 override it, architecture flags are ignored")
     p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads per block")
     p.add_argument("--d-model", type=int, default=64, help="embedding / residual width")

@@ -10,19 +10,12 @@ Conventions shared by all three figures
   grey plot background and do not hover.
 
 Payload. A causal map is sent as rectangular tiles: each band of B query rows becomes one
-integer tile for the keys left of the diagonal block (u1 when every value ≤ 0.255, else u2) and
+integer tile for the keys left of its diagonal block (u1 when every value ≤ 0.255, else u2) and
 one float32 tile, NaN above the diagonal, for the diagonal block; fully masked tiles are not sent.
-B is picked per head from {4, 8, 16, 32, 64, T} by estimated size. Measured with ``payload_bytes``
-(random softmax rows, 4 heads, one layer, causal, tokens of 2–7 characters):
-
-    T      weights (this encoding)   float32 + NaN, one heatmap per head   scores (i2 milli-units)
-    16       ~9 KB                      ~12 KB                               ~10 KB
-    64       ~39 KB                     ~95 KB                               ~43 KB
-    128      ~119 KB                    ~370 KB                              ~131 KB
-    256      ~438 KB                    ~1460 KB                             ~487 KB
-
-(see the module docstring of ``viz`` for the exact numbers of the final build). A bidirectional
-(unmasked) map has no triangle to drop; it costs about 2 bytes per cell (u2 in base64).
+B is picked per head from {4, 8, 16, 32, 64, T} by estimated size, and each tile overlaps its
+right/lower neighbour by one cell (same values) so the separately drawn images show no seams.
+Measured numbers are in the ``viz`` package docstring. Pass the mask (``mask=causal_mask(T)``)
+or NaN/-inf: the model's exact zeros alone count as data (a full, ~30 % larger, grid).
 """
 
 from __future__ import annotations

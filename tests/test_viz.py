@@ -1,0 +1,359 @@
+"""Tests for viz/: figure structure, the values a viewer sees, escaping, validation, payload size.
+
+No browser here; the values are read back from the JSON that would be sent (typed arrays decoded).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from viz import (
+    attention_grid,
+    attention_head,
+    attention_overview,
+    attention_panels,
+    causal_mask,
+    decode_array,
+    loss_curve,
+    no_positional_encoding,
+    payload_bytes,
+    plot_json,
+    positional_similarity,
+    positional_table,
+    probabilities,
+    to_gradio_plot,
+)
+
+STEP = 0.0005 + 1e-9  # milli-unit quantisation: half a step
+HOSTILE = ["<img src=x onerror=alert(1)>", "<b>", "&amp;", 'say "hi"', "<br>"]
+WORDS = ["the", "cat", "sat", "on", "the", "mat", "and", "the"]
+
+
+def softmax_attention(h: int, t: int, seed: int = 0, scale: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+    """(weights with exact 0 above the diagonal, scores with -inf there), like the model returns."""
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(h, t, t)) * scale
+    scores[:, causal_mask(t)] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return w / w.sum(-1, keepdims=True), scores
+
+
+def tokens(t: int) -> list[str]:
+    return [WORDS[i % len(WORDS)] for i in range(t)]
+
+
+def hover_text(fig, panel: int, i: int, j: int, toks: list[str]) -> str:
+    """The hover label plotly.js shows for cell (query i, key j): template + d3 "05,d" + swapped separators."""
+    lay = fig.layout
+    template = lay.template.data.heatmap[0].hovertemplate
+    assert lay.separators == ",."  # decimal ",", thousands "." (what makes 231 read 0.231)
+    z = attention_panels(fig)[panel, i, j]
+    milli = int(round(z * 1000))
+    value = format(milli, "05,d").replace(",", ".")  # Python's "05,d" pads and groups like d3's
+    cats = list(lay.xaxis.categoryarray)
+    return (
+        template.replace("%{y}", cats[i]).replace("%{x}", cats[j]).replace("%{z:05,d}", value)
+        .replace("<extra></extra>", "")
+    )
+
+
+def all_strings(obj) -> list[str]:
+    """Every string in a nested plotly JSON structure."""
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for k, v in obj.items() if k != "bdata" for s in all_strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in all_strings(v)]
+    return []
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def test_grid_structure_values_and_mask():
+    t = 6
+    w, _ = softmax_attention(4, t)
+    fig = attention_grid(w, tokens(t), 1, mask=causal_mask(t))
+    assert fig.data and all(tr.type == "heatmap" for tr in fig.data)
+    assert {tr.xaxis or "x" for tr in fig.data} == {"x", "x2", "x3", "x4"}
+    seen = attention_panels(fig)
+    assert seen.shape == (4, t, t)
+    upper = causal_mask(t)
+    assert np.isnan(seen[:, upper]).all() and np.isfinite(seen[:, ~upper]).all()
+    assert np.abs(seen[:, ~upper] - w[:, ~upper]).max() <= STEP
+    # shared 0-1 colour scale in milli-units, labelled in weights
+    ca = fig.layout.coloraxis
+    assert (ca.cmin, ca.cmax) == (0, 1000)
+    assert list(ca.colorbar.ticktext) == ["0", "0.25", "0.5", "0.75", "1"]
+    assert all(tr.coloraxis is None for tr in fig.data)  # taken from the template
+    assert fig.layout.template.data.heatmap[0].coloraxis == "coloraxis"
+    assert fig.layout.template.data.heatmap[0].hoverongaps is False
+    assert fig.layout.plot_bgcolor and fig.layout.xaxis.showgrid is False
+
+
+def test_grid_ticks_keep_repeated_tokens_distinct():
+    t = 8
+    toks = tokens(t)  # "the" three times
+    fig = attention_grid(softmax_attention(2, t)[0], toks, 0, mask=causal_mask(t))
+    for ax in (fig.layout.xaxis, fig.layout.yaxis):
+        assert list(ax.tickvals) == list(range(t))
+        assert list(ax.ticktext) == toks
+        assert ax.type == "category"
+        assert list(ax.categoryarray) == [f'"{tok}" ({i})' for i, tok in enumerate(toks)]
+        assert len(set(ax.categoryarray)) == t
+    assert fig.layout.yaxis.range == (t - 0.5, -0.5)  # position 0 on top
+    assert fig.layout.xaxis2.matches == "x" and fig.layout.yaxis2.matches == "y"
+
+
+def test_grid_thins_ticks_for_long_prompts():
+    t = 128
+    toks = [f"w{i}" for i in range(t)]
+    fig = attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t))
+    vals, text = list(fig.layout.xaxis.tickvals), list(fig.layout.xaxis.ticktext)
+    assert 4 <= len(vals) <= 24 and vals[0] == 0
+    assert text == [toks[i] for i in vals]
+
+
+def test_hover_text_format():
+    t = 5
+    w = np.tril(np.ones((t, t)))
+    w /= w.sum(1, keepdims=True)
+    toks = ["how", "are", "you", "is", "it"]
+    fig = attention_grid(w[None], toks, 0, mask=causal_mask(t))
+    assert hover_text(fig, 0, 3, 0, toks) == 'query "is" (3) → key "how" (0): 0.250'
+    assert hover_text(fig, 0, 0, 0, toks) == 'query "how" (0) → key "how" (0): 1.000'
+    assert hover_text(fig, 0, 2, 1, toks) == 'query "you" (2) → key "are" (1): 0.333'
+
+
+def test_scores_mask_from_minus_inf_and_symmetric_scale():
+    t = 7
+    _, scores = softmax_attention(3, t, seed=1)
+    fig = attention_grid(scores, tokens(t), 2, kind="scores")
+    seen = attention_panels(fig)
+    upper = causal_mask(t)
+    assert np.isnan(seen[:, upper]).all()
+    assert np.abs(seen[:, ~upper] - scores[:, ~upper]).max() <= STEP
+    ca = fig.layout.coloraxis
+    assert ca.cmin == -ca.cmax and ca.cmax >= 1000 * np.abs(scores[:, ~upper]).max() - 1
+    assert "scores" in fig.layout.title.text
+    milli = int(round(seen[0, 3, 1] * 1000))
+    assert hover_text(fig, 0, 3, 1, tokens(t)).endswith(format(milli, "05,d").replace(",", "."))
+    assert format(-345, "05,d").replace(",", ".") == "-0.345"
+
+
+def test_nan_input_and_unmasked_input():
+    t = 6
+    w, _ = softmax_attention(2, t)
+    nan_w = np.where(causal_mask(t), np.nan, w)
+    seen = attention_panels(attention_grid(nan_w, tokens(t), 0))
+    assert np.array_equal(np.isnan(seen[0]), causal_mask(t))
+    full = np.full((2, t, t), 1 / t)  # bidirectional: nothing masked
+    seen = attention_panels(attention_grid(full, tokens(t), 0))
+    assert np.isfinite(seen).all() and np.abs(seen - 1 / t).max() <= STEP
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    t=st.integers(1, 40),
+    heads=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+    density=st.floats(0.0, 1.0),
+    kind=st.sampled_from(["weights", "scores"]),
+)
+def test_any_mask_round_trips(t, heads, seed, density, kind):
+    rng = np.random.default_rng(seed)
+    values = rng.random((heads, t, t)) if kind == "weights" else rng.normal(size=(heads, t, t)) * 8
+    mask = rng.random((heads, t, t)) < density
+    fig = attention_grid(values, [f"t{i}" for i in range(t)], 0, kind=kind, mask=mask)
+    seen = attention_panels(fig)  # also checks overlapping tiles agree
+    assert np.array_equal(np.isnan(seen), mask)
+    assert np.all(np.abs(seen[~mask] - values[~mask]) <= STEP)
+
+
+def test_head_and_overview():
+    t = 6
+    w, _ = softmax_attention(3, t)
+    head = attention_head(w[1], tokens(t), 2, 1, mask=causal_mask(t))
+    assert head.layout.coloraxis.showscale is True
+    assert "head 1" in head.layout.title.text and "Layer 2" in head.layout.title.text
+    assert np.abs(np.nan_to_num(attention_panels(head)[0]) - w[1]).max() <= STEP
+    stack = np.stack([w, w[::-1]])  # (L=2, H=3, T, T)
+    over = attention_overview(stack, tokens(t), mask=causal_mask(t))
+    seen = attention_panels(over)
+    assert seen.shape == (6, t, t)
+    assert np.abs(np.nan_to_num(seen) - stack.reshape(6, t, t)).max() <= STEP
+    assert {tr.xaxis or "x" for tr in over.data} == {"x"} | {f"x{k}" for k in range(2, 7)}
+
+
+def test_hostile_tokens_are_escaped():
+    t = len(HOSTILE)
+    w = np.tril(np.ones((t, t)))
+    w /= w.sum(1, keepdims=True)
+    fig = attention_grid(w[None], HOSTILE, 0, mask=causal_mask(t))
+    layout = json.loads(plot_json(fig))["layout"]
+    strings = all_strings(layout)
+    for bad in ("<img", "<b>", "<br>"):
+        assert not any(bad in s for s in strings if "<extra>" not in s), bad
+    assert layout["xaxis"]["categoryarray"][0] == '"&lt;img src=x onerror=alert(1)&gt;" (0)'
+    assert layout["xaxis"]["ticktext"][0] == "&lt;img src=x …"  # long tokens are shortened in ticks only
+    assert layout["xaxis"]["ticktext"][1] == "&lt;b&gt;"
+    assert layout["xaxis"]["categoryarray"][2] == '"&amp;amp;" (2)'
+    assert layout["yaxis"]["ticktext"][3] == 'say "hi"'
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: attention_grid(np.ones((2, 5, 5)), list("abcd"), 0), "attention is 5×5 but 4 token labels"),
+        (lambda: attention_grid(np.ones((2, 5, 4)), list("abcde"), 0), "attention is 5×4"),
+        (lambda: attention_grid(np.ones((5, 5)), list("abcde"), 0), "3-D"),
+        (lambda: attention_grid(np.ones((1, 3, 3)), list("abc"), 0, kind="probs"), "kind must be"),
+        (lambda: attention_grid(np.ones((1, 3, 3)) * 2, list("abc"), 0), "kind='scores'"),
+        (lambda: attention_grid(np.ones((1, 3, 3)), list("abc"), 0, mask=np.ones((2, 2))), "mask is 2×2 but attention is 3×3"),
+        (lambda: attention_grid(np.ones((2, 3, 3)), list("abc"), 0, heads=[2]), "this layer has 2 heads"),
+        (lambda: attention_head(np.ones((3, 3)), list("ab"), 0, 0), "attention is 3×3 but 2 token labels"),
+        (lambda: attention_overview(np.ones((1, 1, 49, 49)), ["a"] * 49), "pick one layer"),
+        (lambda: probabilities(["a", "b"], np.ones(3) / 3), "probs has 3 entries but 2 token pieces"),
+        (lambda: probabilities(["a", "b"], np.ones(2) / 2, adjusted=np.ones(3)), "adjusted has 3 entries but 2"),
+        (lambda: probabilities(["a", "b"], np.ones(2) / 2, chosen=5), "chosen token id 5"),
+        (lambda: positional_table(np.ones(5), "learned"), "must be 2-D"),
+        (lambda: positional_table(np.ones((4, 2)), "alibi"), "kind must be one of"),
+        (lambda: loss_curve(np.arange(3), np.ones(2)), "train loss has 2 values but 3 steps"),
+        (lambda: loss_curve(np.arange(3), np.ones(3), np.arange(2), np.ones(1)), "validation loss has 1 values but 2"),
+    ],
+)
+def test_mismatches_raise(call, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("*", r"\*")):
+        call()
+
+
+def test_payload_under_150kb_at_t128():
+    t = 128
+    w, _ = softmax_attention(4, t, seed=0)
+    toks = [f"tok{i % 37}" for i in range(t)]
+    fig = attention_grid(w, toks, 0, mask=causal_mask(t))
+    size = payload_bytes(fig)
+    assert size <= 150_000, size
+    assert payload_bytes(fig, compact=False) > size  # plotly's "/" escaping costs extra
+    spec = json.loads(plot_json(fig))
+    assert {tr["z"]["dtype"] for tr in spec["data"]} <= {"u1", "u2", "f4"}
+    assert np.abs(np.nan_to_num(attention_panels(fig)) - w).max() <= STEP
+
+
+def test_payload_matches_gradio_serialisation():
+    gr = pytest.importorskip("gradio")
+    t = 16
+    fig = attention_grid(softmax_attention(4, t)[0], tokens(t), 0, mask=causal_mask(t))
+    assert payload_bytes(fig, compact=False) == len(json.dumps(gr.Plot().postprocess(fig).model_dump()))
+    compact = gr.Plot().postprocess(to_gradio_plot(fig))
+    assert payload_bytes(fig) == len(json.dumps(compact.model_dump()))
+    assert json.loads(compact.plot) == json.loads(fig.to_json())
+
+
+def test_viz_imports_neither_gradio_nor_torch():
+    code = "import sys, viz; print('gradio' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+# ----------------------------------------------------------------------------- positional
+
+
+def sinusoidal(p: int, d: int) -> np.ndarray:
+    pos = np.arange(p)[:, None] / 10000 ** (np.arange(0, d, 2) / d)
+    table = np.zeros((p, d))
+    table[:, 0::2], table[:, 1::2] = np.sin(pos), np.cos(pos)
+    return table
+
+
+def test_positional_table_values():
+    table = sinusoidal(16, 8)
+    fig = positional_table(table, "sinusoidal")
+    assert len(fig.data) == 1
+    z = decode_array(fig.data[0].z) * 1e-3
+    assert z.shape == (16, 8) and np.abs(z - table).max() <= STEP
+    assert fig.layout.yaxis.autorange == "reversed"
+    assert "%{z:05,d}" in fig.data[0].hovertemplate and fig.layout.separators == ",."
+
+
+def test_positional_rope_angles_wrapped():
+    angles = np.arange(12)[:, None] * (1 / 10000 ** (np.arange(0, 8, 2) / 8))
+    fig = positional_table(angles, "rope")
+    z = decode_array(fig.data[0].z) * 1e-3
+    assert np.all(z > -np.pi - 1e-3) and np.all(z <= np.pi + 1e-3)
+    assert np.abs(np.exp(1j * z) - np.exp(1j * angles)).max() < 2e-3
+    assert "rotation angle θᵢ·pos (rad)" in fig.layout.title.text and "wrapped" in fig.layout.title.text
+
+
+def test_positional_similarity():
+    angles = np.arange(10)[:, None] * (1 / 10000 ** (np.arange(0, 8, 2) / 8))
+    sim = decode_array(positional_similarity(angles, "rope").data[0].z) * 1e-3
+    assert sim.shape == (10, 10) and np.allclose(np.diag(sim), 1.0)
+    assert np.allclose(sim[2, 5], sim[4, 7], atol=1e-3)  # RoPE: depends only on the offset
+    learned = decode_array(positional_similarity(np.eye(4)).data[0].z) * 1e-3
+    assert np.allclose(learned, np.eye(4))
+
+
+def test_no_positional_encoding():
+    fig = no_positional_encoding()
+    assert len(fig.data) == 0
+    assert "no positional encoding" in fig.layout.annotations[0].text
+    assert "permutation-invariant" in fig.layout.annotations[0].text
+
+
+# ----------------------------------------------------------------------------- probabilities
+
+
+def test_probabilities_bars_and_chosen():
+    pieces = [f"p{i}" for i in range(50)]
+    rng = np.random.default_rng(0)
+    probs = rng.random(50)
+    probs /= probs.sum()
+    adjusted = np.where(probs >= np.sort(probs)[-5], probs, 0)
+    adjusted /= adjusted.sum()
+    chosen = int(np.argsort(-adjusted)[1])
+    fig = probabilities(pieces, probs, adjusted=adjusted, chosen=chosen, top=8)
+    assert len(fig.data) == 2 and fig.layout.barmode == "group"
+    raw, adj = fig.data
+    ids = np.lexsort((-probs, -adjusted))[:8]  # ranked by adjusted, ties by the model's probability
+    assert list(fig.data[0].y) == list(range(8))
+    assert np.allclose(raw.x, probs[ids], atol=1e-6) and np.allclose(adj.x, adjusted[ids], atol=1e-6)
+    assert [text.split("  ")[0].removeprefix("<b>") for text in fig.layout.yaxis.ticktext] == [pieces[i] for i in ids]
+    colours = list(raw.marker.color)
+    assert colours[1] != colours[0] and colours.count(colours[1]) == 1
+    assert "chosen" in fig.layout.yaxis.ticktext[1]
+    assert "%{x:.4f}" in raw.hovertemplate and raw.hovertext[1] == f'"{pieces[chosen]}" (id {chosen})'
+
+
+def test_probabilities_chosen_outside_top_and_escaping():
+    pieces = ["<b>", "a", "b", "␣c"]
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    fig = probabilities(pieces, probs, chosen=3, top=2)
+    assert len(fig.data) == 1
+    assert list(fig.data[0].x) == pytest.approx([0.5, 0.3, 0.05])
+    assert fig.layout.yaxis.ticktext[0] == "&lt;b&gt;"
+    assert "␣c" in fig.layout.yaxis.ticktext[2] and "chosen" in fig.layout.yaxis.ticktext[2]
+    assert fig.data[0].hovertext[0] == '"&lt;b&gt;" (id 0)'
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def test_loss_curve_empty_single_and_full():
+    empty = loss_curve(np.array([], dtype=int), np.array([]))
+    assert len(empty.data) == 0 and "waiting for first step" in empty.layout.annotations[0].text
+    assert empty.layout.xaxis.title.text == "step"
+    one = loss_curve(np.array([0]), np.array([4.2]))
+    assert len(one.data) == 1 and one.data[0].mode == "markers"
+    full = loss_curve(np.arange(0, 100, 10), np.linspace(4, 2, 10), np.array([0, 50]), np.array([4.1, 3.0]))
+    assert [tr.name for tr in full.data] == ["train", "validation"]
+    assert full.data[0].mode == "lines" and not full.layout.annotations
+    assert np.allclose(decode_array(full.data[0].y), np.linspace(4, 2, 10))
