@@ -109,35 +109,41 @@ def _model_choices(ws: Workspace) -> list[str]:
 # ------------------------------------------------------------------------------------ Explore
 
 
+def _msg(text: str):
+    return viz.to_gradio_plot(viz.message_figure(text))
+
+
 def _attention_figure(ws: Workspace, layer, head, view):
+    """The attention view as gradio plot data (compact encoding, masked cells not sent)."""
     d = ws.decoder
     if d is None:
-        return viz.empty_figure("Press Step or Generate to see attention.")
+        return _msg("Press Step or Generate to see attention.")
     tokens = [p for p, _ in ws.tokens()]
     cfg = ws.entry.model.cfg
+    mask = viz.causal_mask(len(tokens)) if cfg.mask == "causal" else None
     layer = check_int("layer", layer, 0, cfg.n_layers - 1) if layer is not None else 0
     if view == "all layers":
         if len(tokens) > OVERVIEW_MAX_T:
-            return viz.empty_figure(
+            return _msg(
                 f"The overview draws {cfg.n_layers}×{cfg.n_heads} panels; it needs ≤ {OVERVIEW_MAX_T} tokens "
                 f"(there are {len(tokens)}). Pick a layer instead."
             )
-        return viz.attention_overview(np.stack(d.attention), tokens)
+        return viz.to_gradio_plot(viz.attention_overview(np.stack(d.attention), tokens, mask=mask))
     kind = "scores" if view == "scores" else "weights"
     mats = ws.attention(layer, kind)
     if head in (None, "all"):
-        return viz.attention_grid(mats, tokens, layer, kind=kind)
-    h = check_int("head", int(head), 0, cfg.n_heads - 1)
-    return viz.attention_head(mats[h], tokens, layer, h, kind=kind)
+        return viz.to_gradio_plot(viz.attention_grid(mats, tokens, layer, kind=kind, mask=mask))
+    h = check_int("head", head, 0, cfg.n_heads - 1)
+    return viz.to_gradio_plot(viz.attention_head(mats[h], tokens, layer, h, kind=kind, mask=mask))
 
 
 def _probs_figure(ws: Workspace):
     s = ws.last_step
     if s is None:
-        return viz.empty_figure("Next-token probabilities appear after the first step.")
+        return _msg("Next-token probabilities appear after the first step.")
     tok = ws.entry.tokenizer
     pieces = [tok.piece(i) for i in range(tok.vocab_size)]
-    return viz.probabilities(pieces, s.probs, adjusted=s.adjusted, chosen=s.token_id)
+    return viz.to_gradio_plot(viz.probabilities(pieces, s.probs, adjusted=s.adjusted, chosen=s.token_id))
 
 
 def _status(ws: Workspace) -> str:
@@ -247,7 +253,7 @@ def select_model(ws, model_name):
     ws.reset()
     layer_u, head_u = _layer_head_choices(entry)
     prompt = EXAMPLE_PROMPTS.get(model_name) or entry.meta.get("example_prompt", "")
-    return (ws, [], entry.summary, _probs_figure(ws), viz.empty_figure("Press Step or Generate."),
+    return (ws, [], entry.summary, _probs_figure(ws), _msg("Press Step or Generate."),
             layer_u, head_u, gr.update(value=prompt))
 
 
@@ -261,13 +267,12 @@ def positional(ws, model_name):
         raise _error(exc) from None
     kind, table = entry.model.positional_table()
     if table is None:
-        fig = viz.no_positional_encoding()
+        fig = viz.to_gradio_plot(viz.no_positional_encoding())
         return fig, fig, f"**{entry.name}** uses no positional encoding."
     table = table.numpy().astype(np.float32)
-    sim_input = np.concatenate([np.cos(table), np.sin(table)], axis=1) if kind == "rope" else table
     return (
-        viz.positional_table(table, kind),
-        viz.positional_similarity(sim_input),
+        viz.to_gradio_plot(viz.positional_table(table, kind)),
+        viz.to_gradio_plot(viz.positional_similarity(table, kind)),
         f"**{entry.name}** uses **{kind}** positions: table of {table.shape[0]} positions × {table.shape[1]} "
         + ("rotation angles (one per pair of dimensions in each head)." if kind == "rope" else "dimensions."),
     )

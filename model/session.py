@@ -70,7 +70,12 @@ class BuiltinModels:
 
 
 def check_int(name: str, value, lo: int, hi: int) -> int:
-    """Whole number in [lo, hi], from a UI/API value that may be a float or junk."""
+    """Whole number in [lo, hi], from a UI/API value that may be a float, a numeric string or junk."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise UserError(f"{name} must be a whole number between {lo} and {hi}; got {value[:20]!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"{name} must be a whole number between {lo} and {hi}; got {value!r}")
     if value != int(value) or not lo <= value <= hi:

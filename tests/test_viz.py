@@ -217,7 +217,10 @@ def test_hostile_tokens_are_escaped():
         (lambda: attention_grid(np.ones((5, 5)), list("abcde"), 0), "3-D"),
         (lambda: attention_grid(np.ones((1, 3, 3)), list("abc"), 0, kind="probs"), "kind must be"),
         (lambda: attention_grid(np.ones((1, 3, 3)) * 2, list("abc"), 0), "kind='scores'"),
-        (lambda: attention_grid(np.ones((1, 3, 3)), list("abc"), 0, mask=np.ones((2, 2))), "mask is 2×2 but attention is 3×3"),
+        (
+            lambda: attention_grid(np.ones((1, 3, 3)), list("abc"), 0, mask=np.ones((2, 2))),
+            "mask is 2×2 but attention is 3×3",
+        ),
         (lambda: attention_grid(np.ones((2, 3, 3)), list("abc"), 0, heads=[2]), "this layer has 2 heads"),
         (lambda: attention_head(np.ones((3, 3)), list("ab"), 0, 0), "attention is 3×3 but 2 token labels"),
         (lambda: attention_overview(np.ones((1, 1, 49, 49)), ["a"] * 49), "pick one layer"),

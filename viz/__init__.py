@@ -21,7 +21,7 @@ it needs ~2 bytes per cell. Rendering and hover were checked in chromium with pl
 
 from .attention import attention_grid, attention_head, attention_overview, causal_mask
 from .payload import attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
-from .positional import no_positional_encoding, positional_similarity, positional_table
+from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
 from .sampling import probabilities
 from .training import loss_curve
 
@@ -33,6 +33,7 @@ __all__ = [
     "causal_mask",
     "decode_array",
     "loss_curve",
+    "message_figure",
     "no_positional_encoding",
     "payload_bytes",
     "plot_json",

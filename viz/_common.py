@@ -32,10 +32,6 @@ def short_token(token: str, limit: int = TOKEN_TICK_CHARS) -> str:
     return esc(token if len(token) <= limit else token[: limit - 1] + "…")
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def to_milli(values: np.ndarray) -> np.ndarray:
     """Round finite values to integer milli-units (float64, NaN kept), clipped to ±MILLI_LIMIT."""
     q = np.rint(np.asarray(values, dtype=np.float64) * MILLI)

@@ -14,6 +14,7 @@ from ._common import (
     MILLI_FORMAT,
     MILLI_SEPARATORS,
     empty_note,
+    esc,
     encoded_milli,
     nice_ticks,
     tick_label,
@@ -119,8 +120,15 @@ def positional_similarity(table: np.ndarray, kind: str = "learned") -> go.Figure
 
 def no_positional_encoding() -> go.Figure:
     """Placeholder for models without positional encoding."""
-    note = ("This model has no positional encoding.<br>Apart from the causal mask, attention cannot tell "
-            "token order:<br>it is permutation-invariant over the visible tokens.")
+    return message_figure(
+        "This model has no positional encoding.\nApart from the causal mask, attention cannot tell "
+        "token order:\nit is permutation-invariant over the visible tokens."
+    )
+
+
+def message_figure(text: str) -> go.Figure:
+    """An empty figure carrying a short message (lines separated by newlines; text is escaped)."""
+    note = "<br>".join(esc(line) for line in text.split("\n"))
     layout = {
         "template": "none",
         "font": FONT,

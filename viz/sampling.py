@@ -12,6 +12,7 @@ from ._common import FONT, esc, short_token
 RAW_COLOUR = "#9db4d3"
 ADJ_COLOUR = "#2f6db5"
 CHOSEN_COLOUR = "#e4572e"
+CHOSEN_RAW_COLOUR = "#f2a58f"  # lighter orange: the chosen token's bar in the model distribution
 
 
 def _check_probs(name: str, probs: np.ndarray, n: int) -> np.ndarray:
@@ -58,8 +59,8 @@ def probabilities(
     ticktext = [f"<b>{lab}  ◀ chosen</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]
     hover_names = [f'"{esc(pieces[i])}" (id {i})' for i in ids]
 
-    def bars(values: np.ndarray, name: str, colour: str) -> dict:
-        colours = [CHOSEN_COLOUR if c else colour for c in is_chosen]
+    def bars(values: np.ndarray, name: str, colour: str, chosen_colour: str) -> dict:
+        colours = [chosen_colour if c else colour for c in is_chosen]
         return {
             "type": "bar",
             "orientation": "h",
@@ -71,9 +72,9 @@ def probabilities(
             "hovertemplate": f"%{{hovertext}}<br>{name}: %{{x:.4f}}<extra></extra>",
         }
 
-    data = [bars(probs, "model probability", RAW_COLOUR)]
+    data = [bars(probs, "model probability", RAW_COLOUR, CHOSEN_RAW_COLOUR if adjusted is not None else CHOSEN_COLOUR)]
     if adjusted is not None:
-        data.append(bars(adjusted, "after temperature / top-k / top-p", ADJ_COLOUR))
+        data.append(bars(adjusted, "after temperature / top-k / top-p", ADJ_COLOUR, CHOSEN_COLOUR))
     height = 90 + 22 * len(ids) * (2 if adjusted is not None else 1) ** 0.5
     layout = {
         "template": "none",
