@@ -128,11 +128,11 @@ def _attention_figure(ws: Workspace, layer, head, view):
                 f"The overview draws {cfg.n_layers}×{cfg.n_heads} panels; it needs ≤ {OVERVIEW_MAX_T} tokens "
                 f"(there are {len(tokens)}). Pick a layer instead."
             )
-        return viz.to_gradio_plot(viz.attention_overview(np.stack(d.attention), tokens, mask=mask))
+        return viz.to_gradio_plot(viz.attention_overview(np.stack(d.attention), tokens, mask=mask, width_px=1200))
     kind = "scores" if view == "scores" else "weights"
     mats = ws.attention(layer, kind)
     if head in (None, "all"):
-        return viz.to_gradio_plot(viz.attention_grid(mats, tokens, layer, kind=kind, mask=mask))
+        return viz.to_gradio_plot(viz.attention_grid(mats, tokens, layer, kind=kind, mask=mask, width_px=1200))
     h = check_int("head", head, 0, cfg.n_heads - 1)
     return viz.to_gradio_plot(viz.attention_head(mats[h], tokens, layer, h, kind=kind, mask=mask))
 
@@ -143,7 +143,7 @@ def _probs_figure(ws: Workspace):
         return _msg("Next-token probabilities appear after the first step.")
     tok = ws.entry.tokenizer
     pieces = [tok.piece(i) for i in range(tok.vocab_size)]
-    return viz.to_gradio_plot(viz.probabilities(pieces, s.probs, adjusted=s.adjusted, chosen=s.token_id))
+    return viz.to_gradio_plot(viz.probabilities(pieces, s.probs, adjusted=s.adjusted, chosen=s.token_id, top=10))
 
 
 def _status(ws: Workspace) -> str:
@@ -357,8 +357,8 @@ def train_model(ws, corpus_name, pasted, upload, tokenizer_kind, layers, heads, 
 
 
 def _loss_figure(run: TrainingRun):
-    return viz.loss_curve(np.array(run.steps, dtype=np.float32), np.array(run.train_loss, dtype=np.float32),
-                          np.array(run.val_steps, dtype=np.float32), np.array(run.val_loss, dtype=np.float32))
+    return viz.to_gradio_plot(viz.loss_curve(np.array(run.steps, dtype=np.float32), np.array(run.train_loss, dtype=np.float32),
+                          np.array(run.val_steps, dtype=np.float32), np.array(run.val_loss, dtype=np.float32)))
 
 
 def stop_training(ws):
@@ -422,6 +422,7 @@ def sweep_runs(max_age_s: float = 3600) -> None:
 
 LEARN_MD = (ROOT / "assets" / "learn.md").read_text(encoding="utf-8") if (ROOT / "assets" / "learn.md").exists() else ""
 
+LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 CSS = """
 #tokens .token { font-family: ui-monospace, monospace; }
 footer { display: none !important; }
@@ -430,6 +431,7 @@ footer { display: none !important; }
 
 def build_demo() -> gr.Blocks:
     default = DEFAULT_MODEL
+    default_cfg = BUILTIN.get(default).model.cfg
     with gr.Blocks(title="Decoder Lab", delete_cache=(600, 3600)) as demo:
         ws = gr.State(Workspace(), time_to_live=1800, delete_callback=cleanup_session)
         gr.Markdown("# Decoder Lab\nA small GPT-style transformer you can step through, one token at a time.")
@@ -453,26 +455,28 @@ def build_demo() -> gr.Blocks:
                     gen_btn = gr.Button("Generate", elem_id="generate")
                     undo_btn = gr.Button("Undo", elem_id="undo")
                     reset_btn = gr.Button("Reset", elem_id="reset")
-                tokens = gr.HighlightedText(label="Text so far (prompt / generated)", elem_id="tokens",
-                                            color_map={"prompt": "#cfd8e3", "generated": "#ffd27f"},
-                                            show_legend=True, combine_adjacent=False)
-                status = gr.Textbox(label="Status", elem_id="status", lines=2, interactive=False)
                 with gr.Row():
                     with gr.Column(scale=3):
-                        with gr.Row():
-                            layer = gr.Dropdown(list(range(4)), value=0, label="Layer", elem_id="layer")
-                            head = gr.Dropdown(["all", 0, 1, 2, 3], value="all", label="Head", elem_id="head")
-                            view = gr.Radio(["weights", "scores", "all layers"], value="weights",
-                                            label="View", elem_id="view")
-                        attn_plot = gr.Plot(label="Masked self-attention (rows: queries, columns: keys)",
-                                            elem_id="attention")
+                        tokens = gr.HighlightedText(label="Text so far (prompt / generated)", elem_id="tokens",
+                                                    color_map={"prompt": "#cfd8e3", "generated": "#ffd27f"},
+                                                    show_legend=True, combine_adjacent=False)
+                        status = gr.Textbox(label="Status", elem_id="status", lines=3, interactive=False)
                     with gr.Column(scale=2):
-                        probs_plot = gr.Plot(label="Next-token probabilities", elem_id="probs")
+                        probs_plot = gr.Plot(_msg("Next-token probabilities appear after the first step."),
+                                             label="Next-token probabilities", elem_id="probs")
+                with gr.Row():
+                    layer = gr.Dropdown(list(range(default_cfg.n_layers)), value=0, label="Layer", elem_id="layer")
+                    head = gr.Dropdown(["all", *range(default_cfg.n_heads)], value="all", label="Head", elem_id="head")
+                    view = gr.Radio(["weights", "scores", "all layers"], value="weights",
+                                    label="View", elem_id="view")
+                attn_plot = gr.Plot(_msg("Press Step or Generate to see attention."),
+                                    label="Masked self-attention (rows: queries, columns: keys)", elem_id="attention")
 
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
                 pe_info = gr.Markdown()
                 gr.Markdown(
-                    "Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, "
+                    latex_delimiters=LATEX,
+                    value="Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, "
                     "$PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. Learned: a trained table of the same shape. "
                     "RoPE: queries and keys are rotated by the angle $pos \\cdot 10000^{-2i/d_{head}}$ per pair of dimensions."
                 )
@@ -488,10 +492,11 @@ def build_demo() -> gr.Blocks:
                                         elem_id="tokenizer")
                 corpus_info = gr.Markdown(CORPUS_DESCRIPTIONS.get("sort", ""))
                 with gr.Accordion("Your own text", open=False):
-                    pasted = gr.Textbox(label="Paste text (1 KB – 1.2 MB)", lines=4, max_length=1_200_000,
-                                        elem_id="pasted")
-                    text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
-                                        type="filepath", elem_id="text_file")
+                    with gr.Row():
+                        pasted = gr.Textbox("", label="Paste text (1 KB – 1.2 MB)", lines=5, max_length=1_200_000,
+                                            elem_id="pasted")
+                        text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
+                                            type="filepath", elem_id="text_file", height=140)
                 with gr.Row():
                     layers = gr.Slider(1, 4, value=2, step=1, label="Layers", elem_id="layers")
                     heads = gr.Slider(1, 4, value=4, step=1, label="Heads", elem_id="heads")
@@ -512,16 +517,17 @@ def build_demo() -> gr.Blocks:
                     train_btn = gr.Button("Train", variant="primary", elem_id="train_btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop_btn")
                 train_status = gr.Textbox(label="Training", interactive=False, elem_id="train_status")
-                loss_plot = gr.Plot(label="Loss", elem_id="loss")
+                loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0))), label="Loss",
+                                    elem_id="loss")
                 with gr.Row():
-                    download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
-                    upload = gr.File(label="Load a .safetensors model", file_types=[".safetensors"],
-                                     type="filepath", elem_id="upload")
-                upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
+                    with gr.Column():
+                        download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
+                        upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
+                    upload = gr.File(label="Load a .safetensors model (max 20 MB)", file_types=[".safetensors"],
+                                     type="filepath", elem_id="upload", height=140)
 
             with gr.Tab("Learn", id="learn"):
-                gr.Markdown(LEARN_MD, latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
-                                                        {"left": "$", "right": "$", "display": False}])
+                gr.Markdown(LEARN_MD, latex_delimiters=LATEX)
 
         sampling_inputs = [temperature, top_k, top_p, seed]
         view_inputs = [layer, head, view]

@@ -317,7 +317,11 @@ def _attention_figure(
             "showgrid": False,
             "zeroline": False,
             "ticks": "",
+            # square cells whatever width the page gives the figure
+            "scaleanchor": xref,
+            "constrain": "domain",
         }
+        xaxis["constrain"] = "domain"
         if k == 0:
             xaxis.update(categoryorder="array", categoryarray=labels, range=[-0.5, t - 0.5])
             yaxis.update(categoryorder="array", categoryarray=labels, range=[t - 0.5, -0.5])
