@@ -1,0 +1,349 @@
+"""The app as a person sees it: a real Chromium drives the running server and checks the pictures.
+
+Screenshots of each tab go to $DECODER_LAB_SCREENSHOTS (default: pytest's tmp dir); the README's
+pictures are refreshed with `DECODER_LAB_SCREENSHOTS=assets python -m pytest tests/test_browser.py`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+VIEWPORT = {"width": 1280, "height": 800}
+GRAMMAR_PROMPT = "anna found the key . she gave it to tom because he"
+ALERT_PROMPT = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    out = os.environ.get("DECODER_LAB_SCREENSHOTS")
+    path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Page:
+    """A thin driver over a Playwright page of the app, recording what would be a problem."""
+
+    def __init__(self, context, url: str):
+        self.url = url
+        self.page = context.new_page()
+        self.console_errors: list[str] = []
+        self.outside: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.console_errors.append(str(e)))
+        self.page.on("dialog", self._dialog)
+        self.page.on("request", self._request)
+        self.page.goto(url, wait_until="load")  # never "networkidle": Gradio's heartbeat keeps it busy
+        self.page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
+
+    def _dialog(self, dialog) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def _request(self, req) -> None:
+        if not req.url.startswith(("http://127.0.0.1", "data:", "blob:")):
+            self.outside.append(req.url)
+
+    # ------------------------------------------------------------------ reading the screen
+    def tokens(self) -> list[str]:
+        return self.page.eval_on_selector_all("#tokens .textfield .token .text", "els => els.map(e => e.textContent)")
+
+    def wait_tokens(self, n: int, timeout: float = 30_000) -> list[str]:
+        self.page.wait_for_function(
+            "n => document.querySelectorAll('#tokens .textfield .token').length === n", arg=n, timeout=timeout
+        )
+        return self.tokens()
+
+    def figure(self, elem: str) -> dict:
+        """Geometry and labels of a rendered Plotly figure, read from plotly.js itself."""
+        return self.page.evaluate(
+            """sel => {
+                const gd = document.querySelector(sel + ' .js-plotly-plot');
+                const L = gd._fullLayout;
+                const axes = Object.keys(L).filter(k => /^[xy]axis\\d*$/.test(k)).sort();
+                const out = {title: L.title && L.title.text, bg: L.plot_bgcolor, ntraces: gd.data.length,
+                             images: gd.querySelectorAll('g.hm image').length, axes: {}};
+                for (const k of axes) {
+                    const a = L[k];
+                    out.axes[k] = {ticktext: a.ticktext || null, offset: a._offset, length: a._length,
+                                   range: a.range, title: a.title && a.title.text,
+                                   centers: a.ticktext ? a.tickvals.map(v => a._offset + a.l2p(v)) : null};
+                }
+                const box = gd.getBoundingClientRect();
+                out.box = [box.x, box.y, box.width, box.height];
+                return out;
+            }""",
+            "#" + elem,
+        )
+
+    def pixels(self, elem: str) -> Image.Image:
+        loc = self.page.locator(f"#{elem} .js-plotly-plot")
+        loc.scroll_into_view_if_needed()
+        return Image.open(io.BytesIO(loc.screenshot())).convert("RGB")
+
+    def toast_text(self) -> str:
+        self.page.wait_for_selector(".toast-body", timeout=20_000)
+        return " ".join(self.page.eval_on_selector_all(".toast-body", "els => els.map(e => e.innerText)"))
+
+    def close_toasts(self) -> None:
+        self.page.evaluate("() => document.querySelectorAll('.toast-close').forEach(b => b.click())")
+
+    # ---------------------------------------------------------------------------- actions
+    def set_prompt(self, text: str) -> None:
+        self.page.fill("#prompt textarea", text)
+
+    def click(self, elem: str) -> None:
+        self.page.click(f"#{elem}")
+
+    def set_slider(self, elem: str, value) -> None:
+        box = self.page.locator(f"#{elem} input[type=number]")
+        box.fill(str(value))
+        box.press("Enter")
+
+    def set_number(self, elem: str, value) -> None:
+        box = self.page.locator(f"#{elem} input")
+        box.fill(str(value))
+        box.press("Enter")
+
+    def choose(self, elem: str, option: str) -> None:
+        self.page.locator(f"#{elem} input").click()
+        self.page.get_by_role("option", name=option, exact=True).click()
+
+    def tab(self, name: str) -> None:
+        self.page.get_by_role("tab", name=name).click()
+
+
+def hex_rgb(color: str) -> tuple[int, int, int]:
+    color = color.lstrip("#")
+    return tuple(int(color[i : i + 2], 16) for i in (0, 2, 4))
+
+
+@pytest.fixture
+def app_page(app_server, browser):
+    context = browser.new_context(viewport=VIEWPORT)
+    page = Page(context, app_server.url)
+    yield page
+    context.close()
+
+
+def test_page_loads_offline_with_default_model(app_page, shots):
+    p = app_page
+    assert p.page.locator("#model input").input_value() == "grammar (built-in)"
+    assert p.page.locator("#prompt textarea").input_value() == GRAMMAR_PROMPT
+    assert p.console_errors == []
+    assert p.outside == [], f"requests left 127.0.0.1: {p.outside}"
+
+
+def test_three_steps_grow_the_masked_attention(app_page, shots):
+    p = app_page
+    p.click("step")
+    first = p.wait_tokens(13)
+    p.click("step")
+    p.wait_tokens(14)
+    p.click("step")
+    tokens = p.wait_tokens(15)
+    assert tokens[:12] == GRAMMAR_PROMPT.split() and first[:12] == tokens[:12]
+    p.page.wait_for_function(
+        "() => { const gd = document.querySelector('#attention .js-plotly-plot');"
+        " return gd._fullLayout.xaxis.ticktext && gd._fullLayout.xaxis.ticktext.length === 15; }",
+        timeout=20_000,
+    )
+    fig = p.figure("attention")
+    assert fig["title"].startswith("Layer 0")
+    x, y = fig["axes"]["xaxis"], fig["axes"]["yaxis"]
+    assert x["ticktext"] == tokens and y["ticktext"] == tokens  # T columns, T rows, token labels
+    assert fig["images"] >= 4  # one heatmap per head drawn
+    # Every cell above the diagonal shows the grey "masked" background; every cell on or below it does not.
+    img = p.pixels("attention")
+    grey = hex_rgb(fig["bg"])
+    for i, cy in enumerate(y["centers"]):
+        for j, cx in enumerate(x["centers"]):
+            rgb = img.getpixel((int(cx), int(cy)))
+            is_grey = max(abs(a - b) for a, b in zip(rgb, grey)) <= 6
+            assert is_grey == (j > i), f"cell ({i},{j}) colour {rgb}, masked={j > i}"
+    p.page.screenshot(path=str(shots / "explore.png"))
+    assert p.console_errors == []
+
+
+def test_layer_and_head_selectors_change_the_figure(app_page):
+    p = app_page
+    p.click("step")
+    p.wait_tokens(13)
+    p.choose("layer", "2")
+    p.page.wait_for_function(
+        "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').startsWith('Layer 2')"
+    )
+    assert p.figure("attention")["ntraces"] >= 4
+    p.choose("head", "1")
+    p.page.wait_for_function(
+        "() => { const t = document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '';"
+        " return t.includes('Layer 2') && t.includes('head 1'); }"
+    )
+    fig = p.figure("attention")
+    assert "xaxis2" not in fig["axes"]  # a single panel now
+    p.page.get_by_label("scores").check()
+    p.page.wait_for_function(
+        "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').includes('score')"
+    )
+
+
+def _generate(p: Page, seed: int) -> list[str]:
+    p.click("reset")
+    p.wait_tokens(0)
+    p.page.get_by_text("Sampling").click()
+    p.set_slider("temperature", 1.0)
+    p.set_number("seed", seed)
+    p.set_slider("max_new", 12)
+    p.page.get_by_text("Sampling").click()
+    p.click("generate")
+    p.page.wait_for_function(
+        "() => document.querySelector('#status textarea').value.includes('generated)')", timeout=30_000
+    )
+    p.page.wait_for_function(
+        "() => !document.querySelector('#tokens [data-testid=status-tracker]')?.className.includes('generating')",
+        timeout=30_000,
+    )
+    time.sleep(0.5)
+    return p.tokens()
+
+
+def test_generate_is_reproducible_by_seed(app_page):
+    p = app_page
+    a = _generate(p, 7)
+    b = _generate(p, 7)
+    c = _generate(p, 8)
+    assert len(a) > 12 and a == b
+    assert a != c
+
+
+def test_positional_encoding_tab(app_page, shots):
+    p = app_page
+    p.tab("Positional encoding")
+    p.page.wait_for_selector("#pe_table g.hm image", timeout=20_000)
+    fig = p.figure("pe_table")
+    assert "position" in (fig["axes"]["yaxis"]["title"] or "")
+    assert "dimension" in (fig["axes"]["xaxis"]["title"] or "")
+    assert fig["axes"]["yaxis"]["range"][0] == pytest.approx(63.5) or fig["axes"]["yaxis"]["range"][1] == pytest.approx(63.5)
+    assert p.page.locator("#pe_sim g.hm image").count() == 1
+    p.page.screenshot(path=str(shots / "positional.png"))
+
+
+def test_train_stop_then_explore_the_new_model(app_page, shots):
+    p = app_page
+    p.tab("Train")
+    p.set_slider("steps", 2000)
+    p.click("train_btn")
+
+    def points() -> int:
+        return p.page.evaluate(
+            "() => { const gd = document.querySelector('#loss .js-plotly-plot');"
+            " return gd && gd._fullData.length ? gd._fullData[0].x.length : 0; }"
+        )
+
+    p.page.wait_for_function("() => { const gd = document.querySelector('#loss .js-plotly-plot');"
+                             " return gd && gd._fullData.length && gd._fullData[0].x.length > 0; }", timeout=30_000)
+    n1 = points()
+    time.sleep(2.0)
+    n2 = points()
+    assert n2 > n1, "the loss curve did not gain points while training"
+    assert p.page.locator("#loss .js-plotly-plot").is_visible()
+    p.page.screenshot(path=str(shots / "train.png"))
+    t0 = time.perf_counter()
+    p.page.locator("#stop_btn").dispatch_event("click")
+    p.page.wait_for_function(
+        "() => document.querySelector('#train_status textarea').value.includes('stopped by you')", timeout=15_000
+    )
+    assert time.perf_counter() - t0 < 8
+    assert p.page.locator("#loss .js-plotly-plot").is_visible()
+    p.tab("Explore")
+    assert p.page.locator("#model input").input_value() == "my sort model"
+    p.set_prompt("503124=")
+    p.click("step")
+    assert len(p.wait_tokens(8)) == 8
+    assert p.console_errors == []
+
+
+def test_corrupt_upload_shows_error_and_app_keeps_working(app_page, tmp_path):
+    p = app_page
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"\x80\x04\x95" + os.urandom(300))
+    p.tab("Train")
+    p.page.locator("#upload input[type=file]").set_input_files(str(bad))
+    assert "safetensors" in p.toast_text().lower()
+    p.close_toasts()
+    p.tab("Explore")
+    p.click("step")
+    assert len(p.wait_tokens(13)) == 13
+
+
+def test_two_people_do_not_see_each_other(app_server, browser):
+    ctx_a, ctx_b = browser.new_context(viewport=VIEWPORT), browser.new_context(viewport=VIEWPORT)
+    try:
+        a, b = Page(ctx_a, app_server.url), Page(ctx_b, app_server.url)
+        a.set_prompt("tom found the map .")
+        b.set_prompt("lisa likes the red ball .")
+        a.click("step")
+        b.click("step")
+        ta, tb = a.wait_tokens(6), b.wait_tokens(7)
+        a.click("step")
+        ta = a.wait_tokens(7)
+        assert ta[:5] == "tom found the map .".split() and tb[:6] == "lisa likes the red ball .".split()
+        assert len(b.tokens()) == 7  # b did not grow when a stepped
+        options = b.page.evaluate("() => document.querySelector('#model input').value")
+        assert options == "grammar (built-in)"
+    finally:
+        ctx_a.close()
+        ctx_b.close()
+
+
+def test_bad_prompts_get_clear_messages(app_page):
+    p = app_page
+    p.set_prompt("   ")
+    p.click("step")
+    assert "prompt is empty" in p.toast_text()
+    p.close_toasts()
+    p.choose("model", "sort digits (built-in)")
+    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value === '503124='")
+    p.set_prompt("0123456789" * 3)  # 30 tokens; the sort model's context is 16
+    p.click("step")
+    p.wait_tokens(16)
+    status = p.page.locator("#status textarea").input_value()
+    assert "keeps the last 16" in status
+    p.set_prompt("12ab")
+    p.click("step")
+    assert "does not know these characters" in p.toast_text()
+    assert not p.dialogs
+
+
+def test_hostile_text_is_shown_as_text(app_page):
+    """A model that knows '<', '>' and '=' is asked to show an HTML payload: it must stay text."""
+    p = app_page
+    p.tab("Train")
+    p.choose("corpus", "text")
+    p.page.get_by_text("Your own text").click()
+    p.page.fill("#pasted textarea", (ALERT_PROMPT + " the cat sat on the mat. ") * 60)
+    p.set_slider("steps", 10)
+    p.click("train_btn")
+    p.page.wait_for_function(
+        "() => document.querySelector('#train_status textarea').value.includes('finished')", timeout=60_000
+    )
+    p.tab("Explore")
+    p.set_prompt(ALERT_PROMPT)
+    p.click("step")
+    tokens = p.wait_tokens(len(ALERT_PROMPT) + 1)
+    assert "".join(tokens[: len(ALERT_PROMPT)]) == ALERT_PROMPT.replace(" ", "␣")
+    time.sleep(1)
+    assert p.dialogs == []
+    assert p.page.evaluate("() => document.querySelectorAll('img[src=x]').length") == 0
+    # tick labels are drawn as text: the first one is a literal "<", not markup and not "&lt;"
+    ticks = p.page.eval_on_selector_all("#attention .xtick text", "els => els.map(e => e.textContent)")
+    assert ticks and ticks[0] == "<" and all(t in ALERT_PROMPT.replace(" ", "␣") for t in ticks)
