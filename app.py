@@ -77,6 +77,7 @@ EXAMPLE_PROMPTS = {
 TRAIN_LIMITS = dict(layers=(1, 4), heads=(1, 4), d_model=(8, 128), d_ff=(0, 512), steps=(1, 2000), block=(8, 128))
 TRAIN_MAX_SECONDS = float(os.environ.get("DECODER_LAB_TRAIN_SECONDS", "180"))
 OVERVIEW_MAX_T = 48
+VIEWS = ("weights", "scores", "all layers")
 TRAIN_CORPORA = {
     "grammar": "Generated English (names, pronouns)",
     "sort": "Sort six digits",
@@ -182,12 +183,23 @@ def _layer_head_choices(entry: ModelEntry):
     )
 
 
+def _check_view(entry: ModelEntry, layer, head, view) -> None:
+    """Validate the view settings before anything changes, so a bad value never advances the text."""
+    cfg = entry.model.cfg
+    check_int("layer", layer, 0, cfg.n_layers - 1)
+    if head != "all":
+        check_int("head", head, 0, cfg.n_heads - 1)
+    if view not in VIEWS:
+        raise UserError(f"view must be one of {', '.join(VIEWS)}; got {view!r}")
+
+
 def step(ws, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view):
     """One new token: sample from the model's distribution, then show what it attended to."""
     try:
         ws.touched = time.time()
         entry = _entry(ws, model_name)
         sampling = make_sampling(temperature, top_k, top_p, seed)
+        _check_view(entry, layer, head, view)
         ws.ensure_started(entry, prompt, sampling)
         if len(ws.decoder.ids) - ws.decoder.prompt_len >= MAX_NEW_TOKENS:
             raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
@@ -205,21 +217,20 @@ def generate(ws, model_name, prompt, temperature, top_k, top_p, seed, max_new, l
         entry = _entry(ws, model_name)
         sampling = make_sampling(temperature, top_k, top_p, seed)
         max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
+        _check_view(entry, layer, head, view)
         ws.start(entry, prompt, sampling)
-    except Exception as exc:
-        raise _error(exc) from None
-    last_yield = 0.0
-    for i in range(max_new):
-        ws.last_step = ws.decoder.step(sampling)
-        done = ws.last_step.eos or i == max_new - 1
-        if done or time.perf_counter() - last_yield > 0.3:
-            last_yield = time.perf_counter()
+        last_yield = 0.0
+        for i in range(max_new):
+            ws.last_step = ws.decoder.step(sampling)
+            done = ws.last_step.eos or i == max_new - 1
             if done:
                 yield _explore_outputs(ws, layer, head, view)
-            else:
+                break
+            if time.perf_counter() - last_yield > 0.3:
+                last_yield = time.perf_counter()
                 yield ws, ws.tokens(), _status(ws), gr.skip(), gr.skip()
-        if ws.last_step.eos:
-            break
+    except Exception as exc:
+        raise _error(exc) from None
 
 
 def undo(ws, layer, head, view):
@@ -232,9 +243,16 @@ def undo(ws, layer, head, view):
         raise _error(exc) from None
 
 
+def _example_prompt(ws: Workspace, model_name: str) -> str:
+    if model_name in EXAMPLE_PROMPTS:
+        return EXAMPLE_PROMPTS[model_name]
+    entry = ws.models.get(model_name)
+    return entry.meta.get("example_prompt", "") if entry is not None else ""
+
+
 def reset(ws, model_name):
     ws.reset()
-    prompt = EXAMPLE_PROMPTS.get(model_name, "")
+    prompt = _example_prompt(ws, model_name)
     return (ws, [], "", _probs_figure(ws), _attention_figure(ws, 0, "all", "weights"), prompt)
 
 
@@ -252,7 +270,7 @@ def select_model(ws, model_name):
         raise _error(exc) from None
     ws.reset()
     layer_u, head_u = _layer_head_choices(entry)
-    prompt = EXAMPLE_PROMPTS.get(model_name) or entry.meta.get("example_prompt", "")
+    prompt = _example_prompt(ws, model_name)
     return (ws, [], entry.summary, _probs_figure(ws), _msg("Press Step or Generate."),
             layer_u, head_u, gr.update(value=prompt))
 
@@ -467,7 +485,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     layer = gr.Dropdown(list(range(default_cfg.n_layers)), value=0, label="Layer", elem_id="layer")
                     head = gr.Dropdown(["all", *range(default_cfg.n_heads)], value="all", label="Head", elem_id="head")
-                    view = gr.Radio(["weights", "scores", "all layers"], value="weights",
+                    view = gr.Radio(list(VIEWS), value="weights",
                                     label="View", elem_id="view")
                 attn_plot = gr.Plot(_msg("Press Step or Generate to see attention."),
                                     label="Masked self-attention (rows: queries, columns: keys)", elem_id="attention")

@@ -130,7 +130,10 @@ def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
         raise ValueError("not a safetensors file: shorter than its 8-byte header length")
     (n,) = struct.unpack("<Q", data[:8])
     if n > MAX_HEADER_BYTES:
-        raise ValueError(f"safetensors header claims {n:,} bytes; at most {MAX_HEADER_BYTES:,} are allowed")
+        raise ValueError(
+            f"not a safetensors file, or a hostile one: its header would be {n:,} bytes "
+            f"(at most {MAX_HEADER_BYTES:,} are allowed)"
+        )
     if 8 + n > len(data):
         raise ValueError("safetensors header is longer than the file (truncated or not safetensors)")
     try:

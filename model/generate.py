@@ -99,6 +99,7 @@ class Decoder:
         if not self.ids:
             raise ValueError("the prompt must contain at least one token")
         self.block_size = self.model.cfg.block_size
+        self.device = self.model.tok_emb.weight.device
         self.cropped_prompt = len(self.ids) > self.block_size
         self.start = max(0, len(self.ids) - self.block_size)  # index of the window's first token
         self.prompt_len = len(self.ids)
@@ -114,12 +115,12 @@ class Decoder:
 
     @torch.inference_mode()
     def _prefill(self) -> None:
-        ids = torch.tensor([self.window])
+        ids = torch.tensor([self.window], device=self.device)
         out = self.model(ids, return_attention=self.capture_attention, cache=KVCache([]) if self.use_cache else None)
         self.cache = out.cache
         self.logits = out.logits[0, -1]
-        self.attention = [a[0].numpy().copy() for a in out.attentions] if out.attentions else []
-        self.scores = [a[0].numpy().copy() for a in out.scores] if out.scores else []
+        self.attention = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
+        self.scores = [a[0].float().cpu().numpy().copy() for a in out.scores] if out.scores else []
 
     def undo(self) -> bool:
         """Remove the last generated token (never the prompt) and restore the sampler's state."""
@@ -134,8 +135,9 @@ class Decoder:
     @torch.inference_mode()
     def step(self, sampling: Sampling | None = None) -> Step:
         s = sampling or self.sampling
-        probs = torch.softmax(self.logits.float(), dim=-1)
-        adjusted = adjust_probs(self.logits, s)
+        logits = self.logits.float().cpu()  # sample on the CPU with the CPU generator, whatever the device
+        probs = torch.softmax(logits, dim=-1)
+        adjusted = adjust_probs(logits, s)
         self._rng_history.append(self.generator.get_state())
         token = int(torch.multinomial(adjusted, 1, generator=self.generator)) if s.temperature else int(adjusted.argmax())
         self.ids.append(token)
@@ -145,12 +147,12 @@ class Decoder:
             self._prefill()
             rows = [a.copy() for a in self.attention]
         elif self.use_cache:
-            out = self.model(torch.tensor([[token]]), return_attention=self.capture_attention, cache=self.cache)
+            out = self.model(torch.tensor([[token]], device=self.device), return_attention=self.capture_attention, cache=self.cache)
             self.cache, self.logits = out.cache, out.logits[0, -1]
-            rows = [a[0].numpy().copy() for a in out.attentions] if out.attentions else []
+            rows = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
             self.attention = [_grow(m, r, 0.0) for m, r in zip(self.attention, rows)]
             if out.scores:
-                new_scores = [a[0].numpy() for a in out.scores]
+                new_scores = [a[0].float().cpu().numpy() for a in out.scores]
                 self.scores = [_grow(m, r, -np.inf) for m, r in zip(self.scores, new_scores)]
         else:
             self._prefill()
