@@ -67,7 +67,7 @@ PRESETS: dict[str, Preset] = {
             name="grammar",
             corpus="grammar",
             tokenizer="word",
-            model=dict(block_size=64, n_layers=3, n_heads=4, d_model=96, pos_encoding="learned", dropout=0.0),
+            model=dict(block_size=128, n_layers=3, n_heads=4, d_model=96, pos_encoding="learned", dropout=0.0),
             train=TrainConfig(steps=1500, batch_size=24, lr=2e-3, warmup=100, eval_every=250),
             summary="Generated English: pronouns must agree with earlier names.",
             quality="held-out loss recorded in assets/grammar.json and reached by the shipped model",
