@@ -76,6 +76,9 @@ EXAMPLE_PROMPTS = {
 # Limits enforced on the server (the UI's own limits do not protect the API).
 TRAIN_LIMITS = dict(layers=(1, 4), heads=(1, 4), d_model=(8, 128), d_ff=(0, 512), steps=(1, 2000), block=(8, 128))
 TRAIN_MAX_SECONDS = float(os.environ.get("DECODER_LAB_TRAIN_SECONDS", "180"))
+# Training runs on the GPU only when asked (or on ZeroGPU); stepping a model this small is fastest on the CPU.
+TRAIN_DEVICE = os.environ.get("DECODER_LAB_DEVICE") or ("cuda" if os.environ.get("SPACES_ZERO_GPU") else "cpu")
+STATE_TTL = float(os.environ.get("DECODER_LAB_STATE_TTL", "1800"))  # seconds a session's state lives
 OVERVIEW_MAX_T = 48
 VIEWS = ("weights", "scores", "all layers")
 TRAIN_CORPORA = {
@@ -318,7 +321,7 @@ def train_model(ws, corpus_name, pasted, upload, tokenizer_kind, layers, heads, 
     try:
         if ws.run is not None and not ws.run.done:
             raise UserError("A training run is already going in this session; stop it first.")
-        if corpus_name not in TRAIN_CORPORA:
+        if not isinstance(corpus_name, str) or corpus_name not in TRAIN_CORPORA:
             raise UserError(f"Unknown corpus {corpus_name!r}; choose one of {', '.join(TRAIN_CORPORA)}.")
         lo, hi = TRAIN_LIMITS["layers"]
         layers = check_int("layers", layers, lo, hi)
@@ -345,6 +348,9 @@ def train_model(ws, corpus_name, pasted, upload, tokenizer_kind, layers, heads, 
 
     torch.manual_seed(seed)
     model = DecoderLM(cfg)
+    on_gpu = TRAIN_DEVICE == "cuda" and torch.cuda.is_available()
+    if on_gpu:  # ZeroGPU: CUDA exists only inside this decorated call; the model returns to the CPU after
+        model.to("cuda")
     name = ws.unique_name(f"my {corpus_name} model")
     entry = ModelEntry(name, model, corpus.tokenizer, {"corpus": corpus_name, "example_prompt": corpus.sample_prompts[0]})
     run = ws.run = TrainingRun(name)
@@ -366,7 +372,11 @@ def train_model(ws, corpus_name, pasted, upload, tokenizer_kind, layers, heads, 
     finally:
         run.done = True
         model.eval()
+        if on_gpu:
+            model.to("cpu")
     reason = {"finished": "finished", "stopped": "stopped by you", "time limit": "hit the time limit"}[ev.stop_reason]
+    if getattr(ws, "closed", False):  # the session was cleaned up while training: save nothing nobody can fetch
+        return
     ws.checkpoint_path = _save_for_download(ws, entry)
     summary = (f"Training {reason} after {ev.step} steps in {ev.elapsed:.1f} s: validation loss {ev.val_loss:.3f}. "
                f"'{name}' is now in the Explore model list.")
@@ -417,6 +427,7 @@ def upload_model(ws, path):
 
 def cleanup_session(ws: Workspace) -> None:
     """Called when a session's state expires or its tab closes: stop training, delete its files."""
+    ws.closed = True
     if ws.run is not None:
         ws.run.stop.set()
     if ws.run_dir is not None:
@@ -451,7 +462,7 @@ def build_demo() -> gr.Blocks:
     default = DEFAULT_MODEL
     default_cfg = BUILTIN.get(default).model.cfg
     with gr.Blocks(title="Decoder Lab", delete_cache=(600, 3600)) as demo:
-        ws = gr.State(Workspace(), time_to_live=1800, delete_callback=cleanup_session)
+        ws = gr.State(Workspace(), time_to_live=STATE_TTL, delete_callback=cleanup_session)
         gr.Markdown("# Decoder Lab\nA small GPT-style transformer you can step through, one token at a time.")
         with gr.Tabs():
             with gr.Tab("Explore", id="explore"):

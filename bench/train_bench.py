@@ -4,8 +4,9 @@
 weights, no bias, dropout 0, AdamW lr 1e-3 -> 1e-4 (cosine), 2000 iterations. Runs the project's
 own training loop (model.train.train) and prints one JSON line.
 
-    python bench/train_bench.py                    # fp32, 1 thread
-    python bench/train_bench.py --bf16 --threads 2 # variants to compare
+    python bench/train_bench.py        # default: 1 thread, bf16, sdpa math, fused AdamW, compile max-autotune
+    python bench/train_bench.py --no-bf16 --compile none --sdpa auto --adamw loop   # the original loop
+    python bench/train_bench.py --iters 200 --threads 2 --compile default           # variants to compare
     python bench/train_bench.py --text PATH --iters 200
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -26,7 +28,7 @@ import torch  # noqa: E402
 
 from model.config import ModelConfig  # noqa: E402
 from model.corpora import build_corpus  # noqa: E402
-from model.train import TrainConfig, train  # noqa: E402
+from model.train import ADAMW_IMPLS, COMPILE_MODES, SDPA_BACKENDS, TrainConfig, train  # noqa: E402
 from model.transformer import DecoderLM  # noqa: E402
 
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -42,21 +44,33 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="training text (default: shared Tiny Shakespeare)")
     p.add_argument("--iters", type=int, default=2000, help="training iterations")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: robust on the shared 2-vCPU box; 2 is faster only when it is idle)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bfloat16 autocast")
+    p.add_argument("--compile", nargs="?", const="default", default="max-autotune-no-cudagraphs",
+                   choices=["none", *COMPILE_MODES],
+                   help="torch.compile mode for the training forward+loss and its backward ('none' = eager)")
+    p.add_argument("--adamw", default="fused", choices=list(ADAMW_IMPLS), help="AdamW implementation")
+    p.add_argument("--sdpa", default="math", choices=list(SDPA_BACKENDS), help="attention kernel while training")
     p.add_argument("--eval-batches", type=int, default=50, help="batches for the final train/val loss")
     args = p.parse_args()
+    if args.compile == "none":
+        args.compile = None
 
     torch.set_num_threads(args.threads)
     text = args.text.read_text(encoding="utf-8")
     corpus = build_corpus("text", "char", seed=1337, text=text)
+    torch.manual_seed(1337)
     model = DecoderLM(bench_config(corpus.tokenizer.vocab_size))
-    if args.compile:
-        model = torch.compile(model)
     cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
                       betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
-                      seed=1337, bf16=args.bf16)
+                      seed=1337, bf16=args.bf16, adamw=args.adamw, compile=args.compile, sdpa=args.sdpa)
+    g = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        corpus.train.get_batch(12, 64, g)
+    batch_ms = (time.perf_counter() - t0) / 200 * 1000
+    load_before = os.getloadavg()[0]
     times, last, prev = [], None, time.perf_counter()
     for ev in train(model, corpus, cfg):
         now = time.perf_counter()
@@ -64,19 +78,27 @@ def main() -> None:
             times.append(now - prev)
         prev, last = now, ev
     warm = times[10:] or times
+    med = statistics.median(warm)
     print(json.dumps({
         "bench": "train_tinyshakespeare_char",
         "iters": last.step,
         "threads": args.threads,
         "bf16": args.bf16,
         "compile": args.compile,
-        "ms_per_iter_median": round(1000 * statistics.median(warm), 2),
-        "tokens_per_s": round(12 * 64 / statistics.median(warm)),
+        "adamw": args.adamw,
+        "sdpa": args.sdpa,
+        "ms_per_iter_median": round(1000 * med, 2),
+        "ms_per_iter_p10": round(1000 * sorted(warm)[len(warm) // 10], 2),
+        "tokens_per_s": round(12 * 64 / med),
+        "first_iters_overhead_s": round(sum(times[:10]) - 10 * med, 2),  # compile time when --compile
+        "get_batch_ms": round(batch_ms, 4),
+        "total_s": round(last.elapsed, 1),
         "train_loss": round(last.eval_train_loss, 4),
         "val_loss": round(last.val_loss, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "params": sum(p.numel() for p in model.parameters()),
         "torch": torch.__version__,
+        "loadavg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }))
 
 

@@ -26,6 +26,11 @@ from .config import ModelConfig
 from .transformer import DecoderLM
 
 
+ADAMW_IMPLS = ("fused", "foreach", "loop")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+SDPA_BACKENDS = ("auto", "math", "flash")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 1000
@@ -41,7 +46,10 @@ class TrainConfig:
     eval_batches: int = 8
     seed: int = 0
     max_seconds: float | None = None
-    bf16: bool = False  # autocast matmuls to bfloat16 (fast on CPUs with AMX)
+    bf16: bool = False  # autocast matmuls to bfloat16 (fast on CPUs with AVX512-BF16 / AMX)
+    adamw: str = "fused"  # AdamW kernel: "fused" (one kernel for all params), "foreach" or "loop"
+    compile: str | None = None  # torch.compile the forward+loss (and its backward): a mode name or "default"
+    sdpa: str = "auto"  # attention kernel while training: "auto" (torch's choice), "math" or "flash"
     probe_every: int = 0  # capture attention on probe_ids every N steps (0 = never)
     probe_ids: tuple[int, ...] = field(default_factory=tuple)
 
@@ -54,6 +62,12 @@ class TrainConfig:
             raise ValueError(f"learning rate must be in (0, 1], got {self.lr!r}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be cosine or constant, got {self.schedule!r}")
+        if self.adamw not in ADAMW_IMPLS:
+            raise ValueError(f"adamw must be one of {', '.join(ADAMW_IMPLS)}, got {self.adamw!r}")
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.sdpa not in SDPA_BACKENDS:
+            raise ValueError(f"sdpa must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa!r}")
         if self.warmup < 0 or self.eval_every < 0 or self.probe_every < 0:
             raise ValueError("warmup, eval_every and probe_every must be ≥ 0")
 
@@ -94,7 +108,11 @@ def evaluate(model: DecoderLM, split, batches: int, batch_size: int, block_size:
     was_training = model.training
     model.eval()
     g = torch.Generator().manual_seed(seed)
-    losses = [loss_fn(model, *split.get_batch(batch_size, block_size, g)).item() for _ in range(batches)]
+    device = model.tok_emb.weight.device
+    losses = []
+    for _ in range(batches):
+        x, y = split.get_batch(batch_size, block_size, g)
+        losses.append(loss_fn(model, x.to(device), y.to(device)).item())
     model.train(was_training)
     return sum(losses) / len(losses)
 
@@ -104,7 +122,28 @@ def make_optimizer(model: DecoderLM, cfg: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[cfg.adamw]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **impl)
+
+
+def _sdpa_context(name: str):
+    """Context manager that pins the scaled-dot-product-attention kernel (or does nothing for "auto")."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH if name == "math" else SDPBackend.FLASH_ATTENTION)
+
+
+def make_loss_fn(cfg: TrainConfig) -> Callable[[DecoderLM, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training-step loss: `loss_fn`, compiled with torch.compile when cfg.compile is set.
+
+    dynamic=False: the batch shape is fixed, so one static graph (compiled on the first step).
+    """
+    if cfg.compile is None:
+        return loss_fn
+    mode = None if cfg.compile == "default" else cfg.compile
+    return torch.compile(loss_fn, mode=mode, dynamic=False)
 
 
 def train(
@@ -122,8 +161,10 @@ def train(
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
     block = model.cfg.block_size
+    device = model.tok_emb.weight.device
     opt = make_optimizer(model, cfg)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
+    step_loss = make_loss_fn(cfg)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
     start = time.perf_counter()
     tokens = 0
     model.train()
@@ -141,8 +182,9 @@ def train(
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = corpus.train.get_batch(cfg.batch_size, block, g)
-            with autocast:
-                loss = loss_fn(model, x, y)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast, _sdpa_context(cfg.sdpa):
+                loss = step_loss(model, x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
@@ -171,9 +213,9 @@ def probe(model: DecoderLM, ids: tuple[int, ...]) -> list:
     was_training = model.training
     model.eval()
     ids = ids[-model.cfg.block_size :]
-    out = model(torch.tensor([list(ids)]), return_attention=True)
+    out = model(torch.tensor([list(ids)], device=model.tok_emb.weight.device), return_attention=True)
     model.train(was_training)
-    return [a[0].numpy().copy() for a in out.attentions]
+    return [a[0].float().cpu().numpy() for a in out.attentions]
 
 
 # ----------------------------------------------------------------------------------- CLI
