@@ -516,44 +516,47 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Train", id="train"):
                 gr.Markdown("Train a new model for this session (runs are temporary: download what you want to keep).")
                 with gr.Row():
-                    corpus = gr.Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
-                    tok_kind = gr.Radio(["char", "word", "bpe"], value="char", label="Tokenizer (grammar / own text)",
-                                        elem_id="tokenizer")
-                corpus_info = gr.Markdown(CORPUS_DESCRIPTIONS.get("sort", ""))
-                with gr.Accordion("Your own text", open=False):
-                    with gr.Row():
-                        pasted = gr.Textbox("", label="Paste text (1 KB – 1.2 MB)", lines=5, max_length=1_200_000,
-                                            elem_id="pasted")
-                        text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
-                                            type="filepath", elem_id="text_file", height=140)
-                with gr.Row():
-                    layers = gr.Slider(1, 4, value=2, step=1, label="Layers", elem_id="layers")
-                    heads = gr.Slider(1, 4, value=4, step=1, label="Heads", elem_id="heads")
-                    d_model = gr.Slider(8, 128, value=64, step=8, label="d_model", elem_id="d_model")
-                    d_ff = gr.Slider(0, 512, value=256, step=32, label="d_ff (0 = no feed-forward)", elem_id="d_ff")
-                with gr.Row():
-                    pos = gr.Dropdown(["learned", "sinusoidal", "rope", "none"], value="learned",
-                                      label="Positional encoding", elem_id="pos")
-                    norm = gr.Dropdown(["pre", "post", "none"], value="pre", label="Norm placement", elem_id="norm")
-                    activation = gr.Dropdown(["gelu", "relu", "swiglu"], value="gelu", label="Activation",
-                                             elem_id="activation")
-                    dropout = gr.Slider(0, 0.5, value=0.0, step=0.05, label="Dropout", elem_id="dropout")
-                with gr.Row():
-                    steps = gr.Slider(10, 2000, value=300, step=10, label="Steps", elem_id="steps")
-                    lr = gr.Number(3e-3, label="Learning rate", minimum=1e-5, maximum=0.1, elem_id="lr")
-                    train_seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="train_seed")
-                with gr.Row():
-                    train_btn = gr.Button("Train", variant="primary", elem_id="train_btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop_btn")
-                train_status = gr.Textbox(label="Training", interactive=False, elem_id="train_status")
-                loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0))), label="Loss",
-                                    elem_id="loss")
-                with gr.Row():
-                    with gr.Column():
+                    with gr.Column(scale=1):
+                        with gr.Row():
+                            corpus = gr.Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
+                            tok_kind = gr.Radio(["char", "word", "bpe"], value="char",
+                                                label="Tokenizer (grammar / own text)", elem_id="tokenizer")
+                        corpus_info = gr.Markdown(CORPUS_DESCRIPTIONS.get("sort", ""))
+                        with gr.Accordion("Your own text", open=False):
+                            pasted = gr.Textbox("", label="Paste text (1 KB – 1.2 MB)", lines=4,
+                                                max_length=1_200_000, elem_id="pasted")
+                            text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
+                                                type="filepath", elem_id="text_file", height=120)
+                        with gr.Row():
+                            layers = gr.Slider(1, 4, value=2, step=1, label="Layers", elem_id="layers")
+                            heads = gr.Slider(1, 4, value=4, step=1, label="Heads", elem_id="heads")
+                        with gr.Row():
+                            d_model = gr.Slider(8, 128, value=64, step=8, label="d_model", elem_id="d_model")
+                            d_ff = gr.Slider(0, 512, value=256, step=32, label="d_ff (0 = none)", elem_id="d_ff")
+                        with gr.Row():
+                            pos = gr.Dropdown(["learned", "sinusoidal", "rope", "none"], value="learned",
+                                              label="Positional encoding", elem_id="pos")
+                            norm = gr.Dropdown(["pre", "post", "none"], value="pre", label="Norm placement",
+                                               elem_id="norm")
+                        with gr.Row():
+                            activation = gr.Dropdown(["gelu", "relu", "swiglu"], value="gelu", label="Activation",
+                                                     elem_id="activation")
+                            dropout = gr.Slider(0, 0.5, value=0.0, step=0.05, label="Dropout", elem_id="dropout")
+                        with gr.Row():
+                            steps = gr.Slider(10, 2000, value=300, step=10, label="Steps", elem_id="steps")
+                            lr = gr.Number(3e-3, label="Learning rate", minimum=1e-5, maximum=0.1, elem_id="lr")
+                            train_seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="train_seed")
+                    with gr.Column(scale=1):
+                        with gr.Row():
+                            train_btn = gr.Button("Train", variant="primary", elem_id="train_btn")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop_btn")
+                        train_status = gr.Textbox(label="Training", interactive=False, elem_id="train_status")
+                        loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0))),
+                                            label="Loss", elem_id="loss")
                         download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
+                        upload = gr.File(label="Load a .safetensors model (max 20 MB)", file_types=[".safetensors"],
+                                         type="filepath", elem_id="upload", height=120)
                         upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
-                    upload = gr.File(label="Load a .safetensors model (max 20 MB)", file_types=[".safetensors"],
-                                     type="filepath", elem_id="upload", height=140)
 
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(LEARN_MD, latex_delimiters=LATEX)

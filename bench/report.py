@@ -1,0 +1,117 @@
+"""Turn the JSON lines of `python bench/run_all.py` into the results table of bench/RESULTS.md.
+
+    python bench/run_all.py > bench/results.jsonl && python bench/report.py bench/results.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def rows(path: str) -> list[dict]:
+    out = []
+    for line in open(path, encoding="utf-8"):
+        line = line.strip()
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def find(rs, bench, **match):
+    for r in rs:
+        if r.get("bench") == bench and all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def load(r) -> str:
+    m = r.get("machine", {}) if r else {}
+    return f"{m.get('load1', '?')} / {m.get('cpus', '?')} CPU" if r else "?"
+
+
+def table(rs: list[dict]) -> str:
+    lines = ["| Figure | Result | Target | Met? | Command | Load (1 min) |", "|---|---|---|---|---|---|"]
+
+    def add(name, value, target, ok, r):
+        met = "—" if ok is None else ("yes" if ok else "**no**")
+        cmd = f"`{r['command']}`" if r else "?"
+        lines.append(f"| {name} | {value} | {target} | {met} | {cmd} | {load(r)} |")
+
+    for threads in (1, 2):
+        for t in (16, 64, 128, 256):
+            r = find(rs, "step_server", prompt_tokens=t, threads=threads)
+            if not r:
+                continue
+            m = r["ms"]
+            value = (f"{m['app_step_first']['median']} ms median, p95 {m['app_step_first']['p95']} (window "
+                     f"{r['window_tokens_first']}; model {m['prefill']['median'] + m['forward']['median']:.1f}, "
+                     f"figures {m['probs_fig']['median'] + m['attn_fig']['median']:.1f}, "
+                     f"JSON {m['serialise']['median']}; next Step {m['next_total']['median']})")
+            target = {64: "≤ 30 ms", 256: "≤ 80 ms"}.get(t, "—")
+            ok = None if t not in (64, 256) else m["app_step_first"]["median"] <= (30 if t == 64 else 80)
+            add(f"Step, server side, T={t}, {threads} thread(s)", value, target, ok, r)
+    for t in (16, 64, 128, 256):
+        r = find(rs, "step_payload", prompt_tokens=t)
+        h = find(rs, "step_http", prompt_tokens=t)
+        if r:
+            value = f"attention {r['attn_kb']} KB, all outputs {r['total_kb']} KB"
+            if h:
+                value += f"; SSE `complete` event {h['complete_event_kb_median']} KB"
+            add(f"Payload per Step, T={t} (window {r['window_tokens']})", value, "≤ 150 KB (T=128)" if t == 128 else "—",
+                (r["attn_kb"] <= 150) if t == 128 else None, r)
+    for t in (16, 64, 256):
+        h = find(rs, "step_http", prompt_tokens=t)
+        if h:
+            add(f"Step over HTTP (queue + SSE, no browser), T={t}", f"{h['roundtrip_ms']['median']} ms median, "
+                f"p95 {h['roundtrip_ms']['p95']}", "—", None, h)
+    for t in (16, 64, 128):
+        r = find(rs, "click_to_picture", prompt_tokens=t)
+        if r:
+            f, n = r["first_click_ms"], r["next_click_ms"]
+            add(f"Click Step → attention picture (Chromium), T={t}",
+                f"{f.get('median')} ms median (p95 {f.get('p95')}, n={f.get('n')}); next click {n.get('median')} ms; "
+                f"tokens shown at {r['first_click_tokens_shown_ms'].get('median')} ms", "≤ 250 ms (T=64)" if t == 64 else "—",
+                (f.get("median", 1e9) <= 250) if t == 64 else None, r)
+    for n_new in sorted({r["new_tokens"] for r in rs if r.get("bench") == "generation"}, reverse=True):
+        r = find(rs, "generation", new_tokens=n_new)
+        res = r["results"]
+        value = ", ".join(f"{k.replace('cache=', 'cache ').replace(',attention=', '/attn ')}: {v['tokens_per_s']} tok/s"
+                          for k, v in res.items())
+        value += f"; speed-up {r['cache_speedup']}; crosses context: {r['crosses_context']}"
+        add(f"Generate {n_new} tokens from 16 (context {r['block_size']})", value,
+            "cache ≥ 2× (200 tokens)" if n_new == 200 else "—",
+            (r["cache_speedup"]["attention=True"] >= 2) if n_new == 200 else None, r)
+    r = find(rs, "generation_app")
+    if r:
+        add("app.generate 200 tokens (end to end)", f"{r['tokens_per_s']} tok/s ({r['seconds_median']} s)", "—", None, r)
+    r = find(rs, "train_app_vs_direct")
+    if r:
+        add("Training in app loop vs model.train.train", f"app {r['app_s_median']} s vs direct {r['direct_s_median']} s "
+            f"({r['app_slowdown_pct']:+} %)", "≤ +10 %", r["app_slowdown_pct"] <= 10, r)
+    r = find(rs, "startup_http200")
+    if r:
+        add("Start-up `python app.py` → HTTP 200", f"{r['median_s']} s median ({r['all_s']})", "≤ 6 s",
+            r["median_s"] <= 6, r)
+    r = find(rs, "memory_rss")
+    if r:
+        add("Memory idle (VmRSS)", f"{r['idle_mb']} MB", "≤ 500 MB", r["idle_mb"] <= 500, r)
+        keys = [k for k in r if k.startswith("after_") and k.endswith("_sessions_mb")]
+        add("Memory after sessions", ", ".join(f"{k[6:-3].replace('_', ' ')}: {r[k]} MB" for k in keys)
+            + f" (growth {r['growth_first_batch_mb']} then {r['growth_second_batch_mb']} MB)", "bounded", None, r)
+        add("Memory during one training", f"peak {r['training_peak_mb']} MB, after {r['after_training_mb']} MB",
+            "bounded", None, r)
+    for threads in (1, 2):
+        r = find(rs, "load_step_with_training", server_threads=threads)
+        if r:
+            lat = r["latency_ms"]
+            ok = lat.get("p95", 1e9) <= 1500 and not r["errors"]
+            add(f"Under load: {r['clients']} sessions Step T={r['prompt_tokens']} + 1 training, {threads} thread(s)",
+                f"{r['steps_per_s']} Steps/s, median {lat.get('median')} ms, p95 {lat.get('p95')} ms, "
+                f"errors {sum(r['errors'].values())}, queue-full {r['queue_full_refusals']}",
+                "p95 ≤ 1.5 s, 0 errors", ok, r)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(rows(sys.argv[1] if len(sys.argv) > 1 else "bench/results.jsonl")))
