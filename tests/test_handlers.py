@@ -395,7 +395,8 @@ def test_prompt_longer_than_context_keeps_last_tokens_with_notice():
     assert panels(attn).shape == (4, 16, 16)
     # the longest allowed prompt (2,000 characters) is accepted and cropped the same way
     _, tokens, status, _, _ = do_step(ws, prompt=("he " * 667)[:2000], temperature=0.0)
-    assert "keeps the last 64" in status and len(tokens) == 64
+    context = app.BUILTIN.get(app.DEFAULT_MODEL).model.cfg.block_size
+    assert f"keeps the last {context}" in status and len(tokens) == context
 
 
 # --------------------------------------------------------------------------- training, isolation

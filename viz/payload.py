@@ -19,8 +19,63 @@ _DTYPES = {"i1": np.int8, "u1": np.uint8, "u1c": np.uint8, "i2": np.int16, "u2":
            "i4": np.int32, "u4": np.uint32, "f4": np.float32, "f8": np.float64}
 
 
-def plot_json(fig: go.Figure) -> str:
+_SPEC_DTYPES = {np.dtype(v).str[1:]: k for k, v in _DTYPES.items() if k != "u1c"}
+
+
+def _typed_array(arr: np.ndarray) -> dict:
+    """A numpy array as plotly.js's typed-array spec (what plotly.py sends for numpy data)."""
+    arr = np.ascontiguousarray(arr)
+    code = _SPEC_DTYPES.get(arr.dtype.str[1:])
+    if code is None:
+        raise ValueError(f"no plotly typed array for dtype {arr.dtype}")
+    spec = {"dtype": code, "bdata": base64.b64encode(arr.tobytes()).decode("ascii")}
+    if arr.ndim > 1:
+        spec["shape"] = ", ".join(str(n) for n in arr.shape)
+    return spec
+
+
+def _encode(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _typed_array(obj)
+    if isinstance(obj, dict):
+        return {k: _encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+class LazyFigure:
+    """A figure built from plain dicts whose JSON is written directly, skipping plotly's validation.
+
+    Validating a figure of ~100 heatmap tiles dominated the cost of a Step (tens of ms), so the
+    attention views are built this way. The dicts are the same ones plotly would send; anything
+    that needs a real `go.Figure` (attribute access such as ``fig.data[0].z``, `to_dict`, tests)
+    gets one, built and validated on first use.
+    """
+
+    def __init__(self, data: list[dict], layout: dict):
+        self._spec = {"data": data, "layout": layout}
+        self._figure: go.Figure | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(_encode(self._spec), separators=(",", ":"), allow_nan=False)
+
+    @property
+    def figure(self) -> go.Figure:
+        if self._figure is None:
+            self._figure = go.Figure(data=self._spec["data"], layout=self._spec["layout"])
+        return self._figure
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.figure, name)
+
+
+def plot_json(fig: go.Figure | LazyFigure) -> str:
     """Figure JSON as `to_gradio_plot` sends it (plotly's JSON without the "/" escape)."""
+    if isinstance(fig, LazyFigure):
+        return fig.to_json()
     return fig.to_json().replace("\\u002f", "/")
 
 
@@ -37,7 +92,8 @@ def payload_bytes(fig: go.Figure, *, compact: bool = True) -> int:
     compact=True measures `to_gradio_plot(fig)`; compact=False a plain `return fig`. Equal to
     ``len(json.dumps(gr.Plot().postprocess(x).model_dump()))`` for the corresponding x.
     """
-    text = plot_json(fig) if compact else fig.to_json()
+    plain = fig.figure if isinstance(fig, LazyFigure) else fig
+    text = plot_json(fig) if compact else plain.to_json()
     return len(json.dumps({"type": "plotly", "plot": text}))
 
 
