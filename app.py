@@ -222,11 +222,15 @@ def generate(ws, model_name, prompt, temperature, top_k, top_p, seed, max_new, l
         max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
         _check_view(entry, layer, head, view)
         ws.start(entry, prompt, sampling)
+        # Only the last update draws attention: decode without capturing it (the fused attention
+        # path, faster), then recompute the final window's attention once, exactly as a Step would.
+        ws.decoder.capture(False)
         last_yield = 0.0
         for i in range(max_new):
             ws.last_step = ws.decoder.step(sampling)
             done = ws.last_step.eos or i == max_new - 1
             if done:
+                ws.decoder.capture(True)
                 yield _explore_outputs(ws, layer, head, view)
                 break
             if time.perf_counter() - last_yield > 0.3:
@@ -606,7 +610,7 @@ def main() -> None:
         max_file_size="20mb",
         show_error=False,
         enable_monitoring=False,
-        state_session_capacity=2000,
+        state_session_capacity=300,  # ≈3 MB per session at a full window: bounded near 1 GB
         ssr_mode=False,
         footer_links=[],
         css=CSS,

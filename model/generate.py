@@ -122,6 +122,12 @@ class Decoder:
         self.attention = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
         self.scores = [a[0].float().cpu().numpy().copy() for a in out.scores] if out.scores else []
 
+    def capture(self, on: bool) -> None:
+        """Turn attention capture on or off; turning it on recomputes the window's attention now."""
+        was, self.capture_attention = self.capture_attention, on
+        if on and not was:
+            self._prefill()
+
     def undo(self) -> bool:
         """Remove the last generated token (never the prompt) and restore the sampler's state."""
         if len(self.ids) <= self.prompt_len:
