@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
-from model.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from model.checkpoint import DEFAULT_LIMITS, load_checkpoint, save_checkpoint  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
 from model.corpora import CORPUS_DESCRIPTIONS, build_corpus, read_text_file  # noqa: E402
 from model.session import (  # noqa: E402
@@ -345,11 +345,17 @@ def train_model(ws, corpus_name, pasted, upload, tokenizer_kind, layers, heads, 
         cfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
                           d_model=d_model, d_ff=d_ff, pos_encoding=pos, norm=norm, activation=activation,
                           dropout=dropout)
+        try:  # whatever is trained here must load back through the upload checks
+            DEFAULT_LIMITS.check(cfg)
+        except ValueError as exc:
+            raise UserError(f"This model would be too big to save and load again: {exc}. "
+                            "Use text with fewer distinct characters or words, or a smaller model.") from None
         tcfg = TrainConfig(steps=steps, batch_size=16, lr=lr, warmup=min(50, steps // 10), eval_every=max(10, steps // 10),
                            eval_batches=4, seed=seed, max_seconds=TRAIN_MAX_SECONDS)
     except Exception as exc:
         raise _error(exc) from None
 
+    sweep_runs()  # long-running servers: old run folders go even when no session cleanup ran
     torch.manual_seed(seed)
     model = DecoderLM(cfg)
     on_gpu = TRAIN_DEVICE == "cuda" and torch.cuda.is_available()
