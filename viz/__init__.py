@@ -8,24 +8,30 @@ format "05,d"; see viz._common); causal maps are sent as tiles that skip the mas
 "uniform" = 1/(i+1) rows (an untrained model); "plain" = returning the Figure itself (plotly
 escapes "/" as \\u002f); baseline = float32 + NaN mask, one heatmap per head, plain.
 
-    T    peaky   (plain)   uniform   scores   no mask (bidirectional)   baseline   build
-    16   11.1    (11.6)    10.7      11.0      8.9                        9.7       11 ms
-    64   49.5    (51.7)    38.7      49.4     52.4                      113.7       24 ms
-    128  143.4   (147.8)   97.2     143.4    186.4                      439.2       47 ms
-    256  473.6   (491.3)   287.9    473.6    716.4                     1727.3       54 ms
+    T    peaky   uniform   tiles   build (dicts + JSON)
+    16   12.0    12.0        4       5 ms
+    64   52.6    43.9       28       5 ms
+    128  146.9   106.3      60      13 ms
+    256  474.7   300.6     124      43 ms
 
+(float32 + NaN baseline: 9.7 / 113.7 / 439.2 / 1727.3 KB.) Tiles are at least 8 cells wide and the
+tile size is chosen per head by bytes plus a per-trace cost, because Chromium's render time grows
+with the number of traces (T=64: 60 traces 161 ms, 28 traces 78 ms, measured with plotly.js).
+Attention figures are `LazyFigure`s: their JSON is written straight from the dicts (plotly's
+validation of ~100 traces cost tens of ms per Step); attribute access builds the real go.Figure.
 Only the unmasked (bidirectional) map misses the 150 KB target at T=128: with no triangle to drop
 it needs ~2 bytes per cell. Rendering and hover were checked in chromium with plotly.js 4.1.1
 (the plotly wheel) and 3.3.1 (Gradio's bundle).
 """
 
 from .attention import attention_grid, attention_head, attention_overview, causal_mask
-from .payload import attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
+from .payload import LazyFigure, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
 from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
 from .sampling import probabilities
 from .training import loss_curve
 
 __all__ = [
+    "LazyFigure",
     "attention_grid",
     "attention_head",
     "attention_overview",
