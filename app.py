@@ -22,7 +22,6 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

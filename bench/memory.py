@@ -17,7 +17,6 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 
 from clients import Sampler, client, start_training, step
 from common import emit, grammar_prompt, tree_rss_kb

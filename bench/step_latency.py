@@ -127,7 +127,7 @@ def main() -> None:
              bytes=res["payload_bytes"], attn_kb=round(res["payload_bytes"]["attn"] / 1000, 1),
              total_kb=round(res["payload_bytes"]["total"] / 1000, 1))
     if args.profile:
-        from model.session import Workspace, make_sampling
+        from model.session import Workspace
 
         prof = cProfile.Profile()
         prompt = grammar_prompt(entry.tokenizer, args.profile)

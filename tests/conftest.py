@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import struct
 import socket
 import subprocess
 import sys
@@ -21,6 +23,18 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--no-first-run", "--disable-sync", "--disable-quic",
 ]
+
+
+def safetensors_split(data: bytes) -> tuple[dict, bytes]:
+    """A safetensors file's JSON header and the bytes after it (for crafting hostile files)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+def safetensors_join(header: dict, body: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + body
 
 
 def free_port() -> int:

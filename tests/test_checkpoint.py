@@ -23,6 +23,7 @@ from model.checkpoint import Limits, atomic_write, checkpoint_bytes, load_checkp
 from model.config import ModelConfig
 from model.tokenizers import CharTokenizer, WordTokenizer
 from model.transformer import DecoderLM
+from conftest import safetensors_join as join, safetensors_split as split
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = CharTokenizer(list("abcdefghij"))  # vocab 11
@@ -42,15 +43,6 @@ def logits(model: DecoderLM, ids=(1, 5, 2, 9, 3, 3, 7)) -> torch.Tensor:
 # ----------------------------------------------------------------------- byte-level helpers
 
 
-def split(data: bytes) -> tuple[dict, bytes]:
-    (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8 : 8 + n]), data[8 + n :]
-
-
-def join(header: dict, body: bytes) -> bytes:
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + body
 
 
 def edit_config(data: bytes, **changes) -> bytes:

@@ -13,7 +13,6 @@ import os
 import pickle
 import shutil
 import struct
-import threading
 import time
 from pathlib import Path
 
@@ -28,8 +27,9 @@ from conftest import AppServer
 from model.checkpoint import checkpoint_bytes
 from model.config import ModelConfig
 from model.session import Workspace
-from model.tokenizers import CharTokenizer, WordTokenizer
+from model.tokenizers import CharTokenizer
 from model.transformer import DecoderLM
+from conftest import safetensors_join as join, safetensors_split as split
 
 GRAMMAR = "grammar (built-in)"
 P = app.EXAMPLE_PROMPTS[GRAMMAR]
@@ -62,15 +62,6 @@ def rss_mb(pid: int) -> float:
 TOK = CharTokenizer(list("abcdefghij"))
 
 
-def split(data: bytes) -> tuple[dict, bytes]:
-    (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8 : 8 + n]), data[8 + n :]
-
-
-def join(header: dict, body: bytes) -> bytes:
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + body
 
 
 def small_model(**kw) -> DecoderLM:
