@@ -573,8 +573,9 @@ def build_demo() -> gr.Blocks:
         sampling_inputs = [temperature, top_k, top_p, seed]
         view_inputs = [layer, head, view]
         explore_outputs = [ws, tokens, status, probs_plot, attn_plot]
+        # A Step takes tens of milliseconds: a progress overlay on five outputs would only add browser work.
         step_btn.click(step, [ws, model_dd, prompt, *sampling_inputs, *view_inputs], explore_outputs,
-                       api_name="step", concurrency_limit=4, concurrency_id="explore")
+                       api_name="step", concurrency_limit=4, concurrency_id="explore", show_progress="hidden")
         gen_btn.click(generate, [ws, model_dd, prompt, *sampling_inputs, max_new, *view_inputs], explore_outputs,
                       api_name="generate", concurrency_limit=2, concurrency_id="generate", show_progress="hidden")
         undo_btn.click(undo, [ws, *view_inputs], explore_outputs, api_name="undo",

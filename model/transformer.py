@@ -108,10 +108,11 @@ class SelfAttention(nn.Module):
         want_attention: bool,
     ) -> tuple[torch.Tensor, LayerCache | None, torch.Tensor | None, torch.Tensor | None]:
         B, T, C = x.shape
+        # one matmul for all three projections, then split heads: each of q, k, v is (B, H, T, hs)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if past is not None:
+        if past is not None:  # keys/values of earlier tokens: (B, H, T_past + T, hs)
             k = torch.cat((past.k, k), dim=2)
             v = torch.cat((past.v, v), dim=2)
         new_cache = LayerCache(k, v) if want_cache else None
@@ -129,13 +130,14 @@ class SelfAttention(nn.Module):
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
             weights = scores = None
         else:
+            # scaled dot products (Vaswani et al. 2017, eq. 1): (B, H, T, T_key); rows are queries
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
             if causal:
                 scores = scores.masked_fill(causal_mask(T, t_key, x.device), float("-inf"))
-            weights = torch.softmax(scores, dim=-1)
+            weights = torch.softmax(scores, dim=-1)  # exp(-inf) = 0: masked weights are exactly zero
             y = F.dropout(weights, drop, training=True) @ v if drop else weights @ v
 
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again: (B, T, C)
         if self.proj is not None:
             y = self.proj(y)
         return y, new_cache, weights, scores

@@ -46,6 +46,7 @@ KINDS = ("weights", "scores")
 OVERVIEW_MAX_T = 48
 MASKED_HINT = "grey = masked (future position)"
 _TILE_SIZES = (8, 16, 32, 64)
+ATTENTION_BUDGET = 135_000  # bytes of cell data per figure (a 4-head figure stays under 150 KB at T=128)
 _TRACE_OVERHEAD = 700  # cost of one tile in bytes-equivalent: ~125 B on the wire plus its render time (about 2.5 ms per trace in Chromium)
 
 
@@ -170,11 +171,21 @@ def _run_cost(q: np.ndarray, masked: np.ndarray, run: tuple[int, int, int, int, 
     return math.ceil((r1 - r0) * (c1 - c0) * width / 3) * 4 + _TRACE_OVERHEAD
 
 
-def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str) -> list[dict]:
-    """Heatmap trace dicts (one per rectangle) for one panel of milli-unit values."""
+def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budget: int) -> list[dict]:
+    """Heatmap trace dicts (one per rectangle) for one panel of milli-unit values.
+
+    Each trace costs the browser far more than its bytes (Gradio's plotly.js: ~7 ms per trace at
+    T=64), so the panel uses the fewest rectangles whose data fits in `budget` bytes (a whole panel
+    is one trace when it fits); when nothing fits, the cheapest by bytes plus a per-trace cost.
+    """
     t = q.shape[0]
-    candidates = [b for b in _TILE_SIZES if b < t] + [t]
-    best = min((_runs(masked, b) for b in candidates), key=lambda runs: sum(_run_cost(q, masked, r) for r in runs))
+    options = [_runs(masked, b) for b in sorted({b for b in _TILE_SIZES if b < t} | {t}, reverse=True)]
+    costs = [sum(_run_cost(q, masked, r) - _TRACE_OVERHEAD for r in runs) for runs in options]
+    fitting = [i for i, c in enumerate(costs) if c <= budget]
+    if fitting:
+        best = options[min(fitting, key=lambda i: (len(options[i]), costs[i]))]
+    else:
+        best = options[min(range(len(options)), key=lambda i: costs[i] + _TRACE_OVERHEAD * len(options[i]))]
     q = np.where(masked, np.nan, q)
     traces = []
     for run in best:
@@ -350,7 +361,7 @@ def _attention_figure(
                     "font": {"size": 11},
                 }
             )
-        data.extend(_tiles(q[k], masked[k], xref, yref))
+        data.extend(_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n))
     if masked.any():
         layout["annotations"].append(
             {"text": MASKED_HINT, "x": 1, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "right",
