@@ -195,18 +195,32 @@ def _check_view(entry: ModelEntry, layer, head, view) -> None:
         raise UserError(f"view must be one of {', '.join(VIEWS)}; got {view!r}")
 
 
+def _advance(ws, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view) -> None:
+    """Validate everything, then sample one new token into the session's text."""
+    ws.touched = time.time()
+    entry = _entry(ws, model_name)
+    sampling = make_sampling(temperature, top_k, top_p, seed)
+    _check_view(entry, layer, head, view)
+    ws.ensure_started(entry, prompt, sampling)
+    if len(ws.decoder.ids) - ws.decoder.prompt_len >= MAX_NEW_TOKENS:
+        raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
+    ws.last_step = ws.decoder.step(sampling)
+
+
 def step(ws, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view):
     """One new token: sample from the model's distribution, then show what it attended to."""
     try:
-        ws.touched = time.time()
-        entry = _entry(ws, model_name)
-        sampling = make_sampling(temperature, top_k, top_p, seed)
-        _check_view(entry, layer, head, view)
-        ws.ensure_started(entry, prompt, sampling)
-        if len(ws.decoder.ids) - ws.decoder.prompt_len >= MAX_NEW_TOKENS:
-            raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
-        ws.last_step = ws.decoder.step(sampling)
+        _advance(ws, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
         return _explore_outputs(ws, layer, head, view)
+    except Exception as exc:
+        raise _error(exc) from None
+
+
+def step_picture(ws, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view):
+    """`step` without the probability chart, which the page fetches right after the picture."""
+    try:
+        _advance(ws, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
+        return ws, ws.tokens(), _status(ws), _attention_figure(ws, layer, head, view)
     except Exception as exc:
         raise _error(exc) from None
 
@@ -573,9 +587,17 @@ def build_demo() -> gr.Blocks:
         sampling_inputs = [temperature, top_k, top_p, seed]
         view_inputs = [layer, head, view]
         explore_outputs = [ws, tokens, status, probs_plot, attn_plot]
-        # A Step takes tens of milliseconds: a progress overlay on five outputs would only add browser work.
-        step_btn.click(step, [ws, model_dd, prompt, *sampling_inputs, *view_inputs], explore_outputs,
-                       api_name="step", concurrency_limit=4, concurrency_id="explore", show_progress="hidden")
+        # In the page, a Step draws the attention first and the probability chart right after: each
+        # Plotly figure costs the browser ~100 ms to draw, and the attention is what the click is for.
+        # A Step takes tens of milliseconds on the server, so no progress overlay either.
+        step_inputs = [ws, model_dd, prompt, *sampling_inputs, *view_inputs]
+        step_btn.click(step_picture, step_inputs, [ws, tokens, status, attn_plot], api_visibility="private",
+                       concurrency_limit=4, concurrency_id="explore", show_progress="hidden").then(
+            _probs_figure, ws, probs_plot, queue=False, api_visibility="private", show_progress="hidden")
+        # The API's /step returns everything at once (bound to an invisible button: the same handler logic).
+        api_step = gr.Button(visible=False)
+        api_step.click(step, step_inputs, explore_outputs, api_name="step", concurrency_limit=4,
+                       concurrency_id="explore")
         gen_btn.click(generate, [ws, model_dd, prompt, *sampling_inputs, max_new, *view_inputs], explore_outputs,
                       api_name="generate", concurrency_limit=2, concurrency_id="generate", show_progress="hidden")
         undo_btn.click(undo, [ws, *view_inputs], explore_outputs, api_name="undo",

@@ -170,6 +170,10 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
             rgb = img.getpixel((int(cx), int(cy)))
             is_grey = max(abs(a - b) for a, b in zip(rgb, grey)) <= 6
             assert is_grey == (j > i), f"cell ({i},{j}) colour {rgb}, masked={j > i}"
+    # the probability chart follows the picture, and marks the token this step chose
+    p.page.wait_for_function(
+        "tok => { const t = document.querySelector('#probs .js-plotly-plot')?.textContent || '';"
+        " return t.includes('chosen') && t.includes(tok); }", arg=tokens[-1], timeout=20_000)
     p.page.screenshot(path=str(shots / "explore.png"), full_page=True)
     assert p.console_errors == []
 
