@@ -56,6 +56,10 @@ class LazyFigure:
     """
 
     def __init__(self, data: list[dict], layout: dict):
+        if isinstance(layout.get("template"), str):  # plotly.js needs the template itself, not its name
+            import plotly.io as pio
+
+            layout = {**layout, "template": pio.templates[layout["template"]].to_plotly_json()}
         self._spec = {"data": data, "layout": layout}
         self._figure: go.Figure | None = None
 

@@ -8,6 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ._common import FONT, esc, short_token
+from .payload import LazyFigure
 
 RAW_COLOUR = "#9db4d3"
 ADJ_COLOUR = "#2f6db5"
@@ -94,4 +95,4 @@ def probabilities(
         "showlegend": adjusted is not None,
         "hovermode": "closest",
     }
-    return go.Figure(data=data, layout=layout)
+    return LazyFigure(data, layout)

@@ -6,6 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ._common import FONT, empty_note
+from .payload import LazyFigure
 
 TRAIN_COLOUR = "#2f6db5"
 VAL_COLOUR = "#e4572e"
@@ -64,4 +65,4 @@ def loss_curve(
         layout["xaxis"]["range"] = [0, 1]
         layout["yaxis"]["range"] = [0, 1]
         layout["annotations"] = [empty_note("waiting for first step")]
-    return go.Figure(data=data, layout=layout)
+    return LazyFigure(data, layout)
