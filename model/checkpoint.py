@@ -1,9 +1,9 @@
 """Checkpoints: one .safetensors file holding weights, with config and tokenizer as JSON metadata.
 
-Loading treats every file as hostile. Before anything is allocated it checks the file size,
-the header length and JSON, the config's bounds (parameter count computed from the config
-alone) and the exact key set, shapes, dtypes and byte ranges of every tensor; only then are
-the weights read, checked for NaN/inf and loaded with strict key matching. Nothing is ever
+Loading treats every file as hostile. It checks the file size, the header length and JSON, and
+the config's bounds (parameter count computed from the config alone) before building anything;
+then, with a model of bounded size, the exact key set, shapes, dtypes and byte ranges of every
+tensor; only then are the weights read, checked for NaN/inf and loaded with strict key matching. Nothing is ever
 unpickled. Every failure is a ValueError whose message says what is wrong.
 """
 
@@ -116,13 +116,6 @@ def save_checkpoint(path: str | Path, model: DecoderLM, tokenizer: Tokenizer, me
     return path
 
 
-def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of a model with this config, without allocating its weights."""
-    with torch.device("meta"):
-        model = DecoderLM(cfg)
-    return {k: tuple(v.shape) for k, v in _state_for_saving(model).items()}
-
-
 def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int]:
     if len(data) > limits.max_file_bytes:
         raise ValueError(f"file is {len(data):,} bytes; the limit is {limits.max_file_bytes:,}")
@@ -163,7 +156,10 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {cfg.vocab_size}")
 
-    expected = _expected_shapes(cfg)
+    # The config is within limits (at most a few MB of weights), so the model itself can give the
+    # expected key set and shapes; tensor data is read only once the header matches it exactly.
+    model = DecoderLM(cfg)
+    expected = {k: tuple(v.shape) for k, v in _state_for_saving(model).items()}
     missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
     if missing or extra:
         raise ValueError(f"tensor names do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
@@ -189,7 +185,6 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise ValueError(f"tensor {name} contains NaN or infinite values")
-    model = DecoderLM(cfg)
     result = model.load_state_dict(tensors, strict=False)
     allowed_missing = {"head.weight"} if cfg.tie_weights else set()
     if set(result.missing_keys) != allowed_missing or result.unexpected_keys:
