@@ -398,7 +398,7 @@ def train_model(ws, corpus_name, pasted, upload, tokenizer_kind, layers, heads, 
         if on_gpu:
             model.to("cpu")
     reason = {"finished": "finished", "stopped": "stopped by you", "time limit": "hit the time limit"}[ev.stop_reason]
-    if getattr(ws, "closed", False):  # the session was cleaned up while training: save nothing nobody can fetch
+    if ws.closed:  # the session was cleaned up while training: save nothing nobody can fetch
         return
     ws.checkpoint_path = _save_for_download(ws, entry)
     summary = (f"Training {reason} after {ev.step} steps in {ev.elapsed:.1f} s: validation loss {ev.val_loss:.3f}. "
@@ -612,7 +612,7 @@ def build_demo() -> gr.Blocks:
         model_dd.change(positional, [ws, model_dd], [pe_table, pe_sim, pe_info], api_name=False)
         corpus.change(lambda c: CORPUS_DESCRIPTIONS.get(c, ""), corpus, corpus_info, api_name=False, queue=False)
 
-        train_ev = train_btn.click(
+        train_btn.click(
             train_model,
             [ws, corpus, pasted, text_file, tok_kind, layers, heads, d_model, d_ff, pos, norm, activation, dropout,
              steps, lr, train_seed],
@@ -623,16 +623,13 @@ def build_demo() -> gr.Blocks:
         upload.upload(upload_model, [ws, upload], [ws, upload_status, model_dd], api_name="upload_model",
                       concurrency_limit=2, concurrency_id="upload")
         demo.load(positional, [ws, model_dd], [pe_table, pe_sim, pe_info], api_name=False)
-        demo.unload(lambda: None)
-        del train_ev
     return demo
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO)
     sweep_runs()
-    BUILTIN.get(DEFAULT_MODEL)  # fail fast if the default model is missing or damaged
-    demo = build_demo()
+    demo = build_demo()  # loads the default model: a missing or damaged asset fails here, at start-up
     demo.queue(max_size=int(os.environ.get("DECODER_LAB_QUEUE", "32")))
     demo.launch(
         max_file_size="20mb",

@@ -158,6 +158,7 @@ class Workspace:
         self.checkpoint_path: Path | None = None
         self.touched = time.time()
         self.run_dir: Path | None = None
+        self.closed = False  # set when the session's state is deleted (tab closed or expired)
 
     def add_model(self, entry: ModelEntry) -> None:
         """Keep at most MAX_USER_MODELS of a person's own models (oldest dropped)."""
