@@ -52,6 +52,7 @@ def main() -> None:
                    help="torch.compile mode for the training forward+loss and its backward ('none' = eager)")
     p.add_argument("--adamw", default="fused", choices=list(ADAMW_IMPLS), help="AdamW implementation")
     p.add_argument("--sdpa", default="math", choices=list(SDPA_BACKENDS), help="attention kernel while training")
+    p.add_argument("--seed", type=int, default=1337, help="seed for initialisation and batches")
     p.add_argument("--eval-batches", type=int, default=50, help="batches for the final train/val loss")
     args = p.parse_args()
     if args.compile == "none":
@@ -59,12 +60,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     text = args.text.read_text(encoding="utf-8")
-    corpus = build_corpus("text", "char", seed=1337, text=text)
-    torch.manual_seed(1337)
+    corpus = build_corpus("text", "char", seed=args.seed, text=text)
+    torch.manual_seed(args.seed)
     model = DecoderLM(bench_config(corpus.tokenizer.vocab_size))
     cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
                       betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
-                      seed=1337, bf16=args.bf16, adamw=args.adamw, compile=args.compile, sdpa=args.sdpa)
+                      seed=args.seed, bf16=args.bf16, adamw=args.adamw, compile=args.compile, sdpa=args.sdpa)
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     for _ in range(200):
@@ -82,6 +83,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "train_tinyshakespeare_char",
         "iters": last.step,
+        "seed": args.seed,
         "threads": args.threads,
         "bf16": args.bf16,
         "compile": args.compile,
