@@ -638,6 +638,7 @@ def main() -> None:
         state_session_capacity=300,  # ≈3 MB per session at a full window: bounded near 1 GB
         ssr_mode=False,
         footer_links=[],
+        run_history=False,  # nothing to record or sync (its optional Hub bucket would need the network)
         css=CSS,
         allowed_paths=[str(RUNS)],
     )

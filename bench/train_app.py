@@ -21,7 +21,7 @@ from common import emit
 ARCH = dict(layers=2, heads=4, d_model=64, d_ff=256, pos="learned", norm="pre", activation="gelu", dropout=0.0)
 
 
-def direct(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int):
+def direct(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int, text: str | None = None):
     import torch
 
     import app
@@ -31,7 +31,7 @@ def direct(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int):
     from model.transformer import DecoderLM
 
     t0 = time.perf_counter()
-    corpus = build_corpus(corpus_name, tok_kind if corpus_name in ("grammar", "text") else None, seed=seed)
+    corpus = build_corpus(corpus_name, tok_kind if corpus_name in ("grammar", "text") else None, seed=seed, text=text)
     block = 64 if corpus.kind == "text" else int(corpus.train.x.shape[1])
     cfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=ARCH["layers"],
                       n_heads=ARCH["heads"], d_model=ARCH["d_model"], d_ff=ARCH["d_ff"], pos_encoding=ARCH["pos"],
@@ -46,14 +46,14 @@ def direct(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int):
     return time.perf_counter() - t0, last
 
 
-def via_app(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int):
+def via_app(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int, text: str | None = None):
     import app
     from model.session import Workspace
 
     ws = Workspace()
     t0 = time.perf_counter()
     yields = 0
-    for _ in app.train_model(ws, corpus_name, "", None, tok_kind, ARCH["layers"], ARCH["heads"], ARCH["d_model"],
+    for _ in app.train_model(ws, corpus_name, text or "", None, tok_kind, ARCH["layers"], ARCH["heads"], ARCH["d_model"],
                              ARCH["d_ff"], ARCH["pos"], ARCH["norm"], ARCH["activation"], ARCH["dropout"], steps, lr,
                              seed):
         yields += 1
@@ -69,7 +69,15 @@ def main() -> None:
     p.add_argument("--corpus", default="sort")
     p.add_argument("--tokenizer", default="char")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--text", help="train on this text file (corpus 'text', as if pasted in the Train tab)")
+    p.add_argument("--arch", choices=["tab", "bench"], default="tab",
+                   help="tab: the Train tab's defaults; bench: train_bench.py's 4 layers x 4 heads x 128")
     args = p.parse_args()
+    if args.arch == "bench":
+        ARCH.update(layers=4, heads=4, d_model=128, d_ff=512)
+    text = open(args.text, encoding="utf-8").read() if args.text else None
+    if text is not None:
+        args.corpus = "text"
 
     import torch
 
@@ -78,18 +86,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lr, seed = 3e-3, 0
     d_walls, a_walls, d_loop, d_loss, a_loss, a_yields = [], [], [], [], [], 0
-    direct(args.corpus, args.tokenizer, 20, lr, seed)  # warm-up: imports, corpus code paths, allocator
-    via_app(args.corpus, args.tokenizer, 20, lr, seed)
+    direct(args.corpus, args.tokenizer, 20, lr, seed, text)  # warm-up: imports, corpus code paths, allocator
+    via_app(args.corpus, args.tokenizer, 20, lr, seed, text)
     for _ in range(args.reps):
-        w, ev = direct(args.corpus, args.tokenizer, args.steps, lr, seed)
+        w, ev = direct(args.corpus, args.tokenizer, args.steps, lr, seed, text)
         d_walls.append(w)
         d_loop.append(ev.elapsed)
         d_loss.append(ev.val_loss)
-        w, run, a_yields = via_app(args.corpus, args.tokenizer, args.steps, lr, seed)
+        w, run, a_yields = via_app(args.corpus, args.tokenizer, args.steps, lr, seed, text)
         a_walls.append(w)
         a_loss.append(run.val_loss[-1] if run.val_loss else None)
     d, a = statistics.median(d_walls), statistics.median(a_walls)
-    emit("train_app_vs_direct", threads=args.threads, corpus=args.corpus, steps=args.steps, reps=args.reps,
+    emit("train_app_vs_direct", threads=args.threads, corpus=args.text or args.corpus, steps=args.steps, reps=args.reps,
          config=dict(ARCH, batch=16, lr=lr, seed=seed),
          direct_s_median=round(d, 3), app_s_median=round(a, 3), direct_loop_s_median=round(statistics.median(d_loop), 3),
          direct_steps_per_s=round(args.steps / d, 1), app_steps_per_s=round(args.steps / a, 1),
