@@ -362,3 +362,20 @@ def test_loss_curve_empty_single_and_full():
     assert [tr.name for tr in full.data] == ["train", "validation"]
     assert full.data[0].mode == "lines" and not full.layout.annotations
     assert np.allclose(decode_array(full.data[0].y), np.linspace(4, 2, 10))
+
+
+def test_lazy_figures_send_what_plotly_would_send():
+    """The fast JSON of every lazily built figure equals plotly's own serialisation of the same figure."""
+    steps = np.arange(1, 301, dtype=np.float32)
+    figures = [
+        attention_grid(softmax_attention(4, 12)[0], tokens(12), 0, mask=causal_mask(12)),
+        loss_curve(steps, 3 / steps, steps[::50], 3.2 / steps[::50]),
+        probabilities(tokens(12), np.full(12, 1 / 12, np.float32), adjusted=np.full(12, 1 / 12, np.float32), chosen=4),
+    ]
+    for fig in figures:
+        fast, reference = json.loads(plot_json(fig)), json.loads(fig.figure.to_json())
+        assert fast["data"] == reference["data"]
+        for key, value in fast["layout"].items():
+            if key in ("template", "coloraxis"):  # plotly expands named templates and colour scales
+                continue
+            assert value == reference["layout"][key], key
