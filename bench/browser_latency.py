@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import emit, grammar_prompt, summary
+from common import default_entry, emit, grammar_prompt, start_app, summary
 
 CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
   const gd = () => document.querySelector('#attention .js-plotly-plot');
@@ -55,14 +55,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
-    from conftest import CHROMIUM, CHROMIUM_ARGS, AppServer
+    from conftest import CHROMIUM, CHROMIUM_ARGS
     from playwright.sync_api import sync_playwright
 
     import app
 
-    entry = app.BUILTIN.get(app.DEFAULT_MODEL)
+    entry = default_entry()
     block = entry.model.cfg.block_size
-    server = AppServer({"DECODER_LAB_THREADS": str(args.threads)}).start()
+    server = start_app(args.threads)
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

@@ -57,6 +57,13 @@ def default_entry():
     return app.BUILTIN.get(app.DEFAULT_MODEL)
 
 
+def start_app(threads: int):
+    """`python app.py` on a free loopback port with the given torch thread count (tests' AppServer)."""
+    from conftest import AppServer
+
+    return AppServer({"DECODER_LAB_THREADS": str(threads)}).start()
+
+
 def grammar_prompt(tokenizer, n_tokens: int, offset: int = 0) -> str:
     """A prompt of exactly n_tokens tokens for `tokenizer`, cut from the grammar corpus.
 

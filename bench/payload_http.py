@@ -16,7 +16,7 @@ import json
 import time
 import urllib.request
 
-from common import emit, grammar_prompt, summary
+from common import default_entry, emit, grammar_prompt, start_app, summary
 
 
 def call_step(url: str, data: list, timeout: float = 60) -> tuple[float, int, str]:
@@ -44,13 +44,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
-    from conftest import AppServer
-
     import app
 
-    entry = app.BUILTIN.get(app.DEFAULT_MODEL)
+    entry = default_entry()
     block = entry.model.cfg.block_size
-    server = AppServer({"DECODER_LAB_THREADS": str(args.threads)}).start()
+    server = start_app(args.threads)
     try:
         call_step(server.url, [app.DEFAULT_MODEL, grammar_prompt(entry.tokenizer, 8), 0.8, 0, 1.0, 0, 0, "all", "weights"])
         for t in [int(x) for x in args.lengths.split(",")]:

@@ -47,6 +47,17 @@ def record(request, name: str, **numbers) -> None:
     print(f"[robustness] {name}: {json.dumps(numbers, sort_keys=True)}")
 
 
+def run_recorded(request, name: str, prop, outcomes: dict, *, need_both: bool = True) -> None:
+    """Run a hypothesis property, record how many cases ran and how they ended, and (by default)
+    require that both accepted and refused inputs were drawn, so the test exercised both paths."""
+    t0 = time.perf_counter()
+    prop()
+    record(request, name, cases=sum(outcomes.values()), ok=outcomes["ok"], refused=outcomes["error"],
+           seconds=round(time.perf_counter() - t0, 1))
+    if need_both:
+        assert outcomes["ok"] > 0 and outcomes["error"] > 0
+
+
 def check_message(msg: str, inputs) -> None:
     shown = repr(inputs)
     for leak in LEAKS:
@@ -151,11 +162,7 @@ def test_step_handler_any_prompt_and_sampling(request):
         elif "already has" not in out:
             assert snapshot(ws) == before, "a refused step changed the session"
 
-    t0 = time.perf_counter()
-    prop()
-    record(request, "handlers.step", cases=sum(outcomes.values()), ok=outcomes["ok"], refused=outcomes["error"],
-           seconds=round(time.perf_counter() - t0, 1))
-    assert outcomes["ok"] > 0 and outcomes["error"] > 0
+    run_recorded(request, "handlers.step", prop, outcomes)
 
 
 def test_step_handler_refuses_nan_and_huge_numbers_explicitly():
@@ -194,10 +201,7 @@ def test_generate_handler_any_prompt_and_max_new(request):
             generated = len(ws.decoder.ids) - ws.decoder.prompt_len
             assert 1 <= generated <= int(n)
 
-    t0 = time.perf_counter()
-    prop()
-    record(request, "handlers.generate", cases=sum(outcomes.values()), ok=outcomes["ok"], refused=outcomes["error"],
-           seconds=round(time.perf_counter() - t0, 1))
+    run_recorded(request, "handlers.generate", prop, outcomes, need_both=False)
 
 
 # -------------------------------------------------------------------------- handlers: train
@@ -253,11 +257,7 @@ def test_train_handler_any_architecture(request):
         finally:
             app.cleanup_session(ws)
 
-    t0 = time.perf_counter()
-    prop()
-    record(request, "handlers.train_architecture", cases=sum(outcomes.values()), trained=outcomes["ok"],
-           refused=outcomes["error"], seconds=round(time.perf_counter() - t0, 1))
-    assert outcomes["ok"] > 0 and outcomes["error"] > 0
+    run_recorded(request, "handlers.train_architecture", prop, outcomes)
 
 
 @pytest.mark.parametrize(
@@ -320,11 +320,7 @@ def test_train_handler_any_text_file(request, tmp_path_factory):
         finally:
             app.cleanup_session(ws)
 
-    t0 = time.perf_counter()
-    prop()
-    record(request, "handlers.train_text_file", cases=sum(outcomes.values()), trained=outcomes["ok"],
-           refused=outcomes["error"], seconds=round(time.perf_counter() - t0, 1))
-    assert outcomes["ok"] > 0 and outcomes["error"] > 0
+    run_recorded(request, "handlers.train_text_file", prop, outcomes)
 
 
 # ------------------------------------------------------------------------- through the server
