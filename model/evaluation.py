@@ -32,3 +32,34 @@ def held_out_examples(corpus, n: int = 200) -> list[str]:
     """The first n held-out examples of a task corpus, as text (input row plus its last target)."""
     tok = corpus.tokenizer
     return [tok.decode(x.tolist()) + tok.decode([int(y[-1])]) for x, y in zip(corpus.val.x[:n], corpus.val.y[:n])]
+
+
+@torch.inference_mode()
+def stream_loss(model: DecoderLM, split, block_size: int | None = None, batch_size: int = 64) -> float:
+    """Mean next-token cross-entropy over a whole token stream, every target counted once.
+
+    The stream is cut into back-to-back windows of `block_size` tokens (default: the model's
+    context); each window predicts its next `block_size` tokens, so position t of a window sees
+    t earlier tokens, the same spread of context lengths as random training windows. Unlike
+    a loss over a few random batches, the result is exact and does not depend on a seed.
+    """
+    ids = split.x
+    if ids.dim() != 1:
+        raise ValueError("stream_loss needs a 1-D token stream")
+    t = min(block_size or model.cfg.block_size, model.cfg.block_size)
+    n = (len(ids) - 1) // t
+    if n < 1:
+        raise ValueError("the stream is shorter than one window")
+    x = ids[: n * t].view(n, t)
+    y = ids[1 : n * t + 1].view(n, t)
+    was_training = model.training
+    model.eval()
+    device = model.tok_emb.weight.device
+    total = 0.0
+    for i in range(0, n, batch_size):
+        logits = model(x[i : i + batch_size].to(device)).logits.float()
+        total += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), y[i : i + batch_size].reshape(-1).to(device), reduction="sum"
+        ).item()
+    model.train(was_training)
+    return total / (n * t)

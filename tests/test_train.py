@@ -49,7 +49,7 @@ def quick(**kw) -> TrainConfig:
         dict(steps=0), dict(steps=-5), dict(steps=True), dict(steps=1.5),
         dict(batch_size=0), dict(batch_size=False),
         dict(lr=0), dict(lr=-1e-3), dict(lr=float("nan")), dict(lr=float("inf")), dict(lr=1.5), dict(lr="0.1"),
-        dict(schedule="linear"),
+        dict(schedule="linear"), dict(schedule="wsd", decay_frac=0), dict(schedule="wsd", decay_frac=1.5),
         dict(warmup=-1), dict(eval_every=-1), dict(probe_every=-1),
         dict(eval_batches=0),
     ],
@@ -61,7 +61,7 @@ def test_train_config_rejects(kw):
 
 def test_train_config_defaults_valid():
     cfg = TrainConfig()
-    assert cfg.steps > 0 and 0 < cfg.lr <= 1 and cfg.schedule in ("cosine", "constant")
+    assert cfg.steps > 0 and 0 < cfg.lr <= 1 and cfg.schedule in ("cosine", "wsd", "constant")
 
 
 # ------------------------------------------------------------------------------ schedule
@@ -92,6 +92,43 @@ def test_default_min_lr_is_a_tenth():
     cfg = TrainConfig(steps=50, lr=2e-3, warmup=0)
     assert cfg.lr_at(0) == pytest.approx(2e-3)
     assert cfg.lr_at(49) == pytest.approx(2e-4)
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_to_min_lr():
+    cfg = TrainConfig(steps=100, lr=1e-3, min_lr=1e-4, warmup=10, schedule="wsd", decay_frac=0.3)
+    assert [cfg.lr_at(s) for s in range(10)] == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    assert {cfg.lr_at(s) for s in range(9, 70)} == {1e-3}  # stable until the last 30 % of the steps
+    assert cfg.lr_at(99) == pytest.approx(1e-4) and cfg.lr_at(400) == pytest.approx(1e-4)
+    # linear between step 70 (peak) and step 99 (min_lr)
+    for s in range(70, 100):
+        assert cfg.lr_at(s) == pytest.approx(1e-3 + (s - 70) / 29 * (1e-4 - 1e-3))
+    # the decay never starts inside the warm-up, even when decay_frac covers the whole run
+    whole = TrainConfig(steps=100, lr=1e-3, min_lr=1e-4, warmup=10, schedule="wsd", decay_frac=1.0)
+    assert whole.lr_at(9) == pytest.approx(1e-3) and whole.lr_at(99) == pytest.approx(1e-4)
+
+
+def test_stream_loss_counts_every_target_once_exactly():
+    from model.corpora import Split
+    from model.evaluation import stream_loss
+
+    torch.manual_seed(3)
+    model = DecoderLM(ModelConfig(vocab_size=11, block_size=8, n_layers=1, n_heads=2, d_model=16))
+    split = Split(torch.randint(0, 11, (8 * 5 + 4,)), None)  # 5 whole windows and 3 left-over targets
+    # by hand: each window of 8 predicts the 8 tokens after its start, one window at a time
+    losses = []
+    for w in range(5):
+        x = split.x[w * 8 : w * 8 + 8][None]
+        y = split.x[w * 8 + 1 : w * 8 + 9]
+        with torch.no_grad():
+            losses.append(torch.nn.functional.cross_entropy(model(x).logits[0], y, reduction="none"))
+    expected = torch.cat(losses).mean().item()
+    for bs in (1, 2, 256):  # batching does not change the number
+        assert stream_loss(model, split, batch_size=bs) == pytest.approx(expected, rel=1e-6)
+    assert model.training  # the caller's mode is restored
+    with pytest.raises(ValueError):
+        stream_loss(model, Split(torch.arange(5) % 11, None))  # shorter than one window
+    with pytest.raises(ValueError):
+        stream_loss(model, Split(torch.zeros(3, 9, dtype=torch.long), torch.zeros(3, 9, dtype=torch.long)))
 
 
 def test_constant_schedule():
