@@ -306,3 +306,19 @@ def test_help_covers_every_flag():
 def test_cli_rejects_unknown_preset(capsys):
     assert main(["--preset", "nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
+
+
+def test_training_bench_runs_and_reports_the_exact_held_out_loss(tmp_path):
+    """bench/train_bench.py end to end, shortened: its JSON has every figure the issue asks for."""
+    text = tmp_path / "t.txt"
+    text.write_text(("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 400), encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--iters", "30", "--compile", "none",
+         "--no-bf16", "--threads", "1", "--eval-batches", "2", "--text", str(text)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["iters"] == 30 and d["schedule"] == "wsd" and d["threads"] == 1
+    for key in ("ms_per_iter_median", "tokens_per_s", "train_loss", "val_loss", "val_loss_50_batches", "peak_rss_mb"):
+        assert isinstance(d[key], (int, float)) and math.isfinite(d[key]) and d[key] > 0, key
+    assert d["params"] > 700_000  # the issue's 4 x 4 x 128 model
