@@ -6,7 +6,7 @@ weights, no bias, dropout 0, AdamW lr 1e-3 -> 1e-4 (warm-up, hold, linear decay 
 val_loss is the loss over the whole held-out 10 % (model.evaluation.stream_loss).
 
     python bench/train_bench.py        # default: all cores, bf16, sdpa math, fused AdamW, compile max-autotune, wsd
-    python bench/train_bench.py --no-bf16 --compile none --sdpa auto --adamw loop   # the original loop
+    python bench/train_bench.py --no-bf16 --compile none --sdpa auto --adamw loop --schedule cosine  # the first loop
     python bench/train_bench.py --iters 200 --threads 2 --compile default           # variants to compare
     python bench/train_bench.py --text PATH --iters 200
 """
