@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default="sort", help=f"built-in corpus: {', '.join(CORPUS_NAMES)}")
     p.add_argument("--text", type=Path, help="train on this UTF-8 text file (implies --corpus text)")
     p.add_argument("--tokenizer", default=None, choices=["char", "word", "bpe"], help="tokenizer for text corpora (default: the corpus's own)")
-    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds and --bf16 override it, architecture flags are ignored")
+    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule and --decay-frac override it; architecture flags are ignored")
     p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads per block")
     p.add_argument("--d-model", type=int, default=64, help="embedding / residual width")
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         tcfg = preset.train
         overrides = {
             k: getattr(args, k)
-            for k in ("steps", "lr", "seed", "max_seconds", "bf16")
+            for k in ("steps", "lr", "seed", "max_seconds", "bf16", "schedule", "decay_frac")
             if getattr(args, k) != parser.get_default(k)
         }
         tcfg = TrainConfig(**{**asdict(tcfg), **overrides})

@@ -258,6 +258,15 @@ def test_toy_preset_through_cli_in_process(tmp_path, capsys):
     assert "saved" in out
 
 
+def test_cli_schedule_flags_override_a_preset(capsys):
+    assert main(["--preset", "toy", "--steps", "10", "--schedule", "wsd", "--decay-frac", "0.5"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"step"')]
+    expected = TrainConfig(**{**PRESETS["toy"].train.__dict__, "steps": 10, "schedule": "wsd", "decay_frac": 0.5})
+    steps = [e for e in events if not e["done"]]
+    assert [e["lr"] for e in steps] == pytest.approx([expected.lr_at(i) for i in range(10)])
+    assert steps[0]["lr"] == pytest.approx(0.05) and steps[-1]["lr"] == pytest.approx(0.005)  # hold, then decay
+
+
 # ------------------------------------------------------------------------------ CLI
 
 
