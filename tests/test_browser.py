@@ -115,8 +115,13 @@ class Page:
         box.press("Enter")
 
     def choose(self, elem: str, option: str) -> None:
-        self.page.locator(f"#{elem} input").click()
-        self.page.get_by_role("option", name=option, exact=True).click()
+        # The option is looked up in this dropdown's own list (the one its input controls): another
+        # dropdown's list may still be closing, and two lists can both hold an option called "1".
+        box = self.page.locator(f"#{elem} input")
+        box.click()
+        own = box.get_attribute("aria-controls")
+        scope = self.page.locator(f"[id='{own}']") if own else self.page.locator(f"#{elem}")
+        scope.get_by_role("option", name=option, exact=True).click()
 
     def tab(self, name: str) -> None:
         self.page.get_by_role("tab", name=name).click()
