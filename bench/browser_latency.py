@@ -12,10 +12,9 @@ so it is painted. "first" = the first click on a new prompt; "next" = the click 
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from common import default_entry, emit, grammar_prompt, start_app, summary
+from common import emit, grammar_prompt, served_default_model, served_parser, summary
 
 CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
   const gd = () => document.querySelector('#attention .js-plotly-plot');
@@ -49,10 +48,8 @@ CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = served_parser(__doc__, "16,64,128")
     p.add_argument("--clicks", type=int, default=7, help="new prompts per length (each: a first and a next click)")
-    p.add_argument("--lengths", default="16,64,128")
-    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
     from conftest import CHROMIUM, CHROMIUM_ARGS
@@ -60,45 +57,39 @@ def main() -> None:
 
     import app
 
-    entry = default_entry()
-    block = entry.model.cfg.block_size
-    server = start_app(args.threads)
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
-            page.goto(server.url, wait_until="load")
-            page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
-            # warm up: one step so gradio/plotly code paths are loaded
-            page.fill("#prompt textarea", grammar_prompt(entry.tokenizer, 8, offset=999))
-            page.evaluate(CLICK_AND_WAIT, [9, 30_000])
-            page.evaluate(CLICK_AND_WAIT, [10, 30_000])
-            for t in [int(x) for x in args.lengths.split(",")]:
-                first, nxt, fails, tok_first, layout_first = [], [], 0, [], []
-                for r in range(args.clicks):
-                    page.fill("#prompt textarea", grammar_prompt(entry.tokenizer, t, offset=53 * r + t))
-                    page.locator("#prompt textarea").blur()
-                    time.sleep(0.3)  # let the textbox change reach gradio's state
-                    n1 = min(t + 1, block)
-                    a, ta, la = page.evaluate(CLICK_AND_WAIT, [n1, 20_000])
-                    b, _tb, _lb = page.evaluate(CLICK_AND_WAIT, [min(t + 2, block), 20_000])
-                    if ta >= 0:
-                        tok_first.append(ta / 1000)
-                    if la >= 0:
-                        layout_first.append(la / 1000)
-                    fails += (a < 0) + (b < 0)
-                    if a >= 0:
-                        first.append(a / 1000)
-                    if b >= 0:
-                        nxt.append(b / 1000)
-                emit("click_to_picture", model=app.DEFAULT_MODEL, threads=args.threads, prompt_tokens=t,
-                     window_tokens=min(t + 1, block), block_size=block, first_click_ms=summary(first),
-                     next_click_ms=summary(nxt),
-                     first_click_tokens_shown_ms=summary(tok_first), first_click_new_plot_before_paint_ms=summary(layout_first),
-                     timeouts=fails, browser="chromium " + browser.version)
-            browser.close()
-    finally:
-        server.stop()
+    with served_default_model(args.threads) as (entry, block, server), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+        page.goto(server.url, wait_until="load")
+        page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
+        # warm up: one step so gradio/plotly code paths are loaded
+        page.fill("#prompt textarea", grammar_prompt(entry.tokenizer, 8, offset=999))
+        page.evaluate(CLICK_AND_WAIT, [9, 30_000])
+        page.evaluate(CLICK_AND_WAIT, [10, 30_000])
+        for t in [int(x) for x in args.lengths.split(",")]:
+            first, nxt, fails, tok_first, layout_first = [], [], 0, [], []
+            for r in range(args.clicks):
+                page.fill("#prompt textarea", grammar_prompt(entry.tokenizer, t, offset=53 * r + t))
+                page.locator("#prompt textarea").blur()
+                time.sleep(0.3)  # let the textbox change reach gradio's state
+                n1 = min(t + 1, block)
+                a, ta, la = page.evaluate(CLICK_AND_WAIT, [n1, 20_000])
+                b, _tb, _lb = page.evaluate(CLICK_AND_WAIT, [min(t + 2, block), 20_000])
+                if ta >= 0:
+                    tok_first.append(ta / 1000)
+                if la >= 0:
+                    layout_first.append(la / 1000)
+                fails += (a < 0) + (b < 0)
+                if a >= 0:
+                    first.append(a / 1000)
+                if b >= 0:
+                    nxt.append(b / 1000)
+            emit("click_to_picture", model=app.DEFAULT_MODEL, threads=args.threads, prompt_tokens=t,
+                 window_tokens=min(t + 1, block), block_size=block, first_click_ms=summary(first),
+                 next_click_ms=summary(nxt),
+                 first_click_tokens_shown_ms=summary(tok_first), first_click_new_plot_before_paint_ms=summary(layout_first),
+                 timeouts=fails, browser="chromium " + browser.version)
+        browser.close()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ next to the conditions it was taken in.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -62,6 +64,25 @@ def start_app(threads: int):
     from conftest import AppServer
 
     return AppServer({"DECODER_LAB_THREADS": str(threads)}).start()
+
+
+def served_parser(doc: str, lengths: str) -> argparse.ArgumentParser:
+    """Argument parser of a bench that serves the app: --lengths (prompt tokens) and --threads."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default=lengths, help="comma-separated prompt lengths in tokens")
+    p.add_argument("--threads", type=int, default=1, help="DECODER_LAB_THREADS of the served app")
+    return p
+
+
+@contextlib.contextmanager
+def served_default_model(threads: int):
+    """Yields (default model entry, its context size, running app server); stops the server after."""
+    entry = default_entry()
+    server = start_app(threads)
+    try:
+        yield entry, entry.model.cfg.block_size, server
+    finally:
+        server.stop()
 
 
 def grammar_prompt(tokenizer, n_tokens: int, offset: int = 0) -> str:

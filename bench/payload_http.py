@@ -11,12 +11,11 @@ server's Step as seen over HTTP through Gradio's queue (no browser).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 import urllib.request
 
-from common import default_entry, emit, grammar_prompt, start_app, summary
+from common import emit, grammar_prompt, served_default_model, served_parser, summary
 
 
 def call_step(url: str, data: list, timeout: float = 60) -> tuple[float, int, str]:
@@ -38,18 +37,13 @@ def call_step(url: str, data: list, timeout: float = 60) -> tuple[float, int, st
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--lengths", default="16,64,128,256")
-    p.add_argument("--threads", type=int, default=1)
+    p = served_parser(__doc__, "16,64,128,256")
+    p.add_argument("--reps", type=int, default=10, help="new prompts per length")
     args = p.parse_args()
 
     import app
 
-    entry = default_entry()
-    block = entry.model.cfg.block_size
-    server = start_app(args.threads)
-    try:
+    with served_default_model(args.threads) as (entry, block, server):
         call_step(server.url, [app.DEFAULT_MODEL, grammar_prompt(entry.tokenizer, 8), 0.8, 0, 1.0, 0, 0, "all", "weights"])
         for t in [int(x) for x in args.lengths.split(",")]:
             times, sizes, events = [], [], []
@@ -65,8 +59,6 @@ def main() -> None:
                  complete_event_bytes_max=max(sizes) if sizes else None,
                  complete_event_kb_median=round(sorted(sizes)[len(sizes) // 2] / 1000, 1) if sizes else None,
                  non_complete=[e for e in events if e != "complete"])
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -373,6 +373,22 @@ def _attention_figure(
 # ----------------------------------------------------------------------------- public API
 
 
+def _checked(attn, tokens: Sequence[str], kind: str, dims: str) -> tuple[np.ndarray, int, list[str]]:
+    """Validate a public call: the kind, an array of shape `dims` (e.g. "(heads, T, T)") with square
+    last two axes, and one token label per position. Returns (array as float64, T, labels)."""
+    _check_kind(kind)
+    arr = np.asarray(attn, dtype=np.float64)
+    ndim = dims.count(",") + 1
+    if arr.ndim != ndim:
+        raise ValueError(f"attention must be {ndim}-D {dims}, got shape {arr.shape}")
+    t = _check_square(arr.shape)
+    return arr, t, _check_tokens(tokens, t)
+
+
+def _what(kind: str) -> str:
+    return "weights" if kind == "weights" else "scores (before softmax)"
+
+
 def attention_grid(
     attn: np.ndarray,
     tokens: Sequence[str],
@@ -390,30 +406,16 @@ def attention_grid(
     ((T, T) or (H, T, T)). heads: which heads to show (default all). width_px: the width the
     figure is laid out for (square panels, thinned tick labels).
     """
-    _check_kind(kind)
-    attn = np.asarray(attn, dtype=np.float64)
-    if attn.ndim != 3:
-        raise ValueError(f"attention must be 3-D (heads, T, T), got shape {attn.shape}")
-    t = _check_square(attn.shape)
-    tokens = _check_tokens(tokens, t)
+    attn, t, tokens = _checked(attn, tokens, kind, "(heads, T, T)")
     masked = np.broadcast_to(_masks(attn, mask), attn.shape)
     n_heads = attn.shape[0]
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < n_heads]
     if bad or not heads:
         raise ValueError(f"heads {bad or heads} out of range: this layer has {n_heads} heads")
-    what = "attention weights" if kind == "weights" else "attention scores (before softmax)"
-    return _attention_figure(
-        attn[heads],
-        masked[heads],
-        tokens,
-        ncols=4,
-        panel_titles=[f"head {h}" for h in heads],
-        row_titles=None,
-        kind=kind,
-        title=f"Layer {layer} {what}",
-        width_px=width_px,
-    )
+    what = "attention " + _what(kind)
+    return _attention_figure(attn[heads], masked[heads], tokens, ncols=4, panel_titles=[f"head {h}" for h in heads],
+                             row_titles=None, kind=kind, title=f"Layer {layer} {what}", width_px=width_px)
 
 
 def attention_head(
@@ -427,25 +429,10 @@ def attention_head(
     width_px: int = 720,
 ) -> go.Figure:
     """A single head, large, with colour bar; same conventions as `attention_grid`."""
-    _check_kind(kind)
-    attn2d = np.asarray(attn2d, dtype=np.float64)
-    if attn2d.ndim != 2:
-        raise ValueError(f"attention must be 2-D (T, T), got shape {attn2d.shape}")
-    t = _check_square(attn2d.shape)
-    tokens = _check_tokens(tokens, t)
+    attn2d, t, tokens = _checked(attn2d, tokens, kind, "(T, T)")
     masked = _masks(attn2d, mask)
-    what = "weights" if kind == "weights" else "scores (before softmax)"
-    return _attention_figure(
-        attn2d[None],
-        masked[None],
-        tokens,
-        ncols=1,
-        panel_titles=[""],
-        row_titles=None,
-        kind=kind,
-        title=f"Layer {layer}, head {head}: attention {what}",
-        width_px=width_px,
-    )
+    return _attention_figure(attn2d[None], masked[None], tokens, ncols=1, panel_titles=[""], row_titles=None,
+                             kind=kind, title=f"Layer {layer}, head {head}: attention {_what(kind)}", width_px=width_px)
 
 
 def attention_overview(
@@ -457,30 +444,16 @@ def attention_overview(
     width_px: int = 1000,
 ) -> go.Figure:
     """Every layer × head as small multiples (rows = layers), for prompts of at most 48 tokens."""
-    _check_kind(kind)
-    attn = np.asarray(attn, dtype=np.float64)
-    if attn.ndim != 4:
-        raise ValueError(f"attention must be 4-D (layers, heads, T, T), got shape {attn.shape}")
-    t = _check_square(attn.shape)
+    attn, t, tokens = _checked(attn, tokens, kind, "(layers, heads, T, T)")
     if t > OVERVIEW_MAX_T:
         raise ValueError(
             f"the all-layers overview needs T ≤ {OVERVIEW_MAX_T} tokens but T = {t}; "
             "pick one layer (attention_grid) instead"
         )
-    tokens = _check_tokens(tokens, t)
     n_layers, n_heads = attn.shape[:2]
     flat = attn.reshape(n_layers * n_heads, t, t)
     masked = np.broadcast_to(_masks(attn, mask), attn.shape).reshape(flat.shape)
     titles = [f"head {h}" if layer == 0 else "" for layer in range(n_layers) for h in range(n_heads)]
-    what = "weights" if kind == "weights" else "scores (before softmax)"
-    return _attention_figure(
-        flat,
-        masked,
-        tokens,
-        ncols=n_heads,
-        panel_titles=titles,
-        row_titles=[f"layer {layer}<br>query" for layer in range(n_layers)],
-        kind=kind,
-        title=f"Attention {what}: every layer (rows) × head (columns)",
-        width_px=width_px,
-    )
+    rows = [f"layer {layer}<br>query" for layer in range(n_layers)]
+    return _attention_figure(flat, masked, tokens, ncols=n_heads, panel_titles=titles, row_titles=rows, kind=kind,
+                             title=f"Attention {_what(kind)}: every layer (rows) × head (columns)", width_px=width_px)
