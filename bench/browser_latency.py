@@ -1,20 +1,21 @@
-"""Item 3: click Step in Chromium until the attention figure shows the new tokens.
+"""Click to picture: click Step in headless Chromium until the attention figure shows the new tokens.
 
-Starts `python app.py` on a free 127.0.0.1 port (tests/conftest.py AppServer, offline env), opens
-it in headless Chromium (/usr/bin/chromium, the test suite's launch args) and, per prompt length,
+Starts `python app.py` on a free 127.0.0.1 port (lab.server.AppServer, offline env), opens it in
+headless Chromium (lab.server.CHROMIUM with the test suite's launch args) and, per prompt length,
 types a new prompt of exactly T tokens and clicks Step. The time is taken inside the page: from
 the button's click() to the first moment #attention holds new plotly traces (the old ones are marked) whose
 layout.meta.T is the expected window length (the new picture), plus one animation frame
 so it is painted. "first" = the first click on a new prompt; "next" = the click after it.
 
-    python bench/browser_latency.py [--clicks 7] [--lengths 16,64,128] [--threads 1]
+    python -m bench.browser_latency [--clicks 7] [--lengths 16,64,128] [--threads 1]
 """
 
 from __future__ import annotations
 
 import time
 
-from common import emit, grammar_prompt, served_default_model, served_parser, summary
+from bench.common import emit, grammar_prompt, served_default_model, served_parser, summary
+from lab.server import CHROMIUM, CHROMIUM_ARGS
 
 CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
   const gd = () => document.querySelector('#attention .js-plotly-plot');
@@ -24,16 +25,17 @@ CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
     if (!g || !g.data || !g.data[0] || g.data[0].__benchOld || !g._fullLayout) return false;
     const meta = g._fullLayout.meta || (g.layout && g.layout.meta);
     return !!meta && Number(meta.T) === n && !!g._fullLayout.xaxis; };
-  const nTokens = () => document.querySelectorAll('#tokens .textfield .token').length;
-  const tokensBefore = Array.from(document.querySelectorAll('#tokens .textfield .token')).map(e => e.textContent).join('|');
+  const tokenEls = () => document.querySelectorAll('#tokens .textfield .token');
+  const nTokens = () => tokenEls().length;
+  const tokenText = () => Array.from(tokenEls()).map(e => e.textContent).join('|');
+  const tokensBefore = tokenText();
   let tTokens = -1;
   const btn = document.querySelector('#step');
   const t0 = performance.now();
   btn.click();
   return await new Promise((resolve) => {
     const check = () => {
-      if (tTokens < 0 && nTokens() === n && Array.from(document.querySelectorAll('#tokens .textfield .token'))
-            .map(e => e.textContent).join('|') !== tokensBefore) tTokens = performance.now() - t0;
+      if (tTokens < 0 && nTokens() === n && tokenText() !== tokensBefore) tTokens = performance.now() - t0;
       if (fresh()) { const tp = performance.now() - t0;
         requestAnimationFrame(() => resolve([performance.now() - t0, tTokens, tp])); return true; }
       if (performance.now() - t0 > timeoutMs) { resolve([-1, tTokens, -1]); return true; }
@@ -48,14 +50,13 @@ CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
 
 
 def main() -> None:
-    p = served_parser(__doc__, "16,64,128")
+    p = served_parser("browser_latency", __doc__, "16,64,128")
     p.add_argument("--clicks", type=int, default=7, help="new prompts per length (each: a first and a next click)")
     args = p.parse_args()
 
-    from conftest import CHROMIUM, CHROMIUM_ARGS
     from playwright.sync_api import sync_playwright
 
-    import app
+    from lab.models import DEFAULT_MODEL
 
     with served_default_model(args.threads) as (entry, block, server), sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -84,10 +85,11 @@ def main() -> None:
                     first.append(a / 1000)
                 if b >= 0:
                     nxt.append(b / 1000)
-            emit("click_to_picture", model=app.DEFAULT_MODEL, threads=args.threads, prompt_tokens=t,
+            emit("click_to_picture", model=DEFAULT_MODEL, threads=args.threads, prompt_tokens=t,
                  window_tokens=min(t + 1, block), block_size=block, first_click_ms=summary(first),
                  next_click_ms=summary(nxt),
-                 first_click_tokens_shown_ms=summary(tok_first), first_click_new_plot_before_paint_ms=summary(layout_first),
+                 first_click_tokens_shown_ms=summary(tok_first),
+                 first_click_new_plot_before_paint_ms=summary(layout_first),
                  timeouts=fails, browser="chromium " + browser.version)
         browser.close()
 

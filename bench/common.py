@@ -1,8 +1,9 @@
-"""Shared helpers for the Decoder Lab benchmarks (not timed tests: they print JSON lines).
+"""Shared helpers of the Decoder Lab benchmarks: the one output function, timing summaries, prompts.
 
-Every script prints one JSON object per result with the command that produced it, the machine
-load (1-minute load average and CPU count) and the torch thread count, so a number can be read
-next to the conditions it was taken in.
+Every benchmark prints its results through `emit`: one JSON object per line, carrying the command
+that re-runs it, the machine load (1- and 5-minute load average, CPU count), so a number is read
+next to the conditions it was taken in. The app server and the memory reader come from
+lab/server.py, which the tests use too.
 """
 
 from __future__ import annotations
@@ -15,16 +16,22 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from lab.server import AppServer
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-COMMAND = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+
+def _command() -> str:
+    """How this process was started, as `python -m bench.<name> ARGS` when it was run as a module."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["-m", spec.name] if spec is not None and spec.name else [sys.argv[0]]
+    return "python " + " ".join(shlex.quote(a) for a in [*head, *sys.argv[1:]])
+
+
+COMMAND = _command()
 
 
 def load() -> dict:
@@ -33,17 +40,14 @@ def load() -> dict:
 
 
 def emit(bench: str, **fields) -> dict:
+    """Print one result as a JSON line (with machine load and command) and return it."""
     row = {"bench": bench, **fields, "machine": load(), "command": COMMAND}
     print(json.dumps(row), flush=True)
     return row
 
 
-def ms(seconds: float) -> float:
-    return round(seconds * 1000, 2)
-
-
 def summary(samples: list[float], scale: float = 1000.0, digits: int = 2) -> dict:
-    """median / p95 / min / max of samples (seconds by default, reported in ms)."""
+    """n / median / p95 / min / max of samples (seconds by default, reported in ms)."""
     if not samples:
         return {"n": 0}
     s = sorted(samples)
@@ -53,22 +57,26 @@ def summary(samples: list[float], scale: float = 1000.0, digits: int = 2) -> dic
 
 
 def default_entry():
-    """The app's default model (shared, read-only), loaded the app's way."""
-    import app
+    """The lab's default built-in model (shared, read-only), loaded the way the app loads it."""
+    from lab.models import BUILTINS, DEFAULT_MODEL
 
-    return app.BUILTIN.get(app.DEFAULT_MODEL)
-
-
-def start_app(threads: int):
-    """`python app.py` on a free loopback port with the given torch thread count (tests' AppServer)."""
-    from conftest import AppServer
-
-    return AppServer({"DECODER_LAB_THREADS": str(threads)}).start()
+    return BUILTINS.get(DEFAULT_MODEL)
 
 
-def served_parser(doc: str, lengths: str) -> argparse.ArgumentParser:
+def start_app(threads: int, **env: str) -> AppServer:
+    """`python app.py` on a free loopback port with the given torch thread count, started."""
+    return AppServer({"DECODER_LAB_THREADS": str(threads), **env}).start()
+
+
+def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """Argument parser of `python -m bench.<name>`, its help text the module's docstring."""
+    return argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def served_parser(name: str, doc: str, lengths: str) -> argparse.ArgumentParser:
     """Argument parser of a bench that serves the app: --lengths (prompt tokens) and --threads."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(name, doc)
     p.add_argument("--lengths", default=lengths, help="comma-separated prompt lengths in tokens")
     p.add_argument("--threads", type=int, default=1, help="DECODER_LAB_THREADS of the served app")
     return p
@@ -95,37 +103,16 @@ def grammar_prompt(tokenizer, n_tokens: int, offset: int = 0) -> str:
     ids = tokenizer.encode(grammar_text(seed=0, target_chars=40_000))
     ids = [i for i in ids if i != tokenizer.eos_id]
     start = offset % max(1, len(ids) - n_tokens)
-    for shift in range(0, 200):  # the decoded text must re-encode to the same count (word joins)
+    for shift in range(200):  # the decoded text must re-encode to the same count (word joins)
         text = tokenizer.decode(ids[start + shift : start + shift + n_tokens])
         if len(tokenizer.encode(text)) == n_tokens:
             return text
     raise RuntimeError(f"could not build a {n_tokens}-token prompt")
 
 
-def rss_kb(pid: int) -> int:
-    """Resident set size of a process (VmRSS, kB) from /proc (psutil is not needed)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def tree_rss_kb(pid: int) -> int:
-    """VmRSS of a process plus its children (app.py may spawn helpers)."""
-    total = rss_kb(pid)
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        children = []
-    for c in children:
-        try:
-            total += tree_rss_kb(int(c))
-        except (OSError, ValueError):
-            pass
-    return total
-
-
 class Timer:
+    """`with Timer() as t: ...` then t.s is the elapsed wall time in seconds."""
+
     def __enter__(self):
         self.t0 = time.perf_counter()
         return self

@@ -1,22 +1,22 @@
-"""Item 4: generation throughput (tokens/s) of the default model, cache vs full recompute.
+"""Generation throughput (tokens/s) of the default model: KV cache vs full recompute.
 
 All variants run in the same process, interleaved, with the same seed (so the same tokens):
 model.generate.Decoder with use_cache True / False, capture_attention True / False, for
   * 200 new tokens from a 16-token prompt: crosses the default model's context, after which
     the Decoder crops and re-prefills the whole window every step (cache or not);
   * min(100, block_size - 16) new tokens: stays inside the context, the clean cache comparison.
-Also the app's own Generate handler (app.generate, its default view) for the 200-token case.
+Also the app's own Generate handler (app.generate on a lab Session, its default view) for the
+200-token case, end to end.
 
-    python bench/generation.py [--reps 5] [--threads 1]
+    python -m bench.generation [--reps 5] [--threads 1]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from common import default_entry, emit, grammar_prompt
+from bench.common import default_entry, emit, grammar_prompt, parser
 
 
 def run_decoder(entry, prompt_ids, n_new, use_cache, capture, seed):
@@ -33,15 +33,16 @@ def run_decoder(entry, prompt_ids, n_new, use_cache, capture, seed):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
+    p = parser("generation", __doc__)
+    p.add_argument("--reps", type=int, default=5, help="timed runs of every variant (interleaved)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     args = p.parse_args()
 
     import torch
 
     import app
-    from model.session import Workspace
+    from lab.models import DEFAULT_MODEL
+    from lab.session import Session
 
     torch.set_num_threads(args.threads)
     entry = default_entry()
@@ -60,30 +61,29 @@ def main() -> None:
                 crops[v] = c
                 seqs.setdefault(r, []).append(seq)
         same = all(all(x == s[0] for x in s) for s in seqs.values())
-        res = {}
-        for (cache, attn), ts in times.items():
-            med = statistics.median(ts)
-            res[f"cache={cache},attention={attn}"] = {"tokens_per_s": round(n_new / med, 1),
-                                                      "ms_per_token": round(med / n_new * 1000, 3),
-                                                      "cropped_steps": crops[(cache, attn)]}
-        speedup = {f"attention={a}": round(statistics.median(times[(False, a)]) / statistics.median(times[(True, a)]), 2)
-                   for a in (True, False)}
-        emit("generation", model=app.DEFAULT_MODEL, threads=args.threads, prompt_tokens=16, new_tokens=n_new,
+        med = {v: statistics.median(ts) for v, ts in times.items()}
+        res = {f"cache={cache},attention={attn}": {"tokens_per_s": round(n_new / m, 1),
+                                                   "ms_per_token": round(m / n_new * 1000, 3),
+                                                   "cropped_steps": crops[(cache, attn)]}
+               for (cache, attn), m in med.items()}
+        speedup = {f"attention={a}": round(med[(False, a)] / med[(True, a)], 2) for a in (True, False)}
+        emit("generation", model=DEFAULT_MODEL, threads=args.threads, prompt_tokens=16, new_tokens=n_new,
              block_size=block, crosses_context=16 + n_new > block, same_tokens_all_variants=same,
              reps=args.reps, results=res, cache_speedup=speedup)
 
     # the app's Generate handler end to end (streams; last yield carries the figures)
     times = []
     for r in range(args.reps):
-        ws = Workspace()
+        session = Session()
         t0 = time.perf_counter()
         n = 0
-        for _ in app.generate(ws, app.DEFAULT_MODEL, prompt, 0.8, 0, 1.0, r, 200, 0, "all", "weights"):
+        for _ in app.generate(session, DEFAULT_MODEL, prompt, 0.8, 0, 1.0, r, 200, 0, "all", "weights"):
             n += 1
         times.append(time.perf_counter() - t0)
-        got = len(ws.decoder.ids) - ws.decoder.prompt_len
+        got = len(session.decoder.ids) - session.decoder.prompt_len
+        session.close()
     med = statistics.median(times)
-    emit("generation_app", model=app.DEFAULT_MODEL, threads=args.threads, prompt_tokens=16, new_tokens=got,
+    emit("generation_app", model=DEFAULT_MODEL, threads=args.threads, prompt_tokens=16, new_tokens=got,
          block_size=block, yields=n, seconds_median=round(med, 3), tokens_per_s=round(got / med, 1))
 
 

@@ -1,77 +1,78 @@
-"""Item 7: resident memory of the running app (VmRSS from /proc; psutil not needed).
+"""Resident memory of the running app (VmRSS from /proc via lab.server.rss_mb; psutil not needed).
 
-`python app.py` (tests/conftest.py AppServer, offline) is measured: idle after start-up and one
+`python app.py` (lab.server.AppServer, offline) is measured: idle after start-up and one
 page load; after 50 gradio_client sessions that each step 20 tokens (5 at a time); after another
 50 (growth per session should be the per-session state, not more: sessions live in gr.State, kept
 up to state_session_capacity=2000 and time_to_live=1800 s); and peak/last during one training
-run (Train tab path, sort corpus, 300 steps) in its own session. Also the bytes one session's
-Workspace holds after 20 steps and at a full context, computed in-process, to give the bound.
+run (Train tab path, sort corpus, 300 steps) in its own session. Also the bytes one lab Session's
+text holds (attention, scores, KV cache, sampler history) after 20 steps and at a full context,
+computed in-process, to give the bound.
 
-    python bench/memory.py [--sessions 50] [--steps 20]
+    python -m bench.memory [--sessions 50] [--steps 20] [--train-steps 300]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from bench.clients import Sampler, client, start_training, step
+from bench.common import default_entry, emit, grammar_prompt, parser
+from lab.server import AppServer, rss_mb
 
-from clients import Sampler, client, start_training, step
-from common import emit, grammar_prompt, tree_rss_kb
 
-
-def workspace_bytes(ws) -> int:
-    d = ws.decoder
+def session_bytes(session) -> int:
+    """Bytes of the arrays one session's current text holds: attention, scores, KV cache, sampler history."""
+    d = session.decoder
     n = sum(a.nbytes for a in d.attention) + sum(a.nbytes for a in d.scores)
     if d.cache is not None:
         n += sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in d.cache.layers)
-    n += sum(s.numel() for s in d._rng_history)
+    n += sum(s.numel() for s in getattr(d, "_rng_history", []))
     return n
 
 
 def per_session_bound(app, entry) -> dict:
-    from model.session import MAX_NEW_TOKENS, Workspace
+    from lab.limits import MAX_NEW_TOKENS
+    from lab.session import Session
 
     out = {}
     for label, prompt_len, steps in (("20_steps", 12, 20), ("full_context_max_tokens", entry.model.cfg.block_size,
                                                            MAX_NEW_TOKENS)):
-        ws = Workspace()
+        session = Session()
         prompt = grammar_prompt(entry.tokenizer, prompt_len)
         for i in range(steps):
-            app.step(ws, app.DEFAULT_MODEL, prompt, 0.8, 0, 1.0, 0, 0, "all", "weights")
-        out[label] = workspace_bytes(ws)
+            app.step(session, entry.name, prompt, 0.8, 0, 1.0, 0, 0, "all", "weights")
+        out[label] = session_bytes(session)
+        session.close()
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sessions", type=int, default=50)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--train-steps", type=int, default=300)
+    p = parser("memory", __doc__)
+    p.add_argument("--sessions", type=int, default=50, help="gradio_client sessions per batch (two batches)")
+    p.add_argument("--steps", type=int, default=20, help="Steps per session")
+    p.add_argument("--train-steps", type=int, default=300, help="steps of the one training run")
     args = p.parse_args()
-
-    from conftest import AppServer
 
     import app
 
-    entry = app.BUILTIN.get(app.DEFAULT_MODEL)
+    entry = default_entry()
     server = AppServer().start()
     pid = server.proc.pid
     rows = {}
     try:
         urllib.request.urlopen(server.url, timeout=10).read()
         time.sleep(2)
-        rows["idle_mb"] = round(tree_rss_kb(pid) / 1024, 1)
+        rows["idle_mb"] = rss_mb(pid, tree=True)
 
         def session(i: int) -> int:
             c = client(server.url)
-            prompt = app.EXAMPLE_PROMPTS[app.DEFAULT_MODEL]
+            prompt = entry.examples[0]
             errors = 0
             for _ in range(args.steps):
                 try:
-                    step(c, app.DEFAULT_MODEL, prompt, seed=i)
+                    step(c, entry.name, prompt, seed=i)
                 except Exception:  # noqa: BLE001
                     errors += 1
             c.close() if hasattr(c, "close") else None
@@ -82,14 +83,14 @@ def main() -> None:
             with ThreadPoolExecutor(5) as ex:
                 errors = sum(ex.map(session, range(args.sessions)))
             time.sleep(2)
-            rows[f"after_{batch * args.sessions}_sessions_mb"] = round(tree_rss_kb(pid) / 1024, 1)
+            rows[f"after_{batch * args.sessions}_sessions_mb"] = rss_mb(pid, tree=True)
             rows[f"errors_batch{batch}"] = errors
         rows["sessions_seconds"] = round(time.perf_counter() - t0, 1)
         first, second = rows[f"after_{args.sessions}_sessions_mb"], rows[f"after_{2 * args.sessions}_sessions_mb"]
         rows["growth_first_batch_mb"] = round(first - rows["idle_mb"], 1)
         rows["growth_second_batch_mb"] = round(second - first, 1)
 
-        sampler = Sampler(lambda: tree_rss_kb(pid), every=0.2)
+        sampler = Sampler(lambda: rss_mb(pid, tree=True), every=0.2)
         sampler.start()
         c, job = start_training(server.url, steps=args.train_steps)
         t0 = time.time()
@@ -97,14 +98,14 @@ def main() -> None:
             time.sleep(0.2)
         vals = sampler.stop()
         out = job.outputs()
-        rows["training_peak_mb"] = round(max(vals) / 1024, 1) if vals else None
+        rows["training_peak_mb"] = max(vals) if vals else None
         time.sleep(2)
-        rows["after_training_mb"] = round(tree_rss_kb(pid) / 1024, 1)
+        rows["after_training_mb"] = rss_mb(pid, tree=True)
         rows["training_result"] = str(out[-1][0])[:120] if out else "none"
     finally:
         server.stop()
     bound = per_session_bound(app, entry)
-    emit("memory_rss", model=app.DEFAULT_MODEL, sessions_per_batch=args.sessions, steps_per_session=args.steps,
+    emit("memory_rss", model=entry.name, sessions_per_batch=args.sessions, steps_per_session=args.steps,
          **rows, workspace_bytes=bound,
          worst_case_state_mb_at_capacity_2000=round(2000 * bound["full_context_max_tokens"] / 1e6, 1))
 

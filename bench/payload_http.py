@@ -1,12 +1,12 @@
-"""Item 2 (on the wire) + the HTTP share of item 3: the running app's /gradio_api/call/step.
+"""One Step over HTTP: the bytes it sends and its time through Gradio's queue (no browser).
 
-Starts `python app.py` (tests/conftest.py AppServer, offline, 127.0.0.1) and, per prompt length,
+Starts `python app.py` (lab.server.AppServer: offline, 127.0.0.1) and, per prompt length,
 POSTs a Step to /gradio_api/call/step and reads the SSE stream of that event with urllib: the
 bytes of the `complete` event's data line are what one Step sends (probs + attention figures,
 tokens, status; gr.State is not sent), and the time from POST to the end of that event is the
 server's Step as seen over HTTP through Gradio's queue (no browser).
 
-    python bench/payload_http.py [--reps 10] [--lengths 16,64,128,256] [--threads 1]
+    python -m bench.payload_http [--reps 10] [--lengths 16,64,128,256] [--threads 1]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import time
 import urllib.request
 
-from common import emit, grammar_prompt, served_default_model, served_parser, summary
+from bench.common import emit, grammar_prompt, served_default_model, served_parser, summary
 
 
 def call_step(url: str, data: list, timeout: float = 60) -> tuple[float, int, str]:
@@ -37,24 +37,24 @@ def call_step(url: str, data: list, timeout: float = 60) -> tuple[float, int, st
 
 
 def main() -> None:
-    p = served_parser(__doc__, "16,64,128,256")
+    p = served_parser("payload_http", __doc__, "16,64,128,256")
     p.add_argument("--reps", type=int, default=10, help="new prompts per length")
     args = p.parse_args()
 
-    import app
+    from lab.models import DEFAULT_MODEL
 
     with served_default_model(args.threads) as (entry, block, server):
-        call_step(server.url, [app.DEFAULT_MODEL, grammar_prompt(entry.tokenizer, 8), 0.8, 0, 1.0, 0, 0, "all", "weights"])
+        call_step(server.url, [DEFAULT_MODEL, grammar_prompt(entry.tokenizer, 8), 0.8, 0, 1.0, 0, 0, "all", "weights"])
         for t in [int(x) for x in args.lengths.split(",")]:
             times, sizes, events = [], [], []
             for r in range(args.reps):
                 prompt = grammar_prompt(entry.tokenizer, t, offset=41 * r + t)
-                s, n, ev = call_step(server.url, [app.DEFAULT_MODEL, prompt, 0.8, 0, 1.0, r, 0, "all", "weights"])
+                s, n, ev = call_step(server.url, [DEFAULT_MODEL, prompt, 0.8, 0, 1.0, r, 0, "all", "weights"])
                 events.append(ev)
                 if ev == "complete":
                     times.append(s)
                     sizes.append(n)
-            emit("step_http", model=app.DEFAULT_MODEL, threads=args.threads, prompt_tokens=t,
+            emit("step_http", model=DEFAULT_MODEL, threads=args.threads, prompt_tokens=t,
                  window_tokens=min(t + 1, block), block_size=block, roundtrip_ms=summary(times),
                  complete_event_bytes_max=max(sizes) if sizes else None,
                  complete_event_kb_median=round(sorted(sizes)[len(sizes) // 2] / 1000, 1) if sizes else None,

@@ -1,12 +1,17 @@
-"""Turn the JSON lines of `python bench/run_all.py` into the results table of bench/RESULTS.md.
+"""Turn the JSON lines the benchmarks print into the results table of bench/RESULTS.md (Markdown).
 
-    python bench/run_all.py > bench/results.jsonl && python bench/report.py bench/results.jsonl
+    python -m bench.run_all > bench/results.jsonl && python -m bench.report bench/results.jsonl
+
+Printing the table is this module's whole job, so it prints it directly rather than as a JSON line.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results.jsonl"
 
 
 def rows(path: str) -> list[dict]:
@@ -44,8 +49,9 @@ def table(rs: list[dict]) -> str:
             if not r:
                 continue
             m = r["ms"]
+            model_ms = m["model"]["median"] if "model" in m else m["prefill"]["median"] + m["forward"]["median"]
             value = (f"{m['app_step_first']['median']} ms median, p95 {m['app_step_first']['p95']} (window "
-                     f"{r['window_tokens_first']}; model {m['prefill']['median'] + m['forward']['median']:.1f}, "
+                     f"{r['window_tokens_first']}; model {model_ms:.1f}, "
                      f"figures {m['probs_fig']['median'] + m['attn_fig']['median']:.1f}, "
                      f"JSON {m['serialise']['median']}; next Step {m['next_total']['median']})")
             target = {64: "≤ 30 ms", 256: "≤ 80 ms"}.get(t, "—")
@@ -58,7 +64,8 @@ def table(rs: list[dict]) -> str:
             value = f"attention {r['attn_kb']} KB, all outputs {r['total_kb']} KB"
             if h:
                 value += f"; SSE `complete` event {h['complete_event_kb_median']} KB"
-            add(f"Payload per Step, T={t} (window {r['window_tokens']})", value, "≤ 150 KB (T=128)" if t == 128 else "—",
+            add(f"Payload per Step, T={t} (window {r['window_tokens']})", value,
+                "≤ 150 KB (T=128)" if t == 128 else "—",
                 (r["attn_kb"] <= 150) if t == 128 else None, r)
     for t in (16, 64, 256):
         h = find(rs, "step_http", prompt_tokens=t)
@@ -71,7 +78,8 @@ def table(rs: list[dict]) -> str:
             f, n = r["first_click_ms"], r["next_click_ms"]
             add(f"Click Step → attention picture (Chromium), T={t}",
                 f"{f.get('median')} ms median (p95 {f.get('p95')}, n={f.get('n')}); next click {n.get('median')} ms; "
-                f"tokens shown at {r['first_click_tokens_shown_ms'].get('median')} ms", "≤ 250 ms (T=64)" if t == 64 else "—",
+                f"tokens shown at {r['first_click_tokens_shown_ms'].get('median')} ms",
+                "≤ 250 ms (T=64)" if t == 64 else "—",
                 (f.get("median", 1e9) <= 250) if t == 64 else None, r)
     for n_new in sorted({r["new_tokens"] for r in rs if r.get("bench") == "generation"}, reverse=True):
         r = find(rs, "generation", new_tokens=n_new)
@@ -84,7 +92,8 @@ def table(rs: list[dict]) -> str:
             (r["cache_speedup"]["attention=True"] >= 2) if n_new == 200 else None, r)
     r = find(rs, "generation_app")
     if r:
-        add("app.generate 200 tokens (end to end)", f"{r['tokens_per_s']} tok/s ({r['seconds_median']} s)", "—", None, r)
+        add("app.generate 200 tokens (end to end)", f"{r['tokens_per_s']} tok/s ({r['seconds_median']} s)", "—", None,
+            r)
     for r in [x for x in rs if x.get("bench") == "train_app_vs_direct"]:
         c = r["config"]
         add(f"Training in app loop vs model.train.train ({r['corpus']}, {c['layers']}×{c['heads']}×{c['d_model']}, "
@@ -115,4 +124,4 @@ def table(rs: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    print(table(rows(sys.argv[1] if len(sys.argv) > 1 else "bench/results.jsonl")))
+    print(table(rows(sys.argv[1] if len(sys.argv) > 1 else str(RESULTS))))

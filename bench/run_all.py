@@ -1,11 +1,17 @@
-"""Run every Decoder Lab benchmark and print their JSON lines (stdout) plus a log per script.
+"""Run every Decoder Lab benchmark, one child process each, and pass their JSON lines through (stdout).
 
-    python bench/run_all.py            # everything, as recorded in bench/RESULTS.md
-    python bench/run_all.py --quick    # a fast subset with fewer repetitions (a smoke run)
-    python bench/run_all.py --only step_latency,load
+    python -m bench.run_all                      # every benchmark but the long training one, as in bench/RESULTS.md
+    python -m bench.run_all --training-bench     # ... and the 2000-iteration training benchmark too
+    python -m bench.run_all --quick              # all of them with tiny settings (a smoke run, minutes)
+    python -m bench.run_all --only step_latency,load
 
-Each line is one result; "command" in it re-runs just that measurement. Nothing here needs the
-internet: the app runs on 127.0.0.1 with HF_HUB_OFFLINE=1 and Chromium is driven locally.
+Each JSON line is one result; its "command" re-runs just that measurement. A benchmark that fails
+gives a JSON line with "error" and the tail of its stderr, and the run ends with exit status 1.
+What is left out, and why, is said on stderr (lines starting with "#"), as is each script's time.
+Nothing here needs the internet: the app runs on 127.0.0.1 with HF_HUB_OFFLINE=1 and Chromium is
+driven locally.
+
+    python -m bench.run_all > bench/results.jsonl && python -m bench.report bench/results.jsonl
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+HELPERS = {"__init__", "common", "clients", "report", "run_all"}  # modules here that are not benchmarks
 
 FULL = [
     ("step_latency", ["--reps", "30", "--threads", "1", "--profile", "64"]),
@@ -28,42 +35,77 @@ FULL = [
     ("train_app", ["--reps", "3"]),
     ("startup", ["--starts", "5"]),
     ("memory", []),
+    ("memory_rounds", []),
     ("load", ["--threads", "1"]),
     ("load", ["--threads", "2"]),
+    ("stress", []),
+    ("train_bench", []),
 ]
 QUICK = [
-    ("step_latency", ["--reps", "8", "--lengths", "16,64,128"]),
-    ("payload_http", ["--reps", "3", "--lengths", "64,128"]),
-    ("browser_latency", ["--clicks", "3", "--lengths", "64"]),
-    ("generation", ["--reps", "2"]),
-    ("train_app", ["--reps", "1", "--steps", "100"]),
-    ("startup", ["--starts", "2"]),
-    ("memory", ["--sessions", "10", "--steps", "10", "--train-steps", "100"]),
-    ("load", ["--threads", "1", "--clients", "10", "--seconds", "10"]),
+    ("step_latency", ["--reps", "2", "--lengths", "16,64"]),
+    ("payload_http", ["--reps", "2", "--lengths", "16,64"]),
+    ("browser_latency", ["--clicks", "1", "--lengths", "16"]),
+    ("generation", ["--reps", "1"]),
+    ("train_app", ["--reps", "1", "--steps", "30"]),
+    ("startup", ["--starts", "1"]),
+    ("memory", ["--sessions", "2", "--steps", "2", "--train-steps", "20"]),
+    ("memory_rounds", ["--rounds", "1", "--sessions", "2"]),
+    ("load", ["--threads", "1", "--clients", "2", "--seconds", "5"]),
+    ("stress", ["--sessions", "3", "--seconds", "5", "--sequential", "10", "--ttl", "2", "--settle", "1"]),
+    ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
 ]
+# Left out unless asked for: name -> (the flag that includes it, why it is left out).
+OPTIONAL = {
+    "train_bench": ("--training-bench", ("2000 training iterations with torch.compile take several minutes "
+                                         "and want the machine to themselves")),
+}
+
+
+def benchmarks() -> list[str]:
+    """Every benchmark module in bench/ (all modules but the helpers)."""
+    return sorted(p.stem for p in HERE.glob("*.py") if p.stem not in HELPERS)
+
+
+def plan_for(quick: bool, only: set[str], include: set[str]) -> list[tuple[str, list[str]]]:
+    plan = QUICK if quick else FULL
+    missing = set(benchmarks()) - {name for name, _ in plan}
+    if missing:  # a new script must be added to both lists above
+        raise SystemExit(f"bench/run_all.py has no settings for: {', '.join(sorted(missing))}")
+    if only:
+        unknown = only - set(benchmarks())
+        if unknown:
+            raise SystemExit(f"no such benchmark: {', '.join(sorted(unknown))}")
+        return [x for x in plan if x[0] in only]
+    if quick:
+        return plan
+    left_out = {name for name in OPTIONAL if name not in include}
+    for name in sorted(left_out):
+        flag, why = OPTIONAL[name]
+        print(f"# left out: {name} ({why}; add {flag} to run it)", file=sys.stderr, flush=True)
+    return [x for x in plan if x[0] not in left_out]
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", default="", help="comma-separated script names")
+    p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="every benchmark with tiny settings (a smoke run)")
+    p.add_argument("--only", default="", help="comma-separated benchmark names (run whatever the flags say for them)")
+    p.add_argument("--training-bench", action="store_true", help="include the long training benchmark (train_bench)")
     args = p.parse_args()
-    plan = QUICK if args.quick else FULL
-    if args.only:
-        keep = set(args.only.split(","))
-        plan = [x for x in plan if x[0] in keep]
+    include = {"train_bench"} if args.training_bench else set()
+    plan = plan_for(args.quick, {x for x in args.only.split(",") if x}, include)
     failed = 0
     for name, extra in plan:
-        cmd = [sys.executable, str(HERE / f"{name}.py"), *extra]
+        cmd = [sys.executable, "-m", f"bench.{name}", *extra]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, check=False)
         for line in r.stdout.splitlines():
             if line.startswith("{"):
                 print(line, flush=True)
         if r.returncode:
             failed += 1
-            print(json.dumps({"bench": name, "error": f"exit {r.returncode}", "command": " ".join(cmd),
-                              "stderr_tail": r.stderr[-800:]}), flush=True)
+            print(json.dumps({"bench": name, "error": f"exit {r.returncode}",
+                              "command": " ".join(["python", *cmd[1:]]), "stderr_tail": r.stderr[-800:]}), flush=True)
         print(f"# {name} {' '.join(extra)}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return 1 if failed else 0
 

@@ -1,29 +1,29 @@
-"""Items 1 + 2: one Step on the server, and the bytes it sends to the browser.
+"""Time of one Step on the server, piece by piece, and the bytes it sends to the browser.
 
-Runs the app's own code in-process (no HTTP): `app.step` on a `Workspace`, and its pieces
-(Workspace.ensure_started = prefill, Decoder.step = sampling + one-token forward,
-app._probs_figure, app._attention_figure, and serialisation = json.dumps of what the gr.Plot /
-gr.HighlightedText / gr.Textbox components postprocess the outputs into).
+Runs in-process (no HTTP). For each prompt it times the engine alone (prefill = building a
+`model.generate.Decoder` over the prompt, forward = its `step`: sampling + one-token forward), the
+same first Step through the lab (`lab.session.Session.step`), the two figures the wiring draws
+(`app.probs_figure`, `app.attention_figure`) and serialisation (json.dumps of what the gr.Plot /
+gr.HighlightedText / gr.Textbox components postprocess the outputs into), then the next Step on
+the same text (the KV-cache path), and finally the first Step end to end through `app.step`.
 
-Prompt lengths 16, 64, 128, 256 tokens cut from the grammar corpus; a prompt longer than the
-model's context is kept to its last block_size tokens by the app (as a person would see), and a
-step on a full window re-prefills the window (the Decoder crops). "first" is the first Step on a
-new prompt (prefill + step, what a click after editing the prompt costs); "next" is the Step
-after it (the KV cache path).
+Prompt lengths 16, 64, 128, 256 tokens are cut from the grammar corpus; a prompt longer than the
+model's context keeps its last block_size tokens (as a person would see), and a step on a full
+window re-prefills the window. "first" is the first Step on a new prompt (what a click after
+editing the prompt costs); "next" is the Step after it.
 
-    python bench/step_latency.py [--reps 30] [--threads 1] [--lengths 16,64,128,256] [--profile 128]
+    python -m bench.step_latency [--reps 30] [--threads 1] [--lengths 16,64,128,256] [--profile 128]
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
 import pstats
 import time
 
-from common import Timer, default_entry, emit, grammar_prompt, summary
+from bench.common import Timer, default_entry, emit, grammar_prompt, parser, summary
 
 VIEW = (0, "all", "weights")  # the default view: layer 0, all heads, weights
 SAMPLING = dict(temperature=0.8, top_k=0, top_p=1.0)
@@ -42,8 +42,11 @@ def components():
 
 
 def serialise(comps, outputs) -> tuple[str, dict]:
-    """JSON text of the data gradio sends for one Step's outputs (the gr.State is not sent)."""
-    _ws, tokens, status, probs, attn = outputs
+    """JSON text of the data gradio sends for one Step's outputs: (tokens, status, probs, attention).
+
+    A handler's outputs may start with the session (gr.State, never sent); only the last four count.
+    """
+    tokens, status, probs, attn = tuple(outputs)[-4:]
     parts = {}
     for name, value in (("tokens", tokens), ("status", status), ("probs", probs), ("attn", attn)):
         v = comps[name].postprocess(value)
@@ -54,45 +57,55 @@ def serialise(comps, outputs) -> tuple[str, dict]:
 
 
 def run_length(app, entry, comps, t: int, reps: int, warmup: int = 3) -> dict:
-    from model.session import Workspace, make_sampling
+    from lab.checks import check_sampling
+    from lab.models import DEFAULT_MODEL
+    from lab.session import Session, encode_prompt
+    from model.generate import Decoder
 
     block = entry.model.cfg.block_size
-    rows = {k: [] for k in ("prefill", "forward", "probs_fig", "attn_fig", "serialise", "first_total",
+    rows = {k: [] for k in ("prefill", "forward", "model", "probs_fig", "attn_fig", "serialise", "first_total",
                             "next_forward", "next_figs", "next_serialise", "next_total", "app_step_first")}
-    sizes = None
+    sizes, window = None, None
     for r in range(warmup + reps):
         prompt = grammar_prompt(entry.tokenizer, t, offset=37 * r)
-        sampling = make_sampling(SAMPLING["temperature"], SAMPLING["top_k"], SAMPLING["top_p"], r)
-        ws = Workspace()
+        sampling = check_sampling(SAMPLING["temperature"], SAMPLING["top_k"], SAMPLING["top_p"], r)
+        # the engine alone: prefill over the prompt, then sampling + one-token forward
+        ids, _ = encode_prompt(prompt, entry)
         with Timer() as a:
-            ws.ensure_started(entry, prompt, sampling)
+            d = Decoder(entry.model, ids, sampling, eos_id=entry.tokenizer.eos_id, piece=entry.tokenizer.piece)
         with Timer() as b:
-            ws.last_step = ws.decoder.step(sampling)
+            d.step(sampling)
+        # the same first Step through the lab, then the figures and the bytes the wiring sends
+        session = Session()
+        with Timer() as m:
+            session.step(DEFAULT_MODEL, prompt, sampling)
         with Timer() as c:
-            probs = app._probs_figure(ws)
-        with Timer() as d:
-            attn = app._attention_figure(ws, *VIEW)
-        outputs = (ws, ws.tokens(), app._status(ws), probs, attn)
+            probs = app.probs_figure(session)
+        with Timer() as f1:
+            attn = app.attention_figure(session, *VIEW)
         with Timer() as e:
-            text, sz = serialise(comps, outputs)
+            text, sz = serialise(comps, (session.tokens(), session.status(), probs, attn))
         # the next click on the same text: cached one-token step (or a re-prefill when the window is full)
         with Timer() as f:
-            ws.last_step = ws.decoder.step(sampling)
+            session.step(DEFAULT_MODEL, prompt, sampling)
         with Timer() as g:
-            outputs2 = (ws, ws.tokens(), app._status(ws), app._probs_figure(ws), app._attention_figure(ws, *VIEW))
+            outputs2 = (session.tokens(), session.status(), app.probs_figure(session),
+                        app.attention_figure(session, *VIEW))
         with Timer() as h:
             serialise(comps, outputs2)
-        # the same first click through app.step itself (end to end, the app's real function)
-        ws2 = Workspace()
+        window = len(session.decoder.window)
+        session.close()
+        # the same first click through app.step itself (end to end, the app's real handler)
+        s2 = Session()
         with Timer() as k:
-            out = app.step(ws2, app.DEFAULT_MODEL, prompt, SAMPLING["temperature"], SAMPLING["top_k"],
+            out = app.step(s2, DEFAULT_MODEL, prompt, SAMPLING["temperature"], SAMPLING["top_k"],
                            SAMPLING["top_p"], r, *VIEW)
             serialise(comps, out)
+        s2.close()
         if r < warmup:
             continue
-        window = len(ws.decoder.window)
-        for key, v in (("prefill", a.s), ("forward", b.s), ("probs_fig", c.s), ("attn_fig", d.s),
-                       ("serialise", e.s), ("first_total", a.s + b.s + c.s + d.s + e.s),
+        for key, v in (("prefill", a.s), ("forward", b.s), ("model", m.s), ("probs_fig", c.s), ("attn_fig", f1.s),
+                       ("serialise", e.s), ("first_total", m.s + c.s + f1.s + e.s),
                        ("next_forward", f.s), ("next_figs", g.s), ("next_serialise", h.s),
                        ("next_total", f.s + g.s + h.s), ("app_step_first", k.s)):
             rows[key].append(v)
@@ -106,45 +119,44 @@ def run_length(app, entry, comps, t: int, reps: int, warmup: int = 3) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=30)
+    p = parser("step_latency", __doc__)
+    p.add_argument("--reps", type=int, default=30, help="new prompts per length (after 3 untimed warm-ups)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the app's DECODER_LAB_THREADS)")
-    p.add_argument("--lengths", default="16,64,128,256")
-    p.add_argument("--profile", type=int, default=0, help="also cProfile 20 first-steps at this prompt length")
+    p.add_argument("--lengths", default="16,64,128,256", help="comma-separated prompt lengths in tokens")
+    p.add_argument("--profile", type=int, default=0, help="also cProfile 20 first Steps at this prompt length")
     args = p.parse_args()
 
     import torch
 
     import app
+    from lab.models import DEFAULT_MODEL
+    from lab.session import Session
 
     torch.set_num_threads(args.threads)
     entry = default_entry()
     comps = components()
     for t in [int(x) for x in args.lengths.split(",")]:
         res = run_length(app, entry, comps, t, args.reps)
-        emit("step_server", model=app.DEFAULT_MODEL, threads=args.threads, **res)
-        emit("step_payload", model=app.DEFAULT_MODEL, prompt_tokens=t, window_tokens=res["window_tokens_first"],
+        emit("step_server", model=DEFAULT_MODEL, threads=args.threads, **res)
+        emit("step_payload", model=DEFAULT_MODEL, prompt_tokens=t, window_tokens=res["window_tokens_first"],
              bytes=res["payload_bytes"], attn_kb=round(res["payload_bytes"]["attn"] / 1000, 1),
              total_kb=round(res["payload_bytes"]["total"] / 1000, 1))
     if args.profile:
-        from model.session import Workspace
-
         prof = cProfile.Profile()
         prompt = grammar_prompt(entry.tokenizer, args.profile)
         t0 = time.perf_counter()
         prof.enable()
         for r in range(20):
-            ws = Workspace()
-            serialise(comps, app.step(ws, app.DEFAULT_MODEL, prompt, 0.8, 0, 1.0, r, *VIEW))
+            serialise(comps, app.step(Session(), DEFAULT_MODEL, prompt, 0.8, 0, 1.0, r, *VIEW))
         prof.disable()
+        ms_per_step = round((time.perf_counter() - t0) / 20 * 1000, 1)
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
-        top = pstats.Stats(prof).sort_stats("tottime")
-        rows = sorted(top.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
-        emit("step_profile", prompt_tokens=args.profile, ms_per_step=round((time.perf_counter() - t0) / 20 * 1000, 1),
-             top_tottime=[{"fn": f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}", "tottime_ms_per_step": round(v[2] / 20 * 1000, 2)}
-                          for k, v in rows])
-        print(s.getvalue()[:6000])
+        top = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+        emit("step_profile", prompt_tokens=args.profile, ms_per_step=ms_per_step,
+             top_tottime=[{"fn": f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}",
+                           "tottime_ms_per_step": round(v[2] / 20 * 1000, 2)} for k, v in top],
+             cumulative_top25=s.getvalue()[:6000])
 
 
 if __name__ == "__main__":

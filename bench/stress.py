@@ -1,8 +1,8 @@
-"""Load and isolation stress for the running app (loopback only, bounded loops); prints one JSON object.
+"""Load and isolation stress for the running app (loopback only, bounded loops); prints one JSON line.
 
-    python bench/stress.py                       # starts its own app (short state TTL), 20 sessions × 30 s
-    python bench/stress.py --sessions 20 --seconds 30 --sequential 1000
-    python bench/stress.py --url http://127.0.0.1:7860/ --pid 12345   # an app you started (pid: for RSS)
+    python -m bench.stress                       # starts its own app (short state TTL), 20 sessions × 30 s
+    python -m bench.stress --sessions 20 --seconds 30 --sequential 1000
+    python -m bench.stress --url http://127.0.0.1:7860/ --pid 12345   # an app you started (pid: for RSS)
 
 Phase 1: `--sessions` gradio_client sessions at once for `--seconds`, each mixing /step, /generate
 and a short /train (sort corpus, tiny model, 20 steps) with its own seed and its own prompt prefix.
@@ -11,42 +11,36 @@ consecutive Steps extend the same text, its trained models carry this session's 
 Errors other than a full-queue refusal are counted as errors. Latencies per endpoint (p50/p95).
 Phase 2 (after the sessions end): resident memory of the server after the state TTL has passed.
 Phase 3: `--sequential` short sessions in a row (`client.reset_session()` + one /step), RSS every 100.
+
+`run_load` is also what tests/test_robustness.py runs, shortened.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
-import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from bench.common import emit, parser
+from lab.models import BUILTINS, DEFAULT_MODEL
+from lab.server import AppServer, rss_mb
 
-GRAMMAR = "grammar (built-in)"
-SORT = "sort digits (built-in)"
-BUILTINS = {GRAMMAR, SORT, "copy / induction (built-in)", "article toy (built-in)"}
+GRAMMAR = DEFAULT_MODEL
+BUILTIN_NAMES = set(BUILTINS.names)
 NAMES = ["paul", "julia", "anna", "sara", "lisa", "john", "david", "mark", "tom", "maria", "emma", "peter"]
 PLACES = ["station", "garden", "market", "park", "library", "school", "kitchen"]
 
 
-def rss_mb(pid: int | None) -> float | None:
+def server_rss(pid: int | None) -> float | None:
+    """The server's resident memory in MB, or None when its PID is unknown or it has gone."""
     if not pid:
         return None
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
+        return rss_mb(pid)
     except OSError:
         return None
-    return None
 
 
 def pct(samples: list[float], q: float) -> float | None:
@@ -126,8 +120,8 @@ def session_loop(url: str, i: int, deadline: float, stats: Stats, rng: random.Ra
                 choices = {ch[0] if isinstance(ch, (list, tuple)) else ch for ch in dd["choices"]}
                 if not status.startswith("Training finished after 20 steps"):
                     stats.mismatches.append(f"session {i}: train status {status[:80]!r}")
-                if not (choices - BUILTINS) <= own_models or name not in choices:
-                    stats.mismatches.append(f"session {i}: model list {sorted(choices - BUILTINS)} not its own")
+                if not (choices - BUILTIN_NAMES) <= own_models or name not in choices:
+                    stats.mismatches.append(f"session {i}: model list {sorted(choices - BUILTIN_NAMES)} not its own")
                 with stats.lock:
                     stats.trains += 1
                 tok = c.predict(name, "503124=", 0.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")[0]
@@ -151,14 +145,14 @@ def session_loop(url: str, i: int, deadline: float, stats: Stats, rng: random.Ra
 
 def run_load(url: str, sessions: int = 20, seconds: float = 30, pid: int | None = None, seed: int = 0) -> dict:
     stats = Stats()
-    rss0 = rss_mb(pid)
+    rss0 = server_rss(pid)
     peak = [rss0 or 0.0]
     deadline = time.time() + seconds
     stop = threading.Event()
 
     def sample():
         while not stop.wait(0.5):
-            r = rss_mb(pid)
+            r = server_rss(pid)
             if r:
                 peak[0] = max(peak[0], r)
 
@@ -182,7 +176,7 @@ def run_load(url: str, sessions: int = 20, seconds: float = 30, pid: int | None 
         "p50_ms": pct(all_lat, 0.5), "p95_ms": pct(all_lat, 0.95),
         "p95_by_endpoint_ms": {k: pct(v, 0.95) for k, v in stats.lat.items()},
         "p50_by_endpoint_ms": {k: pct(v, 0.5) for k, v in stats.lat.items()},
-        "rss_before_mb": rss0, "rss_peak_mb": peak[0], "rss_end_mb": rss_mb(pid),
+        "rss_before_mb": rss0, "rss_peak_mb": peak[0], "rss_end_mb": server_rss(pid),
         "threads_alive": sum(t.is_alive() for t in threads),
     }
 
@@ -197,7 +191,7 @@ def run_sequential(url: str, n: int, pid: int | None) -> dict:
     lat = []
     for k in range(n):
         if k % 100 == 0:
-            rss.append({"sessions": k, "rss_mb": rss_mb(pid)})
+            rss.append({"sessions": k, "rss_mb": server_rss(pid)})
         c.reset_session()
         t1 = time.perf_counter()
         try:
@@ -205,17 +199,17 @@ def run_sequential(url: str, n: int, pid: int | None) -> dict:
         except Exception:  # noqa: BLE001
             errors += 1
         lat.append(time.perf_counter() - t1)
-    rss.append({"sessions": n, "rss_mb": rss_mb(pid)})
+    rss.append({"sessions": n, "rss_mb": server_rss(pid)})
     return {"n": n, "errors": errors, "wall_s": round(time.perf_counter() - t0, 1), "p50_ms": pct(lat, 0.5),
             "p95_ms": pct(lat, 0.95), "rss_every_100": rss}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser("stress", __doc__)
     ap.add_argument("--url", help="app URL; default: start our own app on a free loopback port")
     ap.add_argument("--pid", type=int, help="server PID for RSS readings (own server: known)")
-    ap.add_argument("--sessions", type=int, default=20)
-    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--sessions", type=int, default=20, help="gradio_client sessions at once in phase 1")
+    ap.add_argument("--seconds", type=float, default=30, help="how long phase 1 runs")
     ap.add_argument("--sequential", type=int, default=1000, help="short sessions in a row (0 = skip)")
     ap.add_argument("--ttl", type=float, default=10, help="state TTL for our own app (DECODER_LAB_STATE_TTL)")
     ap.add_argument("--settle", type=float, default=None, help="seconds to wait after load (default ttl + 5)")
@@ -225,10 +219,6 @@ def main() -> None:
     server = None
     url, pid = args.url, args.pid
     if not url:
-        import tempfile
-
-        from conftest import AppServer
-
         tmp = Path(tempfile.mkdtemp(prefix="stress-"))
         server = AppServer({"DECODER_LAB_STATE_TTL": str(args.ttl), "DECODER_LAB_TRAIN_SECONDS": "30"}, tmp).start()
         url, pid = server.url, server.proc.pid
@@ -237,21 +227,20 @@ def main() -> None:
 
         Client(url, verbose=False).predict(GRAMMAR, session_prompt(0), 1.0, 0, 1.0, 0, 0, "all", "weights",
                                            api_name="/step")  # warm up
-        out = {"bench": "stress", "url": url, "rss_start_mb": rss_mb(pid), "load1": os.getloadavg()[0],
-               "cpus": os.cpu_count()}
+        out = {"url": url, "rss_start_mb": server_rss(pid)}
         out["load"] = run_load(url, args.sessions, args.seconds, pid)
         settle = args.ttl + 5 if args.settle is None else args.settle
         time.sleep(settle)
-        out["rss_after_settle_mb"] = rss_mb(pid)
+        out["rss_after_settle_mb"] = server_rss(pid)
         out["settle_s"] = settle
         if args.sequential:
             out["sequential"] = run_sequential(url, args.sequential, pid)
             time.sleep(settle)
-            out["rss_after_sequential_settle_mb"] = rss_mb(pid)
+            out["rss_after_sequential_settle_mb"] = server_rss(pid)
         if server is not None:
             log = server.output()
             out["server_unexpected_errors"] = log.count("unexpected error")
-        print(json.dumps(out, indent=1))
+        emit("stress", **out)
     finally:
         if server is not None:
             server.stop()

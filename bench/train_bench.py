@@ -3,36 +3,34 @@
 4 layers, 4 heads, d_model 128, block 64, batch 12, learned positions, pre-norm, GELU, tied
 weights, no bias, dropout 0, AdamW lr 1e-3 -> 1e-4 (warm-up, hold, linear decay over the last 30 %),
 2000 iterations. Runs the project's own training loop (model.train.train) and prints one JSON line;
-val_loss is the loss over the whole held-out 10 % (model.evaluation.stream_loss).
+val_loss is the loss over the whole held-out 10 % (model.evaluation.stream_loss). The text defaults
+to the shared Tiny Shakespeare next to the checkout (../shared/data/tinyshakespeare.txt).
 
-    python bench/train_bench.py        # default: all cores, bf16, sdpa math, fused AdamW, compile max-autotune, wsd
-    python bench/train_bench.py --no-bf16 --compile none --sdpa auto --adamw loop --schedule cosine  # the first loop
-    python bench/train_bench.py --iters 200 --threads 2 --compile default           # variants to compare
-    python bench/train_bench.py --text PATH --iters 200
+    python -m bench.train_bench        # default: all cores, bf16, sdpa math, fused AdamW, compile max-autotune, wsd
+    python -m bench.train_bench --no-bf16 --compile none --sdpa auto --adamw loop --schedule cosine  # the first loop
+    python -m bench.train_bench --iters 200 --threads 2 --compile default           # variants to compare
+    python -m bench.train_bench --text PATH --iters 200
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import torch
+
+from bench.common import emit, parser
+from model.config import ModelConfig
+from model.corpora import build_corpus
+from model.evaluation import stream_loss
+from model.train import ADAMW_IMPLS, COMPILE_MODES, SCHEDULES, SDPA_BACKENDS, TrainConfig, train
+from model.transformer import DecoderLM
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from model.config import ModelConfig  # noqa: E402
-from model.corpora import build_corpus  # noqa: E402
-from model.evaluation import stream_loss  # noqa: E402
-from model.train import ADAMW_IMPLS, COMPILE_MODES, SCHEDULES, SDPA_BACKENDS, TrainConfig, train  # noqa: E402
-from model.transformer import DecoderLM  # noqa: E402
-
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
@@ -43,11 +41,12 @@ def bench_config(vocab_size: int) -> ModelConfig:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("train_bench", __doc__)
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="training text (default: shared Tiny Shakespeare)")
     p.add_argument("--iters", type=int, default=2000, help="training iterations")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="torch intra-op threads (default: one per core, torch's own default; use 1 when the box is shared)")
+                   help="torch intra-op threads (default: one per core, torch's own default; "
+                        "use 1 when the box is shared)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bfloat16 autocast")
     p.add_argument("--compile", nargs="?", const="default", default="max-autotune-no-cudagraphs",
                    choices=["none", *COMPILE_MODES],
@@ -69,7 +68,8 @@ def main() -> None:
     model = DecoderLM(bench_config(corpus.tokenizer.vocab_size))
     cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
                       betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
-                      seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw, compile=args.compile, sdpa=args.sdpa)
+                      seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
+                      compile=args.compile, sdpa=args.sdpa)
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     for _ in range(200):
@@ -85,30 +85,30 @@ def main() -> None:
     warm = times[10:] or times
     med = statistics.median(warm)
     val_full = stream_loss(model, corpus.val, 64)
-    print(json.dumps({
-        "bench": "train_tinyshakespeare_char",
-        "iters": last.step,
-        "seed": args.seed,
-        "threads": args.threads,
-        "bf16": args.bf16,
-        "compile": args.compile,
-        "adamw": args.adamw,
-        "sdpa": args.sdpa,
-        "schedule": args.schedule,
-        "ms_per_iter_median": round(1000 * med, 2),
-        "ms_per_iter_p10": round(1000 * sorted(warm)[len(warm) // 10], 2),
-        "tokens_per_s": round(12 * 64 / med),
-        "first_iters_overhead_s": round(sum(times[:10]) - 10 * med, 2),  # compile time when --compile
-        "get_batch_ms": round(batch_ms, 4),
-        "total_s": round(last.elapsed, 1),
-        "train_loss": round(last.eval_train_loss, 4),
-        "val_loss": round(val_full, 4),  # the whole held-out 10 %, every character once
-        "val_loss_50_batches": round(last.val_loss, 4),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "params": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__,
-        "loadavg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-    }))
+    emit(
+        "train_tinyshakespeare_char",
+        iters=last.step,
+        seed=args.seed,
+        threads=args.threads,
+        bf16=args.bf16,
+        compile=args.compile,
+        adamw=args.adamw,
+        sdpa=args.sdpa,
+        schedule=args.schedule,
+        ms_per_iter_median=round(1000 * med, 2),
+        ms_per_iter_p10=round(1000 * sorted(warm)[len(warm) // 10], 2),
+        tokens_per_s=round(12 * 64 / med),
+        first_iters_overhead_s=round(sum(times[:10]) - 10 * med, 2),  # compile time when --compile
+        get_batch_ms=round(batch_ms, 4),
+        total_s=round(last.elapsed, 1),
+        train_loss=round(last.eval_train_loss, 4),
+        val_loss=round(val_full, 4),  # the whole held-out 10 %, every character once
+        val_loss_50_batches=round(last.val_loss, 4),
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        params=sum(p.numel() for p in model.parameters()),
+        torch=torch.__version__,
+        loadavg_1m_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ class ModelConfig:
     """Hyper-parameters of a decoder-only transformer.
 
     d_ff=None means 4 * d_model; d_ff=0 removes the feed-forward sub-layer
-    (as in the article-001 toy model). norm="none" removes all normalisation.
+    (as in the article 001 toy model). norm="none" removes all normalisation.
     """
 
     vocab_size: int

@@ -28,7 +28,6 @@ __all__ = [
     "COPY_LEN",
     "COPY_ALPHABET",
     "CORPUS_NAMES",
-    "CORPUS_DESCRIPTIONS",
     "DEFAULT_TOKENIZER",
     "TOY_VOCAB",
     "FEMALE_NAMES",
@@ -40,7 +39,6 @@ __all__ = [
     "Split",
     "Corpus",
     "build_corpus",
-    "describe",
     "sort_examples",
     "copy_examples",
     "grammar_text",
@@ -59,6 +57,7 @@ WORD_VOCAB_LIMIT = 10_000  # word vocabulary cap for user text (rarer words -> <
 GRAMMAR_TARGET_CHARS = 300_000
 TRAIN_FRACTION = 0.9
 
+# article 001's seven-word example: two hand-written sequences over this vocabulary
 TOY_VOCAB = ("how", "is", "living", "in", "amsterdam", "exciting", "<EOS>")
 _TOY_EXAMPLES = (
     ("how is living in amsterdam <EOS> exciting", "is living in amsterdam <EOS> exciting <EOS>"),
@@ -66,20 +65,7 @@ _TOY_EXAMPLES = (
 )
 
 CORPUS_NAMES = ("toy", "sort", "copy", "grammar", "text")
-CORPUS_DESCRIPTIONS = {
-    "toy": "The seven-word Amsterdam example: two hand-written sequences, word tokens.",
-    "sort": f"Sort {SORT_LEN} random digits: '503124=012345'. Loss only on the sorted answer.",
-    "copy": f"Induction: repeat {COPY_LEN} random letters after '|': 'hcbpadlk|hcbpadlk'. Loss only on the copy.",
-    "grammar": "Generated English mini-stories where later pronouns (she/he/her/him/his) refer back to names.",
-    "text": "Your own UTF-8 text (1 KB to 1.2 M characters), split 90/10 by position.",
-}
 DEFAULT_TOKENIZER = {"toy": "word", "sort": "char", "copy": "char", "grammar": "word", "text": "char"}
-
-
-def describe(name: str) -> str:
-    """One-line description of a built-in corpus."""
-    _check_name(name)
-    return CORPUS_DESCRIPTIONS[name]
 
 
 def _check_name(name: str) -> None:
@@ -102,10 +88,6 @@ class Split:
                 raise ValueError("a text split needs a 1-D token stream")
         elif self.x.dim() != 2 or self.y.shape != self.x.shape or self.y.dtype != torch.long:
             raise ValueError("an example split needs x and y LongTensors of the same (N, L) shape")
-
-    @property
-    def is_stream(self) -> bool:
-        return self.y is None
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -135,8 +117,9 @@ class Split:
 
 @dataclass
 class Corpus:
+    """A built corpus: its tokenizer, both splits and a few example prompts."""
+
     name: str
-    description: str
     tokenizer: Tokenizer
     train: Split
     val: Split
@@ -195,7 +178,6 @@ def _task_corpus(name: str, alphabet: str, sep: str, make: Callable[[int, int], 
     train, val = _disjoint(make, TASK_TRAIN_SIZE, TASK_VAL_SIZE, seed)
     return Corpus(
         name=name,
-        description=CORPUS_DESCRIPTIONS[name],
         tokenizer=tok,
         train=_example_split(tok, train, sep),
         val=_example_split(tok, val, sep),
@@ -210,7 +192,6 @@ def _toy_corpus() -> Corpus:
     y = torch.tensor([tok.encode(b) for _, b in _TOY_EXAMPLES], dtype=torch.long)
     return Corpus(
         name="toy",
-        description=CORPUS_DESCRIPTIONS["toy"],
         tokenizer=tok,
         train=Split(x, y),
         val=Split(x.clone(), y.clone()),
@@ -343,7 +324,6 @@ def _stream_corpus(name: str, text: str, tokenizer_kind: str, bpe_vocab_size: in
     cut = int(len(ids) * TRAIN_FRACTION)
     return Corpus(
         name=name,
-        description=CORPUS_DESCRIPTIONS[name],
         tokenizer=tok,
         train=Split(ids[:cut].clone(), None),
         val=Split(ids[cut:].clone(), None),

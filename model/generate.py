@@ -3,11 +3,19 @@
 `Decoder` keeps a growing context, its key/value cache and the attention rows of every
 position, so the app can draw the full (T x T) attention after each step while the model
 only computes one new row. Sampling uses a per-decoder `torch.Generator`, never the global RNG.
+
+`generate(decoder, n)` is the one generation loop: the app's Step and Generate, the CLI and
+the tests all continue a decoder's text through it.
+
+CLI: python -m model.generate --checkpoint assets/sort.safetensors --prompt 503124= --temperature 0
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -18,6 +26,8 @@ from .transformer import DecoderLM, KVCache
 
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.05, 1.0)
+# How much attention `generate` records: at every step, only for the final window, or never.
+GENERATE_ATTENTION = ("all", "last", "none")
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,7 @@ class Decoder:
     def __post_init__(self) -> None:
         if not self.ids:
             raise ValueError("the prompt must contain at least one token")
+        self.ids = list(self.ids)  # the decoder appends to its own copy, never to the caller's list
         self.block_size = self.model.cfg.block_size
         self.device = self.model.tok_emb.weight.device
         self.cropped_prompt = len(self.ids) > self.block_size
@@ -115,16 +126,20 @@ class Decoder:
 
     @torch.inference_mode()
     def _prefill(self) -> None:
-        ids = torch.tensor([self.window], device=self.device)
+        """Run the whole window through the model: fresh cache, next-token logits, attention."""
+        ids = torch.tensor([self.window], device=self.device)  # (1, T)
         out = self.model(ids, return_attention=self.capture_attention, cache=KVCache([]) if self.use_cache else None)
         self.cache = out.cache
-        self.logits = out.logits[0, -1]
+        self.logits = out.logits[0, -1]  # (V,) for the token after the window
+        # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer
         self.attention = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
         self.scores = [a[0].float().cpu().numpy().copy() for a in out.scores] if out.scores else []
 
     def capture(self, on: bool) -> None:
         """Turn attention capture on or off; turning it on recomputes the window's attention now."""
         was, self.capture_attention = self.capture_attention, on
+        # While capture was off nothing was recorded, so there are no old rows to grow from:
+        # the whole window has to be computed once.
         if on and not was:
             self._prefill()
 
@@ -149,20 +164,28 @@ class Decoder:
         self.ids.append(token)
         cropped = len(self.ids) - self.start > self.block_size
         if cropped:
+            # The context is full: the window slides one token to the right. Every position
+            # shifts, so the cached keys/values (computed at their old positions, and seeing a
+            # token that has now left the window) are wrong; recompute the whole new window.
             self.start = len(self.ids) - self.block_size
             self._prefill()
-            rows = [a.copy() for a in self.attention]
+            rows = [a.copy() for a in self.attention]  # (H, T, T): every row changed
         elif self.use_cache:
+            # Cache: only the new token is run, as one query row per layer against all cached
+            # keys. Older rows never change (a causal query never sees later tokens), so the
+            # matrices grow by one row and one masked column.
             out = self.model(torch.tensor([[token]], device=self.device), return_attention=self.capture_attention, cache=self.cache)
             self.cache, self.logits = out.cache, out.logits[0, -1]
-            rows = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
+            rows = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []  # (H, 1, T)
             self.attention = [_grow(m, r, 0.0) for m, r in zip(self.attention, rows)]
-            if out.scores:
-                new_scores = [a[0].float().cpu().numpy() for a in out.scores]
-                self.scores = [_grow(m, r, -np.inf) for m, r in zip(self.scores, new_scores)]
+            # Without capture there are no new rows and zip() leaves both lists empty, so scores
+            # cannot go stale while capture is off.
+            new_scores = [a[0].float().cpu().numpy() for a in out.scores] if out.scores else []
+            self.scores = [_grow(m, r, -np.inf) for m, r in zip(self.scores, new_scores)]
         else:
+            # No cache: recompute the whole window (slower, but nothing is kept between steps).
             self._prefill()
-            rows = [a[:, -1:, :].copy() for a in self.attention]
+            rows = [a[:, -1:, :].copy() for a in self.attention]  # (H, 1, T): the new query row
         return Step(
             token_id=token,
             piece=self.piece(token),
@@ -176,30 +199,150 @@ class Decoder:
 
 
 def _grow(matrix: np.ndarray, row: np.ndarray, masked: float) -> np.ndarray:
-    """Append a new query row (H, 1, T+1) to an (H, T, T) matrix; old rows gain a masked column."""
+    """Append a new query row (H, 1, T+1) to an (H, T, T) matrix; old rows gain a masked column.
+
+    The new column is the new token as a key. Earlier queries come before it, so under the
+    causal mask they never attend to it: `masked` (0 for weights, -inf for scores) is
+    exactly what the model would have computed there.
+    """
     H, T, _ = matrix.shape
-    out = np.full((H, T + 1, T + 1), masked, dtype=matrix.dtype)
+    out = np.full((H, T + 1, T + 1), masked, dtype=matrix.dtype)  # (H, T+1, T+1)
     out[:, :T, :T] = matrix
     out[:, T:, :] = row
     return out
 
 
 def generate(
-    model: DecoderLM,
-    prompt_ids: list[int],
-    sampling: Sampling,
+    decoder: Decoder,
     max_new_tokens: int,
-    eos_id: int | None = None,
-    piece: Callable[[int], str] = str,
-    use_cache: bool = True,
-    capture_attention: bool = True,
+    sampling: Sampling | None = None,
+    attention: str = "all",
 ) -> Iterator[Step]:
-    """Yield one `Step` per new token; stop after `max_new_tokens` or at `eos_id`."""
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
-    dec = Decoder(model, list(prompt_ids), sampling, use_cache, capture_attention, eos_id, piece)
-    for _ in range(max_new_tokens):
-        step = dec.step()
-        yield step
-        if step.eos:
-            return
+    """Continue the decoder's text: yield one `Step` per new token.
+
+    Stops after `max_new_tokens` steps or right after a step with `eos=True`. `sampling`
+    overrides the decoder's own for these steps. `attention` (one of GENERATE_ATTENTION):
+
+    * "all": capture attention at every step, so every Step carries its new rows.
+    * "last": decode with capture off (the fused attention path, no per-step copies). When the
+      loop ends (limit, end of sequence, or the consumer closes the generator) the final
+      window's attention is computed once, so `decoder.attention` / `decoder.scores` are
+      available as with "all"; Steps carry no rows. On the final step this happens before
+      the Step is yielded, so the consumer can draw it.
+    * "none": decode with capture off and leave it off; `decoder.attention` and
+      `decoder.scores` are empty afterwards (`decoder.capture(True)` brings them back).
+
+    "all" and "last" put the decoder's capture setting back to what it was when the loop ends.
+    Arguments are checked here, when `generate` is called, not at the first `next()`.
+    """
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    if attention not in GENERATE_ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(GENERATE_ATTENTION)}, got {attention!r}")
+    return _generate(decoder, max_new_tokens, sampling, attention)
+
+
+def _generate(decoder: Decoder, max_new_tokens: int, sampling: Sampling | None, attention: str) -> Iterator[Step]:
+    was = decoder.capture_attention
+    decoder.capture(attention == "all")
+    try:
+        for i in range(max_new_tokens):
+            step = decoder.step(sampling)
+            last = step.eos or i == max_new_tokens - 1
+            if last and attention == "last":
+                decoder.capture(True)  # the consumer of the final step sees the final attention
+            yield step
+            if step.eos:
+                return
+    finally:
+        # Also runs when the consumer stops early (generator closed or garbage-collected).
+        if attention == "last":
+            decoder.capture(True)  # a no-op when the final step already did it
+        if attention != "none":
+            decoder.capture(was)  # turning capture off only sets the flag: the attention stays
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def _number_in(kind: type, bounds: tuple[float, float]) -> Callable[[str], float]:
+    """argparse type: a number of `kind` within the closed interval `bounds`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not (bounds[0] <= value <= bounds[1]):
+            raise argparse.ArgumentTypeError(f"{value} is outside [{bounds[0]}, {bounds[1]}]")
+        return value
+
+    return parse
+
+
+def _whole(text: str) -> int:
+    """argparse type: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Sampling()
+    t_lo, t_hi = TEMPERATURE_RANGE
+    p_lo, p_hi = TOP_P_RANGE
+    p = argparse.ArgumentParser(
+        prog="python -m model.generate",
+        description="Continue a prompt with a saved checkpoint, one token at a time.",
+    )
+    p.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by model.train")
+    p.add_argument("--prompt", required=True, help="text to continue, encoded with the checkpoint's tokenizer")
+    p.add_argument("--max-new-tokens", type=_whole, default=50, help="stop after this many new tokens, or at <EOS> (default %(default)s)")
+    p.add_argument("--temperature", type=_number_in(float, TEMPERATURE_RANGE), default=defaults.temperature,
+                   help=f"softmax temperature in [{t_lo}, {t_hi}]; 0 is greedy (default %(default)s)")
+    p.add_argument("--top-k", type=_whole, default=defaults.top_k, help="keep the k most likely tokens; 0 = off (default %(default)s)")
+    p.add_argument("--top-p", type=_number_in(float, TOP_P_RANGE), default=defaults.top_p,
+                   help=f"nucleus sampling mass in [{p_lo}, {p_hi}]; 1 = off (default %(default)s)")
+    p.add_argument("--seed", type=_whole, default=defaults.seed, help="seed of the sampler's own random generator (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per generated token instead of the text")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import load_checkpoint
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        ckpt = load_checkpoint(args.checkpoint)
+        tok = ckpt.tokenizer
+        decoder = Decoder(ckpt.model, tok.encode(args.prompt), sampling, capture_attention=False,
+                          eos_id=tok.eos_id, piece=tok.piece)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2
+    new: list[int] = []
+    for step in generate(decoder, args.max_new_tokens, attention="none"):
+        new.append(step.token_id)
+        if args.json:
+            record = {
+                "position": step.position,
+                "token_id": step.token_id,
+                "text": tok.decode([step.token_id]),
+                "prob": float(step.probs[step.token_id]),
+                "sampled_prob": float(step.adjusted[step.token_id]),
+                "cropped": step.cropped,
+                "eos": step.eos,
+            }
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+    if not args.json:
+        print(tok.decode(new))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,10 @@
-"""Named model + training recipes, one per built-in corpus.
+"""Recipes: named model + training presets, and the Train tab's recipe.
 
-Each shipped checkpoint in assets/ is made from one of these by the CLI
+Each shipped checkpoint in assets/ is made from one of the presets by the CLI
 (`python -m model.train --preset NAME --out assets/NAME`), and tests hold it to its quality bar.
+`train_tab_recipe` turns the Train tab's form (already checked by the lab layer) into the
+same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
+its `get_config()` beside the project it configures, apart from the trainer).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ModelConfig
+from .corpora import Corpus
 from .train import TrainConfig
 
 
@@ -34,7 +38,7 @@ PRESETS: dict[str, Preset] = {
             name="toy",
             corpus="toy",
             tokenizer="word",
-            # Article 001: d_model 4, sinusoidal positions, one single-head masked self-attention
+            # Article 001 (the project's first source article; README, "Built-in models"): d_model 4, sinusoidal positions, one single-head masked self-attention
             # without bias or output projection, a residual connection and a linear head (with bias);
             # no normalisation and no feed-forward. PyTorch's default initialisation, as there.
             model=dict(block_size=20, n_layers=1, n_heads=1, d_model=4, d_ff=0, pos_encoding="sinusoidal",
@@ -74,3 +78,41 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+# The Train tab's fixed choices: a text corpus is cut into windows of this many tokens; the
+# task corpora (sort, copy, toy) bring their own example length.
+TAB_TEXT_BLOCK = 64
+TAB_BATCH_SIZE = 16
+TAB_EVAL_BATCHES = 4
+
+
+def train_tab_recipe(
+    corpus: Corpus,
+    *,
+    layers: int,
+    heads: int,
+    d_model: int,
+    d_ff: int,
+    pos_encoding: str,
+    norm: str,
+    activation: str,
+    dropout: float,
+    steps: int,
+    lr: float,
+    seed: int,
+    max_seconds: float | None,
+) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configs of a Train-tab run on `corpus`.
+
+    Warm-up is a tenth of the run (at most 50 steps) and the model is evaluated ten times,
+    so a short run still shows a validation curve.
+    """
+    block = TAB_TEXT_BLOCK if corpus.kind == "text" else int(corpus.train.x.shape[1])
+    mcfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
+                       d_model=d_model, d_ff=d_ff, pos_encoding=pos_encoding, norm=norm, activation=activation,
+                       dropout=dropout)
+    tcfg = TrainConfig(steps=steps, batch_size=TAB_BATCH_SIZE, lr=lr, warmup=min(50, steps // 10),
+                       eval_every=max(10, steps // 10), eval_batches=TAB_EVAL_BATCHES, seed=seed,
+                       max_seconds=max_seconds)
+    return mcfg, tcfg

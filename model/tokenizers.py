@@ -2,9 +2,9 @@
 
 All three share the :class:`Tokenizer` interface. Unknown input never raises:
 it maps to ``<unk>``, which every vocabulary contains, and is reported in
-:attr:`Encoded.unknown`. Tokenizers serialise to plain JSON dicts; since those
-dicts may come from uploaded files, :func:`tokenizer_from_dict` validates
-everything and only ever raises ``ValueError``.
+:attr:`Encoded.unknown`. Tokenizers serialise to plain JSON dicts, which
+checkpoints carry in their metadata; since those may come from uploaded files,
+:func:`tokenizer_from_dict` validates everything and only ever raises ``ValueError``.
 
 Design decisions:
 
@@ -17,15 +17,11 @@ Design decisions:
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 import unicodedata
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Iterable
 
 from tokenizers import Regex
@@ -48,13 +44,12 @@ __all__ = [
     "normalise",
     "split_words",
     "tokenizer_from_dict",
-    "load_tokenizer",
 ]
 
 UNK = "<unk>"
 EOS = "<EOS>"
 MAX_VOCAB = 50_000
-MAX_FILE_BYTES = 20_000_000
+MAX_BPE_JSON_CHARS = 20_000_000  # bound on the HF JSON string of an untrusted BPE tokenizer
 TOKENIZER_KINDS = ("char", "word", "bpe")
 
 # Punctuation that word decoding glues to the preceding word.
@@ -185,10 +180,6 @@ class Tokenizer(ABC):
     @abstractmethod
     def to_dict(self) -> dict[str, Any]: ...
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_dict` as JSON atomically (temp file + fsync + rename)."""
-        _atomic_write_json(Path(path), self.to_dict())
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.to_dict() == other.to_dict()
 
@@ -282,9 +273,6 @@ class WordTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return _join_words(self._raw(ids))
-
-    def normalise(self, text: str) -> str:
-        return normalise(text)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "words": list(self._itos)}
@@ -392,7 +380,7 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
             return WordTokenizer(_string_list(d, "words"))
         if "tokenizer" not in d:
             raise ValueError("tokenizer data is missing the 'tokenizer' key")
-        if isinstance(d["tokenizer"], str) and len(d["tokenizer"]) > MAX_FILE_BYTES:
+        if isinstance(d["tokenizer"], str) and len(d["tokenizer"]) > MAX_BPE_JSON_CHARS:
             raise ValueError("BPE tokenizer data is too large")
         return BPETokenizer.from_json(d["tokenizer"])
     except ValueError:
@@ -400,31 +388,3 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
     except Exception as exc:  # defensive: untrusted data must only yield ValueError
         raise ValueError(f"invalid {kind} tokenizer data: {exc}") from None
 
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Load a tokenizer saved with :meth:`Tokenizer.save`."""
-    p = Path(path)
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"tokenizer file {p} is larger than {MAX_FILE_BYTES} bytes")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"tokenizer file {p} is not valid JSON: {exc}") from None
-    return tokenizer_from_dict(data)
-
-
-def _atomic_write_json(path: Path, data: Any) -> None:
-    payload = json.dumps(data, ensure_ascii=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

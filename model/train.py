@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from .config import ACTIVATIONS, NORMS, POS_ENCODINGS, ModelConfig
 from .transformer import DecoderLM
 
 
@@ -56,52 +56,88 @@ class TrainConfig:
     probe_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        # Every field is checked here, so a bad value fails when the config is built, with the
+        # field's name in the message, not steps later inside the optimizer or the loop.
         for name in ("steps", "batch_size", "eval_batches"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive whole number, got {v!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and 0 < self.lr <= 1):
-            raise ValueError(f"learning rate must be in (0, 1], got {self.lr!r}")
+            if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive whole number, got {getattr(self, name)!r}")
+        for name in ("warmup", "eval_every", "probe_every"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {getattr(self, name)!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be a whole number, got {self.seed!r}")
+        if not (_is_number(self.lr) and 0 < self.lr <= 1):
+            raise ValueError(f"lr must be in (0, 1], got {self.lr!r}")
+        if self.min_lr is not None and not (_is_number(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr must be None (lr / 10) or in [0, lr], got {self.min_lr!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if not (isinstance(self.decay_frac, (int, float)) and 0 < self.decay_frac <= 1):
+        if not (_is_number(self.decay_frac) and 0 < self.decay_frac <= 1):
             raise ValueError(f"decay_frac must be in (0, 1], got {self.decay_frac!r}")
+        if not (_is_number(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+        if not (isinstance(self.betas, tuple) and len(self.betas) == 2
+                and all(_is_number(b) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"betas must be a pair of numbers in [0, 1), got {self.betas!r}")
+        if self.grad_clip is not None and not (_is_number(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"grad_clip must be None (off) or a number > 0, got {self.grad_clip!r}")
+        if self.max_seconds is not None and not (_is_number(self.max_seconds) and self.max_seconds > 0):
+            raise ValueError(f"max_seconds must be None (no limit) or a number > 0, got {self.max_seconds!r}")
+        if not isinstance(self.bf16, bool):
+            raise ValueError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.adamw not in ADAMW_IMPLS:
             raise ValueError(f"adamw must be one of {', '.join(ADAMW_IMPLS)}, got {self.adamw!r}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.sdpa not in SDPA_BACKENDS:
             raise ValueError(f"sdpa must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa!r}")
-        if self.warmup < 0 or self.eval_every < 0 or self.probe_every < 0:
-            raise ValueError("warmup, eval_every and probe_every must be ≥ 0")
+        if not (isinstance(self.probe_ids, tuple) and all(_is_int(i) and i >= 0 for i in self.probe_ids)):
+            raise ValueError(f"probe_ids must be a tuple of token ids >= 0, got {self.probe_ids!r}")
 
     def lr_at(self, step: int) -> float:
-        """Linear warm-up to lr, then decay to min_lr at the last step.
+        """Learning rate of step `step` (0-based): linear warm-up to lr, then decay to min_lr.
 
         cosine: a half cosine from the end of warm-up to the last step.
         wsd (warm-up, stable, decay): hold lr, then fall linearly to min_lr over the last
         `decay_frac` of the steps. On short runs it spends longer at the peak, which is where
-        a small model learns fastest; on Tiny Shakespeare it ends ~0.06 lower than cosine
-        (bench/TRAINING.md).
+        a small model learns fastest (bench/TRAINING.md compares the two).
+        constant: lr at every step, no warm-up.
         """
         if self.schedule == "constant":
             return self.lr
         if step < self.warmup:
+            # Warm-up: AdamW's moment estimates start from nothing, so early updates are noisy;
+            # ramp up so the first steps cannot throw the weights far. (step + 1) makes step 0
+            # already move and step warmup-1 reach the peak.
             return self.lr * (step + 1) / self.warmup
         low = self.lr / 10 if self.min_lr is None else self.min_lr
         last = self.steps - 1  # the last step (index steps-1) runs at min_lr
         if self.schedule == "wsd":
+            # The decay never starts inside the warm-up, even if decay_frac covers the whole run.
             start = max(self.warmup, round(self.steps * (1 - self.decay_frac)))
             if step < start:
-                return self.lr
+                return self.lr  # stable phase: hold the peak
+            # decay phase: a straight line from lr at `start` to min_lr at `last`
             progress = min(1.0, (step - start) / max(1, last - start))
             return self.lr + progress * (low - self.lr)
+        # cosine: half a cosine period from the peak (end of warm-up) to min_lr (last step);
+        # min() keeps steps past the end (and max() a one-step decay) at min_lr, never below
         progress = min(1.0, (step - self.warmup) / max(1, last - self.warmup))
         return low + 0.5 * (1 + math.cos(math.pi * progress)) * (self.lr - low)
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # True is an int to Python, not to us
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclass
 class TrainEvent:
+    """What `train` reports after each step (and once more, with done=True, at the end)."""
+
     step: int  # steps completed
     total_steps: int
     train_loss: float  # loss of this step's batch
@@ -210,7 +246,10 @@ def train(
             step += 1
             tokens += x.numel()
             elapsed = time.perf_counter() - start
-            ev = TrainEvent(step, cfg.steps, loss.item(), None, None, lr, tokens / elapsed, elapsed)
+            ev = TrainEvent(
+                step=step, total_steps=cfg.steps, train_loss=loss.item(), val_loss=None, eval_train_loss=None,
+                lr=lr, tokens_per_s=tokens / elapsed, elapsed=elapsed,
+            )
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                 ev.val_loss = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
             if cfg.probe_every and cfg.probe_ids and step % cfg.probe_every == 0:
@@ -221,8 +260,13 @@ def train(
     elapsed = time.perf_counter() - start
     val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
     tr = evaluate(model, corpus.train, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 2)
-    yield TrainEvent(step, cfg.steps, tr, val, tr, cfg.lr_at(max(0, step - 1)),
-                     tokens / max(elapsed, 1e-9), elapsed, done=True, stop_reason=reason)
+    # The final event's losses are fresh evaluations of the finished model, so train_loss is
+    # the evaluated train loss rather than the last batch's.
+    yield TrainEvent(
+        step=step, total_steps=cfg.steps, train_loss=tr, val_loss=val, eval_train_loss=tr,
+        lr=cfg.lr_at(max(0, step - 1)), tokens_per_s=tokens / max(elapsed, 1e-9), elapsed=elapsed,
+        done=True, stop_reason=reason,
+    )
 
 
 @torch.no_grad()
@@ -240,33 +284,34 @@ def probe(model: DecoderLM, ids: tuple[int, ...]) -> list:
 
 def build_parser() -> argparse.ArgumentParser:
     from .corpora import CORPUS_NAMES
+    from .tokenizers import TOKENIZER_KINDS
 
     p = argparse.ArgumentParser(
         prog="python -m model.train",
         description="Train a small decoder-only transformer and save it as a checkpoint.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--corpus", default="sort", help=f"built-in corpus: {', '.join(CORPUS_NAMES)}")
+    p.add_argument("--corpus", default="sort", choices=CORPUS_NAMES, help="built-in corpus (text needs --text)")
     p.add_argument("--text", type=Path, help="train on this UTF-8 text file (implies --corpus text)")
-    p.add_argument("--tokenizer", default=None, choices=["char", "word", "bpe"], help="tokenizer for text corpora (default: the corpus's own)")
+    p.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS, help="tokenizer for text corpora (default: the corpus's own)")
     p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule and --decay-frac override it; architecture flags are ignored")
     p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads per block")
     p.add_argument("--d-model", type=int, default=64, help="embedding / residual width")
     p.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 4*d_model; 0 = none)")
     p.add_argument("--block-size", type=int, default=64, help="context length in tokens")
-    p.add_argument("--pos", default="learned", choices=["sinusoidal", "learned", "rope", "none"], help="positional encoding")
-    p.add_argument("--norm", default="pre", choices=["pre", "post", "none"], help="layer-norm placement")
-    p.add_argument("--activation", default="gelu", choices=["relu", "gelu", "swiglu"], help="feed-forward activation")
+    p.add_argument("--pos", default="learned", choices=POS_ENCODINGS, help="positional encoding")
+    p.add_argument("--norm", default="pre", choices=NORMS, help="layer-norm placement")
+    p.add_argument("--activation", default="gelu", choices=ACTIVATIONS, help="feed-forward activation")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
     p.add_argument("--no-bias", action="store_true", help="linear layers and norms without bias")
     p.add_argument("--tie", action="store_true", help="tie input embedding and output head weights")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=12, help="sequences per batch")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    p.add_argument("--min-lr", type=float, default=None, help="final learning rate of the cosine decay (default lr/10)")
+    p.add_argument("--min-lr", type=float, default=None, help="learning rate the cosine or wsd decay ends at (default lr/10)")
     p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
-    p.add_argument("--schedule", default="cosine", choices=list(SCHEDULES),
+    p.add_argument("--schedule", default="cosine", choices=SCHEDULES,
                    help="learning-rate decay after warm-up: cosine, wsd (hold, then linear decay over the last --decay-frac) or constant")
     p.add_argument("--decay-frac", type=float, default=0.3, help="wsd: fraction of the steps spent decaying to --min-lr")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")

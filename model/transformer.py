@@ -29,6 +29,8 @@ class LayerCache:
 
 @dataclass
 class KVCache:
+    """Per-layer keys and values of the tokens seen so far; `KVCache([])` is an empty cache."""
+
     layers: list[LayerCache]
 
     @property
@@ -84,10 +86,12 @@ def causal_mask(t_query: int, t_key: int, device: torch.device | None = None) ->
 
     Queries are the last Tq positions of the Tk keys, as in incremental decoding.
     """
+    # With a cache the Tq new queries sit after Tk - Tq cached keys, so query row i is at
+    # absolute position i + offset; without a cache offset is 0 and this is the usual triangle.
     offset = t_key - t_query
-    q = torch.arange(t_query, device=device).unsqueeze(1) + offset
-    k = torch.arange(t_key, device=device).unsqueeze(0)
-    return k > q
+    q = torch.arange(t_query, device=device).unsqueeze(1) + offset  # (Tq, 1)
+    k = torch.arange(t_key, device=device).unsqueeze(0)  # (1, Tk)
+    return k > q  # (Tq, Tk)
 
 
 class SelfAttention(nn.Module):
@@ -111,6 +115,7 @@ class SelfAttention(nn.Module):
         # one matmul for all three projections, then split heads: each of q, k, v is (B, H, T, hs)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if rope is not None:
+            # rotate before caching: cached keys keep the rotation of their own positions
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if past is not None:  # keys/values of earlier tokens: (B, H, T_past + T, hs)
             k = torch.cat((past.k, k), dim=2)
@@ -121,15 +126,24 @@ class SelfAttention(nn.Module):
         drop = self.dropout if self.training else 0.0
 
         if not want_attention:
+            # Fused path: torch's kernel never materialises the weights, so it is faster and
+            # leaner, but there is nothing to show. The mask is chosen to match `causal_mask`:
             if not causal or T == 1:
+                # bidirectional masks nothing; a single causal query is the last position and
+                # may see every key, so it needs no mask either
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
             elif t_key == T:
+                # no cache: the plain lower triangle
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
             else:
+                # several new queries after cached keys: is_causal would align the triangle to
+                # the top-left corner (wrong here), so pass the offset mask explicitly
                 allowed = ~causal_mask(T, t_key, x.device)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
             weights = scores = None
         else:
+            # Explicit path, for when the caller wants to see attention: the same maths written
+            # out, returning exactly the weights that multiply V.
             # scaled dot products (Vaswani et al. 2017, eq. 1): (B, H, T, T_key); rows are queries
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
             if causal:
@@ -176,7 +190,7 @@ class Block(nn.Module):
     def forward(self, x, rope, past, want_cache, want_attention):
         if self.norm_mode == "post":
             a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention)
-            x = self.norm1(x + self.drop(a))
+            x = self.norm1(x) + self.drop(a)
             if self.ffn is not None:
                 x = self.norm2(x + self.drop(self.ffn(x)))
         else:  # pre-norm, or no norm at all (Identity)
@@ -236,6 +250,9 @@ class DecoderLM(nn.Module):
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape (batch, time), got {tuple(ids.shape)}")
         B, T = ids.shape
+        # With a cache, the new tokens come right after the cached ones: their positions start
+        # at cache.length, so learned, sinusoidal and RoPE positions all continue where the
+        # cache ends instead of restarting at 0.
         start = cache.length if cache is not None else 0
         if cache is not None and cache.length and self.cfg.mask != "causal":
             raise ValueError("a key/value cache is only valid for the causal mask")
@@ -246,12 +263,13 @@ class DecoderLM(nn.Module):
         if T == 0:
             raise ValueError("ids must contain at least one token")
 
-        x = self.tok_emb(ids)
+        x = self.tok_emb(ids)  # (B, T, C)
         pe = self.cfg.pos_encoding
         if pe == "learned":
             x = x + self.pos_emb(torch.arange(start, start + T, device=ids.device))
         elif pe == "sinusoidal":
-            x = x + self.pe_table[start : start + T]
+            x = x + self.pe_table[start : start + T]  # (T, C) broadcast over the batch
+        # RoPE adds nothing here: each attention layer rotates its queries and keys instead
         rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T]) if pe == "rope" else None
         x = self.drop(x)
 

@@ -16,7 +16,7 @@ import pytest
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.corpora import build_corpus
 from model.evaluation import held_out_examples, task_accuracy
-from model.generate import Sampling, generate
+from model.generate import Decoder, Sampling, generate
 from model.presets import PRESETS
 from model.train import build_parser, evaluate
 
@@ -83,7 +83,8 @@ def test_toy_answers_exciting_eos():
     prompts = build_corpus("toy").sample_prompts
     assert prompts == ["how is living in amsterdam <EOS>", "living in amsterdam is how <EOS>"]
     for prompt in prompts:
-        steps = list(generate(ck.model, tok.encode(prompt), Sampling(temperature=0), 10, eos_id=tok.eos_id))
+        decoder = Decoder(ck.model, tok.encode(prompt), Sampling(temperature=0), eos_id=tok.eos_id)
+        steps = list(generate(decoder, 10))
         assert tok.decode([s.token_id for s in steps]) == "exciting <EOS>", prompt
 
 

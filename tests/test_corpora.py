@@ -1,3 +1,5 @@
+"""Corpora: the registry, the toy/task/grammar corpora, user text, and batches."""
+
 import pytest
 import torch
 
@@ -12,7 +14,6 @@ from model.corpora import (
     Corpus,
     Split,
     build_corpus,
-    describe,
     grammar_text,
     read_text_file,
     sort_examples,
@@ -46,21 +47,18 @@ def user_text(n_lines: int = 60) -> str:
 # ---------------------------------------------------------------- registry
 
 
-def test_names_and_descriptions():
+def test_names_and_unknown_names():
     assert CORPUS_NAMES == ("toy", "sort", "copy", "grammar", "text")
-    assert all(describe(n) for n in CORPUS_NAMES)
     with pytest.raises(ValueError, match="toy"):
         build_corpus("nope")
     with pytest.raises(ValueError, match="char"):
         build_corpus("grammar", tokenizer_kind="sentencepiece")
-    with pytest.raises(ValueError):
-        describe("nope")
 
 
 # ---------------------------------------------------------------- toy
 
 
-def test_toy_corpus_matches_article():
+def test_toy_corpus_matches_article_001():
     c = build_corpus("toy", tokenizer_kind="char")  # kind is ignored for toy
     assert c.kind == "examples" and c.tokenizer.kind == "word"
     assert c.tokenizer.unk_id == 7

@@ -1,8 +1,10 @@
-"""Behaviour of model.generate: sampling rules, the incremental Decoder and generate()."""
+"""Behaviour of model.generate: sampling rules, the incremental Decoder, generate() and its CLI."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.config import ModelConfig
-from model.generate import Decoder, Sampling, adjust_probs, generate
+from model.checkpoint import load_checkpoint
+from model.generate import GENERATE_ATTENTION, Decoder, Sampling, adjust_probs, generate, main
 from model.transformer import DecoderLM
+
+SORT = Path(__file__).resolve().parents[1] / "assets" / "sort.safetensors"
 
 VOCAB = 11
 BLOCK = 8
@@ -334,33 +339,212 @@ def test_capture_attention_off(model):
         s, r = dec.step(), ref.step()
         assert s.token_id == r.token_id
         assert s.rows == []
-    assert dec.attention == []
+    assert dec.attention == [] and dec.scores == []
 
 
 # ------------------------------------------------------------------------------ generate()
 
 
+def ids_of(steps) -> list[int]:
+    return [s.token_id for s in steps]
+
+
 def test_generate_stops_at_max_new_tokens(model):
     s = Sampling(temperature=1.0, seed=1)
-    assert len(list(generate(model, [1, 2], s, 5))) == 5
-    assert list(generate(model, [1, 2], s, 0)) == []
-    with pytest.raises(ValueError):
-        list(generate(model, [1, 2], s, -1))
+    assert len(list(generate(Decoder(model, [1, 2], s), 5))) == 5
+    assert list(generate(Decoder(model, [1, 2], s), 0)) == []
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", None])
+def test_generate_rejects_bad_max_new_tokens_when_called(model, bad):
+    dec = Decoder(model, [1, 2])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(dec, bad)  # at the call, before any next()
+    assert dec.ids == [1, 2]
+
+
+def test_generate_rejects_unknown_attention_naming_it(model):
+    assert GENERATE_ATTENTION == ("all", "last", "none")
+    with pytest.raises(ValueError, match="'every'"):
+        generate(Decoder(model, [1, 2]), 3, attention="every")
 
 
 def test_generate_stops_at_eos(model):
     s = Sampling(temperature=1.0, seed=9)
-    free = [st_.token_id for st_ in generate(model, [1, 2], s, 15)]
+    free = ids_of(generate(Decoder(model, [1, 2], s), 15))
     # choose as EOS a token that first appears after a few steps
     idx = next(i for i in range(2, 15) if free[i] not in free[:i])
     eos = free[idx]
-    steps = list(generate(model, [1, 2], s, 15, eos_id=eos, piece=lambda i: f"<{i}>"))
-    assert [x.token_id for x in steps] == free[: idx + 1]
+    steps = list(generate(Decoder(model, [1, 2], s, eos_id=eos, piece=lambda i: f"<{i}>"), 15))
+    assert ids_of(steps) == free[: idx + 1]
     assert steps[-1].eos and not any(x.eos for x in steps[:-1])
     assert steps[-1].piece == f"<{eos}>"
 
 
 def test_generate_does_not_mutate_prompt(model):
     prompt = [1, 2, 3]
-    list(generate(model, prompt, Sampling(temperature=0), 4))
+    dec = Decoder(model, prompt, Sampling(temperature=0))
+    list(generate(dec, 4))
     assert prompt == [1, 2, 3]
+    assert len(dec.ids) == 7
+
+
+def test_generate_continues_the_decoders_text(model):
+    s = Sampling(temperature=1.0, top_k=5, seed=21)
+    whole = ids_of(generate(Decoder(model, [4, 5], s), 9))
+    dec = Decoder(model, [4, 5], s)
+    parts = ids_of(generate(dec, 4)) + ids_of(generate(dec, 1)) + ids_of(generate(dec, 4))
+    assert parts == whole
+    assert dec.ids == [4, 5] + whole
+
+
+def test_generate_sampling_overrides_the_decoders(model):
+    dec = Decoder(model, [1, 2], Sampling(temperature=2.0, seed=3))
+    for step in generate(dec, 6, Sampling(temperature=0)):
+        assert step.token_id == int(np.argmax(step.probs))
+
+
+def attention_run(m, prompt, n, attention, **kw):
+    dec = Decoder(m, list(prompt), Sampling(temperature=1.0, seed=17), **kw)
+    return ids_of(generate(dec, n, attention=attention)), dec
+
+
+def assert_same_attention(a: Decoder, b: Decoder, exact: bool) -> None:
+    assert len(a.attention) == len(b.attention) == 2 and len(a.scores) == len(b.scores) == 2
+    for x, y in [*zip(a.attention, b.attention), *zip(a.scores, b.scores)]:
+        if exact:
+            assert np.array_equal(x, y)
+        else:  # incremental rows and a one-off recompute differ only by float rounding
+            np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+@pytest.mark.parametrize("n", [3, 9])  # inside the window, and past it (the window slides)
+def test_last_without_cache_equals_all_exactly(pos, n):
+    # Without a cache "all" recomputes the window at every step, so its final attention is the
+    # same computation "last" does once at the end: bit-for-bit equal.
+    m = make_model(pos)
+    all_ids, all_dec = attention_run(m, [1, 2, 3], n, "all", use_cache=False)
+    last_ids, last_dec = attention_run(m, [1, 2, 3], n, "last", use_cache=False)
+    assert last_ids == all_ids
+    assert last_dec.capture_attention
+    assert_same_attention(all_dec, last_dec, exact=True)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope", "sinusoidal", "none"])
+def test_last_with_cache_matches_all(pos):
+    m = make_model(pos)
+    all_ids, all_dec = attention_run(m, [1, 2], 4, "all")
+    last_ids, last_dec = attention_run(m, [1, 2], 4, "last")
+    assert last_ids == all_ids
+    assert_same_attention(all_dec, last_dec, exact=False)
+    # once the window has slid on the final step, "all" recomputed it too: exactly equal again
+    all_ids, all_dec = attention_run(m, [1, 2], 10, "all")
+    last_ids, last_dec = attention_run(m, [1, 2], 10, "last")
+    assert last_ids == all_ids
+    assert_same_attention(all_dec, last_dec, exact=True)
+
+
+def test_last_steps_carry_no_rows_and_the_final_step_sees_attention(model):
+    dec = Decoder(model, [1, 2], Sampling(temperature=1.0, seed=2))
+    seen = []
+    for step in generate(dec, 4, attention="last"):
+        assert step.rows == []
+        seen.append([a.shape for a in dec.attention])
+    # during the loop nothing is captured; the final step already sees the whole window
+    assert seen[:-1] == [[]] * 3 and seen[-1] == [(2, 6, 6)] * 2
+    full = full_forward(model, dec.window)
+    for a, f in zip(dec.attention, full.attentions):
+        np.testing.assert_allclose(a, f[0].numpy(), atol=1e-5)
+
+
+def test_last_restores_attention_when_closed_early(model):
+    # use_cache=False makes "all" a recompute per step, so the comparison can be exact
+    ref = Decoder(model, [3, 1], Sampling(temperature=1.0, seed=8), use_cache=False)
+    list(generate(ref, 3))
+    dec = Decoder(model, [3, 1], Sampling(temperature=1.0, seed=8), use_cache=False)
+    gen = generate(dec, 10, attention="last")
+    got = [next(gen).token_id for _ in range(3)]
+    assert dec.attention == [] and not dec.capture_attention  # still decoding without capture
+    gen.close()
+    assert got == ref.ids[2:] and dec.ids == ref.ids
+    assert dec.capture_attention
+    assert_same_attention(ref, dec, exact=True)
+
+
+def test_last_restores_the_previous_capture_setting(model):
+    dec = Decoder(model, [1, 2], Sampling(temperature=0), capture_attention=False)
+    list(generate(dec, 3, attention="last"))
+    assert not dec.capture_attention  # back to off, but the final window's attention is there
+    full = full_forward(model, dec.window)
+    for a, f in zip(dec.attention, full.attentions):
+        np.testing.assert_allclose(a, f[0].numpy(), atol=1e-5)
+
+
+def test_all_captures_even_on_a_decoder_without_capture(model):
+    dec = Decoder(model, [1, 2], Sampling(temperature=0), capture_attention=False)
+    steps = list(generate(dec, 3, attention="all"))
+    assert all(len(s.rows) == 2 for s in steps)
+    assert not dec.capture_attention and dec.attention[0].shape == (2, 5, 5)
+
+
+def test_none_never_captures_and_gives_the_same_tokens(model):
+    all_ids, _ = attention_run(model, [1, 2], 10, "all")
+    dec = Decoder(model, [1, 2], Sampling(temperature=1.0, seed=17))
+    steps = list(generate(dec, 10, attention="none"))
+    assert ids_of(steps) == all_ids
+    assert all(s.rows == [] for s in steps)
+    assert not dec.capture_attention and dec.attention == [] and dec.scores == []
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def cli(capsys, *args: str) -> str:
+    assert main(["--checkpoint", str(SORT), "--prompt", "503124=", *args]) == 0
+    return capsys.readouterr().out
+
+
+def direct(n: int, sampling: Sampling) -> list[int]:
+    ck = load_checkpoint(SORT)
+    dec = Decoder(ck.model, ck.tokenizer.encode("503124="), sampling, eos_id=ck.tokenizer.eos_id)
+    return ids_of(generate(dec, n))
+
+
+def test_cli_prints_what_generate_gives(capsys):
+    tok = load_checkpoint(SORT).tokenizer
+    out = cli(capsys, "--temperature", "0", "--max-new-tokens", "6")
+    assert out == "012345\n"
+    assert out.strip() == tok.decode(direct(6, Sampling(temperature=0)))
+    # sampled: the CLI's tokens are the loop's tokens for the same seed and settings
+    s = Sampling(temperature=1.5, top_k=4, top_p=0.9, seed=5)
+    out = cli(capsys, "--temperature", "1.5", "--top-k", "4", "--top-p", "0.9", "--seed", "5", "--max-new-tokens", "12")
+    assert out == tok.decode(direct(12, s)) + "\n"
+
+
+def test_cli_json_has_one_line_per_step(capsys):
+    lines = cli(capsys, "--temperature", "0", "--max-new-tokens", "6", "--json").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["token_id"] for r in records] == direct(6, Sampling(temperature=0))
+    assert "".join(r["text"] for r in records) == "012345"
+    assert [r["position"] for r in records] == list(range(7, 13))
+    assert all(0 < r["prob"] <= 1 and r["sampled_prob"] == 1.0 and not r["eos"] for r in records)
+
+
+@pytest.mark.parametrize("args", [["--temperature", "2.5"], ["--temperature", "nan"], ["--top-p", "0"],
+                                  ["--top-k", "-1"], ["--max-new-tokens", "-2"], ["--prompt", ""]])
+def test_cli_refuses_bad_values(capsys, args):
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", str(SORT), "--prompt", "503124=", *args])
+    assert exc.value.code == 2
+
+
+def test_cli_help_covers_every_flag():
+    from model.generate import TEMPERATURE_RANGE, TOP_P_RANGE, build_parser
+
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help and action.help.strip(), action.option_strings
+    assert f"[{TEMPERATURE_RANGE[0]}, {TEMPERATURE_RANGE[1]}]" in text and f"[{TOP_P_RANGE[0]}, {TOP_P_RANGE[1]}]" in text

@@ -21,13 +21,15 @@ import torch
 
 import app
 import viz
-from model.session import MAX_NEW_TOKENS, Workspace
+from lab.limits import MAX_NEW_TOKENS
+from lab.models import BUILTINS, DEFAULT_MODEL
+from lab.session import Session
 
 GRAMMAR = "grammar (built-in)"
 SORT = "sort digits (built-in)"
 COPY = "copy / induction (built-in)"
 TOY = "article toy (built-in)"
-P = app.EXAMPLE_PROMPTS[GRAMMAR]  # 12 word tokens
+P = BUILTINS.get(GRAMMAR).examples[0]  # 12 word tokens
 P_LEN = 12
 QUANT = 0.0005 + 1e-9  # figures carry integer milli-units: at most half a unit off
 
@@ -102,8 +104,8 @@ def test_build_demo_builds_without_launching():
 
 
 def test_step_grows_one_row_per_call_and_draws_the_models_attention():
-    ws = Workspace()
-    entry = app.BUILTIN.get(GRAMMAR)
+    ws = Session()
+    entry = BUILTINS.get(GRAMMAR)
     L, H = entry.model.cfg.n_layers, entry.model.cfg.n_heads
     prev = None
     for k in range(1, 4):
@@ -143,18 +145,18 @@ def test_step_grows_one_row_per_call_and_draws_the_models_attention():
 
 
 def test_status_names_last_token_and_model():
-    ws = Workspace()
+    ws = Session()
     _, tokens, status, _, _ = do_step(ws, seed=11)
     last = generated(tokens)[-1]
     assert f"Last token: {last!r}" in status
-    assert app.BUILTIN.get(GRAMMAR).summary in status
+    assert BUILTINS.get(GRAMMAR).summary in status
     assert ws.generated_text().strip() == last
 
 
 def test_same_seed_same_text_different_seed_different_text():
     texts = {}
     for seed in (1, 1, 2):
-        ws = Workspace()
+        ws = Session()
         for _ in range(6):
             do_step(ws, seed=seed)
         texts.setdefault(seed, []).append(ws.generated_text())
@@ -163,7 +165,7 @@ def test_same_seed_same_text_different_seed_different_text():
 
 
 def test_changing_prompt_or_seed_restarts_but_temperature_continues():
-    ws = Workspace()
+    ws = Session()
     do_step(ws, seed=5)
     do_step(ws, seed=5, temperature=0.5)  # continues the same text
     assert len(ws.decoder.ids) == P_LEN + 2
@@ -174,7 +176,7 @@ def test_changing_prompt_or_seed_restarts_but_temperature_continues():
 
 
 def test_context_full_drops_oldest_token_with_notice():
-    ws = Workspace()
+    ws = Session()
     prompt = "503124=1234"  # sort model: context 16
     for _ in range(6):
         _, tokens, status, _, attn = do_step(ws, model=SORT, prompt=prompt, temperature=0.0)
@@ -182,13 +184,13 @@ def test_context_full_drops_oldest_token_with_notice():
     assert "The context is full: the oldest token was dropped to keep 16." in status
     p = panels(attn)
     assert p.shape == (4, 16, 16)
-    weights, _ = fresh_forward(app.BUILTIN.get(SORT), ws.decoder.window)
+    weights, _ = fresh_forward(BUILTINS.get(SORT), ws.decoder.window)
     assert np.nanmax(np.abs(p - weights[0])) <= QUANT
     assert_causal_nan(p)
 
 
 def test_step_limit_of_generated_tokens():
-    ws = Workspace()
+    ws = Session()
     do_step(ws, model=TOY, prompt="how is living in amsterdam <EOS>", temperature=1.0, seed=1)
     for _ in range(MAX_NEW_TOKENS - 2):  # fast-forward without drawing figures
         ws.decoder.step()
@@ -203,7 +205,7 @@ def test_step_limit_of_generated_tokens():
 
 
 def test_generate_streams_and_stops_at_max_new():
-    ws = Workspace()
+    ws = Session()
     outs = run_generate(ws, seed=4, max_new=7)
     assert len(outs) >= 1
     final = outs[-1]
@@ -213,14 +215,14 @@ def test_generate_streams_and_stops_at_max_new():
     for partial in outs[:-1]:  # intermediate updates carry text only, figures skipped
         assert partial[3] == gr.skip() and partial[4] == gr.skip()
     # generating is the same as stepping with the same seed
-    ws2 = Workspace()
+    ws2 = Session()
     for _ in range(7):
         do_step(ws2, seed=4)
     assert ws2.decoder.ids == ws.decoder.ids
 
 
 def test_generate_stops_at_eos():
-    ws = Workspace()
+    ws = Session()
     outs = run_generate(ws, model=TOY, prompt="how is living in amsterdam <EOS>", temperature=0.0, max_new=10)
     final = outs[-1]
     assert generated(final[1]) == ["exciting", "<EOS>"]
@@ -229,7 +231,7 @@ def test_generate_stops_at_eos():
 
 
 def test_generate_restarts_from_prompt():
-    ws = Workspace()
+    ws = Session()
     do_step(ws, seed=4)
     do_step(ws, seed=4)
     run_generate(ws, seed=4, max_new=3)
@@ -240,7 +242,7 @@ def test_generate_restarts_from_prompt():
 
 
 def test_undo_removes_one_token_and_step_reproduces_it():
-    ws = Workspace()
+    ws = Session()
     for _ in range(3):
         out = do_step(ws, seed=21)
     ids3, tokens3, attn3 = list(ws.decoder.ids), out[1], panels(out[4])
@@ -258,7 +260,7 @@ def test_undo_removes_one_token_and_step_reproduces_it():
 
 
 def test_undo_never_removes_the_prompt_and_is_harmless_without_text():
-    ws = Workspace()
+    ws = Session()
     out = app.undo(ws, 0, "all", "weights")  # nothing started yet
     assert out[1] == [] and out[2] == ""
     do_step(ws)
@@ -268,44 +270,44 @@ def test_undo_never_removes_the_prompt_and_is_harmless_without_text():
 
 
 def test_reset_clears_text_and_returns_example_prompt():
-    ws = Workspace()
+    ws = Session()
     do_step(ws)
     do_step(ws)
     _, tokens, status, _, attn, prompt = app.reset(ws, SORT)
-    assert tokens == [] and status == "" and prompt == app.EXAMPLE_PROMPTS[SORT]
+    assert tokens == [] and status == "" and prompt == BUILTINS.get(SORT).examples[0]
     assert ws.decoder is None
     assert "Press Step or Generate" in json.dumps(json.loads(attn.plot))
     out = do_step(ws)
     assert len(out[1]) == P_LEN + 1
 
 
-@pytest.mark.parametrize("name", list(app.BUILTIN.paths))
+@pytest.mark.parametrize("name", list(BUILTINS.names))
 def test_select_model_each_builtin(name):
-    ws = Workspace()
+    ws = Session()
     do_step(ws)
-    entry = app.BUILTIN.get(name)
+    entry = BUILTINS.get(name)
     cfg = entry.model.cfg
     _, tokens, summary, _, _, layer_u, head_u, prompt_u = app.select_model(ws, name)
     assert tokens == [] and ws.decoder is None
     assert summary == entry.summary and f"{cfg.n_layers} layers × {cfg.n_heads} heads" in summary
     assert layer_u["choices"] == list(range(cfg.n_layers)) and layer_u["value"] == 0
     assert head_u["choices"] == ["all"] + list(range(cfg.n_heads)) and head_u["value"] == "all"
-    assert prompt_u["value"] == app.EXAMPLE_PROMPTS[name]
+    assert prompt_u["value"] == BUILTINS.get(name).examples[0]
     # the example prompt works with that model
-    out = do_step(ws, model=name, prompt=app.EXAMPLE_PROMPTS[name], temperature=0.0)
+    out = do_step(ws, model=name, prompt=BUILTINS.get(name).examples[0], temperature=0.0)
     assert panels(out[4]).shape[0] == cfg.n_heads
 
 
 def test_select_unknown_model():
     with raises_user_error("Unknown model 'nope'. Pick one from the list."):
-        app.select_model(Workspace(), "nope")
+        app.select_model(Session(), "nope")
 
 
-@pytest.mark.parametrize("name", list(app.BUILTIN.paths))
+@pytest.mark.parametrize("name", list(BUILTINS.names))
 def test_positional_each_builtin(name):
-    entry = app.BUILTIN.get(name)
+    entry = BUILTINS.get(name)
     kind, table = entry.model.positional_table()
-    pe_table, pe_sim, info = app.positional(Workspace(), name)
+    pe_table, pe_sim, info = app.positional(Session(), name)
     assert f"**{name}**" in info
     if table is None:
         assert "no positional encoding" in info
@@ -348,14 +350,14 @@ BAD_STEP_INPUTS = [
 @pytest.mark.parametrize("kwargs,message", BAD_STEP_INPUTS, ids=[m[:28] for _, m in BAD_STEP_INPUTS])
 def test_step_rejects_bad_input_with_clear_error(kwargs, message):
     with raises_user_error(message) as info:
-        do_step(Workspace(), **kwargs)
+        do_step(Session(), **kwargs)
     assert "/" not in info.value.message
 
 
 @pytest.mark.parametrize("max_new", [0, -3, 10**6, 2.5, "many"])
 def test_generate_rejects_max_new(max_new):
     with raises_user_error(r"^max new tokens must be a whole number between 1 and 256"):
-        next(app.generate(Workspace(), GRAMMAR, P, 1.0, 0, 1.0, 0, max_new, 0, "all", "weights"))
+        next(app.generate(Session(), GRAMMAR, P, 1.0, 0, 1.0, 0, max_new, 0, "all", "weights"))
 
 
 @pytest.mark.parametrize("kwargs,message", BAD_STEP_INPUTS[:6] + BAD_STEP_INPUTS[-1:], ids=lambda v: str(v)[:20])
@@ -363,12 +365,12 @@ def test_generate_rejects_bad_input(kwargs, message):
     args = dict(model=GRAMMAR, prompt=P, temperature=1.0, top_k=0, top_p=1.0, seed=0)
     args.update(kwargs)
     with raises_user_error(message):
-        next(app.generate(Workspace(), args["model"], args["prompt"], args["temperature"], args["top_k"],
+        next(app.generate(Session(), args["model"], args["prompt"], args["temperature"], args["top_k"],
                           args["top_p"], args["seed"], 5, 0, "all", "weights"))
 
 
 def test_bad_view_input_does_not_advance_the_text():
-    ws = Workspace()
+    ws = Session()
     do_step(ws)
     with pytest.raises(gr.Error):
         do_step(ws, layer=99)
@@ -376,7 +378,7 @@ def test_bad_view_input_does_not_advance_the_text():
 
 
 def test_error_keeps_the_workspace_usable():
-    ws = Workspace()
+    ws = Session()
     do_step(ws)
     with pytest.raises(gr.Error):
         do_step(ws, prompt="")
@@ -385,17 +387,17 @@ def test_error_keeps_the_workspace_usable():
 
 
 def test_prompt_longer_than_context_keeps_last_tokens_with_notice():
-    ws = Workspace()
+    ws = Session()
     prompt = "0123456789" * 3  # 30 character tokens; the sort model's context is 16
     _, tokens, status, _, attn = do_step(ws, model=SORT, prompt=prompt, temperature=0.0)
     assert "The prompt has 30 tokens but the model's context is 16; it keeps the last 16." in status
-    assert ws.decoder.ids[:16] == app.BUILTIN.get(SORT).tokenizer.encode(prompt[-16:])
+    assert ws.decoder.ids[:16] == BUILTINS.get(SORT).tokenizer.encode(prompt[-16:])
     # after one new token the window is the prompt's last 15 characters and the new one
     assert "".join(t for t, _ in tokens[:15]) == prompt[-15:] and len(tokens) == 16
     assert panels(attn).shape == (4, 16, 16)
     # the longest allowed prompt (2,000 characters) is accepted and cropped the same way
     _, tokens, status, _, _ = do_step(ws, prompt=("he " * 667)[:2000], temperature=0.0)
-    context = app.BUILTIN.get(app.DEFAULT_MODEL).model.cfg.block_size
+    context = BUILTINS.get(DEFAULT_MODEL).model.cfg.block_size
     assert f"keeps the last {context}" in status and len(tokens) == context
 
 
@@ -408,11 +410,11 @@ def _train(ws, corpus="sort", layers=1, heads=2, d_model=32, d_ff=64, steps=20, 
 
 
 def test_trained_model_is_private_and_builtins_stay_unchanged():
-    before = {n: state_hash(app.BUILTIN.get(n).model) for n in app.BUILTIN.names}
-    for n in app.BUILTIN.names:
-        m = app.BUILTIN.get(n).model
+    before = {n: state_hash(BUILTINS.get(n).model) for n in BUILTINS.names}
+    for n in BUILTINS.names:
+        m = BUILTINS.get(n).model
         assert not m.training and not any(p.requires_grad for p in m.parameters())
-    mine, other = Workspace(), Workspace()
+    mine, other = Session(), Session()
     for _ in range(3):
         do_step(other, seed=2)
     outs = _train(mine)
@@ -428,9 +430,9 @@ def test_trained_model_is_private_and_builtins_stay_unchanged():
         do_step(other, model=name, prompt="503124=")
     for _ in range(3):
         do_step(other, seed=2)
-    after = {n: state_hash(app.BUILTIN.get(n).model) for n in app.BUILTIN.names}
+    after = {n: state_hash(BUILTINS.get(n).model) for n in BUILTINS.names}
     assert after == before
-    app.cleanup_session(mine)
+    mine.close()
     assert not mine.run_dir.exists()
 
 
@@ -449,22 +451,22 @@ def test_trained_model_is_private_and_builtins_stay_unchanged():
     ],
 )
 def test_train_rejects_bad_settings(override, message):
-    ws = Workspace()
+    ws = Session()
     with raises_user_error(message):
         _train(ws, **override)
     assert ws.models == {} and ws.run is None
 
 
 def test_reset_with_own_model_restores_its_example_prompt():
-    ws = Workspace()
+    ws = Session()
     name = _train(ws, steps=5)[-1][3]["value"]
     expected = app.select_model(ws, name)[7]["value"]
-    assert expected == ws.models[name].meta["example_prompt"] != ""
+    assert expected == ws.models[name].examples[0] != ""
     assert app.reset(ws, name)[5] == expected
 
 
 def test_upload_model_corrupt_and_valid(tmp_path):
-    ws = Workspace()
+    ws = Session()
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x00\x01garbage" * 100)
     with raises_user_error("safetensors") as info:
@@ -475,12 +477,12 @@ def test_upload_model_corrupt_and_valid(tmp_path):
         app.upload_model(ws, None)
     from model.checkpoint import save_checkpoint
 
-    e = app.BUILTIN.get(SORT)
+    e = BUILTINS.get(SORT)
     good = save_checkpoint(tmp_path / "mine.safetensors", e.model, e.tokenizer, e.meta)
     _, msg, dd = app.upload_model(ws, str(good))
     assert msg == "Loaded 'uploaded: mine'. It is now in the Explore model list." and dd["value"] == "uploaded: mine"
     assert not good.exists()
     out = do_step(ws, model="uploaded: mine", prompt="503124=", temperature=0.0)
-    ref = do_step(Workspace(), model=SORT, prompt="503124=", temperature=0.0)
+    ref = do_step(Session(), model=SORT, prompt="503124=", temperature=0.0)
     assert out[1] == ref[1]
     np.testing.assert_array_equal(panels(out[4]), panels(ref[4]))

@@ -149,21 +149,73 @@ def test_sinusoidal_matches_article_001_worked_values():
     assert table[1].tolist() == pytest.approx([math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)], abs=1e-6)
 
 
-def test_positional_table_is_what_the_model_adds():
-    ids = torch.tensor([[3, 3, 3, 3]])
-    for pe in ("sinusoidal", "learned"):
-        model = DecoderLM(small(pos_encoding=pe, d_model=16)).eval()
-        kind, table = model.positional_table()
-        assert kind == pe and table.shape == (24, 16)
-        emb = model.tok_emb(ids) + table[:4]
-        # identical token at every position: only the table makes positions differ
-        assert not torch.allclose(emb[0, 0], emb[0, 1])
-    model = DecoderLM(small(pos_encoding="rope"))
+def first_block_input(model: DecoderLM, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    """What the model feeds its first block (embeddings plus positions), caught by a pre-hook."""
+    seen = []
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
+    try:
+        with torch.no_grad():
+            model(ids, cache=cache)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("pe", ["sinusoidal", "learned"])
+def test_positional_table_is_what_the_model_adds(pe):
+    torch.manual_seed(5)
+    model = DecoderLM(small(pos_encoding=pe, d_model=16)).eval()
+    ids = torch.tensor([[3, 3, 3, 3, 7, 1]])
+    kind, table = model.positional_table()
+    assert kind == pe and table.shape == (24, 16)
+    with torch.no_grad():
+        tok = model.tok_emb(ids)
+    x = first_block_input(model, ids)
+    assert torch.allclose(x, tok + table[:6], atol=1e-6)
+    assert not torch.allclose(x[0, 0], x[0, 1])  # same token, different positions
+    # after a 2-token cache, the new tokens get positions 2.. of the table, not 0..
+    cache = model(ids[:, :2], cache=KVCache([])).cache
+    assert torch.allclose(first_block_input(model, ids[:, 2:], cache), tok[:, 2:] + table[2:6], atol=1e-6)
+    # without the table the input is the token embeddings alone: the table is really used
+    with torch.no_grad():
+        (model.pos_emb.weight if pe == "learned" else model.pe_table).zero_()
+    zeroed = first_block_input(model, ids)
+    assert torch.equal(zeroed, tok) and not torch.allclose(zeroed, x)
+
+
+def test_no_positional_encoding_adds_nothing():
+    model = DecoderLM(small(pos_encoding="none")).eval()
+    assert model.positional_table() == ("none", None)
+    ids = torch.tensor([[3, 3, 5]])
+    with torch.no_grad():
+        assert torch.equal(first_block_input(model, ids), model.tok_emb(ids))
+
+
+def test_rope_table_is_the_rotation_the_attention_applies():
+    torch.manual_seed(6)
+    model = DecoderLM(small(pos_encoding="rope", n_layers=1)).eval()
     kind, angles = model.positional_table()
-    assert kind == "rope" and angles.shape == (24, 4)
-    assert torch.allclose(angles, rope_angles(24, 8)) and angles[5, 0].item() == pytest.approx(5.0)
-    assert torch.allclose(model.rope_cos, angles.cos())
-    assert DecoderLM(small(pos_encoding="none")).positional_table() == ("none", None)
+    assert kind == "rope" and angles.shape == (24, 4)  # (block_size, head_dim / 2)
+    assert angles[5, 0].item() == pytest.approx(5.0)  # the first pair turns one radian per position
+    ids = torch.tensor([[4, 9, 4, 2, 11]])
+    T, H, hd = 5, 2, 8
+    x = first_block_input(model, ids)
+    assert torch.equal(x, model.tok_emb(ids).detach())  # RoPE adds nothing to the input
+    with torch.no_grad():
+        blk = model.blocks[0]
+        q, k, _ = blk.attn.qkv(blk.norm1(x)).view(1, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (1, H, T, hd)
+        cos, sin = angles[:T].cos(), angles[:T].sin()  # (T, hd/2)
+
+        def rotate(v):  # each pair (v[2i], v[2i+1]) turned by its angle, written out
+            out = torch.empty_like(v)
+            out[..., 0::2] = v[..., 0::2] * cos - v[..., 1::2] * sin
+            out[..., 1::2] = v[..., 0::2] * sin + v[..., 1::2] * cos
+            return out
+
+        by_hand = rotate(q) @ rotate(k).transpose(-2, -1) / math.sqrt(hd)  # (1, H, T, T)
+        scores = model(ids, return_attention=True).scores[0]
+    lower = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    assert torch.allclose(scores[..., lower], by_hand[..., lower], atol=1e-5)
 
 
 def test_rope_attention_depends_only_on_relative_position():
@@ -175,20 +227,44 @@ def test_rope_attention_depends_only_on_relative_position():
     assert torch.allclose(a[0, :, 2, 0], b[0, :, 4, 2], atol=1e-5)
 
 
-def test_article_004_configuration_builds_and_gives_log_probs():
+def post_norm_log_probs_by_hand(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
+    """The article 004 model written out with plain tensor operations and the model's weights."""
+    cfg = model.cfg
+    B, T = ids.shape
+    C, H, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    freq = 10000 ** (torch.arange(0, C, 2, dtype=torch.float64) / C)
+    pe = torch.stack((torch.sin(pos / freq), torch.cos(pos / freq)), dim=-1).flatten(1).float()  # (T, C)
+    x = model.tok_emb.weight[ids] + pe  # (B, T, C)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    for blk in model.blocks:
+        a, f = blk.attn, blk.ffn
+        q, k, v = (x @ a.qkv.weight.T + a.qkv.bias).split(C, dim=-1)
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        w = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).masked_fill(future, float("-inf")).softmax(-1)
+        y = (w @ v).transpose(1, 2).reshape(B, T, C) @ a.proj.weight.T + a.proj.bias
+        x = F.layer_norm(x + y, (C,), blk.norm1.weight, blk.norm1.bias)  # post-norm: after the residual add
+        h = torch.relu(x @ f.up.weight.T + f.up.bias) @ f.down.weight.T + f.down.bias
+        x = F.layer_norm(x + h, (C,), blk.norm2.weight, blk.norm2.bias)
+    return F.log_softmax(x @ model.head.weight.T, dim=-1)  # no final norm, no head bias
+
+
+def test_article_004_configuration_gives_the_log_probs_of_its_equations():
     cfg = ModelConfig(vocab_size=10000, block_size=64, n_layers=6, n_heads=8, d_model=512, d_ff=2048,
                       norm="post", activation="relu", dropout=0.1, pos_encoding="sinusoidal")
-    model = DecoderLM(cfg).eval()
-    ids = torch.randint(0, 10000, (8, 64))
+    torch.manual_seed(7)
+    model = DecoderLM(cfg).eval()  # eval: dropout off
+    ids = torch.randint(0, 10000, (2, 64))
     with torch.no_grad():
         logp = F.log_softmax(model(ids).logits, dim=-1)
-    assert logp.shape == (8, 64, 10000)
-    assert torch.allclose(logp.exp().sum(-1), torch.ones(8, 64), atol=1e-4)
+        want = post_norm_log_probs_by_hand(model, ids)
+    assert logp.shape == (2, 64, 10000)
+    assert torch.allclose(logp, want, atol=1e-4)
 
 
 def test_article_004_mask_is_the_models_mask():
     words = "Orange is my favorite fruit".split()
-    # the article's table: 1 where a word may look, rows = words
+    # article 004's table: 1 where a word may look, rows = words
     article = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     assert torch.equal(~causal_mask(len(words), len(words)), article.bool())
     model = DecoderLM(small(n_layers=1)).eval()

@@ -1,7 +1,7 @@
 """Property-based robustness: any input an anonymous person can send gets a result or a clear gr.Error.
 
 Two layers:
-- the handlers called directly with a fresh `model.session.Workspace` (fast, many cases, NaN and
+- the handlers called directly with a fresh `lab.session.Session` (fast, many cases, NaN and
   non-JSON values included);
 - a smaller number through `gradio_client` against the real server on 127.0.0.1, with the server's
   resident memory (from /proc/PID/status) read before and after.
@@ -26,11 +26,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import app
-from model.session import MAX_PROMPT_CHARS, Workspace
+from lab.limits import ATTENTION_VIEWS, MAX_PROMPT_CHARS
+from lab.models import BUILTINS
+from lab.session import Session
 
 GRAMMAR = "grammar (built-in)"
 SORT = "sort digits (built-in)"
-MODELS = list(app.BUILTIN.names)
+MODELS = list(BUILTINS.names)
 LEAKS = ("Traceback", 'File "', "/work", "/tmp", "Something went wrong")
 SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False, database=None)
 
@@ -77,7 +79,7 @@ def call(fn, *args):
         return "error", e.message
 
 
-def snapshot(ws: Workspace):
+def snapshot(ws: Session):
     d = ws.decoder
     return (id(d), None if d is None else list(d.ids), ws.prompt, list(ws.models), id(ws.entry))
 
@@ -85,7 +87,7 @@ def snapshot(ws: Workspace):
 # ------------------------------------------------------------------------------ strategies
 
 # words and characters the built-in models know, so that some cases reach the model
-GRAMMAR_WORDS = app.EXAMPLE_PROMPTS[GRAMMAR].split()
+GRAMMAR_WORDS = BUILTINS.get(GRAMMAR).examples[0].split()
 unicode_text = st.text(st.characters(codec="utf-8"), max_size=80)  # any code point but surrogates
 prompts = st.one_of(
     st.just(""),
@@ -112,7 +114,7 @@ seed = st.one_of(st.integers(0, 2**31 - 1), any_number)
 model_names = st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), st.text(max_size=30), st.none())
 layers_ = st.one_of(st.just(0), st.integers(-1, 5), junk)
 heads_ = st.one_of(st.just("all"), st.integers(-1, 9), junk)
-views = st.one_of(st.sampled_from(app.VIEWS), junk)
+views = st.one_of(st.sampled_from(ATTENTION_VIEWS), junk)
 
 
 # ----------------------------------------------------------------------- handlers: explore
@@ -123,7 +125,7 @@ STEP_CASES = 150
 VALID = dict(
     model=st.sampled_from([GRAMMAR, GRAMMAR, SORT, *MODELS]),
     t=st.floats(0, 2), k=st.integers(0, 50), p=st.floats(0.05, 1), s=st.integers(0, 2**31 - 1),
-    layer=st.just(0), head=st.sampled_from(["all", 0, 1]), view=st.sampled_from(app.VIEWS),
+    layer=st.just(0), head=st.sampled_from(["all", 0, 1]), view=st.sampled_from(ATTENTION_VIEWS),
 )
 HOSTILE = dict(model=model_names, t=temperature, k=top_k, p=top_p, s=seed, layer=layers_, head=heads_, view=views)
 
@@ -137,13 +139,13 @@ def draw_args(data) -> dict:
     elif args["model"] == GRAMMAR:
         args["prompt"] = data.draw(st.lists(st.sampled_from(GRAMMAR_WORDS), min_size=1, max_size=140).map(" ".join))
     else:
-        example = app.EXAMPLE_PROMPTS.get(args["model"], "x")
+        example = BUILTINS.get(args["model"]).examples[0] if args["model"] in BUILTINS.names else "x"
         args["prompt"] = example[: data.draw(st.integers(1, len(example)), label="prompt length")]
     return args
 
 
 def test_step_handler_any_prompt_and_sampling(request):
-    ws = Workspace()
+    ws = Session()
     outcomes: Counter = Counter()
 
     @settings(max_examples=STEP_CASES, **SETTINGS)
@@ -166,8 +168,8 @@ def test_step_handler_any_prompt_and_sampling(request):
 
 
 def test_step_handler_refuses_nan_and_huge_numbers_explicitly():
-    ws = Workspace()
-    p = app.EXAMPLE_PROMPTS[GRAMMAR]
+    ws = Session()
+    p = BUILTINS.get(GRAMMAR).examples[0]
     for args in [(math.nan, 0, 1.0, 0), (1.0, math.nan, 1.0, 0), (1.0, 0, math.nan, 0), (1.0, 0, 1.0, math.nan),
                  (math.inf, 0, 1.0, 0), (1e308, 0, 1.0, 0), (1.0, 10**30, 1.0, 0), (1.0, 0, 1.0, 2**64),
                  (-0.0 - 1e-300, 0, 1.0, 0)]:
@@ -182,7 +184,7 @@ GEN_CASES = 40
 
 
 def test_generate_handler_any_prompt_and_max_new(request):
-    ws = Workspace()
+    ws = Session()
     outcomes: Counter = Counter()
     max_new = st.one_of(st.integers(1, 6), st.integers(-3, 0), st.integers(257, 10**12), st.floats(allow_nan=True),
                         junk)
@@ -242,7 +244,7 @@ def test_train_handler_any_architecture(request):
         bad = data.draw(st.sets(st.sampled_from(sorted(hostile)), max_size=2), label="hostile fields")
         v = {k: data.draw((hostile if k in bad else valid)[k], label=k) for k in valid}
         corpus, tok, layers, heads, d_model, d_ff, pos, norm, act, dropout, steps, lr, seed = v.values()
-        ws = Workspace()
+        ws = Session()
         try:
             kind, out = call(app.train_model, ws, corpus, "", None, tok, layers, heads, d_model, d_ff, pos, norm, act,
                              dropout, steps, lr, seed)
@@ -255,7 +257,7 @@ def test_train_handler_any_architecture(request):
                 errors[out.split(" ")[0]] += 1
                 assert ws.models == {} and ws.run is None, "a refused training changed the session"
         finally:
-            app.cleanup_session(ws)
+            ws.close()
 
     run_recorded(request, "handlers.train_architecture", prop, outcomes)
 
@@ -270,7 +272,7 @@ def test_train_handler_any_architecture(request):
     ],
 )
 def test_train_invalid_combinations_are_clear(layers, heads, d_model, pos, fragment):
-    ws = Workspace()
+    ws = Session()
     try:
         args = (ws, "toy", "", None, "char", layers, heads, d_model, 0, pos, "pre", "gelu", 0.0, 1, 3e-3, 0)
         if fragment is None:
@@ -280,7 +282,7 @@ def test_train_invalid_combinations_are_clear(layers, heads, d_model, pos, fragm
                 list(app.train_model(*args))
             check_message(info.value.message, args)
     finally:
-        app.cleanup_session(ws)
+        ws.close()
 
 
 TEXT_CASES = 35
@@ -307,7 +309,7 @@ def test_train_handler_any_text_file(request, tmp_path_factory):
     def prop(data, tok):
         path = tmp / f"upload-{next(counter)}.txt"
         path.write_bytes(data)
-        ws = Workspace()
+        ws = Session()
         try:
             kind, out = call(app.train_model, ws, "text", "", str(path), tok, 1, 1, 8, 0, "learned", "pre", "gelu",
                              0.0, 1, 3e-3, 0)
@@ -318,7 +320,7 @@ def test_train_handler_any_text_file(request, tmp_path_factory):
                 assert ws.models == {}
             assert not path.exists(), "the uploaded file was not deleted"
         finally:
-            app.cleanup_session(ws)
+            ws.close()
 
     run_recorded(request, "handlers.train_text_file", prop, outcomes)
 
@@ -345,7 +347,7 @@ def test_api_any_prompt_and_sampling_and_bounded_memory(app_server, request):
 
     pid = app_server.proc.pid
     client = Client(app_server.url, verbose=False)
-    client.predict(GRAMMAR, app.EXAMPLE_PROMPTS[GRAMMAR], 1.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")
+    client.predict(GRAMMAR, BUILTINS.get(GRAMMAR).examples[0], 1.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")
     rss0 = rss_mb(pid)
     outcomes: Counter = Counter()
     latencies: list[float] = []
@@ -385,7 +387,7 @@ def test_api_any_prompt_and_sampling_and_bounded_memory(app_server, request):
     assert "the limit is 2,000" in str(info.value)
     check_message(str(info.value), ())
     # the server is still fine and its memory is bounded
-    assert client.predict(GRAMMAR, app.EXAMPLE_PROMPTS[GRAMMAR], 1.0, 0, 1.0, 0, 0, "all", "weights",
+    assert client.predict(GRAMMAR, BUILTINS.get(GRAMMAR).examples[0], 1.0, 0, 1.0, 0, 0, "all", "weights",
                           api_name="/step")[0]
     rss1 = rss_mb(pid)
     latencies.sort()

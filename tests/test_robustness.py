@@ -23,16 +23,18 @@ import torch
 
 import app
 import model.checkpoint as ckpt_mod
-from conftest import AppServer
+from lab.server import AppServer
 from model.checkpoint import checkpoint_bytes
 from model.config import ModelConfig
-from model.session import Workspace
+from lab import files
+from lab.models import BUILTINS
+from lab.session import Session
 from model.tokenizers import CharTokenizer
 from model.transformer import DecoderLM
 from conftest import safetensors_join as join, safetensors_split as split
 
 GRAMMAR = "grammar (built-in)"
-P = app.EXAMPLE_PROMPTS[GRAMMAR]
+P = BUILTINS.get(GRAMMAR).examples[0]
 LEAKS = ("Traceback", 'File "', "/work", "/tmp", ".py", "Something went wrong")
 
 
@@ -154,18 +156,18 @@ BEFORE_LOAD = {"header-longer-than-file", "header-length-50MB", "header-length-2
 @pytest.fixture
 def busy_ws():
     """A session with text in progress and one model of its own, selected."""
-    ws = Workspace()
-    ok = tmp_ok = Path(app.RUNS) / "robustness-fixture.safetensors"
+    ws = Session()
+    ok = tmp_ok = Path(files.RUNS) / "robustness-fixture.safetensors"
     tmp_ok.parent.mkdir(parents=True, exist_ok=True)
     tmp_ok.write_bytes(GOOD)
     app.upload_model(ws, str(ok))
     for _ in range(3):
         app.step(ws, GRAMMAR, P, 1.0, 0, 1.0, 1, 0, "all", "weights")
     yield ws
-    app.cleanup_session(ws)
+    ws.close()
 
 
-def state_of(ws: Workspace):
+def state_of(ws: Session):
     return (id(ws.decoder), list(ws.decoder.ids), id(ws.entry), ws.entry.name, list(ws.models), ws.prompt,
             ws.last_step.token_id)
 
@@ -218,7 +220,7 @@ def test_model_trained_in_app_can_be_uploaded_again(tmp_path):
     """Training refuses what the upload checks would refuse, and what it does train loads back."""
     words = [f"w{i}" for i in range(5000)]
     too_varied = " ".join(words) + " " + " ".join(words[:100])
-    ws = Workspace()
+    ws = Session()
     try:
         with pytest.raises(gr.Error, match="too big to save and load again: vocab_size=5002"):
             list(app.train_model(ws, "text", too_varied, None, "word", 1, 1, 8, 0, "learned", "pre", "gelu", 0.0, 1,
@@ -228,11 +230,11 @@ def test_model_trained_in_app_can_be_uploaded_again(tmp_path):
                                    3e-3, 0))
         path = tmp_path / "mine.safetensors"
         shutil.copy(out[-1][4]["value"], path)
-        other = Workspace()
+        other = Session()
         _, message, _ = app.upload_model(other, str(path))
         assert "Loaded" in message and len(other.models) == 1
     finally:
-        app.cleanup_session(ws)
+        ws.close()
 
 
 # ================================================================== 3. run directories, cleanup
@@ -240,30 +242,30 @@ def test_model_trained_in_app_can_be_uploaded_again(tmp_path):
 
 def test_sweep_runs_deletes_old_dirs_and_keeps_new(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
-    monkeypatch.setattr(app, "RUNS", runs)
-    app.sweep_runs()  # no directory yet: nothing to do, no error
+    monkeypatch.setattr(files, "RUNS", runs)
+    files.sweep_runs()  # no directory yet: nothing to do, no error
     old, new = runs / "old", runs / "new"
     for d in (old, new):
         d.mkdir(parents=True)
         (d / "m.safetensors").write_bytes(GOOD)
     stale = time.time() - 2 * 3600
     os.utime(old, (stale, stale))
-    app.sweep_runs()
+    files.sweep_runs()
     assert not old.exists() and new.exists() and (new / "m.safetensors").exists()
-    app.sweep_runs(max_age_s=0)
+    files.sweep_runs(max_age_s=0)
     assert not new.exists()
 
 
 def test_cleanup_session_stops_training_and_deletes_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(app, "RUNS", tmp_path / "runs")
-    ws = Workspace()
+    monkeypatch.setattr(files, "RUNS", tmp_path / "runs")
+    ws = Session()
     done = list(app.train_model(ws, "toy", "", None, "char", 1, 1, 8, 0, "learned", "pre", "gelu", 0.0, 2, 3e-3, 0))
     assert Path(done[-1][4]["value"]).exists() and ws.run_dir.exists()
     gen = app.train_model(ws, "sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 2000, 3e-3, 0)
     first = next(gen)
     assert first[1].startswith("step ")
     t0 = time.perf_counter()
-    app.cleanup_session(ws)  # what gr.State's delete_callback does when the session expires
+    ws.close()  # what gr.State's delete_callback does when the session expires
     assert ws.run.stop.is_set()
     list(gen)  # the loop sees the stop at its next step
     assert time.perf_counter() - t0 < 5
@@ -410,11 +412,8 @@ def test_disconnect_during_training_frees_the_slot(app_server, request):
 
 @pytest.mark.slow
 def test_short_load_isolation_and_latency(short_server, request):
-    """20 sessions for ~8 s, mixing /step, /generate and tiny /train (the full version: bench/stress.py)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    import stress
+    """20 sessions for ~8 s, mixing /step, /generate and tiny /train (the full version: python -m bench.stress)."""
+    from bench import stress
 
     result = stress.run_load(short_server.url, sessions=20, seconds=8, pid=short_server.proc.pid)
     record(request, "load.short", **{k: result[k] for k in ("requests", "errors", "queue_full", "mismatches",

@@ -1,5 +1,6 @@
+"""Tokenizers: round trips, the toy vocabulary, unknown input, display forms, hostile data."""
+
 import json
-import os
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,6 @@ from model.tokenizers import (
     Encoded,
     Tokenizer,
     WordTokenizer,
-    load_tokenizer,
     normalise,
     tokenizer_from_dict,
 )
@@ -59,7 +59,6 @@ def test_word_round_trip_matches_normalise():
     assert tok.kind == "word"
     assert tok.decode(tok.encode(TEXT)) == normalise(TEXT)
     assert normalise("Hello ,  World!\nIt's  (fine) .") == "hello, world! it's ( fine )."
-    assert tok.normalise("A  B") == "a b"
 
 
 def test_bpe_round_trip_exact(bpe):
@@ -71,26 +70,15 @@ def test_bpe_round_trip_exact(bpe):
     assert bpe.piece(bpe.unk_id) == "<unk>"
 
 
-def test_save_load_equality(tmp_path, bpe):
+def test_dict_round_trip_through_json_rebuilds_an_equal_tokenizer(bpe):
+    # checkpoints store tokenizer.to_dict() as JSON text; rebuilding it must encode identically
     probe = "Quick dogs, zebras & jugs.\n"
     for tok in all_tokenizers(bpe):
-        path = tmp_path / f"{tok.kind}.json"
-        tok.save(path)
-        loaded = load_tokenizer(path)
+        loaded = tokenizer_from_dict(json.loads(json.dumps(tok.to_dict())))
         assert type(loaded) is type(tok)
         assert loaded == tok
         assert loaded.encode(TEXT + probe) == tok.encode(TEXT + probe)
         assert loaded.encode_verbose(probe) == tok.encode_verbose(probe)
-        json.loads(path.read_text(encoding="utf-8"))
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
-
-
-def test_save_overwrites_atomically(tmp_path):
-    path = tmp_path / "tok.json"
-    CharTokenizer.train("abc").save(path)
-    CharTokenizer.train("xyz").save(path)
-    assert load_tokenizer(path).vocab == ["<unk>", "x", "y", "z"]
-    assert os.listdir(tmp_path) == ["tok.json"]
 
 
 # ---------------------------------------------------------------- toy vocabulary
@@ -211,16 +199,6 @@ def test_hostile_bpe_variants(bpe):
     for doc in (no_unk, dup):
         with pytest.raises(ValueError):
             tokenizer_from_dict({"kind": "bpe", "tokenizer": json.dumps(doc)})
-
-
-def test_load_rejects_bad_json(tmp_path):
-    path = tmp_path / "bad.json"
-    path.write_bytes(b"\xff\xfe not json")
-    with pytest.raises(ValueError):
-        load_tokenizer(path)
-    path.write_text("[1, 2]")
-    with pytest.raises(ValueError):
-        load_tokenizer(path)
 
 
 json_values = st.recursive(

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 from model.checkpoint import load_checkpoint
 from model.config import ModelConfig
 from model.corpora import build_corpus
-from model.generate import Sampling, generate
+from model.generate import Decoder, Sampling, generate
 from model.presets import PRESETS
 from model.train import TrainConfig, build_parser, evaluate, main, train
 from model.transformer import DecoderLM
@@ -43,25 +44,59 @@ def quick(**kw) -> TrainConfig:
 # ------------------------------------------------------------------------------ TrainConfig
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(steps=0), dict(steps=-5), dict(steps=True), dict(steps=1.5),
-        dict(batch_size=0), dict(batch_size=False),
-        dict(lr=0), dict(lr=-1e-3), dict(lr=float("nan")), dict(lr=float("inf")), dict(lr=1.5), dict(lr="0.1"),
-        dict(schedule="linear"), dict(schedule="wsd", decay_frac=0), dict(schedule="wsd", decay_frac=1.5),
-        dict(warmup=-1), dict(eval_every=-1), dict(probe_every=-1),
-        dict(eval_batches=0),
-    ],
-)
-def test_train_config_rejects(kw):
-    with pytest.raises(ValueError):
-        TrainConfig(**kw)
+NAN, INF = float("nan"), float("inf")
+# For every TrainConfig field, values it must refuse (with defaults for everything else).
+INVALID = {
+    "steps": [0, -5, True, 1.5],
+    "batch_size": [0, False, 2.0],
+    "lr": [0, -1e-3, NAN, INF, 1.5, "0.1", True],
+    "min_lr": [-1e-4, NAN, 2e-3, "0"],  # 2e-3 is above the default lr
+    "warmup": [-1, 2.5],
+    "schedule": ["linear", None],
+    "decay_frac": [0, 1.5, NAN],
+    "weight_decay": [-0.1, NAN, None],
+    "betas": [(0.9,), (0.9, 1.0), (-0.1, 0.95), [0.9, 0.95], "ab"],
+    "grad_clip": [0, -1.0, NAN],
+    "eval_every": [-1, 1.5],
+    "eval_batches": [0, None],
+    "seed": [1.5, True, "0"],
+    "max_seconds": [0, -1, NAN],
+    "bf16": ["yes", 1],
+    "adamw": ["sgd"],
+    "compile": ["fast"],
+    "sdpa": ["cudnn"],
+    "probe_every": [-1, 0.5],
+    "probe_ids": [[1, 2], (1, -2), (1.5,)],
+}
 
 
-def test_train_config_defaults_valid():
-    cfg = TrainConfig()
-    assert cfg.steps > 0 and 0 < cfg.lr <= 1 and cfg.schedule in ("cosine", "wsd", "constant")
+def test_every_train_config_field_has_refused_values():
+    # a new field must come with a check (and a line above), or this fails
+    assert set(INVALID) == {f.name for f in fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("name, value", [(n, v) for n, vs in INVALID.items() for v in vs])
+def test_train_config_refuses_bad_values_naming_the_field(name, value):
+    with pytest.raises(ValueError, match=rf"^{name} must"):
+        TrainConfig(**{name: value})
+
+
+def test_default_schedule_is_the_documented_formula():
+    cfg = TrainConfig()  # 1000 steps, lr 1e-3, 50 warm-up steps, cosine down to lr / 10
+    assert (cfg.steps, cfg.lr, cfg.warmup, cfg.min_lr, cfg.schedule) == (1000, 1e-3, 50, None, "cosine")
+    peak, low = 1e-3, 1e-4
+    expected = {
+        0: peak / 50,  # warm-up starts one step in, not at zero
+        24: peak * 25 / 50,
+        49: peak,  # the warm-up's last step reaches the peak
+        50: peak,  # the cosine starts at the peak
+        999: low,  # and ends at min_lr on the last step
+        5000: low,
+    }
+    for step in (300, 524, 800):
+        expected[step] = low + (peak - low) * (1 + math.cos(math.pi * (step - 50) / 949)) / 2
+    for step, lr in expected.items():
+        assert cfg.lr_at(step) == pytest.approx(lr, rel=1e-12), step
 
 
 # ------------------------------------------------------------------------------ schedule
@@ -232,7 +267,8 @@ def test_same_seed_same_losses(sort_corpus):
 def _toy_answers(model, tok, prompts):
     out = []
     for p in prompts:
-        steps = list(generate(model, tok.encode(p), Sampling(temperature=0), 6, eos_id=tok.eos_id))
+        dec = Decoder(model, tok.encode(p), Sampling(temperature=0), eos_id=tok.eos_id)
+        steps = list(generate(dec, 6, attention="none"))
         out.append([tok.decode([s.token_id]) for s in steps])
     return out
 

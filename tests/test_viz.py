@@ -1,6 +1,7 @@
 """Tests for viz/: figure structure, the values a viewer sees, escaping, validation, payload size.
 
-No browser here; the values are read back from the JSON that would be sent (typed arrays decoded).
+No browser here; the values are read back from the JSON that would be sent (typed arrays decoded),
+so the checks see exactly what plotly.js gets, whether a builder returned a FigureSpec or a go.Figure.
 """
 
 from __future__ import annotations
@@ -8,20 +9,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import typing
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import viz
 from viz import (
+    ATTENTION_VIEWS,
+    FigureSpec,
     attention_grid,
     attention_head,
     attention_overview,
     attention_panels,
+    attention_view,
     causal_mask,
     decode_array,
     loss_curve,
+    message_figure,
     no_positional_encoding,
     payload_bytes,
     plot_json,
@@ -49,15 +57,20 @@ def tokens(t: int) -> list[str]:
     return [WORDS[i % len(WORDS)] for i in range(t)]
 
 
+def sent(fig) -> dict:
+    """The figure as the browser receives it: {"data": [...], "layout": {...}} (arrays still encoded)."""
+    return json.loads(plot_json(fig))
+
+
 def hover_text(fig, panel: int, i: int, j: int, toks: list[str]) -> str:
     """The hover label plotly.js shows for cell (query i, key j): template + d3 "05,d" + swapped separators."""
-    lay = fig.layout
-    template = lay.template.data.heatmap[0].hovertemplate
-    assert lay.separators == ",."  # decimal ",", thousands "." (what makes 231 read 0.231)
+    lay = sent(fig)["layout"]
+    template = lay["template"]["data"]["heatmap"][0]["hovertemplate"]
+    assert lay["separators"] == ",."  # decimal ",", thousands "." (what makes 231 read 0.231)
     z = attention_panels(fig)[panel, i, j]
     milli = int(round(z * 1000))
     value = format(milli, "05,d").replace(",", ".")  # Python's "05,d" pads and groups like d3's
-    cats = list(lay.xaxis.categoryarray)
+    cats = lay["xaxis"]["categoryarray"]
     return (
         template.replace("%{y}", cats[i]).replace("%{x}", cats[j]).replace("%{z:05,d}", value)
         .replace("<extra></extra>", "")
@@ -82,42 +95,43 @@ def test_grid_structure_values_and_mask():
     t = 6
     w, _ = softmax_attention(4, t)
     fig = attention_grid(w, tokens(t), 1, mask=causal_mask(t))
-    assert fig.data and all(tr.type == "heatmap" for tr in fig.data)
-    assert {tr.xaxis or "x" for tr in fig.data} == {"x", "x2", "x3", "x4"}
+    data, layout = sent(fig)["data"], sent(fig)["layout"]
+    assert data and all(tr["type"] == "heatmap" for tr in data)
+    assert {tr.get("xaxis", "x") for tr in data} == {"x", "x2", "x3", "x4"}
     seen = attention_panels(fig)
     assert seen.shape == (4, t, t)
     upper = causal_mask(t)
     assert np.isnan(seen[:, upper]).all() and np.isfinite(seen[:, ~upper]).all()
     assert np.abs(seen[:, ~upper] - w[:, ~upper]).max() <= STEP
     # shared 0-1 colour scale in milli-units, labelled in weights
-    ca = fig.layout.coloraxis
-    assert (ca.cmin, ca.cmax) == (0, 1000)
-    assert list(ca.colorbar.ticktext) == ["0", "0.25", "0.5", "0.75", "1"]
-    assert all(tr.coloraxis is None for tr in fig.data)  # taken from the template
-    assert fig.layout.template.data.heatmap[0].coloraxis == "coloraxis"
-    assert fig.layout.template.data.heatmap[0].hoverongaps is False
-    assert fig.layout.plot_bgcolor and fig.layout.xaxis.showgrid is False
+    ca = layout["coloraxis"]
+    assert (ca["cmin"], ca["cmax"]) == (0, 1000)
+    assert ca["colorbar"]["ticktext"] == ["0", "0.25", "0.5", "0.75", "1"]
+    assert all("coloraxis" not in tr for tr in data)  # taken from the template
+    heatmap_defaults = layout["template"]["data"]["heatmap"][0]
+    assert heatmap_defaults["coloraxis"] == "coloraxis" and heatmap_defaults["hoverongaps"] is False
+    assert layout["plot_bgcolor"] and layout["xaxis"]["showgrid"] is False
 
 
 def test_grid_ticks_keep_repeated_tokens_distinct():
     t = 8
     toks = tokens(t)  # "the" three times
-    fig = attention_grid(softmax_attention(2, t)[0], toks, 0, mask=causal_mask(t))
-    for ax in (fig.layout.xaxis, fig.layout.yaxis):
-        assert list(ax.tickvals) == list(range(t))
-        assert list(ax.ticktext) == toks
-        assert ax.type == "category"
-        assert list(ax.categoryarray) == [f'"{tok}" ({i})' for i, tok in enumerate(toks)]
-        assert len(set(ax.categoryarray)) == t
-    assert fig.layout.yaxis.range == (t - 0.5, -0.5)  # position 0 on top
-    assert fig.layout.xaxis2.matches == "x" and fig.layout.yaxis2.matches == "y"
+    layout = sent(attention_grid(softmax_attention(2, t)[0], toks, 0, mask=causal_mask(t)))["layout"]
+    for ax in (layout["xaxis"], layout["yaxis"]):
+        assert ax["tickvals"] == list(range(t))
+        assert ax["ticktext"] == toks
+        assert ax["type"] == "category"
+        assert ax["categoryarray"] == [f'"{tok}" ({i})' for i, tok in enumerate(toks)]
+        assert len(set(ax["categoryarray"])) == t
+    assert layout["yaxis"]["range"] == [t - 0.5, -0.5]  # position 0 on top
+    assert layout["xaxis2"]["matches"] == "x" and layout["yaxis2"]["matches"] == "y"
 
 
 def test_grid_thins_ticks_for_long_prompts():
     t = 128
     toks = [f"w{i}" for i in range(t)]
-    fig = attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t))
-    vals, text = list(fig.layout.xaxis.tickvals), list(fig.layout.xaxis.ticktext)
+    xaxis = sent(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t)))["layout"]["xaxis"]
+    vals, text = xaxis["tickvals"], xaxis["ticktext"]
     assert 4 <= len(vals) <= 24 and vals[0] == 0
     assert text == [toks[i] for i in vals]
 
@@ -141,9 +155,10 @@ def test_scores_mask_from_minus_inf_and_symmetric_scale():
     upper = causal_mask(t)
     assert np.isnan(seen[:, upper]).all()
     assert np.abs(seen[:, ~upper] - scores[:, ~upper]).max() <= STEP
-    ca = fig.layout.coloraxis
-    assert ca.cmin == -ca.cmax and ca.cmax >= 1000 * np.abs(scores[:, ~upper]).max() - 1
-    assert "scores" in fig.layout.title.text
+    layout = sent(fig)["layout"]
+    ca = layout["coloraxis"]
+    assert ca["cmin"] == -ca["cmax"] and ca["cmax"] >= 1000 * np.abs(scores[:, ~upper]).max() - 1
+    assert "scores" in layout["title"]["text"]
     milli = int(round(seen[0, 3, 1] * 1000))
     assert hover_text(fig, 0, 3, 1, tokens(t)).endswith(format(milli, "05,d").replace(",", "."))
     assert format(-345, "05,d").replace(",", ".") == "-0.345"
@@ -182,15 +197,16 @@ def test_head_and_overview():
     t = 6
     w, _ = softmax_attention(3, t)
     head = attention_head(w[1], tokens(t), 2, 1, mask=causal_mask(t))
-    assert head.layout.coloraxis.showscale is True
-    assert "head 1" in head.layout.title.text and "Layer 2" in head.layout.title.text
+    head_layout = sent(head)["layout"]
+    assert head_layout["coloraxis"]["showscale"] is True
+    assert "head 1" in head_layout["title"]["text"] and "Layer 2" in head_layout["title"]["text"]
     assert np.abs(np.nan_to_num(attention_panels(head)[0]) - w[1]).max() <= STEP
     stack = np.stack([w, w[::-1]])  # (L=2, H=3, T, T)
     over = attention_overview(stack, tokens(t), mask=causal_mask(t))
     seen = attention_panels(over)
     assert seen.shape == (6, t, t)
     assert np.abs(np.nan_to_num(seen) - stack.reshape(6, t, t)).max() <= STEP
-    assert {tr.xaxis or "x" for tr in over.data} == {"x"} | {f"x{k}" for k in range(2, 7)}
+    assert {tr.get("xaxis", "x") for tr in sent(over)["data"]} == {"x"} | {f"x{k}" for k in range(2, 7)}
 
 
 def test_hostile_tokens_are_escaped():
@@ -255,7 +271,7 @@ def test_payload_matches_gradio_serialisation():
     gr = pytest.importorskip("gradio")
     t = 16
     fig = attention_grid(softmax_attention(4, t)[0], tokens(t), 0, mask=causal_mask(t))
-    plain = fig.figure  # the validated plotly figure behind the lazily built one
+    plain = fig.to_plotly()  # the equivalent validated plotly figure
     assert payload_bytes(fig, compact=False) == len(json.dumps(gr.Plot().postprocess(plain).model_dump()))
     compact = gr.Plot().postprocess(to_gradio_plot(fig))
     assert payload_bytes(fig) == len(json.dumps(compact.model_dump()))
@@ -325,47 +341,50 @@ def test_probabilities_bars_and_chosen():
     adjusted = np.where(probs >= np.sort(probs)[-5], probs, 0)
     adjusted /= adjusted.sum()
     chosen = int(np.argsort(-adjusted)[1])
-    fig = probabilities(pieces, probs, adjusted=adjusted, chosen=chosen, top=8)
-    assert len(fig.data) == 2 and fig.layout.barmode == "group"
-    raw, adj = fig.data
+    spec = sent(probabilities(pieces, probs, adjusted=adjusted, chosen=chosen, top=8))
+    ticktext = spec["layout"]["yaxis"]["ticktext"]
+    assert len(spec["data"]) == 2 and spec["layout"]["barmode"] == "group"
+    raw, adj = spec["data"]
     ids = np.lexsort((-probs, -adjusted))[:8]  # ranked by adjusted, ties by the model's probability
-    assert list(fig.data[0].y) == list(range(8))
-    assert np.allclose(raw.x, probs[ids], atol=1e-6) and np.allclose(adj.x, adjusted[ids], atol=1e-6)
-    assert [text.split("  ")[0].removeprefix("<b>") for text in fig.layout.yaxis.ticktext] == [pieces[i] for i in ids]
-    colours = list(raw.marker.color)
+    assert decode_array(raw["y"]).tolist() == list(range(8))
+    assert np.allclose(decode_array(raw["x"]), probs[ids], atol=1e-6)
+    assert np.allclose(decode_array(adj["x"]), adjusted[ids], atol=1e-6)
+    assert [text.split("  ")[0].removeprefix("<b>") for text in ticktext] == [pieces[i] for i in ids]
+    colours = raw["marker"]["color"]
     assert colours[1] != colours[0] and colours.count(colours[1]) == 1
-    assert "chosen" in fig.layout.yaxis.ticktext[1]
-    assert "%{x:.4f}" in raw.hovertemplate and raw.hovertext[1] == f'"{pieces[chosen]}" (id {chosen})'
+    assert "chosen" in ticktext[1]
+    assert "%{x:.4f}" in raw["hovertemplate"] and raw["hovertext"][1] == f'"{pieces[chosen]}" (id {chosen})'
 
 
 def test_probabilities_chosen_outside_top_and_escaping():
     pieces = ["<b>", "a", "b", "␣c"]
     probs = np.array([0.5, 0.3, 0.15, 0.05])
-    fig = probabilities(pieces, probs, chosen=3, top=2)
-    assert len(fig.data) == 1
-    assert list(fig.data[0].x) == pytest.approx([0.5, 0.3, 0.05])
-    assert fig.layout.yaxis.ticktext[0] == "&lt;b&gt;"
-    assert "␣c" in fig.layout.yaxis.ticktext[2] and "chosen" in fig.layout.yaxis.ticktext[2]
-    assert fig.data[0].hovertext[0] == '"&lt;b&gt;" (id 0)'
+    spec = sent(probabilities(pieces, probs, chosen=3, top=2))
+    ticktext = spec["layout"]["yaxis"]["ticktext"]
+    assert len(spec["data"]) == 1
+    assert decode_array(spec["data"][0]["x"]).tolist() == pytest.approx([0.5, 0.3, 0.05])
+    assert ticktext[0] == "&lt;b&gt;"
+    assert "␣c" in ticktext[2] and "chosen" in ticktext[2]
+    assert spec["data"][0]["hovertext"][0] == '"&lt;b&gt;" (id 0)'
 
 
 # ----------------------------------------------------------------------------- loss
 
 
 def test_loss_curve_empty_single_and_full():
-    empty = loss_curve(np.array([], dtype=int), np.array([]))
-    assert len(empty.data) == 0 and "waiting for first step" in empty.layout.annotations[0].text
-    assert empty.layout.xaxis.title.text == "step"
-    one = loss_curve(np.array([0]), np.array([4.2]))
-    assert len(one.data) == 1 and one.data[0].mode == "markers"
-    full = loss_curve(np.arange(0, 100, 10), np.linspace(4, 2, 10), np.array([0, 50]), np.array([4.1, 3.0]))
-    assert [tr.name for tr in full.data] == ["train", "validation"]
-    assert full.data[0].mode == "lines" and not full.layout.annotations
-    assert np.allclose(decode_array(full.data[0].y), np.linspace(4, 2, 10))
+    empty = sent(loss_curve(np.array([], dtype=int), np.array([])))
+    assert len(empty["data"]) == 0 and "waiting for first step" in empty["layout"]["annotations"][0]["text"]
+    assert empty["layout"]["xaxis"]["title"]["text"] == "step"
+    one = sent(loss_curve(np.array([0]), np.array([4.2])))
+    assert len(one["data"]) == 1 and one["data"][0]["mode"] == "markers"
+    full = sent(loss_curve(np.arange(0, 100, 10), np.linspace(4, 2, 10), np.array([0, 50]), np.array([4.1, 3.0])))
+    assert [tr["name"] for tr in full["data"]] == ["train", "validation"]
+    assert full["data"][0]["mode"] == "lines" and not full["layout"].get("annotations")
+    assert np.allclose(decode_array(full["data"][0]["y"]), np.linspace(4, 2, 10))
 
 
-def test_lazy_figures_send_what_plotly_would_send():
-    """The fast JSON of every lazily built figure equals plotly's own serialisation of the same figure."""
+def test_figure_specs_send_what_plotly_would_send():
+    """The fast JSON of every FigureSpec equals plotly's own serialisation of `to_plotly()`."""
     steps = np.arange(1, 301, dtype=np.float32)
     figures = [
         attention_grid(softmax_attention(4, 12)[0], tokens(12), 0, mask=causal_mask(12)),
@@ -373,9 +392,184 @@ def test_lazy_figures_send_what_plotly_would_send():
         probabilities(tokens(12), np.full(12, 1 / 12, np.float32), adjusted=np.full(12, 1 / 12, np.float32), chosen=4),
     ]
     for fig in figures:
-        fast, reference = json.loads(plot_json(fig)), json.loads(fig.figure.to_json())
+        assert isinstance(fig, FigureSpec)
+        fast, reference = sent(fig), json.loads(fig.to_plotly().to_json())
         assert fast["data"] == reference["data"]
         for key, value in fast["layout"].items():
             if key in ("template", "coloraxis"):  # plotly expands named templates and colour scales
                 continue
             assert value == reference["layout"][key], key
+
+
+def assert_same_values(a, b, where: str = "figure") -> None:
+    """Two figure JSON structures carry the same content, typed arrays compared by decoded value."""
+    typed = [isinstance(v, dict) and "bdata" in v for v in (a, b)]
+    if any(typed):
+        left, right = decode_array(a).astype(np.float64), decode_array(b).astype(np.float64)
+        np.testing.assert_array_equal(left, right, err_msg=where)  # NaN (masked cells) equal NaN
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_values(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_values(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+# ----------------------------------------------------------------------------- FigureSpec
+
+
+def test_figure_spec_is_not_a_plotly_figure():
+    """Edits that would be lost are refused, not silently accepted."""
+    fig = attention_grid(softmax_attention(2, 6)[0], tokens(6), 0, mask=causal_mask(6))
+    assert isinstance(fig, FigureSpec) and not isinstance(fig, go.Figure)
+    assert not hasattr(fig, "update_layout") and not hasattr(fig, "figure")
+    with pytest.raises(AttributeError):
+        fig.update_layout(title="lost")
+    with pytest.raises(AttributeError):
+        fig.layout = {}  # fields cannot be reassigned
+    assert "FigureSpec" in repr(fig) and "heatmap" in repr(fig)
+
+
+def test_to_plotly_carries_the_same_data():
+    steps = np.arange(0, 500, 5)  # int64: narrowed like plotly.py narrows it
+    specs = [
+        attention_grid(softmax_attention(3, 20, seed=4)[0], tokens(20), 1, mask=causal_mask(20)),
+        attention_head(softmax_attention(1, 9)[1][0], tokens(9), 0, 0, kind="scores"),
+        probabilities(tokens(9), np.full(9, 1 / 9), chosen=2),
+        loss_curve(steps, 5 / (1 + steps), steps[::20], 5.5 / (1 + steps[::20])),
+        loss_curve(np.zeros(0), np.zeros(0)),
+    ]
+    for spec in specs:
+        plain = spec.to_plotly()
+        assert isinstance(plain, go.Figure)
+        assert_same_values(sent(spec)["data"], json.loads(plain.to_json())["data"])
+        plain.update_layout(title="edited")  # a separate figure: the spec is unchanged
+        assert sent(spec)["layout"].get("title", {}).get("text") != "edited"
+    attention = specs[0]
+    np.testing.assert_array_equal(attention_panels(attention.to_plotly()), attention_panels(attention))
+
+
+def test_helpers_accept_both_figure_types_and_nothing_else():
+    spec = probabilities(["a", "b"], np.array([0.25, 0.75]))
+    plain = positional_table(sinusoidal(4, 4), "sinusoidal")
+    for fig in (spec, plain, spec.to_plotly()):
+        assert json.loads(plot_json(fig))["data"]
+        assert payload_bytes(fig) <= payload_bytes(fig, compact=False)
+    for call in (plot_json, payload_bytes, attention_panels):
+        with pytest.raises(TypeError, match="FigureSpec or a plotly go.Figure"):
+            call({"data": [], "layout": {}})
+
+
+def test_return_annotations_say_what_comes_back():
+    t = 5
+    w, s = softmax_attention(2, t)
+    stack = np.stack([w, w])
+    calls = [
+        (attention_grid, lambda: attention_grid(w, tokens(t), 0, mask=causal_mask(t))),
+        (attention_head, lambda: attention_head(w[0], tokens(t), 0, 0, mask=causal_mask(t))),
+        (attention_overview, lambda: attention_overview(stack, tokens(t), mask=causal_mask(t))),
+        (probabilities, lambda: probabilities(["a", "b"], np.array([0.5, 0.5]))),
+        (loss_curve, lambda: loss_curve(np.arange(3), np.ones(3))),
+        (positional_table, lambda: positional_table(sinusoidal(4, 4), "sinusoidal")),
+        (positional_similarity, lambda: positional_similarity(np.eye(3))),
+        (no_positional_encoding, no_positional_encoding),
+        (message_figure, lambda: message_figure("hello")),
+    ]
+    for fn, call in calls:
+        hint = typing.get_type_hints(fn)["return"]
+        assert hint in (FigureSpec, go.Figure), (fn.__name__, hint)
+        assert type(call()) is hint, fn.__name__
+    hint = typing.get_type_hints(attention_view)["return"]
+    assert set(typing.get_args(hint)) == {FigureSpec, go.Figure}
+    common = {"layer": 0, "head": None, "causal": True}
+    drawn = attention_view(np.stack([w]), np.stack([s]), tokens(t), view="all layers", overview_max_tokens=t, **common)
+    refused = attention_view(np.stack([w]), None, tokens(t), view="all layers", overview_max_tokens=t - 1, **common)
+    assert type(drawn) is FigureSpec and type(refused) is go.Figure
+
+
+# ----------------------------------------------------------------------------- attention_view
+
+
+def _stack(layers: int = 2, heads: int = 3, t: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [softmax_attention(heads, t, seed=layer) for layer in range(layers)]
+    return np.stack([w for w, _ in pairs]), np.stack([s for _, s in pairs])
+
+
+def test_attention_views_are_exported_once():
+    assert ATTENTION_VIEWS == ("weights", "scores", "all layers")
+    assert viz.ATTENTION_VIEWS is viz.attention.ATTENTION_VIEWS
+
+
+@pytest.mark.parametrize("view", ATTENTION_VIEWS)
+@pytest.mark.parametrize("head", [None, 0, 2])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_view_matches_the_underlying_figure(view, head, causal):
+    t, layer = 7, 1
+    weights, scores = _stack(t=t)
+    toks = tokens(t)
+    mask = causal_mask(t) if causal else None
+    if not causal:  # unmasked (bidirectional) inputs: finite everywhere
+        scores = np.nan_to_num(scores, neginf=-5.0)
+    fig = attention_view(weights, scores, toks, layer=layer, head=head, view=view, causal=causal,
+                         overview_max_tokens=48)
+    if view == "all layers":
+        expected = attention_overview(weights, toks, mask=mask, width_px=1200)
+    else:
+        mats = scores if view == "scores" else weights
+        if head is None:
+            expected = attention_grid(mats[layer], toks, layer, kind=view, mask=mask, width_px=1200)
+        else:
+            expected = attention_head(mats[layer][head], toks, layer, head, kind=view, mask=mask)
+    assert plot_json(fig) == plot_json(expected)
+
+
+def test_attention_view_width_and_scores_optional():
+    weights, _ = _stack(t=6)
+    fig = attention_view(weights, None, tokens(6), layer=0, head=None, view="weights", causal=True,
+                         overview_max_tokens=48, width_px=800)
+    assert plot_json(fig) == plot_json(attention_grid(weights[0], tokens(6), 0, mask=causal_mask(6), width_px=800))
+
+
+def test_attention_view_overview_limit():
+    t = 9
+    weights, scores = _stack(layers=3, heads=4, t=t)
+    args = (weights, scores, tokens(t))
+    at_limit = attention_view(*args, layer=0, head=None, view="all layers", causal=True, overview_max_tokens=t)
+    assert attention_panels(at_limit).shape == (12, t, t)
+    past = attention_view(*args, layer=0, head=1, view="all layers", causal=True, overview_max_tokens=t - 1)
+    assert isinstance(past, go.Figure)
+    text = sent(past)["layout"]["annotations"][0]["text"]
+    assert text == f"The overview draws 3×4 panels; it needs ≤ {t - 1} tokens (there are {t}). Pick a layer instead."
+    # the limit applies to the overview only; a layer is still drawn
+    one_layer = attention_view(*args, layer=2, head=None, view="weights", causal=True, overview_max_tokens=t - 1)
+    assert attention_panels(one_layer).shape == (4, t, t)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"view": "probs"}, "view must be one of 'weights', 'scores', 'all layers', got 'probs'"),
+        ({"layer": 2}, "layer 2 out of range: the model has 2 layers"),
+        ({"layer": -1}, "layer -1 out of range"),
+        ({"layer": 1.0}, "layer must be a whole number"),
+        ({"layer": True}, "layer must be a whole number"),
+        ({"head": 3}, "head 3 out of range: each layer has 3 heads"),
+        ({"head": -1, "view": "all layers"}, "head -1 out of range"),
+        ({"scores": None, "view": "scores"}, "view 'scores' needs the attention scores"),
+        ({"scores": np.zeros((2, 3, 6, 6))}, r"scores have shape \(2, 3, 6, 6\) but weights have shape \(2, 3, 7, 7\)"),
+        ({"weights": np.zeros((3, 7, 7))}, r"weights must be 4-D \(layers, heads, T, T\), got shape \(3, 7, 7\)"),
+        ({"weights": np.zeros((2, 3, 7, 6))}, "weights is 7×6"),
+        ({"tokens": list("abc")}, "attention is 7×7 but 3 token labels"),
+        ({"overview_max_tokens": 0}, "overview_max_tokens must be a positive whole number"),
+    ],
+)
+def test_attention_view_rejects_bad_input(change, message):
+    weights, scores = _stack(t=7)
+    kwargs = {"weights": weights, "scores": scores, "tokens": tokens(7), "layer": 0, "head": None,
+              "view": "weights", "causal": True, "overview_max_tokens": 48, **change}
+    with pytest.raises(ValueError, match=message):
+        attention_view(**kwargs)

@@ -1,5 +1,8 @@
 """Attention heatmaps: one layer's heads, one head enlarged, or every layer × head.
 
+`attention_view` picks one of these for a view name from `ATTENTION_VIEWS` (what the app's radio
+offers), so the choice lives here rather than in the UI code. The figures are `FigureSpec`s.
+
 Conventions shared by all three figures
 * rows are query positions (position 0 on top), columns are key positions;
 * the axes are category axes whose categories are unique position labels ``"tok" (i)``, so hover can
@@ -12,10 +15,11 @@ Conventions shared by all three figures
 Payload. A causal map is sent as rectangular tiles: each band of B query rows becomes one
 integer tile for the keys left of its diagonal block (u1 when every value ≤ 0.255, else u2) and
 one float32 tile, NaN above the diagonal, for the diagonal block; fully masked tiles are not sent.
-B is picked per head from {4, 8, 16, 32, 64, T} by estimated size, and each tile overlaps its
+B is picked per head from {8, 16, 32, 64, T} by estimated size, and each tile overlaps its
 right/lower neighbour by one cell (same values) so the separately drawn images show no seams.
-Measured numbers are in the ``viz`` package docstring. Pass the mask (``mask=causal_mask(T)``)
-or NaN/-inf: the model's exact zeros alone count as data (a full, ~30 % larger, grid).
+Measured sizes and timings live in bench/RESULTS.md, not here. Pass the mask
+(``mask=causal_mask(T)``) or NaN/-inf: the model's exact zeros alone count as data, so the whole
+square grid is sent instead of the tiles.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from .payload import LazyFigure
 
 from ._common import (
     FONT,
@@ -41,13 +44,17 @@ from ._common import (
     tick_step,
     to_milli,
 )
+from .payload import FigureSpec
+from .positional import message_figure
 
 KINDS = ("weights", "scores")
+ATTENTION_VIEWS = ("weights", "scores", "all layers")  # the view names a UI offers; see attention_view
 OVERVIEW_MAX_T = 48
 MASKED_HINT = "grey = masked (future position)"
 _TILE_SIZES = (8, 16, 32, 64)
-ATTENTION_BUDGET = 135_000  # bytes of cell data per figure (a 4-head figure stays under 150 KB at T=128)
-_TRACE_OVERHEAD = 700  # cost of one tile in bytes-equivalent: ~125 B on the wire plus its render time (about 2.5 ms per trace in Chromium)
+ATTENTION_BUDGET = 135_000  # bytes of cell data per figure, leaving room for the layout within a 150 KB target
+# what one extra tile costs, in bytes-equivalent: its own JSON plus the browser's per-trace render work
+_TRACE_OVERHEAD = 700
 
 
 def causal_mask(t: int) -> np.ndarray:
@@ -174,9 +181,9 @@ def _run_cost(q: np.ndarray, masked: np.ndarray, run: tuple[int, int, int, int, 
 def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budget: int) -> list[dict]:
     """Heatmap trace dicts (one per rectangle) for one panel of milli-unit values.
 
-    Each trace costs the browser far more than its bytes (Gradio's plotly.js: ~7 ms per trace at
-    T=64), so the panel uses the fewest rectangles whose data fits in `budget` bytes (a whole panel
-    is one trace when it fits); when nothing fits, the cheapest by bytes plus a per-trace cost.
+    In the browser a trace costs far more than its bytes (plotly.js draws each one separately), so
+    the panel uses the fewest rectangles whose data fits in `budget` bytes (a whole panel is one
+    trace when it fits); when nothing fits, the cheapest by bytes plus a per-trace cost.
     """
     t = q.shape[0]
     options = [_runs(masked, b) for b in sorted({b for b in _TILE_SIZES if b < t} | {t}, reverse=True)]
@@ -246,7 +253,7 @@ def _attention_figure(
     title: str,
     width_px: int,
     show_scale: bool = True,
-) -> go.Figure:
+) -> FigureSpec:
     """Figure with one panel per values[k] (N, T, T) laid out in a grid of `ncols` columns."""
     n, t = values.shape[0], values.shape[-1]
     q = to_milli(np.where(masked, np.nan, values))
@@ -367,7 +374,7 @@ def _attention_figure(
             {"text": MASKED_HINT, "x": 1, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "right",
              "yanchor": "bottom", "yshift": 22, "showarrow": False, "font": {"size": 10, "color": "#666"}}
         )
-    return LazyFigure(data, layout)
+    return FigureSpec(data, layout)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -398,7 +405,7 @@ def attention_grid(
     kind: str = "weights",
     mask: np.ndarray | None = None,
     width_px: int = 1000,
-) -> go.Figure:
+) -> FigureSpec:
     """One layer's heads as a grid of heatmaps (up to 4 columns) with one shared colour scale.
 
     attn: (H, T, T) post-softmax weights (kind="weights", colour scale fixed 0–1) or pre-softmax
@@ -427,7 +434,7 @@ def attention_head(
     *,
     mask: np.ndarray | None = None,
     width_px: int = 720,
-) -> go.Figure:
+) -> FigureSpec:
     """A single head, large, with colour bar; same conventions as `attention_grid`."""
     attn2d, t, tokens = _checked(attn2d, tokens, kind, "(T, T)")
     masked = _masks(attn2d, mask)
@@ -442,12 +449,16 @@ def attention_overview(
     kind: str = "weights",
     mask: np.ndarray | None = None,
     width_px: int = 1000,
-) -> go.Figure:
-    """Every layer × head as small multiples (rows = layers), for prompts of at most 48 tokens."""
+    max_tokens: int = OVERVIEW_MAX_T,
+) -> FigureSpec:
+    """Every layer × head as small multiples (rows = layers), for prompts of at most `max_tokens` tokens.
+
+    attn: (L, H, T, T). The panels get small quickly, so longer prompts raise ValueError.
+    """
     attn, t, tokens = _checked(attn, tokens, kind, "(layers, heads, T, T)")
-    if t > OVERVIEW_MAX_T:
+    if t > max_tokens:
         raise ValueError(
-            f"the all-layers overview needs T ≤ {OVERVIEW_MAX_T} tokens but T = {t}; "
+            f"the all-layers overview needs T ≤ {max_tokens} tokens but T = {t}; "
             "pick one layer (attention_grid) instead"
         )
     n_layers, n_heads = attn.shape[:2]
@@ -457,3 +468,78 @@ def attention_overview(
     rows = [f"layer {layer}<br>query" for layer in range(n_layers)]
     return _attention_figure(flat, masked, tokens, ncols=n_heads, panel_titles=titles, row_titles=rows, kind=kind,
                              title=f"Attention {_what(kind)}: every layer (rows) × head (columns)", width_px=width_px)
+
+
+def _index(name: str, value: object, count: int, what: str) -> int:
+    """`value` as an index in range(count), else ValueError naming the value and the count."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if not 0 <= value < count:
+        last = f"0..{count - 1}" if count else "none"
+        raise ValueError(f"{name} {value} out of range: {what} {count} {name}s ({last})")
+    return int(value)
+
+
+def _shape(arr: np.ndarray) -> str:
+    return "(" + ", ".join(str(n) for n in arr.shape) + ")"
+
+
+def attention_view(
+    weights: np.ndarray,
+    scores: np.ndarray | None,
+    tokens: Sequence[str],
+    *,
+    layer: int,
+    head: int | None,
+    view: str,
+    causal: bool,
+    overview_max_tokens: int,
+    width_px: int = 1200,
+) -> FigureSpec | go.Figure:
+    """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
+
+    weights, scores: (L, H, T, T) post-softmax weights and pre-softmax scores of every layer;
+    scores may be None unless view == "scores". tokens: the T display strings. head None means
+    all heads of `layer`. causal: mask the future positions (`causal_mask`).
+
+    * "all layers": `attention_overview` of every layer's weights, or, when T exceeds
+      `overview_max_tokens`, a `message_figure` (a `go.Figure`) asking for a single layer;
+    * "weights" / "scores": `attention_grid` of the layer (head None, laid out for `width_px`)
+      or `attention_head` of one head, for that kind.
+
+    Raises ValueError for an unknown view, a layer or head out of range, or inconsistent shapes.
+    """
+    if view not in ATTENTION_VIEWS:
+        raise ValueError(f"view must be one of {', '.join(map(repr, ATTENTION_VIEWS))}, got {view!r}")
+    weights = np.asarray(weights)
+    if weights.ndim != 4:
+        raise ValueError(f"weights must be 4-D (layers, heads, T, T), got shape {_shape(weights)}")
+    t = _check_square(weights.shape, "weights")
+    n_layers, n_heads = weights.shape[:2]
+    if scores is not None:
+        scores = np.asarray(scores)
+        if scores.shape != weights.shape:
+            raise ValueError(f"scores have shape {_shape(scores)} but weights have shape {_shape(weights)}")
+    elif view == "scores":
+        raise ValueError("view 'scores' needs the attention scores, but scores is None")
+    tokens = _check_tokens(tokens, t)
+    layer = _index("layer", layer, n_layers, "the model has")
+    if head is not None:
+        head = _index("head", head, n_heads, "each layer has")
+    if isinstance(overview_max_tokens, bool) or not isinstance(overview_max_tokens, (int, np.integer)) \
+            or overview_max_tokens < 1:
+        raise ValueError(f"overview_max_tokens must be a positive whole number, got {overview_max_tokens!r}")
+    mask = causal_mask(t) if causal else None
+
+    if view == "all layers":
+        if t > overview_max_tokens:
+            return message_figure(
+                f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {overview_max_tokens} tokens "
+                f"(there are {t}). Pick a layer instead."
+            )
+        return attention_overview(weights, tokens, mask=mask, width_px=width_px, max_tokens=int(overview_max_tokens))
+    kind = "scores" if view == "scores" else "weights"
+    mats = scores if kind == "scores" else weights
+    if head is None:
+        return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px)
+    return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask)

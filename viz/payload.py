@@ -1,15 +1,18 @@
-"""What a figure costs on the wire, the Gradio hand-off, and decoding figures back to numbers.
+"""Figure containers and the wire: `FigureSpec`, the Gradio hand-off, sizes, decoding back to numbers.
 
-gr.Plot sends ``{"type": "plotly", "plot": fig.to_json()}`` JSON-encoded inside the SSE stream
-(uncompressed). plotly escapes every "/" as ``\\u002f`` for HTML safety; in base64 data that is
-1 character in 64 costing 7 bytes on the wire instead of 1. `to_gradio_plot` undoes only that
-escape ("<" and ">" stay escaped), which rendered identically in chromium.
+The figure builders return either a `FigureSpec` (plain dicts, fast JSON) or a plotly `go.Figure`;
+everything here accepts both (the `Figure` alias). A gr.Plot ships ``{"type": "plotly", "plot":
+<figure JSON>}`` JSON-encoded inside the SSE stream, without compression. plotly's own JSON writes
+every "/" as ``\\u002f`` (an HTML-safety escape); inside base64 array data, where "/" is one of
+the 64 symbols, that swells those characters several-fold once the text is JSON-encoded again.
+`to_gradio_plot` therefore sends the JSON with only that escape undone ("<" and ">" stay escaped).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,12 +25,27 @@ _DTYPES = {"i1": np.int8, "u1": np.uint8, "u1c": np.uint8, "i2": np.int16, "u2":
 _SPEC_DTYPES = {np.dtype(v).str[1:]: k for k, v in _DTYPES.items() if k != "u1c"}
 
 
-def _typed_array(arr: np.ndarray) -> dict:
-    """A numpy array as plotly.js's typed-array spec (what plotly.py sends for numpy data)."""
+def _narrow_wide_int(arr: np.ndarray) -> np.ndarray:
+    """int64 / uint64 (which plotly.js typed arrays lack) in the smallest type plotly.py would pick."""
+    lo, hi = int(arr.min()), int(arr.max())
+    signed = arr.dtype.kind == "i"
+    for dtype in ((np.int8, np.int16, np.int32) if signed else (np.uint8, np.uint16, np.uint32)):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return arr.astype(dtype)
+    return arr
+
+
+def _typed_array(arr: np.ndarray) -> dict | list:
+    """A numpy array as plotly.js's typed-array spec, following plotly.py's rules for numpy data:
+    empty arrays and dtypes plotly.js cannot take become plain lists, 64-bit integers are narrowed
+    when their values allow it."""
     arr = np.ascontiguousarray(arr)
+    if arr.size and arr.dtype.kind in "iu" and arr.dtype.itemsize == 8:
+        arr = _narrow_wide_int(arr)
     code = _SPEC_DTYPES.get(arr.dtype.str[1:])
-    if code is None:
-        raise ValueError(f"no plotly typed array for dtype {arr.dtype}")
+    if code is None or arr.size == 0:
+        return arr.tolist()
     spec = {"dtype": code, "bdata": base64.b64encode(arr.tobytes()).decode("ascii")}
     if arr.ndim > 1:
         spec["shape"] = ", ".join(str(n) for n in arr.shape)
@@ -46,58 +64,87 @@ def _encode(obj: Any) -> Any:
     return obj
 
 
-class LazyFigure:
-    """A figure built from plain dicts whose JSON is written directly, skipping plotly's validation.
+@dataclass(frozen=True, eq=False, repr=False)
+class FigureSpec:
+    """A figure held as the plain dicts plotly.js receives: ``data`` (trace dicts) and ``layout``.
 
-    Validating a figure of ~100 heatmap tiles dominated the cost of a Step (tens of ms), so the
-    attention views are built this way. The dicts are the same ones plotly would send; anything
-    that needs a real `go.Figure` (attribute access such as ``fig.data[0].z``, `to_dict`, tests)
-    gets one, built and validated on first use.
+    This is not a `go.Figure` and does not pretend to be one: it has no ``update_layout``, no
+    ``.data[0].z`` attribute access, and its fields cannot be reassigned. `to_json` writes the
+    dicts directly (numpy arrays become plotly typed arrays), which skips plotly's per-trace
+    validation; the attention views with many heatmap tiles are built this way for speed.
+    `to_plotly` builds and validates a real, independent `go.Figure` for anyone who needs one
+    (to edit it, or to compare with plotly's own serialisation). A string ``layout["template"]``
+    is replaced by the named template itself, because plotly.js cannot look names up.
     """
 
-    def __init__(self, data: list[dict], layout: dict):
-        if isinstance(layout.get("template"), str):  # plotly.js needs the template itself, not its name
+    data: tuple[dict, ...]
+    layout: dict
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, dict):
+            raise TypeError(f"layout must be a dict, got {type(self.layout).__name__}")
+        data = tuple(self.data)
+        for i, trace in enumerate(data):
+            if not isinstance(trace, dict) or "type" not in trace:
+                raise TypeError(f"trace {i} must be a dict with a 'type' key, got {trace!r:.60}")
+        layout = self.layout
+        if isinstance(layout.get("template"), str):
             import plotly.io as pio
 
             layout = {**layout, "template": pio.templates[layout["template"]].to_plotly_json()}
-        self._spec = {"data": data, "layout": layout}
-        self._figure: go.Figure | None = None
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "layout", layout)
+
+    def __repr__(self) -> str:
+        kinds = sorted({str(trace["type"]) for trace in self.data})
+        return f"FigureSpec({len(self.data)} traces: {', '.join(kinds) or 'none'})"
 
     def to_json(self) -> str:
-        return json.dumps(_encode(self._spec), separators=(",", ":"), allow_nan=False)
+        """The figure as plotly.js JSON, written straight from the dicts ("/" left unescaped)."""
+        spec = {"data": list(self.data), "layout": self.layout}
+        return json.dumps(_encode(spec), separators=(",", ":"), allow_nan=False)
 
-    @property
-    def figure(self) -> go.Figure:
-        if self._figure is None:
-            self._figure = go.Figure(data=self._spec["data"], layout=self._spec["layout"])
-        return self._figure
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.figure, name)
+    def to_plotly(self) -> go.Figure:
+        """A new, validated `go.Figure` with the same traces and layout (changes to it stay there)."""
+        return go.Figure(data=list(self.data), layout=self.layout)
 
 
-def plot_json(fig: go.Figure | LazyFigure) -> str:
+Figure = FigureSpec | go.Figure
+"""Anything the viz helpers accept: a `FigureSpec` or a plotly `go.Figure`."""
+
+
+def _check_figure(fig: Any) -> None:
+    if not isinstance(fig, (FigureSpec, go.Figure)):
+        raise TypeError(f"expected a viz.FigureSpec or a plotly go.Figure, got {type(fig).__name__}")
+
+
+def plot_json(fig: Figure) -> str:
     """Figure JSON as `to_gradio_plot` sends it (plotly's JSON without the "/" escape)."""
-    if isinstance(fig, LazyFigure):
+    _check_figure(fig)
+    if isinstance(fig, FigureSpec):
         return fig.to_json()
     return fig.to_json().replace("\\u002f", "/")
 
 
-def to_gradio_plot(fig: go.Figure) -> Any:
+def to_gradio_plot(fig: Figure) -> Any:
     """gradio PlotData for `fig` with the smaller JSON; return it from a handler whose output is a gr.Plot."""
     from gradio.components.plot import PlotData  # the only gradio import in viz
 
     return PlotData(type="plotly", plot=plot_json(fig))
 
 
-def payload_bytes(fig: go.Figure, *, compact: bool = True) -> int:
+def payload_bytes(fig: Figure, *, compact: bool = True) -> int:
     """Bytes gradio puts on the wire for this figure in a gr.Plot.
 
-    compact=True measures `to_gradio_plot(fig)`; compact=False a plain `return fig`. Equal to
+    compact=True measures `to_gradio_plot(fig)`; compact=False a plain ``return fig`` of the
+    equivalent `go.Figure` (`FigureSpec.to_plotly` for a spec). Equal to
     ``len(json.dumps(gr.Plot().postprocess(x).model_dump()))`` for the corresponding x.
     """
-    plain = fig.figure if isinstance(fig, LazyFigure) else fig
-    text = plot_json(fig) if compact else plain.to_json()
+    _check_figure(fig)
+    if compact:
+        text = plot_json(fig)
+    else:
+        text = (fig.to_plotly() if isinstance(fig, FigureSpec) else fig).to_json()
     return len(json.dumps({"type": "plotly", "plot": text}))
 
 
@@ -112,7 +159,7 @@ def decode_array(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
-def attention_panels(fig: go.Figure) -> np.ndarray:
+def attention_panels(fig: Figure) -> np.ndarray:
     """The values a viewer of an attention figure sees: (panels, T, T) float64, NaN where masked.
 
     Decodes the JSON actually sent (tiles, integer milli-units) back to floats. Tiles overlap by a

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import plotly.graph_objects as go
 
 from ._common import FONT, esc, short_token
-from .payload import LazyFigure
+from .payload import FigureSpec
 
 RAW_COLOUR = "#9db4d3"
 ADJ_COLOUR = "#2f6db5"
@@ -32,7 +31,7 @@ def probabilities(
     adjusted: np.ndarray | None = None,
     chosen: int | None = None,
     top: int = 15,
-) -> go.Figure:
+) -> FigureSpec:
     """Horizontal bars of the `top` most likely next tokens (ranked by `adjusted` when given).
 
     probs: the model's softmax over the vocabulary. adjusted: the distribution after temperature /
@@ -95,4 +94,4 @@ def probabilities(
         "showlegend": adjusted is not None,
         "hovermode": "closest",
     }
-    return LazyFigure(data, layout)
+    return FigureSpec(data, layout)

@@ -1,12 +1,11 @@
-"""Training curves."""
+"""Training curves: train and validation loss against the step, as a `FigureSpec`."""
 
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 
 from ._common import FONT, empty_note
-from .payload import LazyFigure
+from .payload import FigureSpec
 
 TRAIN_COLOUR = "#2f6db5"
 VAL_COLOUR = "#e4572e"
@@ -27,7 +26,7 @@ def loss_curve(
     train: np.ndarray,
     val_steps: np.ndarray | None = None,
     val: np.ndarray | None = None,
-) -> go.Figure:
+) -> FigureSpec:
     """Train (line) and validation (line + markers) cross-entropy loss against the training step.
 
     With no points yet the axes are drawn with a "waiting for first step" note; a single point is
@@ -65,4 +64,4 @@ def loss_curve(
         layout["xaxis"]["range"] = [0, 1]
         layout["yaxis"]["range"] = [0, 1]
         layout["annotations"] = [empty_note("waiting for first step")]
-    return LazyFigure(data, layout)
+    return FigureSpec(data, layout)

@@ -1,0 +1,47 @@
+"""Files a session makes (trained models to download), where they live and when they go.
+
+Each session gets one folder under the system's temp directory; it is deleted when the
+session closes, and folders left by sessions that never closed (a killed server) are swept
+once they are older than `RUN_FILES_MAX_AGE_S`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from .limits import RUN_FILES_MAX_AGE_S
+
+RUNS = Path(tempfile.gettempdir()) / "decoder-lab-runs"
+
+
+def new_session_dir() -> Path:
+    path = RUNS / uuid.uuid4().hex
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def safe_file_stem(name: str) -> str:
+    """A model's display name as a file name: letters and digits, the rest as '-'."""
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-")[:60] or "model"
+
+
+def remove_dir(path: Path | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_runs(max_age_s: float = RUN_FILES_MAX_AGE_S) -> None:
+    """Delete session folders untouched for `max_age_s` (at start-up and before each training)."""
+    if not RUNS.exists():
+        return
+    now = time.time()
+    for d in RUNS.iterdir():
+        try:
+            if now - d.stat().st_mtime > max_age_s:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass

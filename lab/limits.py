@@ -1,0 +1,101 @@
+"""Every option list and limit of the lab, stated once.
+
+The dropdowns and sliders in app.py, the checks in lab/, the concurrency settings of the
+server and the README's Limits table all read this module (a test holds the README to
+`limits_table()`). Option lists that belong to the engine (positional encodings, norms,
+activations, tokenizers) or to the figures (attention views) are defined there and only
+re-exported here, so there is still one home for each.
+"""
+
+from __future__ import annotations
+
+import os
+
+from model.checkpoint import DEFAULT_LIMITS as CHECKPOINT_LIMITS
+from model.config import ACTIVATIONS, NORMS, POS_ENCODINGS
+from model.corpora import MAX_TEXT_CHARS, MIN_TEXT_CHARS
+from model.generate import TEMPERATURE_RANGE, TOP_P_RANGE
+from model.tokenizers import TOKENIZER_KINDS
+from viz import ATTENTION_VIEWS, OVERVIEW_MAX_T
+
+__all__ = [
+    "ACTIVATIONS", "ATTENTION_VIEWS", "CHECKPOINT_LIMITS", "NORMS", "POS_ENCODINGS", "TOKENIZER_KINDS",
+    "MAX_PROMPT_CHARS", "MAX_NEW_TOKENS", "MAX_USER_MODELS", "OVERVIEW_MAX_TOKENS",
+    "TEMPERATURE_RANGE", "TOP_K_RANGE", "TOP_P_RANGE", "SEED_RANGE", "TRAIN_LIMITS", "TRAIN_CORPORA",
+    "TRAIN_MAX_SECONDS", "TEXT_CHARS", "UPLOAD_MAX_MB", "STATE_TTL_S", "SESSION_CAPACITY", "QUEUE_SIZE",
+    "CONCURRENCY", "RUN_FILES_MAX_AGE_S", "limits_table",
+]
+
+# ---------------------------------------------------------------------------- Explore
+MAX_PROMPT_CHARS = 2000
+MAX_NEW_TOKENS = 256  # per Generate, and generated tokens per text
+OVERVIEW_MAX_TOKENS = OVERVIEW_MAX_T  # the all-layers view draws n_layers × n_heads panels (viz's bound)
+TOP_K_RANGE = (0, 50)  # 0 = off
+SEED_RANGE = (0, 2**31 - 1)  # what a JavaScript number input holds exactly, and torch accepts
+
+# ------------------------------------------------------------------------------ Train
+# The Train form: inclusive (low, high) of every number a person sets, whatever the client sends.
+TRAIN_LIMITS = {
+    "layers": (1, 4),
+    "heads": (1, 4),
+    "d_model": (8, 128),
+    "d_ff": (0, 512),
+    "steps": (1, 2000),
+    "learning rate": (1e-5, 0.1),
+    "dropout": (0.0, 0.5),
+    "seed": SEED_RANGE,
+}
+TRAIN_MAX_SECONDS = float(os.environ.get("DECODER_LAB_TRAIN_SECONDS", "180"))
+TEXT_CHARS = (MIN_TEXT_CHARS, MAX_TEXT_CHARS)
+# corpus name (the engine's) → what the dropdown says and the line under it
+TRAIN_CORPORA = {
+    "grammar": ("Generated English (names, pronouns)",
+                "Generated English mini-stories where later pronouns (she/he/her/him/his) refer back to names."),
+    "sort": ("Sort six digits", "Sort six random digits: '503124=012345'. Loss only on the sorted answer."),
+    "copy": ("Copy a random sequence (induction)",
+             "Induction: repeat eight random letters after '|': 'hcbpadlk|hcbpadlk'. Loss only on the copy."),
+    "toy": ("Article toy (7 words)", "The seven-word Amsterdam example of article 001: two hand-written sequences."),
+    "text": ("My own text (paste or upload)",
+             f"Your own UTF-8 text ({MIN_TEXT_CHARS:,} to {MAX_TEXT_CHARS:,} characters), split 90/10 by position."),
+}
+
+# --------------------------------------------------------------------------- Sessions
+MAX_USER_MODELS = 3  # a person's own (trained or uploaded) models; the oldest goes first
+UPLOAD_MAX_MB = CHECKPOINT_LIMITS.max_file_bytes // 2**20  # the checkpoint loader's own bound
+STATE_TTL_S = float(os.environ.get("DECODER_LAB_STATE_TTL", "1800"))
+SESSION_CAPACITY = 300
+QUEUE_SIZE = int(os.environ.get("DECODER_LAB_QUEUE", "32"))
+RUN_FILES_MAX_AGE_S = 3600  # downloadable model files of a session
+# concurrency_limit of each group of events (one training at a time: it takes a whole core)
+CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2}
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def limits_table() -> list[str]:
+    """The README's Limits table, row by row, as this module states it."""
+    t, p, k, s = TEMPERATURE_RANGE, TOP_P_RANGE, TOP_K_RANGE, SEED_RANGE
+    L = TRAIN_LIMITS
+    c = CHECKPOINT_LIMITS
+    return [
+        "| what | limit |",
+        "|---|---|",
+        f"| prompt | 1–{MAX_PROMPT_CHARS} characters; longer than the model's context keeps its last tokens, "
+        "with a notice |",
+        f"| new tokens | 1–{MAX_NEW_TOKENS} per Generate, {MAX_NEW_TOKENS} per text |",
+        f"| sampling | temperature {_num(t[0])}–{_num(t[1])} (0 = greedy), top-k {k[0]}–{k[1]}, "
+        f"top-p {_num(p[0])}–{_num(p[1])}, seed {s[0]}–2³¹−1 |",
+        f"| all-layers view | ≤ {OVERVIEW_MAX_TOKENS} tokens |",
+        f"| training | ≤ {L['layers'][1]} layers, ≤ {L['heads'][1]} heads, d_model {L['d_model'][0]}–{L['d_model'][1]}, "
+        f"d_ff ≤ {L['d_ff'][1]}, ≤ {L['steps'][1]} steps, learning rate {_num(L['learning rate'][0])}–"
+        f"{_num(L['learning rate'][1])}, dropout ≤ {_num(L['dropout'][1])}, ≤ {_num(TRAIN_MAX_SECONDS)} s wall clock, "
+        "one training at a time |",
+        f"| training text | {TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters of UTF-8 |",
+        f"| uploads | {UPLOAD_MAX_MB} MB; checkpoints ≤ {c.max_layers} layers, ≤ {c.max_heads} heads, "
+        f"d_model ≤ {c.max_d_model}, context ≤ {c.max_block_size}, vocabulary ≤ {c.max_vocab:,}, "
+        f"≤ {c.max_params:,} parameters |",
+        f"| sessions | state expires after {_num(STATE_TTL_S / 60)} min idle; at most {SESSION_CAPACITY} sessions kept; "
+        f"≤ {MAX_USER_MODELS} own models per session; queue of {QUEUE_SIZE} |",
+    ]
