@@ -8,14 +8,10 @@ person's `lab.session.Session`, draws the result with one `viz` function and ret
 from __future__ import annotations
 
 try:  # ZeroGPU needs `spaces` imported before torch touches CUDA; locally it is absent
-    import spaces
-
-    gpu = spaces.GPU
+    from spaces import GPU as gpu
 except ImportError:  # pragma: no cover - depends on the environment
-
     def gpu(fn=None, **_kwargs):
         return fn if callable(fn) else (lambda f: f)
-
 
 import functools
 import inspect
@@ -43,6 +39,9 @@ log = logging.getLogger("decoder_lab")
 torch.set_num_threads(int(os.environ.get("DECODER_LAB_THREADS", "1")))  # one thread per request: bench/RESULTS.md
 LEARN_PATH = Path(__file__).resolve().parent / "assets" / "learn.md"
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
+PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. "
+               "Learned: a trained table of the same shape. RoPE: queries and keys are rotated by the angle "
+               "$pos \\cdot 10000^{-2i/d_{head}}$ per pair of dimensions.")
 CSS = "#tokens .token { font-family: ui-monospace, monospace; }\nfooter { display: none !important; }\n"
 
 
@@ -62,22 +61,19 @@ def handler(fn):
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error("Something went wrong on the server; the error was logged. Try again or reset.")
 
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def wrapped_gen(*args):
-            try:
-                yield from fn(*args)
-            except Exception as exc:
-                raise message(exc) from None
-        return wrapped_gen
-
-    @functools.wraps(fn)
     def wrapped(*args):
         try:
             return fn(*args)
         except Exception as exc:
             raise message(exc) from None
-    return wrapped
+
+    def wrapped_gen(*args):  # gradio streams a handler only if it is a generator function itself
+        try:
+            yield from fn(*args)
+        except Exception as exc:
+            raise message(exc) from None
+
+    return functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
 
 
 # ------------------------------------------------------------------------------ figures
@@ -283,12 +279,7 @@ def build_demo() -> gr.Blocks:
 
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
                 pe_info = gr.Markdown()
-                gr.Markdown(
-                    latex_delimiters=LATEX,
-                    value="Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, "
-                    "$PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. Learned: a trained table of the same shape. "
-                    "RoPE: queries and keys are rotated by the angle $pos \\cdot 10000^{-2i/d_{head}}$ per pair of "
-                    "dimensions.")
+                gr.Markdown(PE_FORMULAS, latex_delimiters=LATEX)
                 with gr.Row():
                     pe_table = gr.Plot(label="Positions × dimensions", elem_id="pe_table")
                     pe_sim = gr.Plot(label="Similarity of positions (cosine)", elem_id="pe_sim")

@@ -3,7 +3,7 @@
 `python app.py` (lab.server.AppServer, offline) is measured: idle after start-up and one
 page load; after 50 gradio_client sessions that each step 20 tokens (5 at a time); after another
 50 (growth per session should be the per-session state, not more: sessions live in gr.State, kept
-up to state_session_capacity=2000 and time_to_live=1800 s); and peak/last during one training
+up to lab.limits.SESSION_CAPACITY sessions for STATE_TTL_S idle seconds); and peak/last during one training
 run (Train tab path, sort corpus, 300 steps) in its own session. Also the bytes one lab Session's
 text holds (attention, scores, KV cache, sampler history) after 20 steps and at a full context,
 computed in-process, to give the bound.
@@ -56,6 +56,7 @@ def main() -> None:
     args = p.parse_args()
 
     import app
+    from lab.limits import SESSION_CAPACITY
 
     entry = default_entry()
     server = AppServer().start()
@@ -107,7 +108,8 @@ def main() -> None:
     bound = per_session_bound(app, entry)
     emit("memory_rss", model=entry.name, sessions_per_batch=args.sessions, steps_per_session=args.steps,
          **rows, workspace_bytes=bound,
-         worst_case_state_mb_at_capacity_2000=round(2000 * bound["full_context_max_tokens"] / 1e6, 1))
+         session_capacity=SESSION_CAPACITY,
+         worst_case_state_mb_at_capacity=round(SESSION_CAPACITY * bound["full_context_max_tokens"] / 1e6, 1))
 
 
 if __name__ == "__main__":

@@ -223,12 +223,16 @@ def generate(
     Stops after `max_new_tokens` steps or right after a step with `eos=True`. `sampling`
     overrides the decoder's own for these steps. `attention` (one of GENERATE_ATTENTION):
 
-    * "all": capture attention at every step, so every Step carries its new rows.
+    * "all": capture attention at every step (turning capture on first if it was off), so
+      every Step carries its new rows.
     * "last": decode with capture off (the fused attention path, no per-step copies). When the
       loop ends (limit, end of sequence, or the consumer closes the generator) the final
       window's attention is computed once, so `decoder.attention` / `decoder.scores` are
       available as with "all"; Steps carry no rows. On the final step this happens before
-      the Step is yielded, so the consumer can draw it.
+      the Step is yielded, so the consumer can draw it. The result is bit-for-bit what "all"
+      leaves when "all" also computed the final window whole (no cache, or the window slid
+      on the final step); otherwise "all" grew it row by row from the cache, and the two
+      agree only up to float rounding (different matmul shapes).
     * "none": decode with capture off and leave it off; `decoder.attention` and
       `decoder.scores` are empty afterwards (`decoder.capture(True)` brings them back).
 
@@ -301,13 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by model.train")
     p.add_argument("--prompt", required=True, help="text to continue, encoded with the checkpoint's tokenizer")
-    p.add_argument("--max-new-tokens", type=_whole, default=50, help="stop after this many new tokens, or at <EOS> (default %(default)s)")
+    p.add_argument("--max-new-tokens", type=_whole, default=50,
+                   help="stop after this many new tokens, or at <EOS> (default %(default)s)")
     p.add_argument("--temperature", type=_number_in(float, TEMPERATURE_RANGE), default=defaults.temperature,
                    help=f"softmax temperature in [{t_lo}, {t_hi}]; 0 is greedy (default %(default)s)")
-    p.add_argument("--top-k", type=_whole, default=defaults.top_k, help="keep the k most likely tokens; 0 = off (default %(default)s)")
+    p.add_argument("--top-k", type=_whole, default=defaults.top_k,
+                   help="keep the k most likely tokens; 0 = off (default %(default)s)")
     p.add_argument("--top-p", type=_number_in(float, TOP_P_RANGE), default=defaults.top_p,
                    help=f"nucleus sampling mass in [{p_lo}, {p_hi}]; 1 = off (default %(default)s)")
-    p.add_argument("--seed", type=_whole, default=defaults.seed, help="seed of the sampler's own random generator (default %(default)s)")
+    p.add_argument("--seed", type=_whole, default=defaults.seed,
+                   help="seed of the sampler's own random generator (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object per generated token instead of the text")
     return p
 

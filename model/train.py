@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--corpus", default="sort", choices=CORPUS_NAMES, help="built-in corpus (text needs --text)")
     p.add_argument("--text", type=Path, help="train on this UTF-8 text file (implies --corpus text)")
-    p.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS, help="tokenizer for text corpora (default: the corpus's own)")
+    p.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
+                   help="tokenizer for text corpora (default: the corpus's own)")
     p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule and --decay-frac override it; architecture flags are ignored")
     p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads per block")

@@ -190,7 +190,7 @@ class Block(nn.Module):
     def forward(self, x, rope, past, want_cache, want_attention):
         if self.norm_mode == "post":
             a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention)
-            x = self.norm1(x) + self.drop(a)
+            x = self.norm1(x + self.drop(a))
             if self.ffn is not None:
                 x = self.norm2(x + self.drop(self.ffn(x)))
         else:  # pre-norm, or no norm at all (Identity)

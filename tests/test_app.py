@@ -315,6 +315,20 @@ def test_file_route_refuses_project_and_system_files(app_server, path):
 
 
 def test_no_handler_hit_an_unexpected_error(app_server):
-    """Every refusal above was a deliberate message: nothing fell through to the generic server error."""
+    """Refusals are deliberate messages, logged as one line each; nothing falls through to the generic error.
+
+    It sends its own bad calls first, so it means something when run alone, and then reads the log of
+    everything this server has seen (the other tests' calls included).
+    """
+    c = Client(app_server.url, verbose=False)
+    bad_calls = [
+        ((GRAMMAR, "", 1.0, 0, 1.0, 0, 0, "all", "weights"), "/step"),
+        ((GRAMMAR, "zzz qqq", 1.0, 0, 1.0, 0, 0, "all", "weights"), "/step"),
+    ]
+    for args, api in bad_calls:
+        with pytest.raises(AppError):
+            c.predict(*args, api_name=api)
     log = app_server.output()
+    refusals = [line for line in log.splitlines() if "refused step:" in line]
+    assert len(refusals) >= len(bad_calls), log[-2000:]
     assert "unexpected error" not in log and "Something went wrong" not in log

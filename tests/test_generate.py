@@ -470,6 +470,13 @@ def test_last_restores_attention_when_closed_early(model):
     assert got == ref.ids[2:] and dec.ids == ref.ids
     assert dec.capture_attention
     assert_same_attention(ref, dec, exact=True)
+    # a decoder that was not capturing still gets the final attention, and its setting back
+    off = Decoder(model, [3, 1], Sampling(temperature=1.0, seed=8), use_cache=False, capture_attention=False)
+    gen = generate(off, 10, attention="last")
+    next(gen), next(gen), next(gen)
+    gen.close()
+    assert not off.capture_attention
+    assert_same_attention(ref, off, exact=True)
 
 
 def test_last_restores_the_previous_capture_setting(model):
@@ -547,4 +554,5 @@ def test_cli_help_covers_every_flag():
     for action in parser._actions:
         if action.option_strings and action.dest != "help":
             assert action.help and action.help.strip(), action.option_strings
-    assert f"[{TEMPERATURE_RANGE[0]}, {TEMPERATURE_RANGE[1]}]" in text and f"[{TOP_P_RANGE[0]}, {TOP_P_RANGE[1]}]" in text
+    assert f"[{TEMPERATURE_RANGE[0]}, {TEMPERATURE_RANGE[1]}]" in text
+    assert f"[{TOP_P_RANGE[0]}, {TOP_P_RANGE[1]}]" in text

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from model.config import ModelConfig
-from model.transformer import DecoderLM, KVCache, causal_mask, rope_angles, sinusoidal_table
+from model.transformer import DecoderLM, KVCache, causal_mask, sinusoidal_table
 
 PE = ["sinusoidal", "learned", "rope", "none"]
 

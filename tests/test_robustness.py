@@ -456,12 +456,14 @@ def test_restart_while_a_session_is_open(short_server, browser, request):
         c2 = Client(again.url, verbose=False)
         assert c2.predict(GRAMMAR, P, 1.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")[0]
         # the open page: after a reload the app is there and Step works
-        text = page.inner_text("body")
-        assert "Decoder Lab" in text, "blank page after restart"
+        # (the page may reload itself when it notices the new server: wait for the app, do not race it)
+        has_app = "() => document.body !== null && document.body.innerText.includes('Decoder Lab')"
+        page.wait_for_function(has_app, timeout=60_000)
+        page.wait_for_selector("#step", timeout=60_000)
         page.click("#step")  # the stale page talks to the new server: a message or a fresh text, never blank
         time.sleep(2)
         toasts = page.eval_on_selector_all(".toast-body", "els => els.map(e => e.innerText)")
-        assert "Decoder Lab" in page.inner_text("body")
+        page.wait_for_function(has_app, timeout=60_000)
         stale = ("toast: " + " ".join(toasts)[:120]) if toasts else "no toast"
         page.reload(wait_until="load")
         page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
