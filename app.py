@@ -13,6 +13,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     def gpu(fn=None, **_kwargs):
         return fn if callable(fn) else (lambda f: f)
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -45,12 +46,20 @@ PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,
 CSS = "#tokens .token { font-family: ui-monospace, monospace; }\nfooter { display: none !important; }\n"
 
 
-def handler(fn):
+def handler(fn=None, *, exclusive: bool = True):
     """Wrap an event handler so that every error reaches the person as a message.
 
     A refusal (`UserError`, or a ValueError from a check) shows its own text; anything else is
     logged with its traceback and shown as a generic message, never with internal details.
+    With `exclusive`, the handler holds its session (first argument) for the whole call, a
+    streaming one until its last update or its cancellation: one action per session at a time.
     """
+    if fn is None:
+        return functools.partial(handler, exclusive=exclusive)
+
+    def turn(args):
+        held = exclusive and args and isinstance(args[0], Session)
+        return args[0].turn() if held else contextlib.nullcontext()
 
     def message(exc: Exception) -> gr.Error:
         if isinstance(exc, gr.Error):
@@ -63,13 +72,15 @@ def handler(fn):
 
     def wrapped(*args):
         try:
-            return fn(*args)
+            with turn(args):
+                return fn(*args)
         except Exception as exc:
             raise message(exc) from None
 
     def wrapped_gen(*args):  # gradio streams a handler only if it is a generator function itself
         try:
-            yield from fn(*args)
+            with turn(args):
+                yield from fn(*args)
         except Exception as exc:
             raise message(exc) from None
 
@@ -195,7 +206,7 @@ def positional(session, model_name):
 
 
 @gpu(duration=200)
-@handler
+@handler(exclusive=False)  # a run takes minutes: Explore stays usable meanwhile
 def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
                 activation, dropout, steps, lr, seed):
     """Train a new model for this session, streaming the loss curve; Stop keeps what was learned."""
@@ -225,7 +236,7 @@ def upload_model(session, path):
 
 
 def corpus_info(name) -> str:
-    return TRAIN_CORPORA[name][1] if name in TRAIN_CORPORA else ""
+    return "**{}**: {}".format(*TRAIN_CORPORA[name]) if name in TRAIN_CORPORA else ""
 
 
 # ---------------------------------------------------------------------------------- UI
@@ -289,8 +300,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         with gr.Row():
-                            corpus = gr.Dropdown([(label, key) for key, (label, _) in TRAIN_CORPORA.items()],
-                                                 value="sort", label="Corpus", elem_id="corpus")
+                            corpus = gr.Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
                             tok_kind = gr.Radio(list(TOKENIZER_KINDS), value="char",
                                                 label="Tokenizer (grammar / own text)", elem_id="tokenizer")
                         info = gr.Markdown(corpus_info("sort"))

@@ -14,7 +14,7 @@ import os
 from model.checkpoint import DEFAULT_LIMITS as CHECKPOINT_LIMITS
 from model.config import ACTIVATIONS, NORMS, POS_ENCODINGS
 from model.corpora import MAX_TEXT_CHARS, MIN_TEXT_CHARS
-from model.generate import TEMPERATURE_RANGE, TOP_P_RANGE
+from model.generate import SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
 from model.tokenizers import TOKENIZER_KINDS
 from viz import ATTENTION_VIEWS, OVERVIEW_MAX_T
 
@@ -31,7 +31,6 @@ MAX_PROMPT_CHARS = 2000
 MAX_NEW_TOKENS = 256  # per Generate, and generated tokens per text
 OVERVIEW_MAX_TOKENS = OVERVIEW_MAX_T  # the all-layers view draws n_layers × n_heads panels (viz's bound)
 TOP_K_RANGE = (0, 50)  # 0 = off
-SEED_RANGE = (0, 2**31 - 1)  # what a JavaScript number input holds exactly, and torch accepts
 
 # ------------------------------------------------------------------------------ Train
 # The Train form: inclusive (low, high) of every number a person sets, whatever the client sends.

@@ -13,9 +13,9 @@ model.generate.generate (one loop) → Decoder.step → DecoderLM.forward; then 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +97,7 @@ class TrainProgress:
     download: Path | None = None
 
 
+BUSY_WAIT_S = 10.0  # how long an action waits for the same session's previous one (a Generate) to end
 _STOP_REASONS = {"finished": "finished", "stopped": "stopped by you", "time limit": "hit the time limit"}
 
 
@@ -142,6 +143,20 @@ class Session:
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
+        # One action at a time per session: a Step sent while the same session's Generate streams
+        # waits for it instead of interleaving with it. A plain Lock (not RLock), because gradio may
+        # resume a streaming handler on another thread than the one that started it.
+        self._turn = threading.Lock()
+
+    @contextlib.contextmanager
+    def turn(self, wait_s: float = BUSY_WAIT_S):
+        """Hold this session for one action; refuse (changing nothing) if it stays busy too long."""
+        if not self._turn.acquire(timeout=wait_s):
+            raise UserError("This session is still busy with your previous action; try again in a moment.")
+        try:
+            yield self
+        finally:
+            self._turn.release()
 
     def __deepcopy__(self, memo) -> "Session":
         """gr.State deep-copies its initial value for every visitor: each gets a new, empty session
@@ -337,8 +352,9 @@ class Session:
         name = self._unique_name(f"my {corpus_name} model")
         entry = ModelEntry(name, model, corpus.tokenizer, {"corpus": corpus_name},
                            examples=usable_examples(corpus.sample_prompts))
-        run = self.run = TrainingRun(name)
-        self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
+        with self.turn():  # the run runs beside the session's other actions; only this change waits for them
+            run = self.run = TrainingRun(name)
+            self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
         ev = None
         try:
             for ev in train(model, corpus, tcfg, should_stop=run.stop.is_set):

@@ -5,14 +5,21 @@ the config's bounds (parameter count computed from the config alone) before buil
 then, with a model of bounded size, the exact key set, shapes, dtypes and byte ranges of every
 tensor; only then are the weights read, checked for NaN/inf and loaded with strict key matching. Nothing is ever
 unpickled. Every failure is a ValueError whose message says what is wrong.
+
+Saving is atomic: the bytes go to a temp file in the target folder (named
+``.decoder-lab-<random>.tmp``), which is then renamed over the target. A process killed
+mid-save leaves its temp file behind; the next save into that folder removes such files
+once they are stale (see :func:`sweep_stale_temp_files`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +29,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .config import ModelConfig
-from .tokenizers import Tokenizer, tokenizer_from_dict
+from .tokenizers import MAX_LOADED_VOCAB, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
 FORMAT = "decoder-lab/1"
@@ -41,7 +48,7 @@ class Limits:
     max_d_model: int = 256
     max_d_ff: int = 1024
     max_block_size: int = 256
-    max_vocab: int = 4096
+    max_vocab: int = MAX_LOADED_VOCAB  # the tokenizer loader's bound, stated once there
 
     def check(self, cfg: ModelConfig) -> None:
         bounds = {
@@ -86,11 +93,57 @@ def checkpoint_bytes(model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any
     return st_save(_state_for_saving(model), metadata=metadata)
 
 
+# Temp files of atomic_write: a fixed prefix and suffix, so that the sweep below can tell
+# them from everything else in a folder.
+TEMP_PREFIX = ".decoder-lab-"
+TEMP_SUFFIX = ".tmp"
+# A temp file untouched this long belongs to no live save. Age, not the writer's process id:
+# a pid in the name can be reused, or belong to another container sharing the folder, so
+# "no such process" proves nothing; a save writes at most MAX_FILE_BYTES and finishes in
+# well under a second, so ten minutes without a write means the writer is gone. Should a
+# save ever stall that long, losing its temp file only makes that save fail (its rename
+# finds nothing); the target file is never touched.
+STALE_TEMP_SECONDS = 600
+
+
+def sweep_stale_temp_files(folder: Path, max_age_s: float = STALE_TEMP_SECONDS) -> list[str]:
+    """Remove the stale temp files a killed save left in ``folder``; return their names.
+
+    Only regular files named ``TEMP_PREFIX…TEMP_SUFFIX`` whose modification time is more
+    than ``max_age_s`` seconds old are removed; other files, links and folders are left
+    alone. Best effort: a file that cannot be removed (already gone, no permission) is
+    skipped, because cleaning up must never make a save fail.
+    """
+    removed: list[str] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX)):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or now - st.st_mtime <= max_age_s:
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(name)
+    return removed
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory, fsync, rename, fsync the directory."""
+    """Write via a temp file in the same directory, fsync, rename, fsync the directory.
+
+    Stale temp files of earlier, killed writes to that directory are swept first.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    sweep_stale_temp_files(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o644)
@@ -152,7 +205,7 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint
         raise ValueError("checkpoint metadata must hold 'config' and 'tokenizer' as JSON") from None
     cfg = ModelConfig.from_dict(cfg_dict)
     limits.check(cfg)
-    tokenizer = tokenizer_from_dict(tok_dict)
+    tokenizer = tokenizer_from_dict(tok_dict, max_vocab=limits.max_vocab)
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {cfg.vocab_size}")
 

@@ -26,6 +26,7 @@ from .transformer import DecoderLM, KVCache
 
 TEMPERATURE_RANGE = (0.0, 2.0)
 TOP_P_RANGE = (0.05, 1.0)
+SEED_RANGE = (0, 2**31 - 1)  # a seed a browser's number input holds exactly (and torch takes)
 # How much attention `generate` records: at every step, only for the final window, or never.
 GENERATE_ATTENTION = ("all", "last", "none")
 
@@ -47,8 +48,9 @@ class Sampling:
             raise ValueError(f"top_k must be a whole number ≥ 0 (0 = off), got {self.top_k!r}")
         if not isinstance(p, (int, float)) or not math.isfinite(p) or not TOP_P_RANGE[0] <= p <= TOP_P_RANGE[1]:
             raise ValueError(f"top_p must be between {TOP_P_RANGE[0]} and {TOP_P_RANGE[1]}, got {p!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a whole number between 0 and 2^63-1, got {self.seed!r}")
+        lo, hi = SEED_RANGE
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not lo <= self.seed <= hi:
+            raise ValueError(f"seed must be a whole number between {lo} and {hi}, got {self.seed!r}")
 
 
 def adjust_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:

@@ -6,6 +6,16 @@ it maps to ``<unk>``, which every vocabulary contains, and is reported in
 checkpoints carry in their metadata; since those may come from uploaded files,
 :func:`tokenizer_from_dict` validates everything and only ever raises ``ValueError``.
 
+A stored tokenizer is as untrusted as stored weights. :func:`tokenizer_from_dict`
+therefore accepts only the structures this module itself writes: an allow-list
+of keys and values at every level (for BPE the exact HF model options,
+pre-tokenizer and special token that :meth:`BPETokenizer.train` produces; no
+normalizer, decoder, post-processor, padding or truncation), with bounds on the
+vocabulary size, the bytes per token and the number of merges. Everything is
+checked on plain JSON values before any HF object is built, because the HF
+library happily runs what it is given (a padding of millions of tokens, a
+normalizer that multiplies text, a backtracking regex).
+
 Design decisions:
 
 * ``decode`` turns the unknown id into the literal text ``"<unk>"``.
@@ -17,6 +27,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from abc import ABC, abstractmethod
@@ -34,6 +45,8 @@ __all__ = [
     "UNK",
     "EOS",
     "MAX_VOCAB",
+    "MAX_LOADED_VOCAB",
+    "MAX_TOKEN_BYTES",
     "TOKENIZER_KINDS",
     "Encoded",
     "Tokenizer",
@@ -48,8 +61,21 @@ __all__ = [
 
 UNK = "<unk>"
 EOS = "<EOS>"
-MAX_VOCAB = 50_000
-MAX_BPE_JSON_CHARS = 20_000_000  # bound on the HF JSON string of an untrusted BPE tokenizer
+MAX_VOCAB = 50_000  # any tokenizer built in memory (training on a person's text included)
+# Largest vocabulary a stored (untrusted) tokenizer may have. This is the one home of the
+# number: the checkpoint loader's Limits.max_vocab defaults to it.
+MAX_LOADED_VOCAB = 4096
+# Every token of every kind decodes to at most this many bytes of UTF-8. It bounds what the
+# model can emit: with the lab's 256 new tokens per Generate the worst case is
+# 256 × (64 + 1 joining space) = 16,640 bytes (about 16 KiB) of text, not megabytes.
+MAX_TOKEN_BYTES = 64
+# BPE training counts token length in characters; a character is at most 4 bytes of UTF-8,
+# so this many characters always stays within MAX_TOKEN_BYTES.
+_BPE_TRAIN_MAX_CHARS = MAX_TOKEN_BYTES // 4
+# Bound on the HF JSON string checked before it is parsed: MAX_LOADED_VOCAB vocabulary
+# entries and as many merges, each at most 64 bytes escaped 6 characters per byte, fit
+# in about 3.3 million characters.
+MAX_BPE_JSON_CHARS = 4_000_000
 TOKENIZER_KINDS = ("char", "word", "bpe")
 
 # Punctuation that word decoding glues to the preceding word.
@@ -124,10 +150,9 @@ class Tokenizer(ABC):
             raise ValueError(f"vocabulary has {len(vocab)} entries; the limit is {MAX_VOCAB}")
         index: dict[str, int] = {}
         for i, piece in enumerate(vocab):
-            if not isinstance(piece, str) or not piece:
-                raise ValueError(f"vocabulary entry {i} must be a non-empty string, got {piece!r}")
+            _check_piece(piece, f"vocabulary entry {i}")
             if piece in index:
-                raise ValueError(f"duplicate vocabulary entry {piece!r}")
+                raise ValueError(f"duplicate vocabulary entry {_show(piece)}")
             index[piece] = i
         if UNK not in index:
             raise ValueError(f"vocabulary must contain {UNK!r}")
@@ -165,7 +190,7 @@ class Tokenizer(ABC):
             try:
                 i = int(i)  # accept numpy / torch integer scalars
             except (TypeError, ValueError):
-                raise ValueError(f"token id must be an integer, got {i!r}") from None
+                raise ValueError(f"token id must be an integer, not {_json_type(i)}") from None
         if not 0 <= i < self.vocab_size:
             raise ValueError(f"token id {i} is out of range for a vocabulary of size {self.vocab_size}")
         return i
@@ -198,12 +223,14 @@ class CharTokenizer(Tokenizer):
     def __init__(self, chars: list[str]) -> None:
         for c in chars:
             if not isinstance(c, str) or len(c) != 1:
-                raise ValueError(f"character vocabulary entries must be single characters, got {c!r}")
+                raise ValueError(f"character vocabulary entries must be single characters, got {_show(c)}")
         super().__init__([UNK, *chars])
 
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
+        # A lone surrogate (possible in text that arrived as JSON) could not be stored; it
+        # stays out of the vocabulary and encodes as <unk>.
+        return cls(sorted(c for c in set(text) if _storable(c)))
 
     def encode(self, text: str) -> list[int]:
         get, unk = self._stoi.get, self.unk_id
@@ -239,8 +266,9 @@ class WordTokenizer(Tokenizer):
         for w in vocab:
             if w in (EOS, UNK):
                 continue
-            if not isinstance(w, str) or split_words(w) != [w]:
-                raise ValueError(f"{w!r} is not a single lowercase word or punctuation token")
+            _check_piece(w, "word vocabulary entry")  # bounds the regex below to a short string
+            if split_words(w) != [w]:
+                raise ValueError(f"{_show(w)} is not a single lowercase word or punctuation token")
         for special in (EOS, UNK):
             if special not in vocab:
                 vocab.append(special)
@@ -250,13 +278,15 @@ class WordTokenizer(Tokenizer):
     def train(cls, text: str, min_count: int = 1, max_vocab: int | None = None) -> WordTokenizer:
         """Vocabulary of the most frequent words (ties alphabetical).
 
-        ``max_vocab`` bounds the total size including ``<EOS>`` and ``<unk>``.
+        ``max_vocab`` bounds the total size including ``<EOS>`` and ``<unk>``. Words longer
+        than ``MAX_TOKEN_BYTES`` bytes (or holding a lone surrogate) stay out of the vocabulary,
+        so the tokenizer can always be stored and loaded again; they encode as ``<unk>``.
         """
         if min_count < 1:
             raise ValueError("min_count must be at least 1")
         if max_vocab is not None and max_vocab < 2:
             raise ValueError("max_vocab must be at least 2 (room for <EOS> and <unk>)")
-        counts = Counter(w for w in split_words(text) if w != EOS)
+        counts = Counter(w for w in split_words(text) if w != EOS and _storable(w))
         ranked = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
         limit = min(MAX_VOCAB, max_vocab if max_vocab is not None else MAX_VOCAB) - 2
         return cls(ranked[:limit])
@@ -306,25 +336,28 @@ class BPETokenizer(Tokenizer):
             raise ValueError(f"vocab_size must be between 2 and {MAX_VOCAB}, got {vocab_size}")
         hf = HFTokenizer(hf_models.BPE(unk_token=UNK))
         hf.pre_tokenizer = hf_pre.Split(Regex(_BPE_SPLIT), behavior="isolated")
-        trainer = hf_trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[UNK], show_progress=False)
+        trainer = hf_trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[UNK], show_progress=False,
+            max_token_length=_BPE_TRAIN_MAX_CHARS,  # keeps every merged token within MAX_TOKEN_BYTES
+        )
         hf.train_from_iterator([text], trainer=trainer)
         return cls(hf)
 
     @classmethod
-    def from_json(cls, data: str) -> BPETokenizer:
-        """Rebuild from an HF tokenizer JSON string (untrusted input)."""
-        if not isinstance(data, str):
-            raise ValueError("BPE tokenizer data must be a JSON string")
+    def from_json(cls, data: Any, max_vocab: int = MAX_LOADED_VOCAB) -> BPETokenizer:
+        """Rebuild from an HF tokenizer JSON string (untrusted input).
+
+        The string must describe exactly what :meth:`train` writes (see
+        :func:`_checked_bpe_doc`); the HF tokenizer is then built from the checked values
+        only, so nothing unchecked ever reaches the library.
+        """
+        doc = _checked_bpe_doc(data, max_vocab)
         try:
-            hf = HFTokenizer.from_str(data)
+            hf = HFTokenizer.from_str(json.dumps(doc))
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as exc:  # Rust panics surface as BaseException subclasses
-            raise ValueError(f"invalid BPE tokenizer data: {exc}") from None
-        if not isinstance(hf.model, hf_models.BPE):
-            raise ValueError("BPE tokenizer data does not describe a BPE model")
-        if hf.model.unk_token != UNK:
-            raise ValueError(f"BPE model must use {UNK!r} as its unknown token")
+        except BaseException:  # Rust panics surface as BaseException subclasses
+            raise ValueError("the BPE tokenizer data could not be loaded") from None
         return cls(hf)
 
     def encode_verbose(self, text: str) -> Encoded:
@@ -346,45 +379,275 @@ class BPETokenizer(Tokenizer):
         return {"kind": self.kind, "tokenizer": self._hf.to_str()}
 
 
-def _string_list(d: dict[str, Any], key: str) -> list[str]:
-    if key not in d:
-        raise ValueError(f"tokenizer data is missing the {key!r} key")
+# ---------------------------------------------------------------- untrusted data
+#
+# Everything below runs on plain JSON values (dict, list, str, int, ...) and refuses what
+# the project never writes. Messages name the field and never echo more than a short
+# preview of a value: a hostile value can be megabytes long.
+
+
+def _json_type(x: Any) -> str:
+    """JSON name of a value's type, for messages (never a Python type repr)."""
+    if x is None:
+        return "null"
+    if isinstance(x, bool):  # before int: bool is an int subclass
+        return "a boolean"
+    if isinstance(x, int):
+        return "a number"
+    if isinstance(x, float):
+        return "a decimal number"
+    if isinstance(x, str):
+        return "a string"
+    if isinstance(x, list):
+        return "an array"
+    if isinstance(x, dict):
+        return "an object"
+    return "an unsupported value"
+
+
+def _show(x: Any, limit: int = 24) -> str:
+    """Short preview of a value for a message."""
+    if isinstance(x, str):
+        return repr(x) if len(x) <= limit else repr(x[:limit]) + "…"
+    if x is None or (isinstance(x, (bool, int)) and abs(x) < 10**limit):
+        return json.dumps(x)
+    return _json_type(x)
+
+
+def _utf8_len(s: str) -> int:
+    # surrogatepass: in-memory text never fails here; untrusted text is checked by _check_piece
+    return len(s.encode("utf-8", "surrogatepass"))
+
+
+def _storable(piece: str) -> bool:
+    """Whether a trained token passes :func:`_check_piece` (training leaves others out)."""
+    return _utf8_len(piece) <= MAX_TOKEN_BYTES and not any("\ud800" <= c <= "\udfff" for c in piece)
+
+
+def _check_piece(piece: Any, field: str) -> str:
+    """A token string: non-empty, valid Unicode, at most MAX_TOKEN_BYTES bytes of UTF-8."""
+    if not isinstance(piece, str):
+        raise ValueError(f"{field} must be a string, not {_json_type(piece)}")
+    if not piece:
+        raise ValueError(f"{field} is an empty string")
+    # Length in characters first: a longer string is over the byte limit anyway, and a
+    # 900 KB token should not be encoded just to learn that.
+    if len(piece) > MAX_TOKEN_BYTES or _utf8_len(piece) > MAX_TOKEN_BYTES:
+        raise ValueError(f"{field} is longer than {MAX_TOKEN_BYTES} bytes ({_show(piece)})")
+    if any("\ud800" <= c <= "\udfff" for c in piece):
+        raise ValueError(f"{field} is not valid Unicode text (a lone surrogate)")
+    return piece
+
+
+def _check_keys(d: Any, field: str, required: set[str], optional: frozenset[str] = frozenset()) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"{field} must be an object, not {_json_type(d)}")
+    for key in d:
+        if key not in required and key not in optional:
+            raise ValueError(f"{field} has an unknown key {_show(key)}")
+    for key in sorted(required):
+        if key not in d:
+            raise ValueError(f"{field} is missing the {key!r} key")
+
+
+def _same(value: Any, expected: Any, field: str) -> None:
+    """Require ``value`` to equal ``expected`` exactly, types included (so false ≠ 0)."""
+    if isinstance(expected, dict):
+        _check_keys(value, field, set(expected))
+        for key, sub in expected.items():
+            _same(value[key], sub, f"{field}.{key}")
+    elif isinstance(expected, list):
+        if not isinstance(value, list) or len(value) != len(expected):
+            raise ValueError(f"{field} must be {json.dumps(expected)}")
+        for i, (v, e) in enumerate(zip(value, expected)):
+            _same(v, e, f"{field}[{i}]")
+    elif type(value) is not type(expected) or value != expected:
+        raise ValueError(f"{field} must be {json.dumps(expected)}")
+
+
+def _checked_list(d: dict[str, Any], key: str, max_len: int) -> list[Any]:
     items = d[key]
     if not isinstance(items, list):
-        raise ValueError(f"tokenizer {key!r} must be a list, got {type(items).__name__}")
-    if len(items) > MAX_VOCAB:
-        raise ValueError(f"tokenizer {key!r} has {len(items)} entries; the limit is {MAX_VOCAB}")
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError(f"tokenizer {key!r} entries must be strings, got {type(item).__name__}")
-    if len(set(items)) != len(items):
-        dup = next(s for s, n in Counter(items).items() if n > 1)
-        raise ValueError(f"tokenizer {key!r} contains duplicate entry {dup!r}")
+        raise ValueError(f"tokenizer {key!r} must be an array, not {_json_type(items)}")
+    if len(items) > max_len:
+        raise ValueError(f"tokenizer {key!r} has {len(items):,} entries; the limit is {max_len:,}")
     return items
 
 
-def tokenizer_from_dict(d: Any) -> Tokenizer:
+def _checked_char(d: dict[str, Any], max_vocab: int) -> CharTokenizer:
+    _check_keys(d, "char tokenizer data", {"kind", "chars"})
+    chars = _checked_list(d, "chars", max_vocab - 1)  # <unk> takes id 0
+    seen: set[str] = set()
+    for i, c in enumerate(chars):
+        _check_piece(c, f"tokenizer 'chars'[{i}]")
+        if len(c) != 1:
+            raise ValueError(f"tokenizer 'chars'[{i}] must be a single character, got {_show(c)}")
+        if c in seen:
+            raise ValueError(f"tokenizer 'chars' contains duplicate entry {_show(c)}")
+        seen.add(c)
+    return CharTokenizer(chars)
+
+
+def _checked_word(d: dict[str, Any], max_vocab: int) -> WordTokenizer:
+    _check_keys(d, "word tokenizer data", {"kind", "words"})
+    words = _checked_list(d, "words", max_vocab)
+    seen: set[str] = set()
+    for i, w in enumerate(words):
+        _check_piece(w, f"tokenizer 'words'[{i}]")
+        if w not in (EOS, UNK) and split_words(w) != [w]:
+            raise ValueError(f"tokenizer 'words'[{i}] ({_show(w)}) is not a single lowercase word or punctuation token")
+        if w in seen:
+            raise ValueError(f"tokenizer 'words' contains duplicate entry {_show(w)}")
+        seen.add(w)
+    for special in (EOS, UNK):  # to_dict always writes both
+        if special not in seen:
+            raise ValueError(f"tokenizer 'words' must contain {special!r}")
+    return WordTokenizer(words)
+
+
+# What BPETokenizer.train writes with the installed HF library, field by field (a test holds
+# a freshly trained tokenizer to these). Fields whose HF default equals the project's value
+# may be absent (older library versions omit some); anything else must match exactly.
+_BPE_ADDED_TOKENS = [
+    {"id": 0, "content": UNK, "single_word": False, "lstrip": False, "rstrip": False,
+     "normalized": False, "special": True},
+]
+_BPE_PRE_TOKENIZER = {"type": "Split", "pattern": {"Regex": _BPE_SPLIT}, "behavior": "Isolated", "invert": False}
+_BPE_TOP_FIXED: dict[str, Any] = {
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": _BPE_ADDED_TOKENS,
+    "normalizer": None,
+    "pre_tokenizer": _BPE_PRE_TOKENIZER,
+    "post_processor": None,
+    "decoder": None,
+}
+_BPE_TOP_OPTIONAL = frozenset({"truncation", "padding", "normalizer", "post_processor", "decoder"})
+_BPE_MODEL_FIXED: dict[str, Any] = {
+    "type": "BPE",
+    "dropout": None,
+    "unk_token": UNK,
+    "continuing_subword_prefix": None,
+    "end_of_word_suffix": None,
+    "fuse_unk": False,
+    "byte_fallback": False,
+    "ignore_merges": False,
+}
+_BPE_MODEL_OPTIONAL = frozenset(set(_BPE_MODEL_FIXED) - {"type", "unk_token"})
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads would silently keep the last of two equal keys; the HF parser might not.
+    # Refusing them makes what is checked here the only reading of the data.
+    d: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in d:
+            raise ValueError(f"BPE tokenizer JSON has a duplicate key {_show(key)}")
+        d[key] = value
+    return d
+
+
+def _checked_bpe_vocab(vocab: Any, max_vocab: int) -> dict[str, int]:
+    field = "BPE tokenizer model.vocab"
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{field} must be an object, not {_json_type(vocab)}")
+    n = len(vocab)
+    if not 1 <= n <= max_vocab:
+        raise ValueError(f"{field} has {n:,} entries; it must have 1 to {max_vocab:,}")
+    ids: set[int] = set()
+    for piece, i in vocab.items():
+        _check_piece(piece, f"{field} entry {_show(piece)}")
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"{field} id of {_show(piece)} must be an integer, not {_json_type(i)}")
+        if not 0 <= i < n:
+            raise ValueError(f"{field} id of {_show(piece)} is {_show(i)}; ids must run from 0 to {n - 1}")
+        if i in ids:
+            raise ValueError(f"{field} uses id {i} twice; ids must be unique")
+        ids.add(i)
+    # n distinct ids in range(n): they are exactly 0..n-1.
+    if vocab.get(UNK) != 0:
+        raise ValueError(f"{field} must give {UNK!r} the id 0")
+    return vocab
+
+
+def _checked_bpe_merges(merges: Any, vocab: dict[str, int]) -> list[list[str]]:
+    field = "BPE tokenizer model.merges"
+    if not isinstance(merges, list):
+        raise ValueError(f"{field} must be an array, not {_json_type(merges)}")
+    if len(merges) > len(vocab):  # each merge adds one token, so a real one has fewer
+        raise ValueError(f"{field} has {len(merges):,} entries; the limit is the vocabulary size {len(vocab):,}")
+    seen: set[tuple[str, str]] = set()
+    for i, pair in enumerate(merges):
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
+            raise ValueError(f"{field}[{i}] must be an array of two strings")
+        a, b = pair
+        for part in (a, b):
+            if part not in vocab:
+                raise ValueError(f"{field}[{i}] uses {_show(part)}, which is not in the vocabulary")
+        if a + b not in vocab:
+            raise ValueError(f"{field}[{i}] makes {_show(a + b)}, which is not in the vocabulary")
+        if (a, b) in seen:
+            raise ValueError(f"{field}[{i}] repeats an earlier merge")
+        seen.add((a, b))
+    return merges
+
+
+def _checked_bpe_doc(data: Any, max_vocab: int) -> dict[str, Any]:
+    """Check an untrusted HF tokenizer JSON string; return the canonical document to build.
+
+    Only the vocabulary and merges come from ``data``; every other field must equal what
+    :meth:`BPETokenizer.train` writes (or be absent where that is the HF default) and is
+    then taken from the constants above.
+    """
+    if not isinstance(data, str):
+        raise ValueError(f"BPE tokenizer data must be a JSON string, not {_json_type(data)}")
+    if len(data) > MAX_BPE_JSON_CHARS:
+        raise ValueError(f"BPE tokenizer data is {len(data):,} characters; the limit is {MAX_BPE_JSON_CHARS:,}")
+    try:
+        doc = json.loads(data, object_pairs_hook=_no_duplicate_keys)
+    except RecursionError:
+        raise ValueError("BPE tokenizer data is nested too deeply") from None
+    except ValueError as exc:
+        if "duplicate key" in str(exc):
+            raise
+        raise ValueError("BPE tokenizer data is not valid JSON") from None
+    _check_keys(doc, "BPE tokenizer data", set(_BPE_TOP_FIXED) - _BPE_TOP_OPTIONAL | {"model"}, _BPE_TOP_OPTIONAL)
+    for key, expected in _BPE_TOP_FIXED.items():
+        if key in doc:
+            _same(doc[key], expected, f"BPE tokenizer {key}")
+    model = doc["model"]
+    _check_keys(model, "BPE tokenizer model", {"type", "unk_token", "vocab", "merges"}, _BPE_MODEL_OPTIONAL)
+    for key, expected in _BPE_MODEL_FIXED.items():
+        if key in model:
+            _same(model[key], expected, f"BPE tokenizer model.{key}")
+    vocab = _checked_bpe_vocab(model["vocab"], max_vocab)
+    merges = _checked_bpe_merges(model["merges"], vocab)
+    return {**_BPE_TOP_FIXED, "model": {**_BPE_MODEL_FIXED, "vocab": vocab, "merges": merges}}
+
+
+def tokenizer_from_dict(d: Any, max_vocab: int = MAX_LOADED_VOCAB) -> Tokenizer:
     """Rebuild a tokenizer from :meth:`Tokenizer.to_dict` output.
 
-    Treats ``d`` as untrusted; any problem raises ``ValueError``.
+    Treats ``d`` as untrusted: only what ``to_dict`` writes is accepted, with at most
+    ``max_vocab`` tokens of at most ``MAX_TOKEN_BYTES`` bytes each; any problem raises
+    ``ValueError`` before a tokenizer is built.
     """
+    if isinstance(max_vocab, bool) or not isinstance(max_vocab, int) or not 2 <= max_vocab <= MAX_VOCAB:
+        raise ValueError(f"max_vocab must be an integer from 2 to {MAX_VOCAB}")
     if not isinstance(d, dict):
-        raise ValueError(f"tokenizer data must be a JSON object, got {type(d).__name__}")
+        raise ValueError(f"tokenizer data must be a JSON object, not {_json_type(d)}")
     kind = d.get("kind")
     if not isinstance(kind, str) or kind not in TOKENIZER_KINDS:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
+        raise ValueError(f"unknown tokenizer kind {_show(kind)}; expected one of {', '.join(TOKENIZER_KINDS)}")
     try:
         if kind == "char":
-            return CharTokenizer(_string_list(d, "chars"))
+            return _checked_char(d, max_vocab)
         if kind == "word":
-            return WordTokenizer(_string_list(d, "words"))
-        if "tokenizer" not in d:
-            raise ValueError("tokenizer data is missing the 'tokenizer' key")
-        if isinstance(d["tokenizer"], str) and len(d["tokenizer"]) > MAX_BPE_JSON_CHARS:
-            raise ValueError("BPE tokenizer data is too large")
-        return BPETokenizer.from_json(d["tokenizer"])
+            return _checked_word(d, max_vocab)
+        _check_keys(d, "bpe tokenizer data", {"kind", "tokenizer"})
+        return BPETokenizer.from_json(d["tokenizer"], max_vocab)
     except ValueError:
         raise
-    except Exception as exc:  # defensive: untrusted data must only yield ValueError
-        raise ValueError(f"invalid {kind} tokenizer data: {exc}") from None
-
+    except Exception:  # defensive: untrusted data must only yield ValueError
+        raise ValueError(f"invalid {kind} tokenizer data") from None

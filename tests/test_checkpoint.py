@@ -19,7 +19,18 @@ import torch
 from safetensors.torch import save as st_save
 
 import model.checkpoint as ckpt_mod
-from model.checkpoint import Limits, atomic_write, checkpoint_bytes, load_checkpoint, parse_checkpoint, save_checkpoint
+from model.checkpoint import (
+    STALE_TEMP_SECONDS,
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    Limits,
+    atomic_write,
+    checkpoint_bytes,
+    load_checkpoint,
+    parse_checkpoint,
+    save_checkpoint,
+    sweep_stale_temp_files,
+)
 from model.config import ModelConfig
 from model.tokenizers import CharTokenizer, WordTokenizer
 from model.transformer import DecoderLM
@@ -131,6 +142,41 @@ def test_failed_write_keeps_old_file_and_no_temp(tmp_path):
         atomic_write(path, object())  # type: ignore[arg-type]
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["x.safetensors"]
+
+
+def test_next_save_sweeps_only_stale_temp_files(tmp_path):
+    """A killed save leaves a temp file; the next save into that folder removes it once stale."""
+    old = time.time() - STALE_TEMP_SECONDS - 60
+    stale = [f"{TEMP_PREFIX}abc123{TEMP_SUFFIX}", f"{TEMP_PREFIX}zz_9{TEMP_SUFFIX}"]
+    fresh = f"{TEMP_PREFIX}live42{TEMP_SUFFIX}"  # could belong to a save running right now
+    others = [
+        "notes.txt", "old.safetensors", ".tmp-legacy",  # unrelated, however old
+        f"{TEMP_PREFIX}abc",  # the prefix without the suffix
+        f"x{TEMP_PREFIX}abc{TEMP_SUFFIX}",  # the pattern, not at the start
+    ]
+    for name in [*stale, fresh, *others]:
+        (tmp_path / name).write_bytes(b"partial")
+    stale_dir = f"{TEMP_PREFIX}dir{TEMP_SUFFIX}"  # the right name, but not a regular file
+    (tmp_path / stale_dir).mkdir()
+    (tmp_path / "target.txt").write_text("keep")
+    stale_link = f"{TEMP_PREFIX}link{TEMP_SUFFIX}"
+    os.symlink(tmp_path / "target.txt", tmp_path / stale_link)
+    for name in [*stale, *others, stale_dir]:
+        os.utime(tmp_path / name, (old, old))
+    os.utime(tmp_path / stale_link, (old, old), follow_symlinks=False)
+
+    path = save_checkpoint(tmp_path / "m", make_model(), TOK)
+    left = set(os.listdir(tmp_path))
+    assert left == {fresh, *others, stale_dir, stale_link, "target.txt", path.name}
+    assert (tmp_path / "target.txt").read_text() == "keep"
+    assert load_checkpoint(path).model is not None
+    # and the fresh one goes too once it is old enough
+    os.utime(tmp_path / fresh, (old, old))
+    assert sweep_stale_temp_files(tmp_path) == [fresh]
+
+
+def test_sweep_of_a_missing_folder_is_harmless(tmp_path):
+    assert sweep_stale_temp_files(tmp_path / "nowhere") == []
 
 
 # ----------------------------------------------------------------------- hostile files
@@ -397,5 +443,11 @@ def test_sigkill_during_repeated_saves_leaves_a_loadable_file(tmp_path):
         for name, p in loaded.model.state_dict().items():
             assert torch.all(p == float(version)), name  # exactly the weights saved as that version
     leftovers = [n for n in os.listdir(tmp_path) if n != "live.safetensors"]
-    assert all(n.startswith(".tmp-") for n in leftovers)  # only temp files may be left behind
+    assert all(n.startswith(TEMP_PREFIX) and n.endswith(TEMP_SUFFIX) for n in leftovers)  # only temp files
+    # once those are stale, the next save into the folder removes them
+    old = time.time() - STALE_TEMP_SECONDS - 60
+    for n in leftovers:
+        os.utime(tmp_path / n, (old, old))
+    save_checkpoint(path, make_model(), TOK)
+    assert os.listdir(tmp_path) == ["live.safetensors"]
 

@@ -111,5 +111,5 @@ def test_the_ui_reads_its_ranges_from_the_limits_module():
     assert by_id["prompt"].max_length == limits.MAX_PROMPT_CHARS
     assert (by_id["seed"].minimum, by_id["seed"].maximum) == limits.SEED_RANGE
     assert by_id["view"].choices == [(v, v) for v in limits.ATTENTION_VIEWS]
-    assert [c[1] for c in by_id["corpus"].choices] == list(limits.TRAIN_CORPORA)
+    assert [c[0] for c in by_id["corpus"].choices] == list(limits.TRAIN_CORPORA)
     assert [c[1] for c in by_id["pos"].choices] == list(limits.POS_ENCODINGS)

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import app
 from lab.limits import ATTENTION_VIEWS, MAX_PROMPT_CHARS
 from lab.models import BUILTINS
+from lab.server import rss_mb
 from lab.session import Session
 
 GRAMMAR = "grammar (built-in)"
@@ -330,11 +331,6 @@ def test_train_handler_any_text_file(request, tmp_path_factory):
 API_CASES = 40
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 json_floats = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.floats(-1, 3), st.integers(-(2**53), 2**53))

@@ -23,15 +23,15 @@ import torch
 
 import app
 import model.checkpoint as ckpt_mod
-from lab.server import AppServer
-from model.checkpoint import checkpoint_bytes
-from model.config import ModelConfig
+from conftest import safetensors_join as join, safetensors_split as split
 from lab import files
 from lab.models import BUILTINS
+from lab.server import AppServer
 from lab.session import Session
+from model.checkpoint import checkpoint_bytes
+from model.config import ModelConfig
 from model.tokenizers import CharTokenizer
 from model.transformer import DecoderLM
-from conftest import safetensors_join as join, safetensors_split as split
 
 GRAMMAR = "grammar (built-in)"
 P = BUILTINS.get(GRAMMAR).examples[0]
@@ -52,11 +52,6 @@ def clean(msg: str) -> str:
     return msg
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 # =============================================================== 2. hostile model files (handler)

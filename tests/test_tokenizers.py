@@ -1,4 +1,7 @@
-"""Tokenizers: round trips, the toy vocabulary, unknown input, display forms, hostile data."""
+"""Tokenizers: round trips, the toy vocabulary, unknown input, display forms, hostile data.
+
+The allow-list for stored tokenizers is tested attack by attack in test_hostile_tokenizers.py.
+"""
 
 import json
 
@@ -7,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.tokenizers import (
-    MAX_VOCAB,
+    MAX_LOADED_VOCAB,
     BPETokenizer,
     CharTokenizer,
     Encoded,
@@ -167,12 +170,12 @@ HOSTILE = [
     {"kind": "char", "chars": ["a", 1]},
     {"kind": "char", "chars": ["ab"]},
     {"kind": "char", "chars": [""]},
-    {"kind": "char", "chars": [chr(0x4E00 + i) for i in range(MAX_VOCAB + 1)]},
+    {"kind": "char", "chars": [chr(0x4E00 + i) for i in range(MAX_LOADED_VOCAB)]},  # + <unk>: one too many
     {"kind": "word", "words": None},
     {"kind": "word", "words": ["a", "a"]},
     {"kind": "word", "words": ["<unk>", "<unk>"]},
     {"kind": "word", "words": [["a"]]},
-    {"kind": "word", "words": [f"w{i}" for i in range(MAX_VOCAB)]},
+    {"kind": "word", "words": [f"w{i}" for i in range(MAX_LOADED_VOCAB + 1)]},
     {"kind": "word", "words": ["Hello world"]},
     {"kind": "bpe"},
     {"kind": "bpe", "tokenizer": 5},

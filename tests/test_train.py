@@ -354,13 +354,13 @@ def test_cli_rejects_unknown_preset(capsys):
 
 
 def test_training_bench_runs_and_reports_the_exact_held_out_loss(tmp_path):
-    """bench/train_bench.py end to end, shortened: its JSON has every figure the issue asks for."""
+    """`python -m bench.train_bench` end to end, shortened: its JSON has every figure the issue asks for."""
     text = tmp_path / "t.txt"
     text.write_text(("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 400), encoding="utf-8")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "train_bench.py"), "--iters", "30", "--compile", "none",
+        [sys.executable, "-m", "bench.train_bench", "--iters", "30", "--compile", "none",
          "--no-bf16", "--threads", "1", "--eval-batches", "2", "--text", str(text)],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=300, check=True, cwd=ROOT,
     )
     d = json.loads(out.stdout.strip().splitlines()[-1])
     assert d["iters"] == 30 and d["schedule"] == "wsd" and d["threads"] == 1

@@ -1,0 +1,86 @@
+"""One session, one action at a time: overlapping calls of the same session never collide.
+
+Each test opens one gradio_client session, starts a long Generate and, while it streams, sends
+another action of the same session. The second waits for the first instead of interleaving with
+it: both end with their normal result (never "Something went wrong"), and the session works after.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from gradio_client import Client
+
+from lab.session import Session
+
+GRAMMAR = "grammar (built-in)"
+SORT = "sort digits (built-in)"
+P = "anna found the key . she gave it to tom because he"
+STEP = (GRAMMAR, P, 1.0, 0, 1.0, 0, 0, "all", "weights")
+GENERATE = (GRAMMAR, P, 1.0, 0, 1.0, 0, 200, 0, "all", "weights")
+SECOND = {
+    "step": (STEP, "/step"),
+    "undo": ((0, "all", "weights"), "/undo"),
+    "reset": ((GRAMMAR,), "/reset"),
+    "select_model": ((SORT,), "/select_model"),
+    "generate": (GENERATE, "/generate"),
+    "positional": ((GRAMMAR,), "/positional"),
+}
+
+
+def wait_until_streaming(job, timeout: float = 60) -> None:
+    """Until the Generate job has sent its first update (it is mid-stream), or is done."""
+    deadline = time.time() + timeout
+    while not job.status().code.name in ("PROCESSING", "ITERATING", "FINISHED") and time.time() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("second", sorted(SECOND))
+def test_an_action_sent_during_generate_waits_for_it(app_server, second):
+    c = Client(app_server.url, verbose=False)
+    gen = c.submit(*GENERATE, api_name="/generate")
+    wait_until_streaming(gen)
+    args, api = SECOND[second]
+    other = c.predict(*args, api_name=api)  # raises AppError if it collided
+    generated = gen.result(timeout=120)
+    assert generated[0], "Generate ended without its text"
+    assert other is not None
+    after = c.predict(*STEP, api_name="/step")
+    assert after[0] and after[3]["plot"]
+
+
+def test_a_cancelled_generate_leaves_the_session_usable_at_once(app_server):
+    c = Client(app_server.url, verbose=False)
+    gen = c.submit(*GENERATE, api_name="/generate")
+    wait_until_streaming(gen)
+    gen.cancel()
+    t0 = time.perf_counter()
+    for seed in range(3):  # every Step is answered, none refused as busy
+        tokens = c.predict(GRAMMAR, P, 1.0, 0, 1.0, seed, 0, "all", "weights", api_name="/step")[0]
+        assert tokens
+    assert time.perf_counter() - t0 < 30
+
+
+def test_session_turn_serialises_and_refuses_when_busy_too_long():
+    s = Session()
+    order = []
+
+    def slow():
+        with s.turn():
+            order.append("first in")
+            time.sleep(0.3)
+            order.append("first out")
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.05)
+    with s.turn():
+        order.append("second")
+    t.join()
+    assert order == ["first in", "first out", "second"]
+    with s.turn():
+        with pytest.raises(ValueError, match="still busy"):
+            with s.turn(wait_s=0.05):
+                pass
