@@ -56,11 +56,12 @@ class View:
 class Attention:
     """The attention of the current window, as the model computed it.
 
-    weights, scores: (L, H, T, T); masked weights are 0 and masked scores -inf. tokens: T pieces.
+    weights, scores: one (H, T, T) array per layer (the decoder's own, not copied); masked weights
+    are 0 and masked scores -inf. tokens: T pieces.
     """
 
-    weights: np.ndarray
-    scores: np.ndarray
+    weights: list[np.ndarray]
+    scores: list[np.ndarray]
     tokens: list[str]
     causal: bool
 
@@ -268,7 +269,7 @@ class Session:
         d = self.decoder
         if d is None:
             return None
-        return Attention(np.stack(d.attention), np.stack(d.scores), [p for p, _ in self.tokens()],
+        return Attention(d.attention, d.scores, [p for p, _ in self.tokens()],
                          causal=self.entry.model.cfg.mask == "causal")
 
     def probabilities(self) -> Probabilities | None:

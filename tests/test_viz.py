@@ -561,7 +561,7 @@ def test_attention_view_overview_limit():
         ({"head": -1, "view": "all layers"}, "head -1 out of range"),
         ({"scores": None, "view": "scores"}, "view 'scores' needs the attention scores"),
         ({"scores": np.zeros((2, 3, 6, 6))}, r"scores have shape \(2, 3, 6, 6\) but weights have shape \(2, 3, 7, 7\)"),
-        ({"weights": np.zeros((3, 7, 7))}, r"weights must be 4-D \(layers, heads, T, T\), got shape \(3, 7, 7\)"),
+        ({"weights": np.zeros((3, 7, 7))}, r"weights must be 4-D \(layers, heads, T, T\) or equal \(heads, T, T\) arrays"),
         ({"weights": np.zeros((2, 3, 7, 6))}, "weights is 7×6"),
         ({"tokens": list("abc")}, "attention is 7×7 but 3 token labels"),
         ({"overview_max_tokens": 0}, "overview_max_tokens must be a positive whole number"),

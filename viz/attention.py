@@ -484,9 +484,18 @@ def _shape(arr: np.ndarray) -> str:
     return "(" + ", ".join(str(n) for n in arr.shape) + ")"
 
 
+def _layers(stack, name: str) -> list[np.ndarray]:
+    """A (L, H, T, T) array or a sequence of (H, T, T) arrays as a list of per-layer arrays."""
+    layers = [np.asarray(a) for a in stack]
+    if not layers or any(a.ndim != 3 or a.shape != layers[0].shape for a in layers):
+        shapes = [_shape(a) for a in layers]
+        raise ValueError(f"{name} must be 4-D (layers, heads, T, T) or equal (heads, T, T) arrays, got {shapes}")
+    return layers
+
+
 def attention_view(
-    weights: np.ndarray,
-    scores: np.ndarray | None,
+    weights: np.ndarray | Sequence[np.ndarray],
+    scores: np.ndarray | Sequence[np.ndarray] | None,
     tokens: Sequence[str],
     *,
     layer: int,
@@ -498,7 +507,8 @@ def attention_view(
 ) -> FigureSpec | go.Figure:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
-    weights, scores: (L, H, T, T) post-softmax weights and pre-softmax scores of every layer;
+    weights, scores: (L, H, T, T) post-softmax weights and pre-softmax scores of every layer (one
+    array, or a sequence of L arrays of shape (H, T, T));
     scores may be None unless view == "scores". tokens: the T display strings. head None means
     all heads of `layer`. causal: mask the future positions (`causal_mask`).
 
@@ -511,15 +521,16 @@ def attention_view(
     """
     if view not in ATTENTION_VIEWS:
         raise ValueError(f"view must be one of {', '.join(map(repr, ATTENTION_VIEWS))}, got {view!r}")
-    weights = np.asarray(weights)
-    if weights.ndim != 4:
-        raise ValueError(f"weights must be 4-D (layers, heads, T, T), got shape {_shape(weights)}")
-    t = _check_square(weights.shape, "weights")
-    n_layers, n_heads = weights.shape[:2]
+    # Per-layer (H, T, T) arrays are used as they are: stacking them would copy every layer for
+    # a picture of one (only the all-layers overview needs the stack).
+    weights = _layers(weights, "weights")
+    t = _check_square((len(weights), *weights[0].shape), "weights")
+    n_layers, n_heads = len(weights), weights[0].shape[0]
     if scores is not None:
-        scores = np.asarray(scores)
-        if scores.shape != weights.shape:
-            raise ValueError(f"scores have shape {_shape(scores)} but weights have shape {_shape(weights)}")
+        scores = _layers(scores, "scores")
+        if len(scores) != n_layers or any(s.shape != w.shape for s, w in zip(scores, weights)):
+            raise ValueError(f"scores have shape {_shape(np.asarray(scores))} but weights have shape "
+                             f"{_shape(np.asarray(weights))}")
     elif view == "scores":
         raise ValueError("view 'scores' needs the attention scores, but scores is None")
     tokens = _check_tokens(tokens, t)
@@ -537,7 +548,7 @@ def attention_view(
                 f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {overview_max_tokens} tokens "
                 f"(there are {t}). Pick a layer instead."
             )
-        return attention_overview(weights, tokens, mask=mask, width_px=width_px, max_tokens=int(overview_max_tokens))
+        return attention_overview(np.stack(weights), tokens, mask=mask, width_px=width_px, max_tokens=int(overview_max_tokens))
     kind = "scores" if view == "scores" else "weights"
     mats = scores if kind == "scores" else weights
     if head is None:
