@@ -65,8 +65,8 @@ def handler(fn=None, *, exclusive: bool = True):
         if isinstance(exc, gr.Error):
             return exc
         if isinstance(exc, ValueError):
-            log.info("refused %s: %s", fn.__name__, exc)
-            return gr.Error(str(exc))
+            log.info("refused %s: %s", fn.__name__, exc)  # one line: a refusal is not a fault
+            return gr.Error(str(exc), print_exception=False)
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error("Something went wrong on the server; the error was logged. Try again or reset.")
 
@@ -85,6 +85,44 @@ def handler(fn=None, *, exclusive: bool = True):
             raise message(exc) from None
 
     return functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
+
+
+# ------------------------------------------------------------------------ API values
+
+
+class AsSent:
+    """Mixin for input components: a value gradio's own check refuses reaches the handler as sent.
+
+    Gradio refuses bad API values before any handler runs, with messages that show Python type
+    reprs, server paths and no argument name. Our handlers check every value first (lab.checks)
+    and refuse it by name, changing nothing, so gradio's check is only allowed to convert.
+    `api_example` replaces the example `view_api()` shows (a valid prompt, no file from the web).
+    """
+
+    def get_block_name(self) -> str:  # the frontend draws the gradio component this extends
+        return next(c for c in type(self).__mro__ if c.__module__.startswith("gradio.")).__name__.lower()
+
+    def preprocess(self, payload):
+        if isinstance(self, gr.Textbox) and payload is not None and not isinstance(payload, str):
+            return payload  # Textbox would turn a list into its repr
+        try:
+            return super().preprocess(payload)
+        except Exception:
+            return payload
+
+    def example_payload(self):
+        return getattr(self, "api_example", None) if hasattr(self, "api_example") else super().example_payload()
+
+    def example_value(self):
+        return getattr(self, "api_example", None) if hasattr(self, "api_example") else super().example_value()
+
+
+class Dropdown(AsSent, gr.Dropdown): ...
+class Radio(AsSent, gr.Radio): ...
+class Slider(AsSent, gr.Slider): ...
+class Number(AsSent, gr.Number): ...
+class Textbox(AsSent, gr.Textbox): ...
+class File(AsSent, gr.File): ...
 
 
 # ------------------------------------------------------------------------------ figures
@@ -168,8 +206,8 @@ def undo(session, layer, head, view):
 
 @handler
 def reset(session, model_name):
+    examples = session.entry_for(model_name).examples  # checked before the text goes
     session.reset()
-    examples = session.examples(model_name)
     return (session, [], "", probs_figure(session), message_plot("Press Step or Generate to see attention."),
             examples[0] if examples else "")
 
@@ -254,19 +292,19 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab("Explore", id="explore"):
                 with gr.Row():
-                    model_dd = gr.Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Model", elem_id="model",
+                    model_dd = Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Model", elem_id="model",
                                            scale=1)
-                    prompt = gr.Textbox(default.examples[0], label="Prompt", elem_id="prompt", scale=3, max_lines=3,
+                    prompt = Textbox(default.examples[0], label="Prompt", elem_id="prompt", scale=3, max_lines=3,
                                         max_length=MAX_PROMPT_CHARS)
                 with gr.Accordion("Sampling", open=False):
                     with gr.Row():
-                        temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.8, step=0.05,
+                        temperature = Slider(*TEMPERATURE_RANGE, value=0.8, step=0.05,
                                                 label="Temperature (0 = greedy)", elem_id="temperature")
-                        top_k = gr.Slider(*TOP_K_RANGE, value=0, step=1, label="Top-k (0 = off)", elem_id="top_k")
-                        top_p = gr.Slider(*TOP_P_RANGE, value=1.0, step=0.05, label="Top-p (1 = off)", elem_id="top_p")
-                        seed = gr.Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1],
+                        top_k = Slider(*TOP_K_RANGE, value=0, step=1, label="Top-k (0 = off)", elem_id="top_k")
+                        top_p = Slider(*TOP_P_RANGE, value=1.0, step=0.05, label="Top-p (1 = off)", elem_id="top_p")
+                        seed = Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1],
                                          elem_id="seed")
-                        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens",
+                        max_new = Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens",
                                             elem_id="max_new")
                 with gr.Row():
                     step_btn = gr.Button("Step", variant="primary", elem_id="step")
@@ -282,9 +320,9 @@ def build_demo() -> gr.Blocks:
                     with gr.Column(scale=2):
                         probs_plot = gr.Plot(probs_figure(first), label="Next-token probabilities", elem_id="probs")
                 with gr.Row():
-                    layer = gr.Dropdown(list(range(cfg.n_layers)), value=0, label="Layer", elem_id="layer")
-                    head = gr.Dropdown(["all", *range(cfg.n_heads)], value="all", label="Head", elem_id="head")
-                    view = gr.Radio(list(ATTENTION_VIEWS), value="weights", label="View", elem_id="view")
+                    layer = Dropdown(list(range(cfg.n_layers)), value=0, label="Layer", elem_id="layer")
+                    head = Dropdown(["all", *range(cfg.n_heads)], value="all", label="Head", elem_id="head")
+                    view = Radio(list(ATTENTION_VIEWS), value="weights", label="View", elem_id="view")
                 attn_plot = gr.Plot(attention_figure(first, 0, "all", "weights"),
                                     label="Masked self-attention (rows: queries, columns: keys)", elem_id="attention")
 
@@ -300,35 +338,35 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         with gr.Row():
-                            corpus = gr.Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
-                            tok_kind = gr.Radio(list(TOKENIZER_KINDS), value="char",
+                            corpus = Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
+                            tok_kind = Radio(list(TOKENIZER_KINDS), value="char",
                                                 label="Tokenizer (grammar / own text)", elem_id="tokenizer")
                         info = gr.Markdown(corpus_info("sort"))
                         with gr.Accordion("Your own text", open=False):
-                            pasted = gr.Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters)",
+                            pasted = Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters)",
                                                 lines=4, max_length=TEXT_CHARS[1], elem_id="pasted")
-                            text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
+                            text_file = File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
                                                 type="filepath", elem_id="text_file", height=120)
                         with gr.Row():
-                            layers = gr.Slider(*L["layers"], value=2, step=1, label="Layers", elem_id="layers")
-                            heads = gr.Slider(*L["heads"], value=4, step=1, label="Heads", elem_id="heads")
+                            layers = Slider(*L["layers"], value=2, step=1, label="Layers", elem_id="layers")
+                            heads = Slider(*L["heads"], value=4, step=1, label="Heads", elem_id="heads")
                         with gr.Row():
-                            d_model = gr.Slider(*L["d_model"], value=64, step=8, label="d_model", elem_id="d_model")
-                            d_ff = gr.Slider(*L["d_ff"], value=256, step=32, label="d_ff (0 = none)", elem_id="d_ff")
+                            d_model = Slider(*L["d_model"], value=64, step=8, label="d_model", elem_id="d_model")
+                            d_ff = Slider(*L["d_ff"], value=256, step=32, label="d_ff (0 = none)", elem_id="d_ff")
                         with gr.Row():
-                            pos = gr.Dropdown(list(POS_ENCODINGS), value="learned", label="Positional encoding",
+                            pos = Dropdown(list(POS_ENCODINGS), value="learned", label="Positional encoding",
                                               elem_id="pos")
-                            norm = gr.Dropdown(list(NORMS), value="pre", label="Norm placement", elem_id="norm")
+                            norm = Dropdown(list(NORMS), value="pre", label="Norm placement", elem_id="norm")
                         with gr.Row():
-                            activation = gr.Dropdown(list(ACTIVATIONS), value="gelu", label="Activation",
+                            activation = Dropdown(list(ACTIVATIONS), value="gelu", label="Activation",
                                                      elem_id="activation")
-                            dropout = gr.Slider(*L["dropout"], value=0.0, step=0.05, label="Dropout",
+                            dropout = Slider(*L["dropout"], value=0.0, step=0.05, label="Dropout",
                                                 elem_id="dropout")
                         with gr.Row():
-                            steps = gr.Slider(10, L["steps"][1], value=300, step=10, label="Steps", elem_id="steps")
-                            lr = gr.Number(3e-3, label="Learning rate", minimum=L["learning rate"][0],
+                            steps = Slider(10, L["steps"][1], value=300, step=10, label="Steps", elem_id="steps")
+                            lr = Number(3e-3, label="Learning rate", minimum=L["learning rate"][0],
                                            maximum=L["learning rate"][1], elem_id="lr")
-                            train_seed = gr.Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0],
+                            train_seed = Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0],
                                                    maximum=SEED_RANGE[1], elem_id="train_seed")
                     with gr.Column(scale=1):
                         with gr.Row():
@@ -338,13 +376,15 @@ def build_demo() -> gr.Blocks:
                         loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0))),
                                             label="Loss", elem_id="loss")
                         download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
-                        upload = gr.File(label=f"Load a .safetensors model (max {UPLOAD_MAX_MB} MB)",
+                        upload = File(label=f"Load a .safetensors model (max {UPLOAD_MAX_MB} MB)",
                                          file_types=[".safetensors"], type="filepath", elem_id="upload", height=120)
                         upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
 
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(LEARN_PATH.read_text(encoding="utf-8"), latex_delimiters=LATEX)
 
+        prompt.api_example, pasted.api_example = default.examples[0], ""
+        text_file.api_example = upload.api_example = None  # view_api() must not point at files on the web
         sampling = [temperature, top_k, top_p, seed]
         views = [layer, head, view]
         explore = [ses, tokens, status, probs_plot, attn_plot]

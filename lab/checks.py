@@ -20,6 +20,18 @@ class UserError(ValueError):
 
 
 def _shown(value: Any) -> str:
+    """What was sent, for a message: short scalars as they are, anything else by its kind only
+    (a message never echoes a structure back, nor a Python type name)."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**12:
+        return "a number that is far too large"
+    if not isinstance(value, (str, int, float, bool)):
+        return "a value of the wrong kind"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "…"
 
@@ -56,6 +68,8 @@ def check_float(name: str, value: Any, lo: float, hi: float) -> float:
 def check_choice(name: str, value: Any, options: Iterable[str]) -> str:
     """One of `options` (strings only)."""
     options = list(options)
+    if isinstance(value, str) and len(value) > 60:
+        value = value[:57] + "…"
     if not isinstance(value, str) or value not in options:
         raise UserError(f"{name} must be one of {', '.join(map(str, options))}; got {_shown(value)}")
     return value

@@ -170,19 +170,13 @@ class Session:
         return self.builtins.names + list(self.models)
 
     def entry_for(self, name) -> ModelEntry:
-        if isinstance(name, str):
-            if name in self.models:
-                return self.models[name]
-            if name in self.builtins.models:
-                return self.builtins.get(name)
-        raise UserError(f"Unknown model {str(name)[:60]!r}. Pick one from the list.")
-
-    def examples(self, name) -> tuple[str, ...]:
-        """Example prompts of a model (none for an unknown name)."""
-        try:
-            return self.entry_for(name).examples
-        except UserError:
-            return ()
+        if not isinstance(name, str):
+            raise UserError("The model must be given by its name in the list.")
+        if name in self.models:
+            return self.models[name]
+        if name in self.builtins.models:
+            return self.builtins.get(name)
+        raise UserError(f"Unknown model {name[:60]!r}. Pick one from the list.")
 
     def check_view(self, model_name, layer, head, view) -> View:
         """The view settings checked against that model, before anything changes."""

@@ -1,0 +1,104 @@
+"""The API's contract holds: what `view_api()` documents is accepted, anything else is refused by name.
+
+Every named endpoint is called with the example values `view_api()` itself gives; then every
+argument of /step and /generate in turn gets values of the wrong kind, and the refusal must name
+that argument, carry no internal detail, and leave the session exactly as it was.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+GRAMMAR = "grammar (built-in)"
+SORT = "sort digits (built-in)"
+P = "anna found the key . she gave it to tom because he"
+GREEDY = dict(model_name=GRAMMAR, prompt=P, temperature=0.0, top_k=0, top_p=1.0, seed=0, layer=0, head="all",
+              view="weights")
+LEAKS = re.compile(r"Traceback|File \"|/tmp|/work|/etc|site-packages|<class|type:|Error\b|Exception|"
+                   r"Something went wrong|upstream Gradio")
+# what a refusal calls each argument
+NAMES = {"model_name": "model", "prompt": "prompt", "temperature": "temperature", "top_k": "top-k",
+         "top_p": "top-p", "seed": "seed", "layer": "layer", "head": "head", "view": "view",
+         "max_new": "max new tokens"}
+JUNK = [None, [1], {"a": 1}, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 10**400, -1, "zzz"]
+
+
+@pytest.fixture(scope="module")
+def api(app_server):
+    return Client(app_server.url, verbose=False).view_api(return_format="dict", print_info=False)
+
+
+def call(client: Client, api_name: str, **kwargs):
+    return client.predict(*kwargs.values(), api_name=api_name)
+
+
+def refusal(client: Client, api_name: str, args: list) -> str:
+    with pytest.raises(AppError) as info:
+        client.predict(*args, api_name=api_name)
+    msg = str(info.value)
+    assert not LEAKS.search(msg), f"{api_name}{args!r}: {msg!r}"
+    return msg
+
+
+def test_every_endpoint_takes_the_examples_view_api_documents(app_server, api):
+    c = Client(app_server.url, verbose=False)
+    for name, endpoint in api["named_endpoints"].items():
+        args = [p["example_input"] for p in endpoint["parameters"]]
+        if name == "/upload_model":  # its example is "no file": refused in words, nothing else
+            assert "Choose a .safetensors file" in refusal(c, name, args)
+            continue
+        c.predict(*args, api_name=name)
+
+
+def test_layer_and_head_are_accepted_as_documented_strings(app_server, api):
+    step = api["named_endpoints"]["/step"]["parameters"]
+    layer_type = next(p for p in step if p["parameter_name"] == "layer")["python_type"]["type"]
+    assert "'2'" in layer_type
+    c = Client(app_server.url, verbose=False)
+    as_text = call(c, "/step", **{**GREEDY, "layer": "2", "head": "3"})
+    as_int = call(Client(app_server.url, verbose=False), "/step", **{**GREEDY, "layer": 2, "head": 3})
+    assert as_text[0] == as_int[0] and as_text[3]["plot"] == as_int[3]["plot"]
+
+
+def test_view_settings_are_checked_against_the_model_asked_for_not_the_last_selected(app_server):
+    c = Client(app_server.url, verbose=False)
+    c.predict(SORT, api_name="/select_model")  # 2 layers
+    tokens = call(c, "/step", **{**GREEDY, "layer": 2})  # the grammar model has 3
+    assert tokens[0]
+
+
+@pytest.mark.parametrize("argument", list(GREEDY))
+def test_a_wrong_value_is_refused_by_name_and_changes_nothing(app_server, argument):
+    c = Client(app_server.url, verbose=False)
+    control = Client(app_server.url, verbose=False)
+    first = call(c, "/step", **GREEDY)
+    call(control, "/step", **GREEDY)
+    for junk in JUNK:
+        step_args = {**GREEDY, argument: junk}
+        msg = refusal(c, "/step", list(step_args.values()))
+        assert NAMES[argument] in msg.lower(), msg
+        generate_args = dict(list(step_args.items())[:6] + [("max_new", 3)] + list(step_args.items())[6:])
+        msg = refusal(c, "/generate", list(generate_args.values()))
+        assert NAMES[argument] in msg.lower(), msg
+    # the refused calls left the text as it was: the next greedy Step matches an untouched session
+    mine, theirs = call(c, "/step", **GREEDY), call(control, "/step", **GREEDY)
+    assert mine[0] == theirs[0] and len(mine[0]) == len(first[0]) + 1
+    assert mine[3]["plot"] == theirs[3]["plot"]
+
+
+def test_refused_undo_and_reset_change_nothing(app_server):
+    c = Client(app_server.url, verbose=False)
+    control = Client(app_server.url, verbose=False)
+    for client in (c, control):
+        call(client, "/step", **GREEDY)
+        call(client, "/step", **GREEDY)
+    refusal(c, "/undo", [[1], "all", "weights"])
+    refusal(c, "/undo", [0, "all", {"a": 1}])
+    refusal(c, "/reset", [[]])
+    refusal(c, "/select_model", [{"a": 1}])
+    mine, theirs = call(c, "/step", **GREEDY), call(control, "/step", **GREEDY)
+    assert mine[0] == theirs[0] and len(mine[0]) == 12 + 3
