@@ -27,7 +27,7 @@ import torch
 
 import viz
 from lab import files
-from lab.checks import check_sampling
+from lab.checks import UserError, check_sampling
 from lab.limits import (
     ACTIVATIONS, ATTENTION_VIEWS, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, NORMS, OVERVIEW_MAX_TOKENS,
     POS_ENCODINGS, QUEUE_SIZE, SEED_RANGE, SESSION_CAPACITY, STATE_TTL_S, TEMPERATURE_RANGE, TEXT_CHARS,
@@ -90,39 +90,31 @@ def handler(fn=None, *, exclusive: bool = True):
 # ------------------------------------------------------------------------ API values
 
 
-class AsSent:
-    """Mixin for input components: a value gradio's own check refuses reaches the handler as sent.
+# Every event hands its inputs to the handler as they were sent (`preprocess=False`): gradio's own
+# input checks refuse bad API values before any handler runs, with messages that show Python type
+# reprs and server paths and name no argument. Our handlers check every value first (lab.checks)
+# and refuse it by name, changing nothing. Files still pass gradio's upload checks and arrive as
+# a FileData dict, whose cached path `file_path` takes.
+RAW = dict(preprocess=False)
 
-    Gradio refuses bad API values before any handler runs, with messages that show Python type
-    reprs, server paths and no argument name. Our handlers check every value first (lab.checks)
-    and refuse it by name, changing nothing, so gradio's check is only allowed to convert.
-    `api_example` replaces the example `view_api()` shows (a valid prompt, no file from the web).
+
+def file_path(value, suffix: str) -> str | None:
+    """The server-side path of an uploaded file as a handler receives it (None when there is none).
+
+    Its name must end with `suffix` (gradio's own check of `file_types` is one we skip).
     """
-
-    def get_block_name(self) -> str:  # the frontend draws the gradio component this extends
-        return next(c for c in type(self).__mro__ if c.__module__.startswith("gradio.")).__name__.lower()
-
-    def preprocess(self, payload):
-        if isinstance(self, gr.Textbox) and payload is not None and not isinstance(payload, str):
-            return payload  # Textbox would turn a list into its repr
-        try:
-            return super().preprocess(payload)
-        except Exception:
-            return payload
-
-    def example_payload(self):
-        return getattr(self, "api_example", None) if hasattr(self, "api_example") else super().example_payload()
-
-    def example_value(self):
-        return getattr(self, "api_example", None) if hasattr(self, "api_example") else super().example_value()
+    path = value.get("path") if isinstance(value, dict) else value
+    if path is None or path == "":
+        return None
+    name = value.get("orig_name") or path if isinstance(value, dict) else path
+    if not isinstance(path, str) or not isinstance(name, str) or not name.lower().endswith(suffix):
+        raise UserError(f"Choose a {suffix} file.")
+    return path
 
 
-class Dropdown(AsSent, gr.Dropdown): ...
-class Radio(AsSent, gr.Radio): ...
-class Slider(AsSent, gr.Slider): ...
-class Number(AsSent, gr.Number): ...
-class Textbox(AsSent, gr.Textbox): ...
-class File(AsSent, gr.File): ...
+def api_example(component, value):
+    """Show `value` as this input's example in view_api() (a valid prompt; no file from the web)."""
+    component.example_payload = component.example_value = lambda: value
 
 
 # ------------------------------------------------------------------------------ figures
@@ -248,7 +240,7 @@ def positional(session, model_name):
 def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
                 activation, dropout, steps, lr, seed):
     """Train a new model for this session, streaming the loss curve; Stop keeps what was learned."""
-    progress = session.train(corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
+    progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
                              activation, dropout, steps, lr, seed)
     last_yield = 0.0
     for p in progress:
@@ -268,7 +260,7 @@ def stop_training(session):
 @handler
 def upload_model(session, path):
     """Load a .safetensors checkpoint into this session after validating it."""
-    name = session.upload(path)
+    name = session.upload(file_path(path, ".safetensors"))
     return (session, f"Loaded '{name}'. It is now in the Explore model list.",
             gr.update(choices=session.model_names(), value=name))
 
@@ -292,19 +284,19 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab("Explore", id="explore"):
                 with gr.Row():
-                    model_dd = Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Model", elem_id="model",
+                    model_dd = gr.Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Model", elem_id="model",
                                            scale=1)
-                    prompt = Textbox(default.examples[0], label="Prompt", elem_id="prompt", scale=3, max_lines=3,
+                    prompt = gr.Textbox(default.examples[0], label="Prompt", elem_id="prompt", scale=3, max_lines=3,
                                         max_length=MAX_PROMPT_CHARS)
                 with gr.Accordion("Sampling", open=False):
                     with gr.Row():
-                        temperature = Slider(*TEMPERATURE_RANGE, value=0.8, step=0.05,
+                        temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.8, step=0.05,
                                                 label="Temperature (0 = greedy)", elem_id="temperature")
-                        top_k = Slider(*TOP_K_RANGE, value=0, step=1, label="Top-k (0 = off)", elem_id="top_k")
-                        top_p = Slider(*TOP_P_RANGE, value=1.0, step=0.05, label="Top-p (1 = off)", elem_id="top_p")
-                        seed = Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1],
+                        top_k = gr.Slider(*TOP_K_RANGE, value=0, step=1, label="Top-k (0 = off)", elem_id="top_k")
+                        top_p = gr.Slider(*TOP_P_RANGE, value=1.0, step=0.05, label="Top-p (1 = off)", elem_id="top_p")
+                        seed = gr.Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1],
                                          elem_id="seed")
-                        max_new = Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens",
+                        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens",
                                             elem_id="max_new")
                 with gr.Row():
                     step_btn = gr.Button("Step", variant="primary", elem_id="step")
@@ -320,9 +312,9 @@ def build_demo() -> gr.Blocks:
                     with gr.Column(scale=2):
                         probs_plot = gr.Plot(probs_figure(first), label="Next-token probabilities", elem_id="probs")
                 with gr.Row():
-                    layer = Dropdown(list(range(cfg.n_layers)), value=0, label="Layer", elem_id="layer")
-                    head = Dropdown(["all", *range(cfg.n_heads)], value="all", label="Head", elem_id="head")
-                    view = Radio(list(ATTENTION_VIEWS), value="weights", label="View", elem_id="view")
+                    layer = gr.Dropdown(list(range(cfg.n_layers)), value=0, label="Layer", elem_id="layer")
+                    head = gr.Dropdown(["all", *range(cfg.n_heads)], value="all", label="Head", elem_id="head")
+                    view = gr.Radio(list(ATTENTION_VIEWS), value="weights", label="View", elem_id="view")
                 attn_plot = gr.Plot(attention_figure(first, 0, "all", "weights"),
                                     label="Masked self-attention (rows: queries, columns: keys)", elem_id="attention")
 
@@ -338,35 +330,35 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1):
                         with gr.Row():
-                            corpus = Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
-                            tok_kind = Radio(list(TOKENIZER_KINDS), value="char",
+                            corpus = gr.Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
+                            tok_kind = gr.Radio(list(TOKENIZER_KINDS), value="char",
                                                 label="Tokenizer (grammar / own text)", elem_id="tokenizer")
                         info = gr.Markdown(corpus_info("sort"))
                         with gr.Accordion("Your own text", open=False):
-                            pasted = Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters)",
+                            pasted = gr.Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters)",
                                                 lines=4, max_length=TEXT_CHARS[1], elem_id="pasted")
-                            text_file = File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
+                            text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
                                                 type="filepath", elem_id="text_file", height=120)
                         with gr.Row():
-                            layers = Slider(*L["layers"], value=2, step=1, label="Layers", elem_id="layers")
-                            heads = Slider(*L["heads"], value=4, step=1, label="Heads", elem_id="heads")
+                            layers = gr.Slider(*L["layers"], value=2, step=1, label="Layers", elem_id="layers")
+                            heads = gr.Slider(*L["heads"], value=4, step=1, label="Heads", elem_id="heads")
                         with gr.Row():
-                            d_model = Slider(*L["d_model"], value=64, step=8, label="d_model", elem_id="d_model")
-                            d_ff = Slider(*L["d_ff"], value=256, step=32, label="d_ff (0 = none)", elem_id="d_ff")
+                            d_model = gr.Slider(*L["d_model"], value=64, step=8, label="d_model", elem_id="d_model")
+                            d_ff = gr.Slider(*L["d_ff"], value=256, step=32, label="d_ff (0 = none)", elem_id="d_ff")
                         with gr.Row():
-                            pos = Dropdown(list(POS_ENCODINGS), value="learned", label="Positional encoding",
+                            pos = gr.Dropdown(list(POS_ENCODINGS), value="learned", label="Positional encoding",
                                               elem_id="pos")
-                            norm = Dropdown(list(NORMS), value="pre", label="Norm placement", elem_id="norm")
+                            norm = gr.Dropdown(list(NORMS), value="pre", label="Norm placement", elem_id="norm")
                         with gr.Row():
-                            activation = Dropdown(list(ACTIVATIONS), value="gelu", label="Activation",
+                            activation = gr.Dropdown(list(ACTIVATIONS), value="gelu", label="Activation",
                                                      elem_id="activation")
-                            dropout = Slider(*L["dropout"], value=0.0, step=0.05, label="Dropout",
+                            dropout = gr.Slider(*L["dropout"], value=0.0, step=0.05, label="Dropout",
                                                 elem_id="dropout")
                         with gr.Row():
-                            steps = Slider(10, L["steps"][1], value=300, step=10, label="Steps", elem_id="steps")
-                            lr = Number(3e-3, label="Learning rate", minimum=L["learning rate"][0],
+                            steps = gr.Slider(10, L["steps"][1], value=300, step=10, label="Steps", elem_id="steps")
+                            lr = gr.Number(3e-3, label="Learning rate", minimum=L["learning rate"][0],
                                            maximum=L["learning rate"][1], elem_id="lr")
-                            train_seed = Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0],
+                            train_seed = gr.Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0],
                                                    maximum=SEED_RANGE[1], elem_id="train_seed")
                     with gr.Column(scale=1):
                         with gr.Row():
@@ -376,19 +368,21 @@ def build_demo() -> gr.Blocks:
                         loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0))),
                                             label="Loss", elem_id="loss")
                         download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
-                        upload = File(label=f"Load a .safetensors model (max {UPLOAD_MAX_MB} MB)",
+                        upload = gr.File(label=f"Load a .safetensors model (max {UPLOAD_MAX_MB} MB)",
                                          file_types=[".safetensors"], type="filepath", elem_id="upload", height=120)
                         upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
 
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(LEARN_PATH.read_text(encoding="utf-8"), latex_delimiters=LATEX)
 
-        prompt.api_example, pasted.api_example = default.examples[0], ""
-        text_file.api_example = upload.api_example = None  # view_api() must not point at files on the web
+        api_example(prompt, default.examples[0])
+        api_example(pasted, "")
+        for file_input in (text_file, upload):
+            api_example(file_input, None)
         sampling = [temperature, top_k, top_p, seed]
         views = [layer, head, view]
         explore = [ses, tokens, status, probs_plot, attn_plot]
-        explore_group = dict(concurrency_limit=CONCURRENCY["explore"], concurrency_id="explore")
+        explore_group = dict(concurrency_limit=CONCURRENCY["explore"], concurrency_id="explore", **RAW)
         step_inputs = [ses, model_dd, prompt, *sampling, *views]
         # In the page a Step draws the attention first and the probability chart right after: the
         # attention is what the click is for. A Step takes milliseconds, so no progress overlay.
@@ -398,25 +392,25 @@ def build_demo() -> gr.Blocks:
         # The API's /step returns everything at once (an invisible button: the same handler logic).
         gr.Button(visible=False).click(step, step_inputs, explore, api_name="step", **explore_group)
         gen_btn.click(generate, [ses, model_dd, prompt, *sampling, max_new, *views], explore, api_name="generate",
-                      concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden")
+                      concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden", **RAW)
         undo_btn.click(undo, [ses, *views], explore, api_name="undo", **explore_group)
-        reset_btn.click(reset, [ses, model_dd], [*explore, prompt], api_name="reset")
+        reset_btn.click(reset, [ses, model_dd], [*explore, prompt], api_name="reset", **RAW)
         for control in views:
             control.change(redraw, [ses, *views], attn_plot, api_name=False, **explore_group)
         model_dd.change(select_model, [ses, model_dd], [ses, tokens, status, probs_plot, attn_plot, layer, head, prompt],
-                        api_name="select_model")
-        pe_tab.select(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name="positional")
-        model_dd.change(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False)
-        corpus.change(corpus_info, corpus, info, api_name=False, queue=False)
+                        api_name="select_model", **RAW)
+        pe_tab.select(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name="positional", **RAW)
+        model_dd.change(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False, **RAW)
+        corpus.change(corpus_info, corpus, info, api_name=False, queue=False, **RAW)
         train_btn.click(train_model, [ses, corpus, pasted, text_file, tok_kind, layers, heads, d_model, d_ff, pos, norm,
                                       activation, dropout, steps, lr, train_seed],
                         [ses, train_status, loss_plot, model_dd, download], api_name="train",
                         concurrency_limit=CONCURRENCY["train"], concurrency_id="train",
-                        show_progress_on=[train_status])
+                        show_progress_on=[train_status], **RAW)
         stop_btn.click(stop_training, ses, train_status, api_name="stop", queue=False)
         upload.upload(upload_model, [ses, upload], [ses, upload_status, model_dd], api_name="upload_model",
-                      concurrency_limit=CONCURRENCY["upload"], concurrency_id="upload")
-        demo.load(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False)
+                      concurrency_limit=CONCURRENCY["upload"], concurrency_id="upload", **RAW)
+        demo.load(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False, **RAW)
     return demo
 
 
