@@ -36,8 +36,9 @@ from lab.limits import (
     POS_ENCODINGS, QUEUE_SIZE, SEED_RANGE, SESSION_CAPACITY, STATE_TTL_S, TEMPERATURE_RANGE, TEXT_CHARS,
     TOKENIZER_KINDS, TOP_K_RANGE, TOP_P_RANGE, TRAIN_CORPORA, TRAIN_LIMITS, UPLOAD_MAX_MB,
 )
+from lab.budget import LIMITER, client_key
 from lab.models import DEFAULT_MODEL
-from lab.session import Session
+from lab.session import SESSIONS, Session
 
 log = logging.getLogger("decoder_lab")
 torch.set_num_threads(int(os.environ.get("DECODER_LAB_THREADS", "1")))  # one thread per request: bench/RESULTS.md
@@ -49,7 +50,7 @@ PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,
 CSS = "#tokens .token { font-family: ui-monospace, monospace; }\nfooter { display: none !important; }\n"
 
 
-def handler(fn=None, *, exclusive: bool = True):
+def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
     """Wrap an event handler so that every error reaches the person as a message.
 
     A refusal (`UserError`, or a ValueError from a check) shows its own text; anything else is
@@ -58,7 +59,20 @@ def handler(fn=None, *, exclusive: bool = True):
     streaming one until its last update or its cancellation: one action per session at a time.
     """
     if fn is None:
-        return functools.partial(handler, exclusive=exclusive)
+        return functools.partial(handler, exclusive=exclusive, rate=rate)
+
+    def prepared(args) -> list:
+        """The server's own session for this tab in place of gradio's copy (lab.budget.SessionStore),
+        after the client's rate for `rate` actions is checked."""
+        args = list(args)
+        request = next((a for a in args if isinstance(a, gr.Request)), None)
+        if request is not None and args and isinstance(args[0], Session):
+            host = request.client.host if request.client else None
+            client = client_key(host, request.headers.get("x-forwarded-for"))
+            args[0] = SESSIONS.resolve(request.session_hash, client, args[0])
+            if rate is not None:
+                LIMITER.check(client, rate)
+        return args
 
     def turn(args):
         held = exclusive and args and isinstance(args[0], Session)
@@ -75,6 +89,7 @@ def handler(fn=None, *, exclusive: bool = True):
 
     def wrapped(*args):
         try:
+            args = prepared(args)
             with turn(args):
                 return fn(*args)
         except Exception as exc:
@@ -82,6 +97,7 @@ def handler(fn=None, *, exclusive: bool = True):
 
     def wrapped_gen(*args):  # gradio streams a handler only if it is a generator function itself
         try:
+            args = prepared(args)
             with turn(args):
                 yield from fn(*args)
         except Exception as exc:
@@ -160,7 +176,8 @@ def explore_outputs(session: Session, layer, head, view):
 
 
 @handler
-def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view):
+def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
+         request: gr.Request = None):
     """One new token: sample from the model's distribution, then show what it attended to."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     session.check_view(model_name, layer, head, view)
@@ -169,7 +186,8 @@ def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, he
 
 
 @handler
-def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view):
+def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
+                 request: gr.Request = None):
     """`step` without the probability chart, which the page fetches right after the picture."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     session.check_view(model_name, layer, head, view)
@@ -178,8 +196,9 @@ def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, l
 
 
 @gpu
-@handler
-def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_new, layer, head, view):
+@handler(rate="generate")
+def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_new, layer, head, view,
+             request: gr.Request = None):
     """Generate up to `max_new` tokens from the prompt (restarting it), streaming the text."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     session.check_view(model_name, layer, head, view)
@@ -192,7 +211,7 @@ def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_n
 
 
 @handler
-def undo(session, layer, head, view):
+def undo(session, layer, head, view, request: gr.Request = None):
     if session.entry is not None:
         session.check_view(session.entry.name, layer, head, view)
     session.undo()
@@ -200,7 +219,7 @@ def undo(session, layer, head, view):
 
 
 @handler
-def reset(session, model_name):
+def reset(session, model_name, request: gr.Request = None):
     examples = session.entry_for(model_name).examples  # checked before the text goes
     session.reset()
     return (session, [], "", probs_figure(session), message_plot("Press Step or Generate to see attention."),
@@ -208,12 +227,12 @@ def reset(session, model_name):
 
 
 @handler
-def redraw(session, layer, head, view):
+def redraw(session, layer, head, view, request: gr.Request = None):
     return attention_figure(session, layer, head, view)
 
 
 @handler
-def select_model(session, model_name):
+def select_model(session, model_name, request: gr.Request = None):
     entry = session.select_model(model_name)
     cfg = entry.model.cfg
     return (session, [], entry.summary, probs_figure(session), message_plot("Press Step or Generate."),
@@ -223,7 +242,7 @@ def select_model(session, model_name):
 
 
 @handler
-def positional(session, model_name):
+def positional(session, model_name, request: gr.Request = None):
     entry, kind, table = session.positional(model_name)
     if table is None:
         fig = viz.to_gradio_plot(viz.no_positional_encoding())
@@ -239,12 +258,12 @@ def positional(session, model_name):
 
 
 @gpu(duration=200)
-@handler(exclusive=False)  # a run takes minutes: Explore stays usable meanwhile
+@handler(exclusive=False, rate="train")  # a run takes minutes: Explore stays usable meanwhile
 def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-                activation, dropout, steps, lr, seed):
+                activation, dropout, steps, lr, seed, request: gr.Request = None):
     """Train a new model for this session, streaming the loss curve; Stop keeps what was learned."""
-    progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-                             activation, dropout, steps, lr, seed)
+    progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model,
+                             d_ff, pos, norm, activation, dropout, steps, lr, seed)
     last_yield = 0.0
     for p in progress:
         if p.done:
@@ -255,13 +274,14 @@ def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, he
             yield session, p.message, loss_figure(p.run), gr.skip(), gr.skip()
 
 
-def stop_training(session):
+@handler(exclusive=False)  # Stop must not wait for the action it stops
+def stop_training(session, request: gr.Request = None):
     session.stop_training()
     return "Stopping…"
 
 
-@handler
-def upload_model(session, path):
+@handler(rate="upload")
+def upload_model(session, path, request: gr.Request = None):
     """Load a .safetensors checkpoint into this session after validating it."""
     name = session.upload(file_path(path, ".safetensors"))
     return (session, f"Loaded '{name}'. It is now in the Explore model list.",
@@ -281,7 +301,7 @@ class RefuseMalformedCalls:
     such calls with HTTP 500 or an empty error)."""
 
     CALL = re.compile(r"^/gradio_api/(?:(queue/join)|(?:call|run)/(?:v2/)?([^/]+))/?$")
-    MAX_BODY = 8 * 2**20  # a pasted training text is at most 1.2 MB of characters
+    MAX_BODY = 16 * 2**20  # the largest valid call: 1.2 M characters of pasted text, JSON-escaped (≤ 12 B each)
 
     def __init__(self, app, blocks: gr.Blocks):
         self.app, self.blocks = app, blocks
@@ -414,7 +434,7 @@ def build_demo() -> gr.Blocks:
                                                 label="Tokenizer (grammar / own text)", elem_id="tokenizer")
                         info = gr.Markdown(corpus_info("sort"))
                         with gr.Accordion("Your own text", open=False):
-                            pasted = gr.Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters)",
+                            pasted = gr.Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,}–{TEXT_CHARS[1]:,} characters)",
                                                 lines=4, max_length=TEXT_CHARS[1], elem_id="pasted")
                             text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
                                                 type="filepath", elem_id="text_file", height=120)
@@ -471,12 +491,14 @@ def build_demo() -> gr.Blocks:
         # The API's /step returns everything at once (an invisible button: the same handler logic).
         gr.Button(visible=False).click(step, step_inputs, explore, api_name="step", **explore_group)
         gen_btn.click(generate, [ses, model_dd, prompt, *sampling, max_new, *views], explore, api_name="generate",
-                      concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden", **RAW)
+                      concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden",
+                      **RAW)
         undo_btn.click(undo, [ses, *views], explore, api_name="undo", **explore_group)
         reset_btn.click(reset, [ses, model_dd], [*explore, prompt], api_name="reset", **RAW)
         for control in views:
             control.change(redraw, [ses, *views], attn_plot, api_name=False, **explore_group)
-        model_dd.change(select_model, [ses, model_dd], [ses, tokens, status, probs_plot, attn_plot, layer, head, prompt],
+        model_dd.change(select_model, [ses, model_dd],
+                        [ses, tokens, status, probs_plot, attn_plot, layer, head, prompt],
                         api_name="select_model", **RAW)
         pe_tab.select(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name="positional", **RAW)
         model_dd.change(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False, **RAW)

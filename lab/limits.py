@@ -62,11 +62,36 @@ TRAIN_CORPORA = {
 MAX_USER_MODELS = 3  # a person's own (trained or uploaded) models; the oldest goes first
 UPLOAD_MAX_MB = CHECKPOINT_LIMITS.max_file_bytes // 2**20  # the checkpoint loader's own bound
 STATE_TTL_S = float(os.environ.get("DECODER_LAB_STATE_TTL", "1800"))
-SESSION_CAPACITY = 300
+SESSION_CAPACITY = 2000  # gradio's own copies of session state (~135 KB each); lab.budget keeps the sessions
 QUEUE_SIZE = int(os.environ.get("DECODER_LAB_QUEUE", "32"))
 RUN_FILES_MAX_AGE_S = 3600  # downloadable model files of a session
 # concurrency_limit of each group of events (one training at a time: it takes a whole core)
 CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2}
+
+# ------------------------------------------------------- Server-wide budgets (lab/budget.py)
+# What one visitor may take of what everyone shares. A client is its address (an IPv6 address
+# counts by its /64); behind a proxy (a Hugging Face Space) the address the proxy forwarded.
+# Rates are token buckets: action → (burst, count, window_s): `burst` at once, then `count` per
+# `window_s` seconds. A person never comes near them; a script is told to slow down.
+RATE_LIMITS = {
+    "session": (60, 60, 60.0),  # new sessions (page loads, API clients): a classroom behind one address fits
+    "generate": (20, 30, 60.0),
+    "train": (5, 10, 600.0),
+    "upload": (5, 10, 600.0),
+}
+# DECODER_LAB_RATE_SCALE multiplies every burst and count (a test suite calls from one address all along)
+_RATE_SCALE = max(1, int(os.environ.get("DECODER_LAB_RATE_SCALE", "1")))
+RATE_LIMITS = {a: (b * _RATE_SCALE, c * _RATE_SCALE, w) for a, (b, c, w) in RATE_LIMITS.items()}
+RATE_MAX_KEYS = 10_000  # (client, action) buckets remembered; the least recently used is forgotten
+# Trust X-Forwarded-For only behind a proxy that sets it (Spaces set SPACE_ID); otherwise anyone could forge it.
+BEHIND_PROXY = bool(os.environ.get("SPACE_ID")) or os.environ.get("DECODER_LAB_BEHIND_PROXY", "") == "1"
+IDLE_S = float(os.environ.get("DECODER_LAB_IDLE_S", "300"))  # a session that acted in the last IDLE_S seconds (or is acting, or training) loses nothing to others
+MAX_SESSIONS = int(os.environ.get("DECODER_LAB_MAX_SESSIONS", "500"))  # sessions kept (lab.budget.SessionStore); a text holds up to ~6 MB
+OWN_MODELS_MAX_BYTES = int(os.environ.get("DECODER_LAB_MODELS_MB", "2048")) * 2**20  # all sessions' own models
+RUN_FILES_MAX_BYTES = int(os.environ.get("DECODER_LAB_FILES_MB", "1024")) * 2**20  # all sessions' model files
+RUN_FILES_SESSION_MAX_BYTES = MAX_USER_MODELS * CHECKPOINT_LIMITS.max_file_bytes  # one session's files
+__all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSIONS", "OWN_MODELS_MAX_BYTES",
+            "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
 
 
 def _num(x: float) -> str:
@@ -95,6 +120,30 @@ def limits_table() -> list[str]:
         f"| uploads | {UPLOAD_MAX_MB} MB; checkpoints ≤ {c.max_layers} layers, ≤ {c.max_heads} heads, "
         f"d_model ≤ {c.max_d_model}, context ≤ {c.max_block_size}, vocabulary ≤ {c.max_vocab:,}, "
         f"≤ {c.max_params:,} parameters |",
-        f"| sessions | state expires after {_num(STATE_TTL_S / 60)} min idle; at most {SESSION_CAPACITY} sessions kept; "
+        f"| sessions | state expires after {_num(STATE_TTL_S / 60)} min idle; at most {MAX_SESSIONS} sessions kept; "
         f"≤ {MAX_USER_MODELS} own models per session; queue of {QUEUE_SIZE} |",
+        *budget_rows(),
+    ]
+
+
+# ------------------------------------------------ Server-wide budgets: their README rows
+_RATE_WHAT = {"session": "new sessions", "generate": "Generate", "train": "trainings", "upload": "uploads"}
+
+
+def _window(seconds: float) -> str:
+    if seconds == 60:
+        return "minute"
+    return f"{_num(seconds / 60)} min" if seconds > 60 else f"{_num(seconds)} s"
+
+
+def budget_rows() -> list[str]:
+    """The Limits rows of lab/budget.py's budgets (the last rows of `limits_table()`)."""
+    rates = "; ".join(f"{_RATE_WHAT[a]} {b} at once, then {c} per {_window(w)}" for a, (b, c, w) in RATE_LIMITS.items())
+    mb = 2**20
+    return [
+        f"| per address | {rates} |",
+        f"| whole server | own models ≤ {OWN_MODELS_MAX_BYTES // mb:,} MB of memory, model files ≤ "
+        f"{RUN_FILES_MAX_BYTES // mb:,} MB of disk (≤ {RUN_FILES_SESSION_MAX_BYTES // mb} MB per session), "
+        f"≤ {MAX_SESSIONS} sessions; when full, the least recently used idle session's go first, and a session "
+        f"that acted in the last {_num(IDLE_S / 60)} min loses nothing |",
     ]

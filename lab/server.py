@@ -39,6 +39,10 @@ OFFLINE_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "PYTHONUNBUFFERED": "1",
 }
+# Every client of a test or benchmark comes from 127.0.0.1, where a visitor's rate limits would
+# count them all as one person: scale the limits up unless a caller sets its own (the rate-limit
+# tests pass DECODER_LAB_RATE_SCALE=1).
+LOCAL_ENV = {"DECODER_LAB_RATE_SCALE": "1000"}
 
 
 def free_port() -> int:
@@ -59,7 +63,7 @@ class AppServer:
     def __init__(self, extra_env: dict[str, str] | None = None, tmp: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.env = dict(os.environ, **OFFLINE_ENV, GRADIO_SERVER_PORT=str(self.port), **(extra_env or {}))
+        self.env = {**os.environ, **LOCAL_ENV, **OFFLINE_ENV, "GRADIO_SERVER_PORT": str(self.port), **(extra_env or {})}
         if tmp is not None:
             self.env["GRADIO_TEMP_DIR"] = str(tmp / "gradio")
             self.env["TMPDIR"] = str(tmp)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from model.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpoint import atomic_write, checkpoint_bytes, load_checkpoint
 from model.corpora import build_corpus, read_text_file
 from model.generate import Decoder, Sampling, Step, generate
 from model.presets import train_tab_recipe
@@ -32,6 +33,7 @@ from model.train import train
 from model.transformer import DecoderLM
 
 from . import files
+from .budget import DISK_BUDGET, LIMITER, MODEL_BUDGET, SessionStore, model_bytes
 from .checks import UserError, check_choice, check_float, check_int
 from .limits import (
     ACTIVATIONS, ATTENTION_VIEWS, CHECKPOINT_LIMITS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_USER_MODELS, NORMS,
@@ -144,6 +146,8 @@ class Session:
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
+        self.touched = time.monotonic()  # its last action: the server's budgets take from idle sessions first
+        self.dropped: list[str] = []  # what the server took to make room, told to the person once
         # One action at a time per session: a Step sent while the same session's Generate streams
         # waits for it instead of interleaving with it. A plain Lock (not RLock), because gradio may
         # resume a streaming handler on another thread than the one that started it.
@@ -154,10 +158,45 @@ class Session:
         """Hold this session for one action; refuse (changing nothing) if it stays busy too long."""
         if not self._turn.acquire(timeout=wait_s):
             raise UserError("This session is still busy with your previous action; try again in a moment.")
+        self.touched = time.monotonic()
         try:
             yield self
         finally:
+            self.touched = time.monotonic()
             self._turn.release()
+
+    @property
+    def busy(self) -> bool:
+        """Acting now, or training: the server's budgets never take from a busy session."""
+        return self._turn.locked() or (self.run is not None and not self.run.done)
+
+    def _give_up(self, reason: str, what) -> bool:
+        """Let the server take something of this idle session (never waits for its turn)."""
+        if not self._turn.acquire(blocking=False):
+            return False
+        try:
+            if self.run is not None and not self.run.done:
+                return False
+            what()
+            self.dropped.append(reason)
+            return True
+        finally:
+            self._turn.release()
+
+    def drop_own_models(self, reason: str) -> bool:
+        """Remove this session's own models (and its text, if on one of them) for the server's budget."""
+        def drop():
+            if self.entry is not None and not self.entry.builtin:
+                self.reset()
+            self.models.clear()
+        return self._give_up(reason, drop)
+
+    def drop_files(self, reason: str) -> bool:
+        """Delete this session's downloadable model files for the server's disk budget."""
+        def drop():
+            files.remove_dir(self.run_dir)
+            self.run_dir = None
+        return self._give_up(reason, drop)
 
     def __deepcopy__(self, memo) -> "Session":
         """gr.State deep-copies its initial value for every visitor: each gets a new, empty session
@@ -186,7 +225,13 @@ class Session:
         return View(layer, head, check_choice("view", view, ATTENTION_VIEWS))
 
     def _add_model(self, entry: ModelEntry) -> None:
-        """Keep at most MAX_USER_MODELS of a person's own models (the oldest goes)."""
+        """Keep at most MAX_USER_MODELS of a person's own models (the oldest goes).
+
+        The server-wide budget is asked first: it may refuse (UserError) and then nothing changes.
+        """
+        kept = list(self.models.values())[-(MAX_USER_MODELS - 1):] if MAX_USER_MODELS > 1 else []
+        MODEL_BUDGET.hold(self, sum(model_bytes(e.model) for e in kept if e.name != entry.name)
+                          + model_bytes(entry.model))
         self.models[entry.name] = entry
         self.models.move_to_end(entry.name)
         while len(self.models) > MAX_USER_MODELS:
@@ -277,7 +322,7 @@ class Session:
         d = self.decoder
         if d is None:
             return ""
-        lines = list(self.notices)
+        lines = list(self.dropped) + list(self.notices)
         lines.append(f"{len(d.window)} tokens in view ({len(d.ids) - d.prompt_len} generated). "
                      f"Model: {self.entry.summary}")
         s = self.last_step
@@ -348,8 +393,8 @@ class Session:
         entry = ModelEntry(name, model, corpus.tokenizer, {"corpus": corpus_name},
                            examples=usable_examples(corpus.sample_prompts))
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
-            run = self.run = TrainingRun(name)
             self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
+            run = self.run = TrainingRun(name)
         ev = None
         try:
             for ev in train(model, corpus, tcfg, should_stop=run.stop.is_set):
@@ -363,28 +408,37 @@ class Session:
                                         f"{ev.tokens_per_s:,.0f} tokens/s", run)
         finally:
             run.done = True
+            self.touched = time.monotonic()
             model.eval()
             if on_gpu:
                 model.to("cpu")
         if self.closed:  # the session was closed while training: save nothing nobody can fetch
             return
         path = self._save_for_download(entry)
+        note = "" if path is not None else " The server's disk is full right now, so there is no file to download."
         yield TrainProgress(
             f"Training {_STOP_REASONS[ev.stop_reason]} after {ev.step} steps in {ev.elapsed:.1f} s: "
-            f"validation loss {ev.val_loss:.3f}. '{name}' is now in the Explore model list.",
+            f"validation loss {ev.val_loss:.3f}. '{name}' is now in the Explore model list.{note}",
             run, done=True, download=path)
 
     def stop_training(self) -> None:
         if self.run is not None:
             self.run.stop.set()
 
-    def _save_for_download(self, entry: ModelEntry) -> Path:
-        if self.run_dir is None:
-            self.run_dir = files.new_session_dir()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def _save_for_download(self, entry: ModelEntry) -> Path | None:
+        """The model as one file to download, within the server's disk budget (None if refused)."""
         meta = {**entry.meta, "examples": list(entry.examples)}
-        return save_checkpoint(self.run_dir / f"{files.safe_file_stem(entry.name)}.safetensors",
-                               entry.model, entry.tokenizer, meta)
+        data = checkpoint_bytes(entry.model, entry.tokenizer, meta)
+        try:
+            with DISK_BUDGET.room(self, len(data)):
+                if self.run_dir is None:
+                    self.run_dir = files.new_session_dir()
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                path = self.run_dir / f"{files.safe_file_stem(entry.name)}.safetensors"
+                atomic_write(path, data)
+                return path
+        except UserError:
+            return None
 
     # -------------------------------------------------------------------------- upload
 
@@ -413,6 +467,9 @@ class Session:
         self.closed = True
         self.stop_training()
         files.remove_dir(self.run_dir)
+        self.models.clear()
+        self.reset()
+        MODEL_BUDGET.release(self)
 
 
 def _read_upload(path) -> str:
@@ -427,3 +484,8 @@ def _read_upload(path) -> str:
             Path(path).unlink()
         except OSError:
             pass
+
+
+# Sessions by gradio's session hash: gradio's own store can drop a tab's state in a burst of new
+# sessions, this one keeps every active session (see lab.budget.SessionStore).
+SESSIONS = SessionStore(Session, limiter=LIMITER)
