@@ -234,6 +234,31 @@ def test_generate_is_reproducible_by_seed(app_page):
     assert a != c
 
 
+def test_step_pressed_during_generate_waits_for_it(app_page):
+    """Generate streams 200 tokens; a Step pressed meanwhile runs after it, on the same text, no error."""
+    p = app_page
+    p.click("reset")
+    p.wait_tokens(0)
+    p.page.get_by_text("Sampling").click()
+    p.set_slider("max_new", 200)
+    p.page.get_by_text("Sampling").click()
+    p.click("generate")
+    p.click("step")
+    p.page.wait_for_function(
+        "() => document.querySelectorAll('#tokens .textfield .token').length >= 12 + 200", timeout=60_000
+    )
+    p.page.wait_for_function(
+        "() => !document.querySelector('#tokens [data-testid=status-tracker]')?.className.includes('generating')",
+        timeout=30_000,
+    )
+    time.sleep(1)
+    n = len(p.tokens())
+    # the Step came after the Generate (the text grew by one) or before it (Generate starts from the prompt)
+    assert n in (12 + 200 + 1, 12 + 200), n
+    assert p.page.locator(".toast-body").count() == 0, p.toast_text()
+    assert p.console_errors == []
+
+
 def test_positional_encoding_tab(app_page, shots):
     p = app_page
     p.tab("Positional encoding")
