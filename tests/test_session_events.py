@@ -20,6 +20,7 @@ SORT = "sort digits (built-in)"
 P = "anna found the key . she gave it to tom because he"
 STEP = (GRAMMAR, P, 1.0, 0, 1.0, 0, 0, "all", "weights")
 GENERATE = (GRAMMAR, P, 1.0, 0, 1.0, 0, 200, 0, "all", "weights")
+TRAIN = ("sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 2000, 3e-3, 0)
 SECOND = {
     "step": (STEP, "/step"),
     "undo": ((0, "all", "weights"), "/undo"),
@@ -27,7 +28,39 @@ SECOND = {
     "select_model": ((SORT,), "/select_model"),
     "generate": (GENERATE, "/generate"),
     "positional": ((GRAMMAR,), "/positional"),
+    "train": (TRAIN[:12] + (5,) + TRAIN[13:], "/train"),
+    "stop": ((), "/stop"),
+    "upload_model": (None, "/upload_model"),  # a small model file, made by the test
 }
+# the only refusal an overlap may cause: one training at a time per session
+ALLOWED = ("A training run is already going in this session",)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> str:
+    from model.checkpoint import save_checkpoint
+    from model.config import ModelConfig
+    from model.tokenizers import CharTokenizer
+    from model.transformer import DecoderLM
+
+    tok = CharTokenizer.train("abcdefgh ")
+    path = tmp_path_factory.mktemp("upload") / "tiny.safetensors"
+    model = DecoderLM(ModelConfig(vocab_size=tok.vocab_size, block_size=16, n_layers=1, n_heads=1, d_model=8))
+    return str(save_checkpoint(path, model, tok, {}))
+
+
+def second_call(c: Client, name: str, model_file: str):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    args, api = SECOND[name]
+    if name == "upload_model":
+        args = (handle_file(model_file),)
+    try:
+        return c.predict(*args, api_name=api)
+    except AppError as exc:
+        assert str(exc).startswith(ALLOWED), f"{name} collided: {exc}"
+        return None
 
 
 def wait_until_streaming(job, timeout: float = 60) -> None:
@@ -37,17 +70,22 @@ def wait_until_streaming(job, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+FIRST = {"generate": (GENERATE, "/generate"), "train": (TRAIN, "/train"), "step": (STEP, "/step")}
+
+
+@pytest.mark.parametrize("first", sorted(FIRST))
 @pytest.mark.parametrize("second", sorted(SECOND))
-def test_an_action_sent_during_generate_waits_for_it(app_server, second):
+def test_an_action_sent_during_another_of_the_same_session_never_collides(app_server, model_file, first, second):
     c = Client(app_server.url, verbose=False)
-    gen = c.submit(*GENERATE, api_name="/generate")
-    wait_until_streaming(gen)
-    args, api = SECOND[second]
-    other = c.predict(*args, api_name=api)  # raises AppError if it collided
-    generated = gen.result(timeout=120)
-    assert generated[0], "Generate ended without its text"
-    assert other is not None
-    after = c.predict(*STEP, api_name="/step")
+    args, api = FIRST[first]
+    job = c.submit(*args, api_name=api)
+    wait_until_streaming(job)
+    second_call(c, second, model_file)
+    if first == "train":
+        c.predict(api_name="/stop")
+    outputs = job.result(timeout=120)
+    assert outputs is not None
+    after = c.predict(*STEP, api_name="/step")  # the session works afterwards
     assert after[0] and after[3]["plot"]
 
 
