@@ -1,374 +1,50 @@
 """Decoder Lab: train or load a small GPT-style model and watch what it computes.
 
-Run locally with `python app.py` (http://127.0.0.1:7860) or as a Hugging Face Space.
-This file is the Gradio wiring only: each handler checks its inputs, calls one verb of the
-person's `lab.session.Session`, draws the result with one `viz` function and returns it.
+Run locally with `python app.py` (http://127.0.0.1:7860) or as a Hugging Face Space. This file
+lays out the page and binds each control to its handler; the handlers live in ui/ (one module per
+tab): each checks its inputs, calls one verb of the person's `lab.session.Session`, draws with
+one `viz` function and returns it.
 """
 
 from __future__ import annotations
 
-try:  # ZeroGPU needs `spaces` imported before torch touches CUDA; locally it is absent
-    from spaces import GPU as gpu
-except ImportError:  # pragma: no cover - depends on the environment
-    def gpu(fn=None, **_kwargs):
-        return fn if callable(fn) else (lambda f: f)
+import ui.common  # noqa: F401 - first: ZeroGPU's `spaces` must be imported before torch
 
-import contextlib
-import functools
-import inspect
-import json
 import logging
 import os
-import re
-import time
 from pathlib import Path
 
 import gradio as gr
-from starlette.middleware import Middleware
 import numpy as np
 import torch
+from starlette.middleware import Middleware
 
 import viz
 from lab import files
-from lab.checks import UserError, check_sampling
 from lab.limits import (
-    ACTIVATIONS, ATTENTION_VIEWS, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, NORMS, OVERVIEW_MAX_TOKENS,
-    POS_ENCODINGS, QUEUE_SIZE, SEED_RANGE, SESSION_CAPACITY, STATE_TTL_S, TEMPERATURE_RANGE, TEXT_CHARS,
-    TOKENIZER_KINDS, TOP_K_RANGE, TOP_P_RANGE, TRAIN_CORPORA, TRAIN_LIMITS, UPLOAD_MAX_MB,
+    ACTIVATIONS, ATTENTION_VIEWS, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, NORMS, POS_ENCODINGS, QUEUE_SIZE,
+    SEED_RANGE, SESSION_CAPACITY, STATE_TTL_S, TEMPERATURE_RANGE, TEXT_CHARS, TOKENIZER_KINDS, TOP_K_RANGE,
+    TOP_P_RANGE, TRAIN_CORPORA, TRAIN_LIMITS, UPLOAD_MAX_MB,
 )
-from lab.budget import LIMITER, client_key
 from lab.models import DEFAULT_MODEL
-from lab.session import SESSIONS, Session
+from lab.session import Session
+from ui.common import RAW, api_example
+from ui.explore import (
+    attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
+)
+from ui.http import RefuseMalformedCalls
+from ui.positional import PE_FORMULAS, positional
+from ui.train import corpus_info, stop_training, train_model, upload_model
 
-log = logging.getLogger("decoder_lab")
+__all__ = [  # the handlers, importable from here as the API names them (tests and benchmarks call them)
+    "attention_figure", "build_demo", "generate", "main", "positional", "probs_figure", "redraw", "reset",
+    "select_model", "step", "step_picture", "stop_training", "train_model", "undo", "upload_model",
+]
+
 torch.set_num_threads(int(os.environ.get("DECODER_LAB_THREADS", "1")))  # one thread per request: bench/RESULTS.md
 LEARN_PATH = Path(__file__).resolve().parent / "assets" / "learn.md"
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
-PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. "
-               "Learned: a trained table of the same shape. RoPE: queries and keys are rotated by the angle "
-               "$pos \\cdot 10000^{-2i/d_{head}}$ per pair of dimensions.")
 CSS = "#tokens .token { font-family: ui-monospace, monospace; }\nfooter { display: none !important; }\n"
-
-
-def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
-    """Wrap an event handler so that every error reaches the person as a message.
-
-    A refusal (`UserError`, or a ValueError from a check) shows its own text; anything else is
-    logged with its traceback and shown as a generic message, never with internal details.
-    With `exclusive`, the handler holds its session (first argument) for the whole call, a
-    streaming one until its last update or its cancellation: one action per session at a time.
-    """
-    if fn is None:
-        return functools.partial(handler, exclusive=exclusive, rate=rate)
-
-    def prepared(args) -> list:
-        """The server's own session for this tab in place of gradio's copy (lab.budget.SessionStore),
-        after the client's rate for `rate` actions is checked."""
-        args = list(args)
-        request = next((a for a in args if isinstance(a, gr.Request)), None)
-        if request is not None and args and isinstance(args[0], Session):
-            host = request.client.host if request.client else None
-            client = client_key(host, request.headers.get("x-forwarded-for"))
-            args[0] = SESSIONS.resolve(request.session_hash, client, args[0])
-            if rate is not None:
-                LIMITER.check(client, rate)
-        return args
-
-    def turn(args):
-        held = exclusive and args and isinstance(args[0], Session)
-        return args[0].turn() if held else contextlib.nullcontext()
-
-    def message(exc: Exception) -> gr.Error:
-        if isinstance(exc, gr.Error):
-            return exc
-        if isinstance(exc, ValueError):
-            log.info("refused %s: %s", fn.__name__, exc)  # one line: a refusal is not a fault
-            return gr.Error(str(exc), print_exception=False)
-        log.exception("unexpected error in %s", fn.__name__)
-        return gr.Error("Something went wrong on the server; the error was logged. Try again or reset.")
-
-    def wrapped(*args):
-        try:
-            args = prepared(args)
-            with turn(args):
-                return fn(*args)
-        except Exception as exc:
-            raise message(exc) from None
-
-    def wrapped_gen(*args):  # gradio streams a handler only if it is a generator function itself
-        try:
-            args = prepared(args)
-            with turn(args):
-                yield from fn(*args)
-        except Exception as exc:
-            raise message(exc) from None
-
-    return functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
-
-
-# ------------------------------------------------------------------------ API values
-
-
-# Every event hands its inputs to the handler as they were sent (`preprocess=False`): gradio's own
-# input checks refuse bad API values before any handler runs, with messages that show Python type
-# reprs and server paths and name no argument. Our handlers check every value first (lab.checks)
-# and refuse it by name, changing nothing. Files still pass gradio's upload checks and arrive as
-# a FileData dict, whose cached path `file_path` takes.
-RAW = dict(preprocess=False)
-
-
-def file_path(value, suffix: str) -> str | None:
-    """The server-side path of an uploaded file as a handler receives it (None when there is none).
-
-    Its name must end with `suffix` (gradio's own check of `file_types` is one we skip).
-    """
-    path = value.get("path") if isinstance(value, dict) else value
-    if path is None or path == "":
-        return None
-    name = value.get("orig_name") or path if isinstance(value, dict) else path
-    if not isinstance(path, str) or not isinstance(name, str) or not name.lower().endswith(suffix):
-        raise UserError(f"Choose a {suffix} file.")
-    return path
-
-
-def api_example(component, value):
-    """Show `value` as this input's example in view_api() (a valid prompt; no file from the web)."""
-    component.example_payload = component.example_value = lambda: value
-
-
-# ------------------------------------------------------------------------------ figures
-
-
-def message_plot(text: str):
-    return viz.to_gradio_plot(viz.message_figure(text))
-
-
-def attention_figure(session: Session, layer, head, view):
-    """The attention picture of the session's current text, for a gr.Plot."""
-    att = session.attention()
-    if att is None:
-        return message_plot("Press Step or Generate to see attention.")
-    v = session.check_view(session.entry.name, layer, head, view)
-    return viz.to_gradio_plot(viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head,
-                                                 view=v.view, causal=att.causal,
-                                                 overview_max_tokens=OVERVIEW_MAX_TOKENS))
-
-
-def probs_figure(session: Session):
-    p = session.probabilities()
-    if p is None:
-        return message_plot("Next-token probabilities appear after the first step.")
-    return viz.to_gradio_plot(viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10))
-
-
-def loss_figure(run):
-    arr = functools.partial(np.array, dtype=np.float32)
-    return viz.to_gradio_plot(viz.loss_curve(arr(run.steps), arr(run.train_loss), arr(run.val_steps),
-                                             arr(run.val_loss)))
-
-
-def explore_outputs(session: Session, layer, head, view):
-    return (session, session.tokens(), session.status(), probs_figure(session),
-            attention_figure(session, layer, head, view))
-
-
-# ----------------------------------------------------------------------------- Explore
-
-
-@handler
-def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
-         request: gr.Request = None):
-    """One new token: sample from the model's distribution, then show what it attended to."""
-    sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
-    session.step(model_name, prompt, sampling)
-    return explore_outputs(session, layer, head, view)
-
-
-@handler
-def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
-                 request: gr.Request = None):
-    """`step` without the probability chart, which the page fetches right after the picture."""
-    sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
-    session.step(model_name, prompt, sampling)
-    return session, session.tokens(), session.status(), attention_figure(session, layer, head, view)
-
-
-@gpu
-@handler(rate="generate")
-def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_new, layer, head, view,
-             request: gr.Request = None):
-    """Generate up to `max_new` tokens from the prompt (restarting it), streaming the text."""
-    sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
-    last_yield = 0.0
-    for s in session.generate(model_name, prompt, sampling, max_new):
-        if time.perf_counter() - last_yield > 0.3 and not s.eos:  # the text streams; the figures come at the end
-            last_yield = time.perf_counter()
-            yield session, session.tokens(), session.status(), gr.skip(), gr.skip()
-    yield explore_outputs(session, layer, head, view)
-
-
-@handler
-def undo(session, layer, head, view, request: gr.Request = None):
-    if session.entry is not None:
-        session.check_view(session.entry.name, layer, head, view)
-    session.undo()
-    return explore_outputs(session, layer, head, view)
-
-
-@handler
-def reset(session, model_name, request: gr.Request = None):
-    examples = session.entry_for(model_name).examples  # checked before the text goes
-    session.reset()
-    return (session, [], "", probs_figure(session), message_plot("Press Step or Generate to see attention."),
-            examples[0] if examples else "")
-
-
-@handler
-def redraw(session, layer, head, view, request: gr.Request = None):
-    return attention_figure(session, layer, head, view)
-
-
-@handler
-def select_model(session, model_name, request: gr.Request = None):
-    entry = session.select_model(model_name)
-    cfg = entry.model.cfg
-    return (session, [], entry.summary, probs_figure(session), message_plot("Press Step or Generate."),
-            gr.update(choices=list(range(cfg.n_layers)), value=0),
-            gr.update(choices=["all", *range(cfg.n_heads)], value="all"),
-            gr.update(value=entry.examples[0] if entry.examples else ""))
-
-
-@handler
-def positional(session, model_name, request: gr.Request = None):
-    entry, kind, table = session.positional(model_name)
-    if table is None:
-        fig = viz.to_gradio_plot(viz.no_positional_encoding())
-        return fig, fig, f"**{entry.name}** uses no positional encoding."
-    what = "rotation angles (one per pair of dimensions in each head)." if kind == "rope" else "dimensions."
-    return (viz.to_gradio_plot(viz.positional_table(table, kind)),
-            viz.to_gradio_plot(viz.positional_similarity(table, kind)),
-            f"**{entry.name}** uses **{kind}** positions: table of {table.shape[0]} positions × {table.shape[1]} "
-            + what)
-
-
-# ------------------------------------------------------------------------------- Train
-
-
-@gpu(duration=200)
-@handler(exclusive=False, rate="train")  # a run takes minutes: Explore stays usable meanwhile
-def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-                activation, dropout, steps, lr, seed, request: gr.Request = None):
-    """Train a new model for this session, streaming the loss curve; Stop keeps what was learned."""
-    progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model,
-                             d_ff, pos, norm, activation, dropout, steps, lr, seed)
-    last_yield = 0.0
-    for p in progress:
-        if p.done:
-            yield (session, p.message, loss_figure(p.run), gr.update(choices=session.model_names(), value=p.run.name),
-                   gr.update(value=str(p.download), interactive=True))
-        elif time.perf_counter() - last_yield > 0.5:
-            last_yield = time.perf_counter()
-            yield session, p.message, loss_figure(p.run), gr.skip(), gr.skip()
-
-
-@handler(exclusive=False)  # Stop must not wait for the action it stops
-def stop_training(session, request: gr.Request = None):
-    session.stop_training()
-    return "Stopping…"
-
-
-@handler(rate="upload")
-def upload_model(session, path, request: gr.Request = None):
-    """Load a .safetensors checkpoint into this session after validating it."""
-    name = session.upload(file_path(path, ".safetensors"))
-    return (session, f"Loaded '{name}'. It is now in the Explore model list.",
-            gr.update(choices=session.model_names(), value=name))
-
-
-def corpus_info(name) -> str:
-    return "**{}**: {}".format(*TRAIN_CORPORA[name]) if name in TRAIN_CORPORA else ""
-
-
-# ------------------------------------------------------------------------------ HTTP
-
-
-class RefuseMalformedCalls:
-    """ASGI middleware: a call to an unknown endpoint, or with the wrong number of values or a
-    non-finite number, gets a 4xx and a plain message before gradio's routes see it (they answer
-    such calls with HTTP 500 or an empty error)."""
-
-    CALL = re.compile(r"^/gradio_api/(?:(queue/join)|(?:call|run)/(?:v2/)?([^/]+))/?$")
-    MAX_BODY = 16 * 2**20  # the largest valid call: 1.2 M characters of pasted text, JSON-escaped (≤ 12 B each)
-
-    def __init__(self, app, blocks: gr.Blocks):
-        self.app, self.blocks = app, blocks
-
-    async def __call__(self, scope, receive, send):
-        match = self.CALL.match(scope.get("path", "")) if scope["type"] == "http" else None
-        if match is None or scope.get("method") != "POST":
-            return await self.app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.MAX_BODY:
-                return await self.refuse(send, 413, "The request is too large.")
-        problem = self.problem(match.group(2), body)
-        if problem:
-            log.info("refused HTTP call %s: %s", scope["path"][:80], problem[1])
-            return await self.refuse(send, *problem)
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def problem(self, api_name: str | None, body: bytes) -> tuple[int, str] | None:
-        def finite_only(token):
-            raise ValueError(token)
-
-        try:
-            payload = json.loads(body, parse_constant=finite_only)
-        except ValueError:
-            return 400, "The request is not valid JSON with finite numbers."
-        if not isinstance(payload, dict):
-            return 400, "The request must be a JSON object."
-        fns, index = self.blocks.fns, payload.get("fn_index")
-        if index is not None or api_name is None:  # the page's own calls name a function by index
-            fn = fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
-            if fn is None:
-                return 404, "There is no such function."
-        else:
-            fn = next((f for f in fns.values() if f.api_name == api_name), None)
-            if fn is None:
-                return 404, f"There is no API endpoint named {api_name[:40]!r}."
-            if isinstance(payload.get("data"), dict):  # /call/v2: values by name, checked by gradio
-                return None
-        data = payload.get("data")
-        counts = {len(fn.inputs), len([b for b in fn.inputs if not getattr(b, "skip_api", False)])}
-        if not isinstance(data, list) or len(data) not in counts:
-            got = len(data) if isinstance(data, list) else "none"
-            return 400, f"This call needs {min(counts)} values; it sent {got}."
-        return None
-
-    @staticmethod
-    async def refuse(send, status: int, message: str):
-        raw = json.dumps({"error": message, "detail": message}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
-        await send({"type": "http.response.body", "body": raw})
-
-
-# ---------------------------------------------------------------------------------- UI
 
 
 def build_demo() -> gr.Blocks:

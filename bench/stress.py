@@ -220,7 +220,9 @@ def main() -> None:
     url, pid = args.url, args.pid
     if not url:
         tmp = Path(tempfile.mkdtemp(prefix="stress-"))
-        server = AppServer({"DECODER_LAB_STATE_TTL": str(args.ttl), "DECODER_LAB_TRAIN_SECONDS": "30"}, tmp).start()
+        # sessions idle for 5 s may make room (the default, 5 min, would refuse the 501st of 1,000 in a row)
+        server = AppServer({"DECODER_LAB_STATE_TTL": str(args.ttl), "DECODER_LAB_TRAIN_SECONDS": "30",
+                            "DECODER_LAB_IDLE_S": "5"}, tmp).start()
         url, pid = server.url, server.proc.pid
     try:
         from gradio_client import Client

@@ -33,7 +33,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-import shutil
 import threading
 import time
 import weakref

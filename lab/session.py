@@ -217,6 +217,11 @@ class Session:
             return self.builtins.get(name)
         raise UserError(f"Unknown model {name[:60]!r}. Pick one from the list.")
 
+    @property
+    def model_name(self) -> str | None:
+        """The model of the text in progress (None before the first Step)."""
+        return None if self.entry is None else self.entry.name
+
     def check_view(self, model_name, layer, head, view) -> View:
         """The view settings checked against that model, before anything changes."""
         cfg = self.entry_for(model_name).model.cfg

@@ -19,9 +19,10 @@ from lab import limits
 ROOT = Path(__file__).resolve().parents[1]
 # package → top-level modules it must never import
 FORBIDDEN = {
-    "model": {"lab", "viz", "app", "gradio", "plotly", "bench"},
-    "viz": {"model", "lab", "app", "torch", "bench"},  # gradio: only inside to_gradio_plot (checked below)
-    "lab": {"app", "gradio", "bench"},
+    "model": {"lab", "viz", "app", "gradio", "plotly", "bench", "ui"},
+    "viz": {"model", "lab", "app", "torch", "bench", "ui"},  # gradio: only inside to_gradio_plot (checked below)
+    "lab": {"app", "gradio", "bench", "ui"},
+    "ui": {"app", "model", "bench"},  # the wiring talks to the lab layer, never to the engine
 }
 
 
@@ -74,12 +75,18 @@ def test_no_sys_path_edits_or_e402_imports():
     assert offenders == []
 
 
-def test_handlers_never_reach_past_the_session():
-    """app.py talks to a person's lab through Session's verbs and read-outs, not its insides."""
-    text = (ROOT / "app.py").read_text(encoding="utf-8")
-    inside = re.findall(r"session\.(decoder|last_step|run|models|notices|prompt)\b", text)
+@pytest.mark.parametrize("path", ["app.py", *sorted(p.name for p in (ROOT / "ui").glob("*.py"))])
+def test_handlers_never_reach_past_the_session(path):
+    """The wiring talks to a person's lab through Session's verbs and read-outs, not its insides."""
+    text = (ROOT / path if path == "app.py" else ROOT / "ui" / path).read_text(encoding="utf-8")
+    inside = re.findall(r"session\.(decoder|last_step|run|models|notices|prompt|entry)\b", text)
     assert inside == []
-    assert not re.search(r"^from model\b|^import model\b", text, re.M), "app.py imports the engine directly"
+    assert not re.search(r"^from model\b|^import model\b", text, re.M), f"{path} imports the engine directly"
+
+
+def test_the_wiring_is_small_enough_to_read():
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in [ROOT / "app.py", *(ROOT / "ui").glob("*.py")]}
+    assert all(n <= 350 for n in sizes.values()), sizes
 
 
 def test_readme_limits_table_is_what_the_limits_module_says():

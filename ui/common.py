@@ -1,0 +1,115 @@
+"""What every handler of the wiring shares: errors as messages, one action per session, API values.
+
+`handler` wraps each event handler: it finds the server's own session for the tab (see
+lab.budget.SessionStore), checks the client's rate for costly actions, holds the session for the
+whole action, and turns every error into a message for the person.
+"""
+
+from __future__ import annotations
+
+try:  # ZeroGPU needs `spaces` imported before torch touches CUDA; locally it is absent
+    from spaces import GPU as gpu
+except ImportError:  # pragma: no cover - depends on the environment
+    def gpu(fn=None, **_kwargs):
+        return fn if callable(fn) else (lambda f: f)
+
+import contextlib
+import functools
+import inspect
+import logging
+
+import gradio as gr
+
+import viz
+from lab.budget import LIMITER, client_key
+from lab.checks import UserError
+from lab.session import SESSIONS, Session
+
+log = logging.getLogger("decoder_lab")
+
+
+def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
+    """Wrap an event handler so that every error reaches the person as a message.
+
+    A refusal (`UserError`, or a ValueError from a check) shows its own text; anything else is
+    logged with its traceback and shown as a generic message, never with internal details.
+    With `exclusive`, the handler holds its session (first argument) for the whole call, a
+    streaming one until its last update or its cancellation: one action per session at a time.
+    """
+    if fn is None:
+        return functools.partial(handler, exclusive=exclusive, rate=rate)
+
+    def prepared(args) -> list:
+        """The server's own session for this tab in place of gradio's copy (lab.budget.SessionStore),
+        after the client's rate for `rate` actions is checked."""
+        args = list(args)
+        request = next((a for a in args if isinstance(a, gr.Request)), None)
+        if request is not None and args and isinstance(args[0], Session):
+            host = request.client.host if request.client else None
+            client = client_key(host, request.headers.get("x-forwarded-for"))
+            args[0] = SESSIONS.resolve(request.session_hash, client, args[0])
+            if rate is not None:
+                LIMITER.check(client, rate)
+        return args
+
+    def turn(args):
+        held = exclusive and args and isinstance(args[0], Session)
+        return args[0].turn() if held else contextlib.nullcontext()
+
+    def message(exc: Exception) -> gr.Error:
+        if isinstance(exc, gr.Error):
+            return exc
+        if isinstance(exc, ValueError):
+            log.info("refused %s: %s", fn.__name__, exc)  # one line: a refusal is not a fault
+            return gr.Error(str(exc), print_exception=False)
+        log.exception("unexpected error in %s", fn.__name__)
+        return gr.Error("Something went wrong on the server; the error was logged. Try again or reset.")
+
+    def wrapped(*args):
+        try:
+            args = prepared(args)
+            with turn(args):
+                return fn(*args)
+        except Exception as exc:
+            raise message(exc) from None
+
+    def wrapped_gen(*args):  # gradio streams a handler only if it is a generator function itself
+        try:
+            args = prepared(args)
+            with turn(args):
+                yield from fn(*args)
+        except Exception as exc:
+            raise message(exc) from None
+
+    return functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
+
+
+# Every event hands its inputs to the handler as they were sent (`preprocess=False`): gradio's own
+# input checks refuse bad API values before any handler runs, with messages that show Python type
+# reprs and server paths and name no argument. Our handlers check every value first (lab.checks)
+# and refuse it by name, changing nothing. Files still pass gradio's upload checks and arrive as
+# a FileData dict, whose cached path `file_path` takes.
+RAW = dict(preprocess=False)
+
+
+def file_path(value, suffix: str) -> str | None:
+    """The server-side path of an uploaded file as a handler receives it (None when there is none).
+
+    Its name must end with `suffix` (gradio's own check of `file_types` is one we skip).
+    """
+    path = value.get("path") if isinstance(value, dict) else value
+    if path is None or path == "":
+        return None
+    name = value.get("orig_name") or path if isinstance(value, dict) else path
+    if not isinstance(path, str) or not isinstance(name, str) or not name.lower().endswith(suffix):
+        raise UserError(f"Choose a {suffix} file.")
+    return path
+
+
+def api_example(component, value):
+    """Show `value` as this input's example in view_api() (a valid prompt; no file from the web)."""
+    component.example_payload = component.example_value = lambda: value
+
+
+def message_plot(text: str):
+    return viz.to_gradio_plot(viz.message_figure(text))

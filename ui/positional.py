@@ -1,0 +1,26 @@
+"""The Positional encoding tab: the table the selected model really uses, and its formulas."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+import viz
+
+from .common import handler
+
+PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. "
+               "Learned: a trained table of the same shape. RoPE: queries and keys are rotated by the angle "
+               "$pos \\cdot 10000^{-2i/d_{head}}$ per pair of dimensions.")
+
+
+@handler
+def positional(session, model_name, request: gr.Request = None):
+    entry, kind, table = session.positional(model_name)
+    if table is None:
+        fig = viz.to_gradio_plot(viz.no_positional_encoding())
+        return fig, fig, f"**{entry.name}** uses no positional encoding."
+    what = "rotation angles (one per pair of dimensions in each head)." if kind == "rope" else "dimensions."
+    return (viz.to_gradio_plot(viz.positional_table(table, kind)),
+            viz.to_gradio_plot(viz.positional_similarity(table, kind)),
+            f"**{entry.name}** uses **{kind}** positions: table of {table.shape[0]} positions × {table.shape[1]} "
+            + what)
