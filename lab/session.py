@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from model.checkpoint import atomic_write, checkpoint_bytes, load_checkpoint
-from model.corpora import build_corpus, read_text_file
+from model.corpora import Stopped, build_corpus, read_text_file
 from model.generate import Decoder, Sampling, Step, generate
 from model.presets import train_tab_recipe
 from model.train import train
@@ -148,6 +148,7 @@ class Session:
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
         self.touched = time.monotonic()  # its last action: the server's budgets take from idle sessions first
         self.dropped: list[str] = []  # what the server took to make room, told to the person once
+        self._starting: threading.Event | None = None  # the stop of a training whose corpus is being built
         # One action at a time per session: a Step sent while the same session's Generate streams
         # waits for it instead of interleaving with it. A plain Lock (not RLock), because gradio may
         # resume a streaming handler on another thread than the one that started it.
@@ -376,18 +377,25 @@ class Session:
             if not isinstance(text, str):
                 raise UserError("Paste some text or upload a UTF-8 .txt file.")
         try:
-            corpus = build_corpus(corpus_name, tokenizer_kind if own_tokenizer else None, seed=form["seed"], text=text)
+            # Stop works from here on: while the tokenizer trains, and then for the run itself
+            stop = self._starting = threading.Event()
+            corpus = build_corpus(corpus_name, tokenizer_kind if own_tokenizer else None, seed=form["seed"], text=text,
+                                  should_stop=stop.is_set)
             mcfg, tcfg = train_tab_recipe(corpus, max_seconds=TRAIN_MAX_SECONDS, **form)
+        except Stopped:
+            raise UserError("Training stopped by you before it began.") from None
         except ValueError as exc:
             raise UserError(f"This training cannot start: {exc}.") from None
+        finally:
+            self._starting = None
         try:  # whatever is trained here must load back through the upload checks
             CHECKPOINT_LIMITS.check(mcfg)
         except ValueError as exc:
             raise UserError(f"This model would be too big to save and load again: {exc}. "
                             "Use text with fewer distinct characters or words, or a smaller model.") from None
-        return self._run_training(corpus, corpus_name, mcfg, tcfg)
+        return self._run_training(corpus, corpus_name, mcfg, tcfg, stop)
 
-    def _run_training(self, corpus, corpus_name, mcfg, tcfg) -> Iterator[TrainProgress]:
+    def _run_training(self, corpus, corpus_name, mcfg, tcfg, stop: threading.Event) -> Iterator[TrainProgress]:
         files.sweep_runs()  # long-running servers: old run folders go even when no session closed
         torch.manual_seed(tcfg.seed)
         model = DecoderLM(mcfg)
@@ -399,7 +407,7 @@ class Session:
                            examples=usable_examples(corpus.sample_prompts))
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
             self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
-            run = self.run = TrainingRun(name)
+            run = self.run = TrainingRun(name, stop=stop)  # a Stop pressed while the corpus was built counts
         ev = None
         try:
             for ev in train(model, corpus, tcfg, should_stop=run.stop.is_set):
@@ -427,6 +435,10 @@ class Session:
             run, done=True, download=path)
 
     def stop_training(self) -> None:
+        """End the session's training at its next step, or before it begins if it is still starting."""
+        starting = self._starting
+        if starting is not None:
+            starting.set()
         if self.run is not None:
             self.run.stop.set()
 

@@ -20,7 +20,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .tokenizers import TOKENIZER_KINDS, BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer
+from .tokenizers import (
+    MAX_TOKEN_BYTES,
+    MAX_VOCAB,
+    TOKENIZER_KINDS,
+    BPETokenizer,
+    CharTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    count_word_tokens,
+)
 
 __all__ = [
     "IGNORE_INDEX",
@@ -35,10 +44,13 @@ __all__ = [
     "PRESENT_VERBS",
     "MIN_TEXT_CHARS",
     "MAX_TEXT_CHARS",
+    "MIN_TEXT_TOKENS",
     "WORD_VOCAB_LIMIT",
+    "Stopped",
     "Split",
     "Corpus",
     "build_corpus",
+    "check_trainable",
     "sort_examples",
     "copy_examples",
     "grammar_text",
@@ -53,6 +65,8 @@ TASK_TRAIN_SIZE = 20_000
 TASK_VAL_SIZE = 500
 MIN_TEXT_CHARS = 1024
 MAX_TEXT_CHARS = 1_200_000
+MIN_TEXT_TOKENS = 20  # a token stream shorter than this cannot be split into train and val windows
+ENCODE_CHUNK_CHARS = 100_000  # text encoded between two should_stop checks (BPE; char and word are fast whole)
 WORD_VOCAB_LIMIT = 10_000  # word vocabulary cap for user text (rarer words -> <unk>)
 GRAMMAR_TARGET_CHARS = 300_000
 TRAIN_FRACTION = 0.9
@@ -66,6 +80,13 @@ _TOY_EXAMPLES = (
 
 CORPUS_NAMES = ("toy", "sort", "copy", "grammar", "text")
 DEFAULT_TOKENIZER = {"toy": "word", "sort": "char", "copy": "char", "grammar": "word", "text": "char"}
+
+
+class Stopped(Exception):
+    """Raised by :func:`build_corpus` when its ``should_stop`` says so between phases.
+
+    Not a ``ValueError``: the corpus was not refused, the person stopped it.
+    """
 
 
 def _check_name(name: str) -> None:
@@ -276,6 +297,7 @@ def grammar_text(seed: int = 0, target_chars: int = GRAMMAR_TARGET_CHARS) -> str
 
 
 def _check_text(text: object) -> str:
+    """The text of a "text" corpus, of an allowed length."""
     if not isinstance(text, str):
         raise ValueError("the 'text' corpus needs text (a str)")
     if not text.strip():
@@ -308,6 +330,55 @@ def read_text_file(path: str | os.PathLike[str], max_bytes: int = MAX_TEXT_CHARS
     return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
+def _check_kind(tokenizer_kind: object) -> str:
+    if not isinstance(tokenizer_kind, str) or tokenizer_kind not in TOKENIZER_KINDS:
+        raise ValueError(f"unknown tokenizer kind {tokenizer_kind!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
+    return tokenizer_kind
+
+
+def _check_tokenizable(text: str, kind: str, bpe_vocab_size: int) -> None:
+    """Refuse, in well under a second, text that ``kind`` cannot turn into a corpus."""
+    if kind == "bpe" and (isinstance(bpe_vocab_size, bool) or not isinstance(bpe_vocab_size, int)
+                          or not 2 <= bpe_vocab_size <= MAX_VOCAB):
+        raise ValueError(f"the BPE vocabulary size must be an integer from 2 to {MAX_VOCAB:,}")
+    if kind == "word":
+        tokens, usable = count_word_tokens(text, enough=MIN_TEXT_TOKENS)
+        if tokens < MIN_TEXT_TOKENS:
+            raise ValueError(
+                f"the text gives only {tokens} word token{'' if tokens == 1 else 's'}; "
+                f"at least {MIN_TEXT_TOKENS} are needed "
+                "(a word is a run of letters, digits and apostrophes, or one punctuation mark: "
+                "for text without spaces between words use the char or bpe tokenizer)")
+        if usable < MIN_TEXT_TOKENS:
+            raise ValueError(
+                f"only {usable} of the text's word tokens are short enough for a word vocabulary "
+                f"(at most {MAX_TOKEN_BYTES} bytes); at least {MIN_TEXT_TOKENS} are needed: "
+                "use the char or bpe tokenizer")
+        return
+    # char and bpe: every character is a token or part of one (a BPE token has at most 16), so
+    # a text of MIN_TEXT_CHARS always gives enough tokens; the vocabulary holds every character.
+    distinct = set(text)
+    usable = sum(1 for c in distinct if not "\ud800" <= c <= "\udfff")
+    if usable == 0:
+        raise ValueError("the text has no usable characters (only lone surrogates, which are not valid Unicode)")
+    if usable + 1 > MAX_VOCAB:
+        raise ValueError(f"the text has {usable:,} distinct characters; a {kind} vocabulary holds at most "
+                         f"{MAX_VOCAB - 1:,}: use the word tokenizer")
+
+
+def check_trainable(text: object, tokenizer_kind: str, bpe_vocab_size: int = 256) -> str:
+    """Return ``text`` if a "text" corpus can be built from it with ``tokenizer_kind``.
+
+    Otherwise raise ``ValueError`` saying what is wrong (not text, empty, too short or too
+    long, too few word tokens for the word tokenizer, too many distinct characters for a
+    char or BPE vocabulary). Cheap (well under a second for the largest allowed text), and
+    :func:`build_corpus` runs it before any tokenizer is trained, so a caller need not.
+    """
+    body = _check_text(text)
+    _check_tokenizable(body, _check_kind(tokenizer_kind), bpe_vocab_size)
+    return body
+
+
 def _train_tokenizer(kind: str, text: str, bpe_vocab_size: int) -> Tokenizer:
     if kind == "char":
         return CharTokenizer.train(text)
@@ -316,11 +387,19 @@ def _train_tokenizer(kind: str, text: str, bpe_vocab_size: int) -> Tokenizer:
     return BPETokenizer.train(text, vocab_size=bpe_vocab_size)
 
 
-def _stream_corpus(name: str, text: str, tokenizer_kind: str, bpe_vocab_size: int, prompts: list[str]) -> Corpus:
+def _stream_corpus(
+    name: str, text: str, tokenizer_kind: str, bpe_vocab_size: int, prompts: list[str], stop: Callable[[], None]
+) -> Corpus:
     tok = _train_tokenizer(tokenizer_kind, text, bpe_vocab_size)
-    ids = torch.tensor(tok.encode(text), dtype=torch.long)
-    if len(ids) < 20:
-        raise ValueError(f"the text gives only {len(ids)} {tokenizer_kind} tokens; at least 20 are needed")
+    stop()
+    encoded: list[int] = []
+    for part in tok.encode_chunks(text, ENCODE_CHUNK_CHARS):
+        encoded += part
+        stop()
+    ids = torch.tensor(encoded, dtype=torch.long)
+    if len(ids) < MIN_TEXT_TOKENS:  # check_trainable refuses such text first; the invariant, stated here
+        raise ValueError(f"the text gives only {len(ids)} {tokenizer_kind} tokens; "
+                         f"at least {MIN_TEXT_TOKENS} are needed")
     cut = int(len(ids) * TRAIN_FRACTION)
     return Corpus(
         name=name,
@@ -355,18 +434,28 @@ def build_corpus(
     seed: int = 0,
     text: str | None = None,
     bpe_vocab_size: int = 256,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Corpus:
     """Build a corpus by name (see :data:`CORPUS_NAMES`).
 
     ``tokenizer_kind`` (None = :data:`DEFAULT_TOKENIZER` for the corpus) only
     applies to "grammar" and "text"; toy is always word-level, sort/copy
     always char-level. ``text`` is only used by "text".
+
+    Text that cannot make a corpus is refused (``ValueError``, see :func:`check_trainable`)
+    before any tokenizer is trained. Each phase of a "grammar" or "text" corpus (check,
+    tokenizer training, encoding part by part) takes a bounded time for any allowed text, and
+    ``should_stop`` is asked between them: when it returns true, :class:`Stopped` is raised.
     """
     _check_name(name)
     if tokenizer_kind is None:
         tokenizer_kind = DEFAULT_TOKENIZER[name]
-    if tokenizer_kind not in TOKENIZER_KINDS:
-        raise ValueError(f"unknown tokenizer kind {tokenizer_kind!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
+    _check_kind(tokenizer_kind)
+
+    def stop() -> None:
+        if should_stop is not None and should_stop():
+            raise Stopped("building the corpus was stopped")
+
     if name == "toy":
         return _toy_corpus()
     if name == "sort":
@@ -375,6 +464,7 @@ def build_corpus(
         return _task_corpus("copy", COPY_ALPHABET, "|", copy_examples, seed)
     if name == "grammar":
         prompts = ["anna found the key . she", "tom met lisa at the park . he", "maria lost her"]
-        return _stream_corpus("grammar", grammar_text(seed), tokenizer_kind, bpe_vocab_size, prompts)
-    body = _check_text(text)
-    return _stream_corpus("text", body, tokenizer_kind, bpe_vocab_size, _text_prompts(body))
+        return _stream_corpus("grammar", grammar_text(seed), tokenizer_kind, bpe_vocab_size, prompts, stop)
+    body = check_trainable(text, tokenizer_kind, bpe_vocab_size)
+    stop()
+    return _stream_corpus("text", body, tokenizer_kind, bpe_vocab_size, _text_prompts(body), stop)

@@ -9,7 +9,8 @@ checkpoints carry in their metadata; since those may come from uploaded files,
 A stored tokenizer is as untrusted as stored weights. :func:`tokenizer_from_dict`
 therefore accepts only the structures this module itself writes: an allow-list
 of keys and values at every level (for BPE the exact HF model options,
-pre-tokenizer and special token that :meth:`BPETokenizer.train` produces; no
+pre-tokenizer and special token that :meth:`BPETokenizer.train` produces, or the one
+unbounded pre-tokenizer it produced before; no
 normalizer, decoder, post-processor, padding or truncation), with bounds on the
 vocabulary size, the bytes per token and the number of merges. Everything is
 checked on plain JSON values before any HF object is built, because the HF
@@ -29,11 +30,14 @@ from __future__ import annotations
 
 import json
 import re
+import heapq
+import itertools
 import unicodedata
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from functools import lru_cache
+from typing import Any, ClassVar, Iterable, Iterator
 
 from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
@@ -48,11 +52,13 @@ __all__ = [
     "MAX_LOADED_VOCAB",
     "MAX_TOKEN_BYTES",
     "TOKENIZER_KINDS",
+    "BPE_TRAIN_SAMPLE_CHARS",
     "Encoded",
     "Tokenizer",
     "CharTokenizer",
     "WordTokenizer",
     "BPETokenizer",
+    "count_word_tokens",
     "display_piece",
     "normalise",
     "split_words",
@@ -83,8 +89,21 @@ _ATTACHED_PUNCT = frozenset(".,;:!?")
 # <EOS> (any case), runs of letters/digits/apostrophes, or any other single
 # non-space character (punctuation, symbols, underscore).
 _WORD_RE = re.compile(r"<eos>|(?:[^\W_]|')+|\S", re.IGNORECASE)
-# GPT-2-like split with a leading space kept on words, but over characters.
-_BPE_SPLIT = r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# GPT-2-like split with a leading space kept on words, but over characters, and no piece
+# longer than _BPE_TRAIN_MAX_CHARS (16) characters: a run of letters, digits, other marks or
+# whitespace is cut into chunks (a leading space plus at most 15, or 16 whitespace). HF's BPE
+# trainer is very slow on long pieces (a text of 320,000 identical letters without a space is
+# one piece under an unbounded split), and no token can be longer than 16 characters anyway.
+_BPE_SPLIT = r" ?\p{L}{1,15}| ?\p{N}{1,15}| ?[^\s\p{L}\p{N}]{1,15}|\s{1,16}(?!\S)|\s{1,16}"
+# The unbounded split that BPE tokenizers trained before carry; they still load (and keep it).
+_BPE_SPLIT_V1 = r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# BPE merges are learned on at most this many characters of a longer text: evenly spaced
+# slices of it, so that training takes a bounded time (HF's trainer cannot be interrupted).
+# Every character of the whole text still enters the vocabulary, and the whole text is encoded.
+BPE_TRAIN_SAMPLE_CHARS = 200_000
+_BPE_TRAIN_SLICES = 32
+# Lone surrogates (possible in text that arrived as JSON) cannot be passed to the HF library.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _DISPLAY = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 
@@ -104,7 +123,29 @@ def display_piece(text: str) -> str:
 
 def split_words(text: str) -> list[str]:
     """Lowercase ``text`` and split it into word-level tokens."""
-    return [EOS if tok == "<eos>" else tok for tok in _WORD_RE.findall(text.lower())]
+    low = text.lower()
+    words = _WORD_RE.findall(low)
+    if "<eos>" not in low:
+        return words
+    return [EOS if tok == "<eos>" else tok for tok in words]
+
+
+def count_word_tokens(text: str, enough: int) -> tuple[int, int]:
+    """``(tokens, usable)``: word tokens of ``text`` and how many of them can be in a vocabulary.
+
+    A usable token is ``<EOS>`` or a word of at most ``MAX_TOKEN_BYTES`` bytes (longer ones
+    always encode as ``<unk>``). Counting stops once ``enough`` usable tokens are seen, so a
+    check of a long text costs little more than finding its first few words.
+    """
+    tokens = usable = 0
+    for m in _WORD_RE.finditer(text.lower()):
+        tokens += 1
+        w = m.group()
+        if w == "<eos>" or _storable(w):
+            usable += 1
+            if usable >= enough:
+                break
+    return tokens, usable
 
 
 def _join_words(words: Iterable[str]) -> str:
@@ -178,6 +219,15 @@ class Tokenizer(ABC):
 
     def encode(self, text: str) -> list[int]:
         return self.encode_verbose(text).ids
+
+    def encode_chunks(self, text: str, chunk_chars: int = 100_000) -> Iterator[list[int]]:
+        """``encode(text)`` in consecutive parts, each from about ``chunk_chars`` characters.
+
+        The parts joined are exactly ``encode(text)``; a caller can stop between them. Char
+        and word encoding of the largest allowed text takes well under a second, so they
+        yield one part; BPE cuts the text where its pre-tokenizer splits it anyway.
+        """
+        yield self.encode(text)
 
     @abstractmethod
     def encode_verbose(self, text: str) -> Encoded: ...
@@ -286,10 +336,11 @@ class WordTokenizer(Tokenizer):
             raise ValueError("min_count must be at least 1")
         if max_vocab is not None and max_vocab < 2:
             raise ValueError("max_vocab must be at least 2 (room for <EOS> and <unk>)")
-        counts = Counter(w for w in split_words(text) if w != EOS and _storable(w))
-        ranked = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
+        counts = Counter(split_words(text))
+        kept = {w: n for w, n in counts.items() if n >= min_count and w != EOS and _storable(w)}
         limit = min(MAX_VOCAB, max_vocab if max_vocab is not None else MAX_VOCAB) - 2
-        return cls(ranked[:limit])
+        # the `limit` first of the ranking, as sorted(...)[:limit] gives them but without sorting them all
+        return cls(heapq.nsmallest(limit, kept, key=lambda w: (-kept[w], w)))
 
     def encode_verbose(self, text: str) -> Encoded:
         words = split_words(text)
@@ -329,18 +380,31 @@ class BPETokenizer(Tokenizer):
             itos[i] = piece
         super().__init__(itos)
         self._hf = hf
+        # Only the bounded split lets encode_chunks cut inside a long run of one kind of character.
+        try:
+            self._bounded_split = json.loads(hf.pre_tokenizer.__getstate__()) == _BPE_PRE_TOKENIZER
+        except Exception:  # no pre-tokenizer, or an unexpected library state: cut only where safe anyway
+            self._bounded_split = False
 
     @classmethod
     def train(cls, text: str, vocab_size: int = 256) -> BPETokenizer:
-        if not 2 <= vocab_size <= MAX_VOCAB:
-            raise ValueError(f"vocab_size must be between 2 and {MAX_VOCAB}, got {vocab_size}")
+        """Learn merges on ``text`` (on evenly spaced slices of it when it is longer than
+        :data:`BPE_TRAIN_SAMPLE_CHARS`); every character of ``text`` is in the vocabulary."""
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 2 <= vocab_size <= MAX_VOCAB:
+            raise ValueError(f"vocab_size must be an integer from 2 to {MAX_VOCAB}, got {_show(vocab_size)}")
+        alphabet = sorted(set(_SURROGATE.sub("", text)) if _SURROGATE.search(text) else set(text))
+        if len(alphabet) + 1 > MAX_VOCAB:
+            raise ValueError(f"the text has {len(alphabet):,} distinct characters; "
+                             f"a BPE vocabulary holds at most {MAX_VOCAB - 1:,} besides {UNK}")
         hf = HFTokenizer(hf_models.BPE(unk_token=UNK))
         hf.pre_tokenizer = hf_pre.Split(Regex(_BPE_SPLIT), behavior="isolated")
         trainer = hf_trainers.BpeTrainer(
             vocab_size=vocab_size, special_tokens=[UNK], show_progress=False,
             max_token_length=_BPE_TRAIN_MAX_CHARS,  # keeps every merged token within MAX_TOKEN_BYTES
+            initial_alphabet=alphabet,  # characters outside the sampled slices are not <unk>
         )
-        hf.train_from_iterator([text], trainer=trainer)
+        parts = [seg for part in _training_sample(text) for seg in _SURROGATE.split(part) if seg]
+        hf.train_from_iterator(parts, trainer=trainer)
         return cls(hf)
 
     @classmethod
@@ -360,23 +424,147 @@ class BPETokenizer(Tokenizer):
             raise ValueError("the BPE tokenizer data could not be loaded") from None
         return cls(hf)
 
+    def _segments(self, text: str) -> list[tuple[int, str]]:
+        """``(start, segment)`` pieces of ``text`` for HF: a lone surrogate (which HF cannot
+        take) becomes a segment of its own, encoded here as ``<unk>``."""
+        if not _SURROGATE.search(text):
+            return [(0, text)]
+        out, start = [], 0
+        for m in _SURROGATE.finditer(text):
+            out += [(start, text[start:m.start()]), (m.start(), m.group())]
+            start = m.end()
+        return [*out, (start, text[start:])]
+
     def encode_verbose(self, text: str) -> Encoded:
-        enc = self._hf.encode(text, add_special_tokens=False)
+        ids: list[int] = []
+        unknown: list[str] = []
         unk = self.unk_id
-        return Encoded(
-            ids=list(enc.ids),
-            pieces=[display_piece(self._itos[i]) for i in enc.ids],
-            unknown=_dedup(text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == unk),
-        )
+        for start, seg in self._segments(text):
+            if _SURROGATE.fullmatch(seg):
+                ids.append(unk)
+                unknown.append(seg)
+                continue
+            enc = self._hf.encode(seg, add_special_tokens=False)
+            ids += enc.ids
+            unknown += (text[start + a:start + b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == unk)
+        return Encoded(ids=ids, pieces=[display_piece(self._itos[i]) for i in ids], unknown=_dedup(unknown))
 
     def encode(self, text: str) -> list[int]:
-        return list(self._hf.encode(text, add_special_tokens=False).ids)
+        return [i for part in self.encode_chunks(text, chunk_chars=len(text) + 1) for i in part]
+
+    def encode_chunks(self, text: str, chunk_chars: int = 100_000) -> Iterator[list[int]]:
+        if chunk_chars < 1:
+            raise ValueError("chunk_chars must be positive")
+        for _, seg in self._segments(text):
+            if _SURROGATE.fullmatch(seg):
+                yield [self.unk_id]
+                continue
+            start = 0
+            for cut in itertools.chain(_bpe_cuts(seg, chunk_chars, self._bounded_split), [len(seg)]):
+                if cut > start:
+                    # encode_batch_fast skips the offsets: about half the time of encode on a long text
+                    yield self._hf.encode_batch_fast([seg[start:cut]], add_special_tokens=False)[0].ids
+                start = cut
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self._raw(ids))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "tokenizer": self._hf.to_str()}
+
+
+# ------------------------------------------------------------ cutting text for BPE encoding
+#
+# HF encodes a text by splitting it at occurrences of the special token <unk>, splitting each
+# part with the pre-tokenizer regex into pieces, and encoding every piece on its own. So
+# encoding text[:p] and text[p:] gives exactly the ids of the whole text when p is a piece
+# boundary of the whole text that both halves also see as one. The regex has no look-behind,
+# so matching from a boundary p depends only on text[p:]; the cuts below also leave the pieces
+# before p unchanged:
+#
+# * Class change: the character before p is not whitespace and the one at p is of another
+#   class (letter, number, other, whitespace; see _piece_class). Every alternative of the
+#   regex matches characters of one class (after an optional leading space), so the piece
+#   holding text[p-1] ends at p in the whole text and in text[:p] alike.
+# * Inside a long run of one class (no class change near the target): the split's own pieces
+#   of text[b:end], where b is a known boundary and no <unk> occurs. With the bounded split a
+#   match looks at most 17 characters ahead, so a piece start at least that far from `end` is
+#   a boundary of the whole text; it is cut at when the piece before it stopped at its length
+#   limit (_full_piece), so that piece did not look at text[p:] (a whitespace piece that
+#   stopped before a letter did: "\n\n" + "a" is "\n", "\n", "a" but "\n\n" alone one
+#   piece). The old unbounded split could look arbitrarily far ahead: no such cuts there.
+# * Never inside an occurrence of "<unk>".
+#
+# tests/test_tokenizers.py holds the chunked encoding to the whole one on adversarial text.
+
+_CUT_SCAN = 256  # characters searched for a class change after a target position
+_CUT_BACK = 4096  # ... and before it, for a known boundary to split a long run from
+_PIECE_LOOKAHEAD = 17  # most characters one match of the bounded split looks at
+_PIECE_SPLIT = hf_pre.Split(Regex(_BPE_SPLIT), behavior="isolated")
+
+
+@lru_cache(maxsize=65536)
+def _piece_class(c: str) -> str:
+    """Class of ``c`` under the BPE split, asked of the split itself: ``"L"`` letter,
+    ``"N"`` number, ``"P"`` anything else but whitespace, ``"S"`` whitespace."""
+    for probe, cls in (("a", "L"), ("1", "N"), ("!", "P")):
+        if len(_PIECE_SPLIT.pre_tokenize_str(probe + c + probe)) == 1:
+            return cls
+    return "S"
+
+
+def _class_change(text: str, p: int) -> bool:
+    """Whether ``p`` is a class-change cut (see above)."""
+    before = _piece_class(text[p - 1])
+    if before == "S" or before == _piece_class(text[p]):
+        return False
+    q = text.find(UNK, max(0, p - len(UNK) + 1), p + len(UNK) - 1)  # an occurrence holding p
+    return q == -1
+
+
+def _full_piece(piece: str) -> bool:
+    """Whether the bounded split's ``piece`` stopped at its length limit (16 whitespace, or 15
+    of one other class after an optional space), not at what follows it."""
+    return len(piece) == 16 or (len(piece) == 15 and piece[0] != " " and _piece_class(piece[-1]) != "S")
+
+
+def _bpe_cuts(text: str, chunk_chars: int, bounded: bool) -> Iterator[int]:
+    """Positions, about ``chunk_chars`` apart, where ``text`` (no lone surrogates) can be cut
+    without changing its BPE encoding (see above). Each costs time in proportion to
+    ``chunk_chars`` at most, so a caller encoding part by part can stop between parts."""
+    n, known = len(text), 0  # known: the last position known to be a piece boundary
+    target = chunk_chars
+    while target < n:
+        end = min(target + _CUT_SCAN, n)
+        cut = next((p for p in range(max(target, known + 1), end) if _class_change(text, p)), None)
+        if cut is None and bounded and end < n:
+            base = next((p for p in range(target - 1, max(known, target - _CUT_BACK), -1) if _class_change(text, p)),
+                        known)
+            if text.find(UNK, base, end + len(UNK) - 1) == -1:  # none inside, none across the end
+                before = ""
+                for piece, (a, _) in _PIECE_SPLIT.pre_tokenize_str(text[base:end]):
+                    p = base + a
+                    if p + _PIECE_LOOKAHEAD > end:
+                        break
+                    if p >= target and _full_piece(before):
+                        cut = p
+                        break
+                    before = piece
+        if cut is None:
+            target = end  # no cut here: the part grows
+            continue
+        yield cut
+        known = cut
+        target = cut + chunk_chars
+
+
+def _training_sample(text: str) -> list[str]:
+    """``text``, or evenly spaced slices of it totalling :data:`BPE_TRAIN_SAMPLE_CHARS`."""
+    n = len(text)
+    if n <= BPE_TRAIN_SAMPLE_CHARS:
+        return [text]
+    width = BPE_TRAIN_SAMPLE_CHARS // _BPE_TRAIN_SLICES
+    return [text[s:s + width] for s in ((n - width) * i // (_BPE_TRAIN_SLICES - 1) for i in range(_BPE_TRAIN_SLICES))]
 
 
 # ---------------------------------------------------------------- untrusted data
@@ -513,6 +701,8 @@ _BPE_ADDED_TOKENS = [
      "normalized": False, "special": True},
 ]
 _BPE_PRE_TOKENIZER = {"type": "Split", "pattern": {"Regex": _BPE_SPLIT}, "behavior": "Isolated", "invert": False}
+# Accepted when loading: what train writes now, or exactly what it wrote before (the unbounded split).
+_BPE_PRE_TOKENIZERS = (_BPE_PRE_TOKENIZER, {**_BPE_PRE_TOKENIZER, "pattern": {"Regex": _BPE_SPLIT_V1}})
 _BPE_TOP_FIXED: dict[str, Any] = {
     "version": "1.0",
     "truncation": None,
@@ -614,8 +804,9 @@ def _checked_bpe_doc(data: Any, max_vocab: int) -> dict[str, Any]:
         raise ValueError("BPE tokenizer data is not valid JSON") from None
     _check_keys(doc, "BPE tokenizer data", set(_BPE_TOP_FIXED) - _BPE_TOP_OPTIONAL | {"model"}, _BPE_TOP_OPTIONAL)
     for key, expected in _BPE_TOP_FIXED.items():
-        if key in doc:
+        if key in doc and key != "pre_tokenizer":
             _same(doc[key], expected, f"BPE tokenizer {key}")
+    pre_tokenizer = _checked_bpe_pre_tokenizer(doc["pre_tokenizer"])
     model = doc["model"]
     _check_keys(model, "BPE tokenizer model", {"type", "unk_token", "vocab", "merges"}, _BPE_MODEL_OPTIONAL)
     for key, expected in _BPE_MODEL_FIXED.items():
@@ -623,7 +814,24 @@ def _checked_bpe_doc(data: Any, max_vocab: int) -> dict[str, Any]:
             _same(model[key], expected, f"BPE tokenizer model.{key}")
     vocab = _checked_bpe_vocab(model["vocab"], max_vocab)
     merges = _checked_bpe_merges(model["merges"], vocab)
-    return {**_BPE_TOP_FIXED, "model": {**_BPE_MODEL_FIXED, "vocab": vocab, "merges": merges}}
+    return {**_BPE_TOP_FIXED, "pre_tokenizer": pre_tokenizer,
+            "model": {**_BPE_MODEL_FIXED, "vocab": vocab, "merges": merges}}
+
+
+def _checked_bpe_pre_tokenizer(value: Any) -> dict[str, Any]:
+    """Exactly one of :data:`_BPE_PRE_TOKENIZERS`; returns that constant, not ``value``."""
+    field = "BPE tokenizer pre_tokenizer"
+    try:
+        _same(value, _BPE_PRE_TOKENIZER, field)
+    except ValueError as exc:
+        for older in _BPE_PRE_TOKENIZERS[1:]:
+            try:
+                _same(value, older, field)
+            except ValueError:
+                continue
+            return older
+        raise exc  # names the field that differs from what train writes now
+    return _BPE_PRE_TOKENIZER
 
 
 def tokenizer_from_dict(d: Any, max_vocab: int = MAX_LOADED_VOCAB) -> Tokenizer:

@@ -122,3 +122,37 @@ def test_session_turn_serialises_and_refuses_when_busy_too_long():
         with pytest.raises(ValueError, match="still busy"):
             with s.turn(wait_s=0.05):
                 pass
+
+
+def test_stop_ends_a_training_while_its_tokenizer_is_still_being_built():
+    """Stop pressed during the corpus/tokenizer phase ends the run there, within 2 s, and nothing is added."""
+    import app
+
+    s = Session()
+    text = "ab" * 600_000  # 1.2 M characters without a space: the slowest text for BPE
+    outcome = {}
+
+    def run():
+        t0 = time.perf_counter()
+        try:
+            list(app.train_model(s, "text", text, None, "bpe", 1, 1, 8, 0, "learned", "pre", "gelu", 0.0, 2000,
+                                 3e-3, 0))
+            outcome["result"] = "trained"
+        except Exception as exc:  # gr.Error
+            outcome["result"] = getattr(exc, "message", str(exc))
+        outcome["seconds"] = time.perf_counter() - t0
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.05)
+    t_stop = time.perf_counter()
+    app.stop_training(s)
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    stopped_after = time.perf_counter() - t_stop
+    if outcome["result"] == "trained":  # the build was done before Stop: then the run itself stopped at once
+        assert s.run.stop.is_set() and s.run.steps[-1] < 2000
+    else:
+        assert outcome["result"] == "Training stopped by you before it began."
+        assert s.models == {} and s.run is None
+    assert stopped_after < 2.0, stopped_after

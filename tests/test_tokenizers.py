@@ -250,3 +250,103 @@ def test_word_round_trip_property(words, seps, upper):
     text = text.upper().replace("<EOS>", "<eos>") if upper else text
     assert WORD.encode_verbose(text).unknown == []
     assert WORD.decode(WORD.encode(text)) == normalise(text)
+
+
+# ---------------------------------------------------------------- bounded BPE (long runs, big text)
+#
+# HF's BPE trainer took minutes on one long pre-tokenized piece (320,000 identical letters,
+# 1.2 MB of "abab…"), and could not be interrupted. The split now cuts every run into pieces of
+# at most 16 characters, merges are learned on a bounded sample, and encoding goes part by part.
+
+# Characters of every class of the split, the special token and its fragments, characters whose
+# class differs between Python and the regex (superscript two, a combining accent) and runs.
+_FRAGMENTS = ["a", "b", "Z", "1", "9", "²", "!", ",", "_", "'", " ", "\n", "\t", "\r\n", "\u00a0", "\u3000",
+              "\u2028", "é", "\u0301", "日", "<unk>", "<", "unk", ">", "<un", "k>", " a", "a "]
+
+
+def _run_text(draw_parts) -> str:
+    return "".join(frag * n for frag, n in draw_parts)
+
+
+@pytest.fixture(scope="module")
+def run_bpe() -> BPETokenizer:
+    sample = "".join(f * 3 for f in _FRAGMENTS) * 30 + "aaaaaaaaaaaaaaaaaaaa 1111111111111111 !!!!!!!!!!!!!!!!!! " * 20
+    return BPETokenizer.train(sample, vocab_size=300)
+
+
+def _whole(tok: BPETokenizer, text: str) -> list[int]:
+    return tok._hf.encode(text, add_special_tokens=False).ids  # the reference: HF on the whole text
+
+
+@pytest.mark.parametrize("text", ["a" * 5000, "ab" * 3000, "1" * 4000, "!" * 4000, " " * 4000, "\n" * 4000,
+                                  "日本" * 2000, "x" + " " * 3000 + "y", "word " * 1000])
+def test_bpe_split_pieces_are_at_most_16_characters(run_bpe, text):
+    pieces = run_bpe._hf.pre_tokenizer.pre_tokenize_str(text)
+    assert "".join(p for p, _ in pieces) == text
+    assert max(len(p) for p, _ in pieces) <= 16
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(st.tuples(st.sampled_from(_FRAGMENTS),
+                                st.one_of(st.integers(1, 4), st.sampled_from([15, 16, 17, 40, 300, 700]))),
+                      min_size=1, max_size=12),
+       chunk=st.sampled_from([1, 2, 7, 50, 333]))
+def test_bpe_encode_chunks_join_to_the_whole_encoding(run_bpe, parts, chunk):
+    text = _run_text(parts)
+    chunks = list(run_bpe.encode_chunks(text, chunk))
+    assert [i for part in chunks for i in part] == _whole(run_bpe, text) == run_bpe.encode(text)
+
+
+def test_bpe_encode_chunks_cut_long_runs_of_one_class(run_bpe):
+    for text in ["x" + "a" * 5000, "1" * 5000, "!" * 5000, "x" + " " * 5000 + "y", "ab1!" * 1500]:
+        chunks = list(run_bpe.encode_chunks(text, 1000))
+        assert len(chunks) >= 4, text[:8]
+        assert [i for part in chunks for i in part] == _whole(run_bpe, text)
+    with pytest.raises(ValueError):
+        list(run_bpe.encode_chunks("abc", 0))
+
+
+def test_bpe_train_on_long_text_samples_it_but_keeps_every_character():
+    from model.tokenizers import BPE_TRAIN_SAMPLE_CHARS
+
+    n = 3 * BPE_TRAIN_SAMPLE_CHARS
+    # between the first two training slices, so only the alphabet can bring it in
+    text = "ab " * (BPE_TRAIN_SAMPLE_CHARS // 60) + "€" + "cd " * (n // 3)
+    tok = BPETokenizer.train(text, vocab_size=50)
+    assert "€" in tok.vocab
+    assert tok.encode_verbose("ab € cd").unknown == []
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_bpe_lone_surrogates_are_unknown_not_errors():
+    tok = BPETokenizer.train("ab \ud800 cd " * 50, vocab_size=30)
+    assert "\ud800" not in tok.vocab
+    enc = tok.encode_verbose("ab\ud800cd\udfff")
+    assert enc.ids == tok.encode("ab\ud800cd\udfff")
+    assert enc.ids.count(tok.unk_id) == 2 and enc.unknown == ["\ud800", "\udfff"]
+    assert tok.decode(enc.ids) == "ab<unk>cd<unk>"
+
+
+def test_bpe_tokenizer_with_the_old_unbounded_split_still_loads():
+    from model.tokenizers import _BPE_SPLIT, _BPE_SPLIT_V1
+
+    tok = BPETokenizer.train(TEXT, vocab_size=120)
+    doc = json.loads(tok.to_dict()["tokenizer"])
+    assert doc["pre_tokenizer"]["pattern"] == {"Regex": _BPE_SPLIT}
+    doc["pre_tokenizer"]["pattern"] = {"Regex": _BPE_SPLIT_V1}
+    old = tokenizer_from_dict({"kind": "bpe", "tokenizer": json.dumps(doc)})
+    assert json.loads(old.to_dict()["tokenizer"])["pre_tokenizer"]["pattern"] == {"Regex": _BPE_SPLIT_V1}
+    long_word = "a" * 40 + " " + "b" * 3000 + "!" * 20
+    assert old._hf.pre_tokenizer.pre_tokenize_str(long_word)[0][0] == "a" * 40  # its pieces stay unbounded
+    assert old.decode(old.encode(long_word)) == long_word
+    assert [i for p in old.encode_chunks(long_word, 100) for i in p] == _whole(old, long_word)
+    for other in (_BPE_SPLIT + "|x", _BPE_SPLIT_V1.replace("+", "*")):
+        doc["pre_tokenizer"]["pattern"] = {"Regex": other}
+        with pytest.raises(ValueError, match="pre_tokenizer.pattern.Regex"):
+            tokenizer_from_dict({"kind": "bpe", "tokenizer": json.dumps(doc)})
+
+
+def test_word_train_ranking_is_count_then_alphabetical():
+    tok = WordTokenizer.train("b a c b a d b e", max_vocab=5)
+    assert tok.vocab == ["b", "a", "c", "<EOS>", "<unk>"]
+    assert WordTokenizer.train("z y x <EOS> <eos>").vocab == ["x", "y", "z", "<EOS>", "<unk>"]
