@@ -193,6 +193,8 @@ def build_demo() -> gr.Blocks:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO)
+    for chatty in ("httpx", "httpcore", "urllib3"):  # one line per request of gradio's own start-up checks
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     files.sweep_runs()
     demo = build_demo()
     demo.queue(max_size=QUEUE_SIZE)

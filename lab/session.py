@@ -466,7 +466,7 @@ class Session:
         try:
             ck = load_checkpoint(path)
         except ValueError as exc:
-            raise UserError(str(exc)) from None
+            raise UserError(f"This file is not a Decoder Lab model this app can load (.safetensors): {exc}.") from None
         finally:
             try:
                 Path(path).unlink()
