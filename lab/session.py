@@ -115,7 +115,8 @@ def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
     tokenizer, block_size = entry.tokenizer, entry.model.cfg.block_size
     enc = tokenizer.encode_verbose(prompt)
     if enc.unknown:
-        shown = ", ".join(repr(u) for u in enc.unknown[:8]) + (" …" if len(enc.unknown) > 8 else "")
+        shown = ", ".join(repr(u if len(u) <= 20 else u[:19] + "…") for u in enc.unknown[:8])
+        shown += " …" if len(enc.unknown) > 8 else ""
         unit = "words" if tokenizer.kind == "word" else "characters"
         raise UserError(
             f"This model does not know these {unit}: {shown}. "
@@ -463,15 +464,10 @@ class Session:
         """Load a .safetensors checkpoint after validating it; returns its name in the model list."""
         if not path or not isinstance(path, str):
             raise UserError("Choose a .safetensors file first.")
-        try:
+        try:  # the file stays where gradio put it (its cache sweeps it): a path may name someone else's file
             ck = load_checkpoint(path)
         except ValueError as exc:
             raise UserError(f"This file is not a Decoder Lab model this app can load (.safetensors): {exc}.") from None
-        finally:
-            try:
-                Path(path).unlink()
-            except OSError:
-                pass
         name = self._unique_name(f"uploaded: {Path(path).stem[:40]}")
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
         self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples))
@@ -492,15 +488,10 @@ class Session:
 def _read_upload(path) -> str:
     if not isinstance(path, str):
         raise UserError("The uploaded text file could not be read.")
-    try:
+    try:  # never deleted here: the path may name a file that is not this session's (gradio sweeps its cache)
         return read_text_file(path)
     except (ValueError, OSError) as exc:
         raise UserError(f"The text file cannot be used: {exc}.") from None
-    finally:
-        try:
-            Path(path).unlink()
-        except OSError:
-            pass
 
 
 # Sessions by gradio's session hash: gradio's own store can drop a tab's state in a burst of new

@@ -48,11 +48,11 @@ class ModelConfig:
         for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {_short(value)}")
         if self.d_ff is not None and (
             not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff < 0
         ):
-            raise ValueError(f"d_ff must be a non-negative integer or None, got {self.d_ff!r}")
+            raise ValueError(f"d_ff must be a non-negative integer or None, got {_short(self.d_ff)}")
         _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         _choice("norm", self.norm, NORMS)
         _choice("activation", self.activation, ACTIVATIONS)
@@ -71,12 +71,12 @@ class ModelConfig:
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+            raise ValueError(f"dropout must be in [0, 1), got {_short(self.dropout)}")
         if not isinstance(self.pe_base, (int, float)) or not float(self.pe_base) > 1.0:
-            raise ValueError(f"pe_base must be a number > 1, got {self.pe_base!r}")
+            raise ValueError(f"pe_base must be a number > 1, got {_short(self.pe_base)}")
         for name in ("bias", "head_bias", "tie_weights", "attn_out_proj"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must be true or false, got {_short(getattr(self, name))}")
 
     @property
     def head_dim(self) -> int:
@@ -134,6 +134,12 @@ class ModelConfig:
         return total
 
 
+def _short(value: Any, limit: int = 40) -> str:
+    """A value for an error message, cut to `limit` characters (configs come from uploaded files)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}")
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {_short(value)}")

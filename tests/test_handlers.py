@@ -472,7 +472,7 @@ def test_upload_model_corrupt_and_valid(tmp_path):
     with raises_user_error("safetensors") as info:
         app.upload_model(ws, str(bad))
     assert "/" not in info.value.message
-    assert not bad.exists() and ws.models == {}
+    assert bad.exists() and ws.models == {}  # gradio's cache sweep removes uploads, never the handler
     with raises_user_error(r"^Choose a \.safetensors file first\.$"):
         app.upload_model(ws, None)
     from model.checkpoint import save_checkpoint
@@ -481,7 +481,7 @@ def test_upload_model_corrupt_and_valid(tmp_path):
     good = save_checkpoint(tmp_path / "mine.safetensors", e.model, e.tokenizer, e.meta)
     _, msg, dd = app.upload_model(ws, str(good))
     assert msg == "Loaded 'uploaded: mine'. It is now in the Explore model list." and dd["value"] == "uploaded: mine"
-    assert not good.exists()
+    assert good.exists()  # left to gradio's cache sweep
     out = do_step(ws, model="uploaded: mine", prompt="503124=", temperature=0.0)
     ref = do_step(Session(), model=SORT, prompt="503124=", temperature=0.0)
     assert out[1] == ref[1]

@@ -184,7 +184,7 @@ def test_hostile_model_file_through_upload_handler(case, busy_ws, tmp_path, monk
         app.upload_model(busy_ws, str(path))
     clean(info.value.message)
     assert not canary.exists(), "a pickle was executed"
-    assert not path.exists(), "the uploaded file was left behind"
+    assert path.exists(), "the handler deleted a file it was given (the path may be someone else's)"
     assert state_of(busy_ws) == before, "the failed upload changed the session"
     if case in BEFORE_LOAD:
         assert loads == [], "tensors were read before the file was refused"

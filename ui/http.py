@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 
 log = logging.getLogger("decoder_lab")
 
@@ -54,7 +56,7 @@ class RefuseMalformedCalls:
 
         try:
             payload = json.loads(body, parse_constant=finite_only)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than any real call
             return 400, "The request is not valid JSON with finite numbers."
         if not isinstance(payload, dict):
             return 400, "The request must be a JSON object."
@@ -70,11 +72,34 @@ class RefuseMalformedCalls:
             if isinstance(payload.get("data"), dict):  # /call/v2: values by name, checked by gradio
                 return None
         data = payload.get("data")
-        counts = {len(fn.inputs), len([b for b in fn.inputs if not getattr(b, "skip_api", False)])}
+        api_inputs = [b for b in fn.inputs if not getattr(b, "skip_api", False)]
+        counts = {len(fn.inputs), len(api_inputs)}
         if not isinstance(data, list) or len(data) not in counts:
             got = len(data) if isinstance(data, list) else "none"
             return 400, f"This call needs {min(counts)} values; it sent {got}."
+        inputs = fn.inputs if len(data) == len(fn.inputs) else api_inputs
+        for block, value in zip(inputs, data):
+            if isinstance(block, gr.File) and not self.uploaded_file(value):
+                name = block.label or "file"
+                return 400, f"{name}: send a file uploaded to this app (or nothing)."
         return None
+
+    @staticmethod
+    def uploaded_file(value) -> bool:
+        """None, or a FileData of a file uploaded to this server (what gradio's own check needs, without
+        its traceback and empty error for anything else)."""
+        if value is None:
+            return True
+        if not isinstance(value, dict) or not isinstance(value.get("path"), str) or not value["path"]:
+            return False
+        optional = {"url": str, "orig_name": str, "mime_type": str, "size": int, "is_stream": bool, "meta": dict}
+        if any(value.get(k) is not None and not isinstance(value[k], t) for k, t in optional.items()):
+            return False
+        upload_dir = Path(get_upload_folder()).resolve()
+        try:
+            return Path(value["path"]).resolve().is_relative_to(upload_dir)
+        except (OSError, ValueError, RuntimeError):
+            return False
 
     @staticmethod
     async def refuse(send, status: int, message: str):
