@@ -45,7 +45,7 @@ from typing import Callable, Generic, Iterator, Protocol, TypeVar, runtime_check
 from . import files
 from .checks import UserError
 from .limits import (
-    BEHIND_PROXY, IDLE_S, MAX_SESSIONS, OWN_MODELS_MAX_BYTES, RATE_LIMITS, RATE_MAX_KEYS, RUN_FILES_MAX_BYTES,
+    BEHIND_PROXY, IDLE_S, MAX_SESSIONS, MEMORY_MAX_BYTES, RATE_LIMITS, RATE_MAX_KEYS, RUN_FILES_MAX_BYTES,
     RUN_FILES_SESSION_MAX_BYTES, STATE_TTL_S,
 )
 
@@ -297,9 +297,9 @@ class _Held:
 
 
 class ModelBudget:
-    """Bytes of people's own models, for the whole server, at most `limit_bytes`."""
+    """Bytes held by sessions (their own models and their texts), for the whole server, at most `limit_bytes`."""
 
-    def __init__(self, limit_bytes: int = OWN_MODELS_MAX_BYTES, *, idle_s: float = IDLE_S,
+    def __init__(self, limit_bytes: int = MEMORY_MAX_BYTES, *, idle_s: float = IDLE_S,
                  clock: Clock = time.monotonic):
         self.limit_bytes, self.idle_s, self.clock = limit_bytes, idle_s, clock
         self._held: dict[int, _Held] = {}
@@ -359,7 +359,7 @@ class ModelBudget:
                         raise UserError(
                             "The server is full right now: the memory for people's own models is in use by "
                             "people who are using them. Try again in a few minutes, or use a built-in model.")
-                    reason = ("Your own models were removed to make room for other people after more than "
+                    reason = ("Your own models and text were removed to make room for other people after more than "
                               f"{_after(self.idle_s)} without activity. Train or upload them again "
                               "(a downloaded file loads back).")
                     for _, _, o, h in idle:

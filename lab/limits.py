@@ -87,10 +87,11 @@ RATE_MAX_KEYS = 10_000  # (client, action) buckets remembered; the least recentl
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID")) or os.environ.get("DECODER_LAB_BEHIND_PROXY", "") == "1"
 IDLE_S = float(os.environ.get("DECODER_LAB_IDLE_S", "300"))  # a session that acted in the last IDLE_S seconds (or is acting, or training) loses nothing to others
 MAX_SESSIONS = int(os.environ.get("DECODER_LAB_MAX_SESSIONS", "500"))  # sessions kept (lab.budget.SessionStore); a text holds up to ~6 MB
-OWN_MODELS_MAX_BYTES = int(os.environ.get("DECODER_LAB_MODELS_MB", "2048")) * 2**20  # all sessions' own models
+# memory held by all sessions together: their own models and their texts' attention (which grows as T²)
+MEMORY_MAX_BYTES = int(os.environ.get("DECODER_LAB_MEMORY_MB", "4096")) * 2**20
 RUN_FILES_MAX_BYTES = int(os.environ.get("DECODER_LAB_FILES_MB", "1024")) * 2**20  # all sessions' model files
 RUN_FILES_SESSION_MAX_BYTES = MAX_USER_MODELS * CHECKPOINT_LIMITS.max_file_bytes  # one session's files
-__all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSIONS", "OWN_MODELS_MAX_BYTES",
+__all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSIONS", "MEMORY_MAX_BYTES",
             "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
 
 
@@ -142,7 +143,7 @@ def budget_rows() -> list[str]:
     mb = 2**20
     return [
         f"| per address | {rates} |",
-        f"| whole server | own models ≤ {OWN_MODELS_MAX_BYTES // mb:,} MB of memory, model files ≤ "
+        f"| whole server | own models and texts ≤ {MEMORY_MAX_BYTES // mb:,} MB of memory, model files ≤ "
         f"{RUN_FILES_MAX_BYTES // mb:,} MB of disk (≤ {RUN_FILES_SESSION_MAX_BYTES // mb} MB per session), "
         f"≤ {MAX_SESSIONS} sessions; when full, the least recently used idle session's go first, and a session "
         f"that acted in the last {_num(IDLE_S / 60)} min loses nothing |",

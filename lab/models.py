@@ -35,6 +35,9 @@ BUILTIN_MODELS = {
     "copy / induction (built-in)": Builtin("copy.safetensors", ("hcbpadlk|", "abcdefgh|")),
     "article toy (built-in)": Builtin("toy.safetensors", ("how is living in amsterdam <EOS>",
                                                           "living in amsterdam is how <EOS>")),
+    "shakespeare (built-in)": Builtin("shakespeare.safetensors", ("JULIET:\nO Romeo, Romeo! wherefore art thou",
+                                                                  "KING HENRY:\nMy lords, we ",
+                                                                  "First Citizen:\nWhat say you to ")),
 }
 DEFAULT_MODEL = "grammar (built-in)"
 

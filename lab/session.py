@@ -14,6 +14,7 @@ model.generate.generate (one loop) → Decoder.step → DecoderLM.forward; then 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 import time
@@ -150,6 +151,7 @@ class Session:
         self.touched = time.monotonic()  # its last action: the server's budgets take from idle sessions first
         self.dropped: list[str] = []  # what the server took to make room, told to the person once
         self._starting: threading.Event | None = None  # the stop of a training whose corpus is being built
+        self._model_bytes: dict[str, int] = {}  # bytes of each own model, for the memory budget
         # One action at a time per session: a Step sent while the same session's Generate streams
         # waits for it instead of interleaving with it. A plain Lock (not RLock), because gradio may
         # resume a streaming handler on another thread than the one that started it.
@@ -187,11 +189,15 @@ class Session:
 
     def drop_own_models(self, reason: str) -> bool:
         """Remove this session's own models (and its text, if on one of them) for the server's budget."""
-        def drop():
-            if self.entry is not None and not self.entry.builtin:
-                self.reset()
+        def drop():  # the text goes too: its attention is memory the budget counts (no reset(): the
+            # budget calls this holding its lock, and reset() reports to the budget)
+            self.decoder, self.prompt, self.notices, self.last_step = None, None, [], None
             self.models.clear()
-        return self._give_up(reason, drop)
+            self._model_bytes.clear()
+        dropped = self._give_up(reason, drop)
+        if dropped:
+            release_freed_memory()
+        return dropped
 
     def drop_files(self, reason: str) -> bool:
         """Delete this session's downloadable model files for the server's disk budget."""
@@ -231,18 +237,44 @@ class Session:
         head = None if head == "all" else check_int("head", head, 0, cfg.n_heads - 1)
         return View(layer, head, check_choice("view", view, ATTENTION_VIEWS))
 
+    # ----------------------------------------------------------------------- memory
+
+    def _kept_after_adding(self, name: str) -> list[str]:
+        """Own models that stay when `name` joins (at most MAX_USER_MODELS; the oldest goes)."""
+        others = [n for n in self.models if n != name]
+        return others[len(others) - (MAX_USER_MODELS - 1):] if MAX_USER_MODELS > 1 else []
+
+    def _text_bytes(self, entry: ModelEntry | None = None, tokens: int | None = None) -> int:
+        """Bytes of a text's attention and scores: (layers, heads, T, T) float32 each, T = `tokens`
+        (the current window when None)."""
+        d = self.decoder
+        if tokens is None:
+            return 0 if d is None else sum(a.nbytes for a in (*d.attention, *d.scores))
+        cfg = (entry or self.entry).model.cfg
+        t = min(tokens, cfg.block_size)
+        return 2 * cfg.n_layers * cfg.n_heads * t * t * 4
+
+    def _hold(self, models: list[str] | None = None, extra_model: int = 0, text: int | None = None) -> None:
+        """Tell the server-wide memory budget what this session will hold; it may refuse (UserError)
+        before anything changes, or make room by taking from idle sessions."""
+        models = list(self.models) if models is None else models
+        total = sum(self._model_bytes.get(n, 0) for n in models) + extra_model
+        MODEL_BUDGET.hold(self, total + (self._text_bytes() if text is None else text))
+
     def _add_model(self, entry: ModelEntry) -> None:
         """Keep at most MAX_USER_MODELS of a person's own models (the oldest goes).
 
         The server-wide budget is asked first: it may refuse (UserError) and then nothing changes.
         """
-        kept = list(self.models.values())[-(MAX_USER_MODELS - 1):] if MAX_USER_MODELS > 1 else []
-        MODEL_BUDGET.hold(self, sum(model_bytes(e.model) for e in kept if e.name != entry.name)
-                          + model_bytes(entry.model))
+        nbytes = model_bytes(entry.model)
+        kept = self._kept_after_adding(entry.name)
+        self._hold(kept, nbytes)
+        self._model_bytes[entry.name] = nbytes
         self.models[entry.name] = entry
         self.models.move_to_end(entry.name)
         while len(self.models) > MAX_USER_MODELS:
-            self.models.popitem(last=False)
+            gone, _ = self.models.popitem(last=False)
+            self._model_bytes.pop(gone, None)
 
     def _unique_name(self, base: str) -> str:
         name, n = base, 2
@@ -252,8 +284,10 @@ class Session:
 
     # -------------------------------------------------------------------------- text
 
-    def _start(self, entry: ModelEntry, prompt: str, sampling: Sampling) -> None:
+    def _start(self, entry: ModelEntry, prompt: str, sampling: Sampling, new_tokens: int) -> None:
+        """Start a text from the prompt, once the memory of `new_tokens` more is granted."""
         ids, notices = encode_prompt(prompt, entry)
+        self._hold(text=self._text_bytes(entry, len(ids) + new_tokens))
         self.decoder = Decoder(entry.model, ids, sampling, eos_id=entry.tokenizer.eos_id,
                                piece=entry.tokenizer.piece)
         self.entry, self.prompt, self.notices, self.last_step = entry, prompt, notices, None
@@ -269,9 +303,11 @@ class Session:
         entry = self.entry_for(model_name)
         d = self.decoder
         if d is None or self.entry is not entry or self.prompt != prompt or d.sampling.seed != sampling.seed:
-            self._start(entry, prompt, sampling)
-        if len(self.decoder.ids) - self.decoder.prompt_len >= MAX_NEW_TOKENS:
-            raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
+            self._start(entry, prompt, sampling, new_tokens=1)
+        else:
+            if len(d.ids) - d.prompt_len >= MAX_NEW_TOKENS:
+                raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
+            self._hold(text=self._text_bytes(entry, len(d.window) + 1))  # before the text grows
         self.last_step = next(generate(self.decoder, 1, sampling))
         return self.last_step
 
@@ -282,7 +318,7 @@ class Session:
         """
         entry = self.entry_for(model_name)
         max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
-        self._start(entry, prompt, sampling)
+        self._start(entry, prompt, sampling, new_tokens=max_new)
         for s in generate(self.decoder, max_new, sampling, attention="last"):
             self.last_step = s
             yield s
@@ -292,10 +328,13 @@ class Session:
         if self.decoder is None:
             return False
         self.last_step = None
-        return self.decoder.undo()
+        undone = self.decoder.undo()
+        self._hold()  # less memory: always granted
+        return undone
 
     def reset(self) -> None:
         self.decoder, self.prompt, self.notices, self.last_step = None, None, [], None
+        self._hold()  # less memory: always granted
 
     # ----------------------------------------------------------------------- read-outs
 
@@ -464,11 +503,18 @@ class Session:
         """Load a .safetensors checkpoint after validating it; returns its name in the model list."""
         if not path or not isinstance(path, str):
             raise UserError("Choose a .safetensors file first.")
-        try:  # the file stays where gradio put it (its cache sweeps it): a path may name someone else's file
-            ck = load_checkpoint(path)
-        except ValueError as exc:
-            raise UserError(f"This file is not a Decoder Lab model this app can load (.safetensors): {exc}.") from None
         name = self._unique_name(f"uploaded: {Path(path).stem[:40]}")
+        held_before = MODEL_BUDGET.held(self)
+
+        def reserve(cfg) -> None:  # the memory is granted before a tensor is allocated
+            weights = 4 * cfg.n_params() + 2 * 4 * cfg.block_size * cfg.d_model  # + positional buffers
+            self._hold(self._kept_after_adding(name), weights)
+
+        try:  # the file stays where gradio put it (its cache sweeps it): a path may name someone else's file
+            ck = load_checkpoint(path, before_build=reserve)
+        except ValueError as exc:
+            MODEL_BUDGET.hold(self, held_before)  # a reservation for a file that failed later is given back
+            raise UserError(f"This file is not a Decoder Lab model this app can load (.safetensors): {exc}.") from None
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
         self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples))
         return name
@@ -481,8 +527,18 @@ class Session:
         self.stop_training()
         files.remove_dir(self.run_dir)
         self.models.clear()
+        self._model_bytes.clear()
         self.reset()
         MODEL_BUDGET.release(self)
+        release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by dropped models back to the system (glibc keeps it otherwise); no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _read_upload(path) -> str:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load as st_load
@@ -191,8 +191,13 @@ def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     return header, 8 + n
 
 
-def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
-    """Validate and load checkpoint bytes. Raises ValueError with a clear message on any problem."""
+def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
+                     before_build: Callable[[ModelConfig], None] | None = None) -> Checkpoint:
+    """Validate and load checkpoint bytes. Raises ValueError with a clear message on any problem.
+
+    `before_build(cfg)` is called once the config is known to be valid and before any tensor is
+    allocated (a server checks its memory budget there); whatever it raises propagates.
+    """
     header, body_start = read_header(data, limits)
     meta_raw = header.pop("__metadata__", None)
     if not isinstance(meta_raw, dict) or meta_raw.get("format") != FORMAT:
@@ -209,6 +214,8 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {cfg.vocab_size}")
 
+    if before_build is not None:
+        before_build(cfg)
     # The config is within limits (at most a few MB of weights), so the model itself can give the
     # expected key set and shapes; tensor data is read only once the header matches it exactly.
     model = DecoderLM(cfg)
@@ -248,7 +255,8 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Checkpoint
     return Checkpoint(model, tokenizer, meta if isinstance(meta, dict) else {})
 
 
-def load_checkpoint(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
+def load_checkpoint(path: str | Path, limits: Limits = DEFAULT_LIMITS,
+                    before_build: Callable[[ModelConfig], None] | None = None) -> Checkpoint:
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -256,7 +264,7 @@ def load_checkpoint(path: str | Path, limits: Limits = DEFAULT_LIMITS) -> Checkp
         raise ValueError(f"cannot read {path.name}") from None
     if size > limits.max_file_bytes:
         raise ValueError(f"file is {size:,} bytes; the limit is {limits.max_file_bytes:,}")
-    return parse_checkpoint(path.read_bytes(), limits)
+    return parse_checkpoint(path.read_bytes(), limits, before_build)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -327,7 +327,7 @@ BAD_STEP_INPUTS = [
     (dict(prompt="   \n\t "), r"^The prompt is empty"),
     (dict(prompt="a" * 2001), r"^The prompt has 2,001 characters; the limit is 2,000\.$"),
     (dict(prompt="anna found the zebra and qqq"), r"does not know these words: 'zebra', 'qqq'\. Its vocabulary has 97"),
-    (dict(model=SORT, prompt="12a4=é"), r"^This model does not know these characters: 'a', 'é'\. Its vocabulary has 12"),
+    (dict(model=SORT, prompt="12a4=é"), r"^This model does not know these characters: 'a', 'é'\. Its vocabulary has 13"),
     (dict(temperature=math.nan), r"^temperature must be a number between 0\.0 and 2\.0; got nan$"),
     (dict(temperature=-1), r"^temperature must be a number between 0\.0 and 2\.0; got -1$"),
     (dict(temperature=3), r"^temperature must be a number between 0\.0 and 2\.0; got 3$"),
