@@ -184,7 +184,7 @@ def main() -> None:
     p = parser("memory_budget", __doc__)
     p.add_argument("--sessions", type=int, default=300, help="visitors, each from its own address")
     p.add_argument("--models-mb", type=int, default=MEMORY_MAX_BYTES // 2**20,
-                   help="DECODER_LAB_MEMORY_MB of the served app (the server-wide model budget)")
+                   help="DECODER_LAB_MEMORY_MB of the served app (the server-wide memory budget: own models and texts)")
     p.add_argument("--workers", type=int, default=4, help="visitors at a time")
     p.add_argument("--idle-s", type=float, default=None,
                    help=f"DECODER_LAB_IDLE_S of the served app (default: its own, {IDLE_S:g} s)")

@@ -39,6 +39,8 @@ FULL = [
     ("load", ["--threads", "1"]),
     ("load", ["--threads", "2"]),
     ("stress", []),
+    ("memory_budget", []),
+    ("fuzz", ["--calls", "10000"]),
     ("train_bench", []),
 ]
 QUICK = [
@@ -52,10 +54,13 @@ QUICK = [
     ("memory_rounds", ["--rounds", "1", "--sessions", "2"]),
     ("load", ["--threads", "1", "--clients", "2", "--seconds", "5"]),
     ("stress", ["--sessions", "3", "--seconds", "5", "--sequential", "10", "--ttl", "2", "--settle", "1"]),
+    ("memory_budget", ["--sessions", "6", "--models-mb", "60"]),
+    ("fuzz", ["--calls", "200"]),
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
 ]
 # Left out unless asked for: name -> (the flag that includes it, why it is left out).
 OPTIONAL = {
+    "fuzz": ("--fuzz", "10,000 fuzzed calls take about 35 minutes here"),
     "train_bench": ("--training-bench", ("2000 training iterations with torch.compile take several minutes "
                                          "and want the machine to themselves")),
 }
@@ -91,8 +96,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="every benchmark with tiny settings (a smoke run)")
     p.add_argument("--only", default="", help="comma-separated benchmark names (run whatever the flags say for them)")
     p.add_argument("--training-bench", action="store_true", help="include the long training benchmark (train_bench)")
+    p.add_argument("--fuzz", action="store_true", help="include the 10,000-call fuzz run (bench.fuzz)")
     args = p.parse_args()
-    include = {"train_bench"} if args.training_bench else set()
+    include = ({"train_bench"} if args.training_bench else set()) | ({"fuzz"} if args.fuzz else set())
     plan = plan_for(args.quick, {x for x in args.only.split(",") if x}, include)
     failed = 0
     for name, extra in plan:
