@@ -5,7 +5,8 @@ Everything is generated locally and is deterministic given ``seed``.
 Two corpus kinds:
 
 * ``"examples"`` (toy, sort, copy): fixed-length rows ``x`` (N, L) with
-  next-token targets ``y`` (N, L); ``y == -100`` where no loss is taken.
+  next-token targets ``y`` (N, L); ``y == -100`` where no loss is taken. Sort and copy
+  examples end with ``<EOS>`` (one token of their char tokenizer), which is a target too.
 * ``"text"`` (grammar, user text): a 1-D token stream split 90/10 by
   position; batches are random windows.
 """
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from .tokenizers import (
+    EOS,
     MAX_TOKEN_BYTES,
     MAX_VOCAB,
     TOKENIZER_KINDS,
@@ -152,13 +154,13 @@ class Corpus:
 
 
 def sort_examples(n: int, seed: int) -> list[str]:
-    """``n`` strings like ``'503124=012345'`` (digits may repeat)."""
+    """``n`` strings like ``'503124=012345'`` (digits may repeat; the corpus adds ``<EOS>``)."""
     digits = np.random.default_rng(seed).integers(0, 10, size=(n, SORT_LEN))
     return ["".join(map(str, row)) + "=" + "".join(map(str, sorted(row))) for row in digits.tolist()]
 
 
 def copy_examples(n: int, seed: int) -> list[str]:
-    """``n`` strings like ``'hcbpadlk|hcbpadlk'`` over :data:`COPY_ALPHABET`."""
+    """``n`` strings like ``'hcbpadlk|hcbpadlk'`` over :data:`COPY_ALPHABET` (the corpus adds ``<EOS>``)."""
     letters = np.random.default_rng(seed).integers(0, len(COPY_ALPHABET), size=(n, COPY_LEN))
     out = []
     for row in letters.tolist():
@@ -186,8 +188,15 @@ def _disjoint(make: Callable[[int, int], list[str]], n_train: int, n_val: int, s
 
 
 def _example_split(tok: Tokenizer, examples: list[str], sep: str) -> Split:
-    """Encode ``examples``; loss only on tokens after the separator ``sep``."""
-    ids = torch.tensor([tok.encode(s) for s in examples], dtype=torch.long)
+    """Encode ``examples``, each followed by the end token ``<EOS>``.
+
+    The loss is taken on every token after the separator ``sep``: the answer and the end
+    token, so a trained model says where its answer ends (generation stops there).
+    """
+    eos = tok.eos_id
+    if eos is None:
+        raise ValueError("a task tokenizer needs the <EOS> token")
+    ids = torch.tensor([tok.encode(s) + [eos] for s in examples], dtype=torch.long)
     x, y = ids[:, :-1].clone(), ids[:, 1:].clone()
     prompt_len = examples[0].index(sep) + 1  # tokens up to and including sep
     y[:, : prompt_len - 1] = IGNORE_INDEX
@@ -195,7 +204,8 @@ def _example_split(tok: Tokenizer, examples: list[str], sep: str) -> Split:
 
 
 def _task_corpus(name: str, alphabet: str, sep: str, make: Callable[[int, int], list[str]], seed: int) -> Corpus:
-    tok = CharTokenizer(list(alphabet + sep))
+    # one character per token, and <EOS> (the last id) as one token
+    tok = CharTokenizer([*alphabet, sep, EOS])
     train, val = _disjoint(make, TASK_TRAIN_SIZE, TASK_VAL_SIZE, seed)
     return Corpus(
         name=name,

@@ -9,29 +9,64 @@ from .transformer import DecoderLM
 
 
 @torch.inference_mode()
-def greedy_complete(model: DecoderLM, tokenizer: Tokenizer, prompts: list[str], n_new: int) -> list[str]:
-    """Greedy continuation of equal-length prompts, decoded, in one batch."""
-    ids = torch.tensor([tokenizer.encode(p) for p in prompts])
+def greedy_ids(model: DecoderLM, prompts: list[list[int]], n_new: int) -> list[list[int]]:
+    """The `n_new` greedily generated token ids after each of equal-length prompts, in one batch."""
+    ids = torch.tensor(prompts, dtype=torch.long)
     for _ in range(n_new):
         logits = model(ids[:, -model.cfg.block_size :]).logits[:, -1]
         ids = torch.cat((ids, logits.argmax(-1, keepdim=True)), dim=1)
-    return [tokenizer.decode(row[-n_new:].tolist()) for row in ids]
+    return ids[:, ids.shape[1] - n_new :].tolist()
+
+
+def greedy_complete(model: DecoderLM, tokenizer: Tokenizer, prompts: list[str], n_new: int) -> list[str]:
+    """Greedy continuation of equal-length prompts, decoded, in one batch."""
+    return [tokenizer.decode(row) for row in greedy_ids(model, [tokenizer.encode(p) for p in prompts], n_new)]
 
 
 def task_accuracy(model: DecoderLM, tokenizer: Tokenizer, examples: list[str], sep: str) -> dict[str, float]:
-    """For 'prompt<sep>answer' examples: share of exactly right answers and of right answer tokens."""
-    prompts = [e[: e.index(sep) + 1] for e in examples]
-    answers = [e[e.index(sep) + 1 :] for e in examples]
-    got = greedy_complete(model, tokenizer, prompts, len(answers[0]))
-    exact = sum(g == a for g, a in zip(got, answers)) / len(examples)
-    tokens = sum(x == y for g, a in zip(got, answers) for x, y in zip(g, a)) / sum(len(a) for a in answers)
-    return {"exact": exact, "token": tokens, "n": len(examples)}
+    """For 'prompt<sep>answer' examples of one length: how well greedy decoding answers.
+
+    `exact` is the share of exactly right answers and `token` the share of right answer
+    tokens; both measure the answer only, never the end token. When the tokenizer has
+    `<EOS>` (the sort and copy tasks end every example with it), one token more is generated:
+    `end` is the share of examples where that token is `<EOS>` (the model stops right after
+    its answer) and `exact_end` the share both exactly right and ended there.
+    """
+    prompts = [tokenizer.encode(e[: e.index(sep) + 1]) for e in examples]
+    answers = [tokenizer.encode(e[e.index(sep) + 1 :]) for e in examples]
+    n = len(answers[0])
+    if any(len(a) != n for a in answers) or any(len(p) != len(prompts[0]) for p in prompts):
+        raise ValueError("task_accuracy needs examples of one prompt length and one answer length")
+    eos = tokenizer.eos_id
+    got = greedy_ids(model, prompts, n + (eos is not None))
+    right = [g[:n] == a for g, a in zip(got, answers)]
+    out: dict[str, float] = {
+        "exact": sum(right) / len(examples),
+        "token": sum(x == y for g, a in zip(got, answers) for x, y in zip(g, a)) / (n * len(examples)),
+        "n": len(examples),
+    }
+    if eos is not None:
+        ended = [g[n] == eos for g in got]
+        out["end"] = sum(ended) / len(examples)
+        out["exact_end"] = sum(r and e for r, e in zip(right, ended)) / len(examples)
+    return out
 
 
 def held_out_examples(corpus, n: int = 200) -> list[str]:
-    """The first n held-out examples of a task corpus, as text (input row plus its last target)."""
+    """The first n held-out examples of a task corpus as text ('prompt<sep>answer').
+
+    Each is its input row plus its last target; a final `<EOS>` (which sort and copy
+    examples end with) is left out, so the text is the task's own string.
+    """
     tok = corpus.tokenizer
-    return [tok.decode(x.tolist()) + tok.decode([int(y[-1])]) for x, y in zip(corpus.val.x[:n], corpus.val.y[:n])]
+    eos = tok.eos_id
+    out = []
+    for x, y in zip(corpus.val.x[:n], corpus.val.y[:n]):
+        ids = x.tolist() + [int(y[-1])]
+        if eos is not None and ids[-1] == eos:
+            ids.pop()
+        out.append(tok.decode(ids))
+    return out
 
 
 @torch.inference_mode()

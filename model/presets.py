@@ -1,7 +1,8 @@
 """Recipes: named model + training presets, and the Train tab's recipe.
 
 Each shipped checkpoint in assets/ is made from one of the presets by the CLI
-(`python -m model.train --preset NAME --out assets/NAME`), and tests hold it to its quality bar.
+(`python -m model.train --preset NAME --out assets/NAME`; a preset of the "text" corpus reads its
+text from `--text PATH`), and tests hold it to its quality bar.
 `train_tab_recipe` turns the Train tab's form (already checked by the lab layer) into the
 same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
 its `get_config()` beside the project it configures, apart from the trainer).
@@ -55,8 +56,8 @@ PRESETS: dict[str, Preset] = {
             tokenizer="char",
             model=dict(block_size=16, n_layers=2, n_heads=4, d_model=64, pos_encoding="learned", dropout=0.0),
             train=TrainConfig(steps=2000, batch_size=64, lr=3e-3, warmup=100, eval_every=250),
-            summary="Sort six digits: the answer's i-th digit attends to the i-th smallest input digit.",
-            quality="≥ 99% of 200 held-out sequences exactly sorted",
+            summary="Sort six digits, then <EOS>: the answer's i-th digit attends to the i-th smallest input digit.",
+            quality="≥ 99% of 200 held-out sequences exactly sorted; the example prompts' answers end with <EOS>",
         ),
         Preset(
             name="copy",
@@ -64,8 +65,9 @@ PRESETS: dict[str, Preset] = {
             tokenizer="char",
             model=dict(block_size=20, n_layers=2, n_heads=4, d_model=64, pos_encoding="learned"),
             train=TrainConfig(steps=1500, batch_size=64, lr=3e-3, warmup=100, eval_every=250),
-            summary="Repeat a random sequence: an induction head looks one step past the earlier copy.",
-            quality="≥ 95% of second-half tokens right on 200 held-out sequences",
+            summary="Repeat a random sequence, then <EOS>: an induction head looks one step past the earlier copy.",
+            quality="≥ 95% of second-half tokens right on 200 held-out sequences; "
+                    "the example prompts' answers end with <EOS>",
         ),
         Preset(
             name="grammar",
@@ -75,6 +77,21 @@ PRESETS: dict[str, Preset] = {
             train=TrainConfig(steps=1000, batch_size=16, lr=2e-3, warmup=100, eval_every=250),
             summary="Generated English: pronouns must agree with earlier names.",
             quality="held-out loss recorded in assets/grammar.json and reached by the shipped model",
+        ),
+        Preset(
+            name="shakespeare",
+            corpus="text",  # the text comes from the CLI's --text (Tiny Shakespeare); never stored here
+            tokenizer="char",
+            # The training benchmark's recipe (bench/train_bench.py, bench/TRAINING.md): nanoGPT's
+            # CPU-sized character model, tied weights, no bias, AdamW 1e-3 -> 1e-4 with the wsd schedule.
+            model=dict(block_size=64, n_layers=4, n_heads=4, d_model=128, pos_encoding="learned", norm="pre",
+                       activation="gelu", bias=False, tie_weights=True, dropout=0.0),
+            train=TrainConfig(steps=2000, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, schedule="wsd",
+                              decay_frac=0.3, weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_every=250,
+                              eval_batches=50, seed=1337),
+            summary="Real text: a character model of Tiny Shakespeare (the training benchmark's recipe).",
+            quality="held-out loss recorded in assets/shakespeare.json (≈ 1.85–1.95) and reached by the shipped model; "
+                    "its next-token distributions stay uncertain",
         ),
     )
 }

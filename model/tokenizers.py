@@ -266,13 +266,19 @@ class Tokenizer(ABC):
 
 
 class CharTokenizer(Tokenizer):
-    """One token per character; id 0 is ``<unk>``."""
+    """One token per character; id 0 is ``<unk>``.
+
+    The vocabulary may also hold ``<EOS>`` as one token (the sort and copy tasks end every
+    example with it); then the literal text ``<EOS>`` encodes to that token and it decodes
+    back to ``<EOS>``. :meth:`train` never adds it, so a tokenizer trained on text is purely
+    one token per character.
+    """
 
     kind = "char"
 
     def __init__(self, chars: list[str]) -> None:
         for c in chars:
-            if not isinstance(c, str) or len(c) != 1:
+            if not isinstance(c, str) or (len(c) != 1 and c != EOS):
                 raise ValueError(f"character vocabulary entries must be single characters, got {_show(c)}")
         super().__init__([UNK, *chars])
 
@@ -282,17 +288,29 @@ class CharTokenizer(Tokenizer):
         # stays out of the vocabulary and encodes as <unk>.
         return cls(sorted(c for c in set(text) if _storable(c)))
 
+    def _units(self, text: str) -> list[str]:
+        """``text`` cut into what becomes one token each: characters, and ``<EOS>`` when known."""
+        if EOS not in self._stoi or EOS not in text:
+            return list(text)
+        units: list[str] = []
+        for i, part in enumerate(text.split(EOS)):
+            if i:
+                units.append(EOS)
+            units.extend(part)
+        return units
+
     def encode(self, text: str) -> list[int]:
         get, unk = self._stoi.get, self.unk_id
-        return [get(c, unk) for c in text]
+        return [get(c, unk) for c in self._units(text)]
 
     def encode_verbose(self, text: str) -> Encoded:
-        ids = self.encode(text)
-        unk = self.unk_id
+        units = self._units(text)
+        get, unk = self._stoi.get, self.unk_id
+        ids = [get(c, unk) for c in units]
         return Encoded(
             ids=ids,
             pieces=[display_piece(self._itos[i]) for i in ids],
-            unknown=_dedup(c for c, i in zip(text, ids) if i == unk),
+            unknown=_dedup(c for c, i in zip(units, ids) if i == unk),
         )
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -668,8 +686,8 @@ def _checked_char(d: dict[str, Any], max_vocab: int) -> CharTokenizer:
     seen: set[str] = set()
     for i, c in enumerate(chars):
         _check_piece(c, f"tokenizer 'chars'[{i}]")
-        if len(c) != 1:
-            raise ValueError(f"tokenizer 'chars'[{i}] must be a single character, got {_show(c)}")
+        if len(c) != 1 and c != EOS:
+            raise ValueError(f"tokenizer 'chars'[{i}] must be a single character or {EOS!r}, got {_show(c)}")
         if c in seen:
             raise ValueError(f"tokenizer 'chars' contains duplicate entry {_show(c)}")
         seen.add(c)

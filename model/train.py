@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--corpus", default="sort", choices=CORPUS_NAMES, help="built-in corpus (text needs --text)")
-    p.add_argument("--text", type=Path, help="train on this UTF-8 text file (implies --corpus text)")
+    p.add_argument("--text", type=Path,
+                   help="train on this UTF-8 text file (implies --corpus text; a preset of the text corpus needs it)")
     p.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
                    help="tokenizer for text corpora (default: the corpus's own)")
     p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule and --decay-frac override it; architecture flags are ignored")
@@ -340,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
             return 2
         preset = PRESETS[args.preset]
-        corpus = build_corpus(preset.corpus, preset.tokenizer, seed=args.seed)
+        if (preset.corpus == "text") != (args.text is not None):
+            need = "needs --text PATH" if preset.corpus == "text" else "brings its own corpus: leave out --text"
+            print(f"preset {args.preset!r} {need}", file=sys.stderr)
+            return 2
+        text = read_text_file(args.text) if args.text else None  # a text preset never stores its text
+        corpus = build_corpus(preset.corpus, preset.tokenizer, seed=args.seed, text=text)
         mcfg = preset.model_config(corpus.tokenizer.vocab_size)
         tcfg = preset.train
         overrides = {

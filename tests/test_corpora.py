@@ -81,35 +81,53 @@ def test_sort_examples_function():
 
 def test_sort_targets_and_mask(sort0):
     c = sort0
+    eos = c.tokenizer.eos_id
     assert c.kind == "examples" and len(c.train) == 20_000 and len(c.val) >= 200
-    assert c.tokenizer.vocab_size == 12
-    L = 2 * SORT_LEN
+    assert c.tokenizer.vocab == ["<unk>", *"0123456789", "=", "<EOS>"] and eos == 12
+    L = 2 * SORT_LEN + 1  # digits, '=', sorted digits, <EOS>; x lacks the last token
     assert c.train.x.shape == (20_000, L)
     for split in (c.train, c.val):
         x, y = split.x, split.y
         assert (y[:, :SORT_LEN] == IGNORE_INDEX).all()
-        assert (y[:, SORT_LEN:] != IGNORE_INDEX).all()
-        # unmasked targets are the next input tokens
+        assert (y[:, SORT_LEN:] != IGNORE_INDEX).all()  # the loss covers the answer and the end token
+        # unmasked targets are the next input tokens, and every example ends with <EOS>
         assert torch.equal(y[:, SORT_LEN:-1], x[:, SORT_LEN + 1 :])
+        assert (y[:, -1] == eos).all() and not (x == eos).any()
     for s in rows(c, c.val)[:300]:
-        full = s  # x lacks the last character
-        left, right = full.split("=")
-        assert right == "".join(sorted(left))[:-1]
+        left, right = s.split("=")
+        assert right == "".join(sorted(left))  # x holds the whole answer; only <EOS> is a target alone
     for xr, yr in zip(c.train.x[:300].tolist(), c.train.y[:300].tolist()):
         digits = c.tokenizer.decode(xr[:SORT_LEN])
-        assert c.tokenizer.decode(yr[SORT_LEN:]) == "".join(sorted(digits))
+        assert c.tokenizer.decode(yr[SORT_LEN:]) == "".join(sorted(digits)) + "<EOS>"
     assert all(p.endswith("=") and len(p) == SORT_LEN + 1 for p in c.sample_prompts)
 
 
 def test_copy_second_half_equals_first(copy0):
     c = copy0
-    assert c.train.x.shape == (20_000, 2 * COPY_LEN)
+    eos = c.tokenizer.eos_id
+    assert c.tokenizer.vocab[-1] == "<EOS>" and eos == c.tokenizer.vocab_size - 1
+    assert c.train.x.shape == (20_000, 2 * COPY_LEN + 1)
     for xr, yr in zip(c.train.x[:500].tolist(), c.train.y[:500].tolist()):
         first = c.tokenizer.decode(xr[:COPY_LEN])
         assert c.tokenizer.decode(xr[COPY_LEN : COPY_LEN + 1]) == "|"
         assert all(t == IGNORE_INDEX for t in yr[:COPY_LEN])
-        assert c.tokenizer.decode(yr[COPY_LEN:]) == first
+        assert c.tokenizer.decode(yr[COPY_LEN:]) == first + "<EOS>" and yr[-1] == eos
     assert all(p.endswith("|") and len(p) == COPY_LEN + 1 for p in c.sample_prompts)
+
+
+def test_task_tokenizers_keep_eos_as_one_token(sort0, copy0):
+    from model.tokenizers import tokenizer_from_dict
+
+    for c, text in ((sort0, "503124=012345<EOS>"), (copy0, "abc|abc<EOS>")):
+        tok = c.tokenizer
+        ids = tok.encode(text)
+        assert len(ids) == len(text) - len("<EOS>") + 1 and ids[-1] == tok.eos_id
+        assert tok.decode(ids) == text and tok.piece(tok.eos_id) == "<EOS>"
+        assert tok.encode_verbose("<EOS").unknown == ["<", "E", "O", "S"]  # a broken tag is characters
+        again = tokenizer_from_dict(tok.to_dict())  # checkpoints carry it; the loader accepts it
+        assert again == tok and again.eos_id == tok.eos_id
+    trained = build_corpus("text", text=user_text() + "<EOS>").tokenizer  # text training never adds it
+    assert trained.eos_id is None and "<" in trained.vocab
 
 
 @pytest.mark.parametrize("fixture", ["sort0", "copy0"])
@@ -232,7 +250,7 @@ def test_stream_batch_block_clamped():
 def test_example_batches(sort0):
     g = torch.Generator().manual_seed(0)
     x, y = sort0.train.get_batch(16, 100, g)
-    assert x.shape == y.shape == (16, 2 * SORT_LEN)
+    assert x.shape == y.shape == (16, 2 * SORT_LEN + 1)
     x, y = sort0.train.get_batch(16, 5, g)
     assert x.shape == y.shape == (16, 5)
     assert (y == IGNORE_INDEX).all()

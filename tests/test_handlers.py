@@ -316,7 +316,8 @@ def test_positional_each_builtin(name):
     for fig in (pe_table, pe_sim):
         spec = json.loads(fig.plot)
         assert spec["data"], "figure has traces"
-    expected = {GRAMMAR: "learned", SORT: "learned", COPY: "learned", TOY: "sinusoidal"}[name]
+    expected = {GRAMMAR: "learned", SORT: "learned", COPY: "learned", TOY: "sinusoidal",
+                "shakespeare (built-in)": "learned"}[name]
     assert kind == expected
 
 
