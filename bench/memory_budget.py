@@ -1,14 +1,14 @@
-"""The server-wide model budget seen from outside: RSS after many sessions that each upload big models.
+"""The server-wide memory budget seen from outside: RSS after many sessions that each upload big models.
 
 Before the budgets, every session could hold `MAX_USER_MODELS` (3) uploaded models of up to
-`UPLOAD_MAX_MB`: about +43 MB of RSS per session, ~12.7 GB at 300 sessions. Now the bytes of
-all sessions' own models together are bounded by `lab.limits.MEMORY_MAX_BYTES`
-(`DECODER_LAB_MEMORY_MB`, default 2048 MB): an upload beyond it is refused ("The server is full
-right now …") unless idle sessions' models can make room (`lab.budget.ModelBudget`).
+`UPLOAD_MAX_MB`: about +43 MB of RSS per session, ~12.7 GB at 300 sessions. Now the bytes that all
+sessions hold together, their own models and their texts' attention, are bounded by
+`lab.limits.MEMORY_MAX_BYTES` (`DECODER_LAB_MEMORY_MB`): an upload or a longer text beyond it is
+refused ("The server is full right now …") unless idle sessions can make room (`lab.budget.ModelBudget`).
 
 This starts `python app.py` (lab.server.AppServer) behind a pretend proxy (`DECODER_LAB_BEHIND_PROXY=1`,
 real rate limits: `DECODER_LAB_RATE_SCALE=1`), so each simulated visitor is its own client by its
-`X-Forwarded-For` address, and with the model budget given by `--models-mb`. It builds one valid
+`X-Forwarded-For` address, and with the budget given by `--models-mb`. It builds one valid
 checkpoint as close to the checkpoint limits as they allow (6 layers, d_model 256, d_ff 1024,
 context 256, a character vocabulary filling the rest of `Limits.max_params`: ~5.0 M float32
 parameters, a ~19 MB file). Then `--sessions` visitors (one gradio_client Client each, its own
@@ -19,19 +19,14 @@ idle, every 25 sessions and sampled every 0.25 s for the peak; uploads accepted 
 message class ("server is full", "Slow down", other); every other error; and what is left in
 gradio's upload folder at the end (files and bytes: disk, or memory where that folder is a tmpfs).
 
-The stated ceiling is  idle RSS + model budget + margin, where the margin is what the server may
-hold beyond people's models, stated before the run:
+The stated ceiling is  idle RSS + budget × (1 + `ALLOCATOR_SLACK`) + margin, stated before the run:
 
-- fixed `FIXED_MARGIN_MB` (150 MB): what the first uploads and Steps load once (torch's kernels
-  and the matplotlib figure code the idle server has not touched yet), two uploads in flight
-  (`CONCURRENCY["upload"]`; each reads its file, 19 MB, and builds its model, 19 MB, before the
-  budget can refuse it), and the allocator's slack around freed models;
-- per session `SESSION_MARGIN_MB` (1.5 MB) × sessions: the session's text (one Step on this model
-  from the 33-character example: attention maps and scores of 6 layers × 8 heads, the KV cache;
-  `text_bytes_one_step` is measured in this process before the run, ~0.9 MB) and gradio's own copy
-  of its state (~135 KB, see lab.limits.SESSION_CAPACITY). A text is not part of the model budget:
-  it grows with its length squared (a full 256-token text on this model holds ~28 MB), so the
-  ceiling holds for this workload (one short Step each), not for any texts.
+- `ALLOCATOR_SLACK` (25 %): glibc's allocator keeps freed blocks around the live ones (models
+  refused after their file was read, texts that grew and shrank); the budget counts live bytes;
+- fixed `FIXED_MARGIN_MB` (150 MB): what the first uploads and Steps load once (torch's kernels),
+  two uploads in flight (`CONCURRENCY["upload"]`; each reads its 19 MB file);
+- per session `SESSION_MARGIN_MB` (1.5 MB) × sessions: gradio's own copy of its state (~135 KB,
+  see lab.limits.SESSION_CAPACITY), the session object and its small Python state.
 
     python -m bench.memory_budget [--sessions 300] [--models-mb 2048] [--workers 4] [--idle-s S]
                                   [--server-env NAME=VALUE ...]
@@ -51,6 +46,7 @@ from bench.common import emit, parser
 from lab.server import AppServer, rss_mb
 
 FIXED_MARGIN_MB = 150.0
+ALLOCATOR_SLACK = 0.25
 SESSION_MARGIN_MB = 1.5
 UPLOADS_PER_SESSION = 3
 EXAMPLE = "anna gave tom the key because she"
@@ -262,7 +258,7 @@ def main() -> None:
     finally:
         server.stop()
     peak = max([*samples, *rss_every_25.values(), after])
-    margin = FIXED_MARGIN_MB + SESSION_MARGIN_MB * args.sessions
+    margin = FIXED_MARGIN_MB + SESSION_MARGIN_MB * args.sessions + ALLOCATOR_SLACK * args.models_mb
     ceiling = round(idle + args.models_mb + margin, 1)  # rss_mb is KiB / 1024: MiB, as the budget's MB
     emit(
         "memory_budget",

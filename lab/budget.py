@@ -357,8 +357,8 @@ class ModelBudget:
                                   key=lambda x: x[:2])
                     if sum(h.nbytes for *_, h in idle) < need:
                         raise UserError(
-                            "The server is full right now: the memory for people's own models is in use by "
-                            "people who are using them. Try again in a few minutes, or use a built-in model.")
+                            "The server is full right now: the memory for people's models and texts is in use by "
+                            "people who are using them. Try again in a few minutes.")
                     reason = ("Your own models and text were removed to make room for other people after more than "
                               f"{_after(self.idle_s)} without activity. Train or upload them again "
                               "(a downloaded file loads back).")

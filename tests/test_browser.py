@@ -205,22 +205,32 @@ def test_layer_and_head_selectors_change_the_figure(app_page):
     )
 
 
-def _generate(p: Page, seed: int) -> list[str]:
+def _reset_with(p: Page, max_new: int, seed: int | None = None) -> None:
+    """Reset the text, then set Generate's length (and the seed, with temperature 1)."""
     p.click("reset")
     p.wait_tokens(0)
     p.page.get_by_text("Sampling").click()
-    p.set_slider("temperature", 1.0)
-    p.set_number("seed", seed)
-    p.set_slider("max_new", 12)
+    if seed is not None:
+        p.set_slider("temperature", 1.0)
+        p.set_number("seed", seed)
+    p.set_slider("max_new", max_new)
     p.page.get_by_text("Sampling").click()
-    p.click("generate")
-    p.page.wait_for_function(
-        "() => document.querySelector('#status textarea').value.includes('generated)')", timeout=30_000
-    )
+
+
+def _wait_generate_done(p: Page) -> None:
     p.page.wait_for_function(
         "() => !document.querySelector('#tokens [data-testid=status-tracker]')?.className.includes('generating')",
         timeout=30_000,
     )
+
+
+def _generate(p: Page, seed: int) -> list[str]:
+    _reset_with(p, 12, seed)
+    p.click("generate")
+    p.page.wait_for_function(
+        "() => document.querySelector('#status textarea').value.includes('generated)')", timeout=30_000
+    )
+    _wait_generate_done(p)
     time.sleep(0.5)
     return p.tokens()
 
@@ -237,20 +247,13 @@ def test_generate_is_reproducible_by_seed(app_page):
 def test_step_pressed_during_generate_waits_for_it(app_page):
     """Generate streams 200 tokens; a Step pressed meanwhile runs after it, on the same text, no error."""
     p = app_page
-    p.click("reset")
-    p.wait_tokens(0)
-    p.page.get_by_text("Sampling").click()
-    p.set_slider("max_new", 200)
-    p.page.get_by_text("Sampling").click()
+    _reset_with(p, 200)
     p.click("generate")
     p.click("step")
     p.page.wait_for_function(
         "() => document.querySelectorAll('#tokens .textfield .token').length >= 12 + 200", timeout=60_000
     )
-    p.page.wait_for_function(
-        "() => !document.querySelector('#tokens [data-testid=status-tracker]')?.className.includes('generating')",
-        timeout=30_000,
-    )
+    _wait_generate_done(p)
     time.sleep(1)
     n = len(p.tokens())
     # the Step came after the Generate (the text grew by one) or before it (Generate starts from the prompt)

@@ -44,13 +44,17 @@ def explore_outputs(session: Session, layer, head, view):
 # ------------------------------------------------------------------------------ handlers
 
 
+def _step(session: Session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view) -> None:
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    session.check_view(model_name, layer, head, view)
+    session.step(model_name, prompt, sampling)
+
+
 @handler
 def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
          request: gr.Request = None):
     """One new token: sample from the model's distribution, then show what it attended to."""
-    sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
-    session.step(model_name, prompt, sampling)
+    _step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
     return explore_outputs(session, layer, head, view)
 
 
@@ -58,9 +62,7 @@ def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, he
 def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
                  request: gr.Request = None):
     """`step` without the probability chart, which the page fetches right after the picture."""
-    sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
-    session.step(model_name, prompt, sampling)
+    _step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
     return session, session.tokens(), session.status(), attention_figure(session, layer, head, view)
 
 
