@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import torch
 
+from .generate import Decoder, Sampling, generate
 from .tokenizers import Tokenizer
 from .transformer import DecoderLM
 
 
-@torch.inference_mode()
 def greedy_ids(model: DecoderLM, prompts: list[list[int]], n_new: int) -> list[list[int]]:
-    """The `n_new` greedily generated token ids after each of equal-length prompts, in one batch."""
-    ids = torch.tensor(prompts, dtype=torch.long)
-    for _ in range(n_new):
-        logits = model(ids[:, -model.cfg.block_size :]).logits[:, -1]
-        ids = torch.cat((ids, logits.argmax(-1, keepdim=True)), dim=1)
-    return ids[:, ids.shape[1] - n_new :].tolist()
+    """The `n_new` greedily generated token ids after each prompt.
+
+    Through the one generation loop (`model.generate.generate`, temperature 0, no attention
+    kept), so what is measured here is what the app and the CLI generate. No end token stops
+    it: the caller asks for exactly the tokens it scores.
+    """
+    greedy = Sampling(temperature=0.0)
+    out = []
+    for prompt in prompts:
+        decoder = Decoder(model, list(prompt), greedy, capture_attention=False)
+        out.append([s.token_id for s in generate(decoder, n_new, attention="none")])
+    return out
 
 
 def greedy_complete(model: DecoderLM, tokenizer: Tokenizer, prompts: list[str], n_new: int) -> list[str]:
-    """Greedy continuation of equal-length prompts, decoded, in one batch."""
+    """Greedy continuation of each prompt, decoded."""
     return [tokenizer.decode(row) for row in greedy_ids(model, [tokenizer.encode(p) for p in prompts], n_new)]
 
 
