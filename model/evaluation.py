@@ -24,11 +24,6 @@ def greedy_ids(model: DecoderLM, prompts: list[list[int]], n_new: int) -> list[l
     return out
 
 
-def greedy_complete(model: DecoderLM, tokenizer: Tokenizer, prompts: list[str], n_new: int) -> list[str]:
-    """Greedy continuation of each prompt, decoded."""
-    return [tokenizer.decode(row) for row in greedy_ids(model, [tokenizer.encode(p) for p in prompts], n_new)]
-
-
 def task_accuracy(model: DecoderLM, tokenizer: Tokenizer, examples: list[str], sep: str) -> dict[str, float]:
     """For 'prompt<sep>answer' examples of one length: how well greedy decoding answers.
 
