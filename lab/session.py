@@ -231,8 +231,10 @@ class Session:
         return None if self.entry is None else self.entry.name
 
     def check_view(self, model_name, layer, head, view) -> View:
-        """The view settings checked against that model, before anything changes."""
-        cfg = self.entry_for(model_name).model.cfg
+        """The view settings checked against that model (None: the text's own, even if it has left
+        the list since), before anything changes."""
+        entry = self.entry if model_name is None and self.entry is not None else self.entry_for(model_name)
+        cfg = entry.model.cfg
         layer = check_int("layer", layer, 0, cfg.n_layers - 1)
         head = None if head == "all" else check_int("head", head, 0, cfg.n_heads - 1)
         return View(layer, head, check_choice("view", view, ATTENTION_VIEWS))

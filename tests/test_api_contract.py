@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -37,9 +38,14 @@ def call(client: Client, api_name: str, **kwargs):
 
 
 def refusal(client: Client, api_name: str, args: list) -> str:
-    with pytest.raises(AppError) as info:
+    """The refusal's message: an AppError's, or the body of a 4xx the app's HTTP guard answered."""
+    with pytest.raises((AppError, httpx.HTTPStatusError)) as info:
         client.predict(*args, api_name=api_name)
-    msg = str(info.value)
+    if isinstance(info.value, httpx.HTTPStatusError):
+        assert 400 <= info.value.response.status_code < 500
+        msg = info.value.response.json()["error"]
+    else:
+        msg = str(info.value)
     assert not LEAKS.search(msg), f"{api_name}{args!r}: {msg!r}"
     return msg
 

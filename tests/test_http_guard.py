@@ -53,3 +53,11 @@ def test_well_formed_calls_still_pass_the_guard(app_server):
     assert r.status_code == 200 and "event_id" in r.json()
     result = httpx.get(app_server.url + f"gradio_api/call/step/{r.json()['event_id']}", timeout=30).text
     assert "event: complete" in result
+
+
+def test_a_file_in_an_argument_that_is_not_a_file_gets_a_400(app_server):
+    fake = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
+    for data in ([fake, "all", "weights"], [0, [{"x": fake}], "weights"]):
+        r = post(app_server, "gradio_api/call/undo", {"data": data})
+        assert r.status_code == 400 and "a file is not a value" in r.json()["error"], r.text[:200]
+        assert not any(leak in r.text for leak in LEAKS)

@@ -75,3 +75,16 @@ def test_a_refused_call_changes_nothing(busy_session, name, arg, junk):
         assert snapshot(s) == before, f"{name}({arg}={junk!r}) was refused and still changed the session"
         return
     pytest.fail(f"{name} accepted {arg}={junk!r}")
+
+
+def test_the_text_stays_viewable_when_its_model_leaves_the_list():
+    """A fourth own model pushes out the oldest; a text on that model can still be undone and drawn."""
+    s = Session()
+    first = list(app.train_model(s, *GOOD["train_model"].values()))[-1][3]["value"]
+    app.step(s, first, "503124=", 0.0, 0, 1.0, 0, 0, "all", "weights")
+    app.step(s, first, "503124=", 0.0, 0, 1.0, 0, 0, "all", "weights")
+    for _ in range(3):
+        list(app.train_model(s, *GOOD["train_model"].values()))
+    assert first not in s.models
+    out = app.undo(s, 0, "all", "weights")
+    assert out[1] and out[4].plot

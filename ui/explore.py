@@ -23,7 +23,7 @@ def attention_figure(session: Session, layer, head, view):
     att = session.attention()
     if att is None:
         return message_plot("Press Step or Generate to see attention.")
-    v = session.check_view(session.model_name, layer, head, view)
+    v = session.check_view(None, layer, head, view)
     return viz.to_gradio_plot(viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head,
                                                  view=v.view, causal=att.causal,
                                                  overview_max_tokens=OVERVIEW_MAX_TOKENS))
@@ -84,7 +84,7 @@ def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_n
 @handler
 def undo(session, layer, head, view, request: gr.Request = None):
     if session.model_name is not None:
-        session.check_view(session.model_name, layer, head, view)
+        session.check_view(None, layer, head, view)
     session.undo()
     return explore_outputs(session, layer, head, view)
 

@@ -79,10 +79,27 @@ class RefuseMalformedCalls:
             return 400, f"This call needs {min(counts)} values; it sent {got}."
         inputs = fn.inputs if len(data) == len(fn.inputs) else api_inputs
         for block, value in zip(inputs, data):
-            if isinstance(block, gr.File) and not self.uploaded_file(value):
-                name = block.label or "file"
-                return 400, f"{name}: send a file uploaded to this app (or nothing)."
+            name = block.label or "a value"
+            if isinstance(block, gr.File):
+                if not self.uploaded_file(value):
+                    return 400, f"{name}: send a file uploaded to this app (or nothing)."
+            elif self.holds_file(value):  # gradio would try to move it into its cache, whatever the input
+                return 400, f"{name}: a file is not a value this argument takes."
         return None
+
+    @classmethod
+    def holds_file(cls, value, depth: int = 0) -> bool:
+        """Whether a value is, or contains, something gradio treats as a file (a FileData dict)."""
+        if depth > 50:
+            return True  # deeper than any real value: refuse rather than walk on
+        if isinstance(value, dict):
+            meta = value.get("meta")
+            if isinstance(meta, dict) and meta.get("_type") == "gradio.FileData":
+                return True
+            return any(cls.holds_file(v, depth + 1) for v in value.values())
+        if isinstance(value, list):
+            return any(cls.holds_file(v, depth + 1) for v in value)
+        return False
 
     @staticmethod
     def uploaded_file(value) -> bool:
