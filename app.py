@@ -15,16 +15,14 @@ import os
 from pathlib import Path
 
 import gradio as gr
-import numpy as np
 import torch
 from starlette.middleware import Middleware
 
-import viz
 from lab import files
 from lab.limits import (
-    ACTIVATIONS, ATTENTION_VIEWS, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, NORMS, POS_ENCODINGS, QUEUE_SIZE,
-    SEED_RANGE, SESSION_CAPACITY, STATE_TTL_S, TEMPERATURE_RANGE, TEXT_CHARS, TOKENIZER_KINDS, TOP_K_RANGE,
-    TOP_P_RANGE, TRAIN_CORPORA, TRAIN_LIMITS, UPLOAD_MAX_MB,
+    ATTENTION_VIEWS, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, QUEUE_SIZE,
+    SEED_RANGE, SESSION_CAPACITY, STATE_TTL_S, TEMPERATURE_RANGE, TOP_K_RANGE,
+    TOP_P_RANGE, UPLOAD_MAX_MB,
 )
 from lab.models import DEFAULT_MODEL
 from lab.session import Session
@@ -34,7 +32,8 @@ from ui.explore import (
 )
 from ui.http import RefuseMalformedCalls
 from ui.positional import PE_FORMULAS, positional
-from ui.train import corpus_info, stop_training, train_model, upload_model
+from ui.train import stop_training, train_model, upload_model
+from ui.train_tab import build_train_tab
 
 __all__ = [  # the handlers, importable from here as the API names them (tests and benchmarks call them)
     "attention_figure", "build_demo", "generate", "main", "positional", "probs_figure", "redraw", "reset",
@@ -51,7 +50,6 @@ def build_demo() -> gr.Blocks:
     first = Session()
     default = first.entry_for(DEFAULT_MODEL)  # loads the default model: a damaged asset fails at start-up
     cfg = default.model.cfg
-    L = TRAIN_LIMITS
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # nothing leaves the machine
     with gr.Blocks(title="Decoder Lab", delete_cache=(600, 3600), analytics_enabled=False) as demo:
         ses = gr.State(Session(), time_to_live=STATE_TTL_S, delete_callback=Session.close)
@@ -101,59 +99,12 @@ def build_demo() -> gr.Blocks:
                     pe_sim = gr.Plot(label="Similarity of positions (cosine)", elem_id="pe_sim")
 
             with gr.Tab("Train", id="train"):
-                gr.Markdown("Train a new model for this session (runs are temporary: download what you want to keep).")
-                with gr.Row():
-                    with gr.Column(scale=1):
-                        with gr.Row():
-                            corpus = gr.Dropdown(list(TRAIN_CORPORA), value="sort", label="Corpus", elem_id="corpus")
-                            tok_kind = gr.Radio(list(TOKENIZER_KINDS), value="char",
-                                                label="Tokenizer (grammar / own text)", elem_id="tokenizer")
-                        info = gr.Markdown(corpus_info("sort"))
-                        with gr.Accordion("Your own text", open=False):
-                            pasted = gr.Textbox("", label=f"Paste text ({TEXT_CHARS[0]:,}–{TEXT_CHARS[1]:,} characters)",
-                                                lines=4, max_length=TEXT_CHARS[1], elem_id="pasted")
-                            text_file = gr.File(label="…or upload a UTF-8 .txt file", file_types=[".txt"],
-                                                type="filepath", elem_id="text_file", height=120)
-                        with gr.Row():
-                            layers = gr.Slider(*L["layers"], value=2, step=1, label="Layers", elem_id="layers")
-                            heads = gr.Slider(*L["heads"], value=4, step=1, label="Heads", elem_id="heads")
-                        with gr.Row():
-                            d_model = gr.Slider(*L["d_model"], value=64, step=8, label="d_model", elem_id="d_model")
-                            d_ff = gr.Slider(*L["d_ff"], value=256, step=32, label="d_ff (0 = none)", elem_id="d_ff")
-                        with gr.Row():
-                            pos = gr.Dropdown(list(POS_ENCODINGS), value="learned", label="Positional encoding",
-                                              elem_id="pos")
-                            norm = gr.Dropdown(list(NORMS), value="pre", label="Norm placement", elem_id="norm")
-                        with gr.Row():
-                            activation = gr.Dropdown(list(ACTIVATIONS), value="gelu", label="Activation",
-                                                     elem_id="activation")
-                            dropout = gr.Slider(*L["dropout"], value=0.0, step=0.05, label="Dropout",
-                                                elem_id="dropout")
-                        with gr.Row():
-                            steps = gr.Slider(10, L["steps"][1], value=300, step=10, label="Steps", elem_id="steps")
-                            lr = gr.Number(3e-3, label="Learning rate", minimum=L["learning rate"][0],
-                                           maximum=L["learning rate"][1], elem_id="lr")
-                            train_seed = gr.Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0],
-                                                   maximum=SEED_RANGE[1], elem_id="train_seed")
-                    with gr.Column(scale=1):
-                        with gr.Row():
-                            train_btn = gr.Button("Train", variant="primary", elem_id="train_btn")
-                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop_btn")
-                        train_status = gr.Textbox(label="Training", interactive=False, elem_id="train_status")
-                        loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0))),
-                                            label="Loss", elem_id="loss")
-                        download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
-                        upload = gr.File(label=f"Load a .safetensors model (max {UPLOAD_MAX_MB} MB)",
-                                         file_types=[".safetensors"], type="filepath", elem_id="upload", height=120)
-                        upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
+                build_train_tab(ses, model_dd)
 
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(LEARN_PATH.read_text(encoding="utf-8"), latex_delimiters=LATEX)
 
         api_example(prompt, default.examples[0])
-        api_example(pasted, "")
-        for file_input in (text_file, upload):
-            api_example(file_input, None)
         sampling = [temperature, top_k, top_p, seed]
         views = [layer, head, view]
         explore = [ses, tokens, status, probs_plot, attn_plot]
@@ -178,15 +129,6 @@ def build_demo() -> gr.Blocks:
                         api_name="select_model", **RAW)
         pe_tab.select(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name="positional", **RAW)
         model_dd.change(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False, **RAW)
-        corpus.change(corpus_info, corpus, info, api_name=False, queue=False, **RAW)
-        train_btn.click(train_model, [ses, corpus, pasted, text_file, tok_kind, layers, heads, d_model, d_ff, pos, norm,
-                                      activation, dropout, steps, lr, train_seed],
-                        [ses, train_status, loss_plot, model_dd, download], api_name="train",
-                        concurrency_limit=CONCURRENCY["train"], concurrency_id="train",
-                        show_progress_on=[train_status], **RAW)
-        stop_btn.click(stop_training, ses, train_status, api_name="stop", queue=False)
-        upload.upload(upload_model, [ses, upload], [ses, upload_status, model_dd], api_name="upload_model",
-                      concurrency_limit=CONCURRENCY["upload"], concurrency_id="upload", **RAW)
         demo.load(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name=False, **RAW)
     return demo
 
