@@ -49,6 +49,27 @@ CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
 }"""
 
 
+# Clicking a token: from the click to the painted outline of its row in every panel and the shaded
+# text (both drawn by the page itself, assets/explore.js).
+SELECT_AND_WAIT = """async ([i, timeoutMs]) => {
+  const els = document.querySelectorAll('#tokens .textfield .token');
+  const t0 = performance.now();
+  els[i].click();
+  return await new Promise((resolve) => {
+    const check = () => {
+      const q = document.querySelector('#tokens .token.lab-query');
+      const outlined = document.querySelectorAll('#attention .lab-outline').length;
+      if (q === els[i] && outlined > 0) {
+        requestAnimationFrame(() => resolve([performance.now() - t0, outlined])); return;
+      }
+      if (performance.now() - t0 > timeoutMs) { resolve([-1, outlined]); return; }
+      setTimeout(check, 2);
+    };
+    check();
+  });
+}"""
+
+
 def main() -> None:
     p = served_parser("browser_latency", __doc__, "16,64,128")
     p.add_argument("--clicks", type=int, default=7, help="new prompts per length (each: a first and a next click)")
@@ -68,7 +89,7 @@ def main() -> None:
         page.evaluate(CLICK_AND_WAIT, [9, 30_000])
         page.evaluate(CLICK_AND_WAIT, [10, 30_000])
         for t in [int(x) for x in args.lengths.split(",")]:
-            first, nxt, fails, tok_first, layout_first = [], [], 0, [], []
+            first, nxt, fails, tok_first, layout_first, select = [], [], 0, [], [], []
             for r in range(args.clicks):
                 page.fill("#prompt textarea", grammar_prompt(entry.tokenizer, t, offset=53 * r + t))
                 page.locator("#prompt textarea").blur()
@@ -81,6 +102,10 @@ def main() -> None:
                 if la >= 0:
                     layout_first.append(la / 1000)
                 fails += (a < 0) + (b < 0)
+                sel, _outlined = page.evaluate(SELECT_AND_WAIT, [min(t, block) // 2, 5_000])
+                if sel >= 0:
+                    select.append(sel / 1000)
+                fails += sel < 0
                 if a >= 0:
                     first.append(a / 1000)
                 if b >= 0:
@@ -90,6 +115,7 @@ def main() -> None:
                  next_click_ms=summary(nxt),
                  first_click_tokens_shown_ms=summary(tok_first),
                  first_click_new_plot_before_paint_ms=summary(layout_first),
+                 select_token_to_outline_ms=summary(select),
                  timeouts=fails, browser="chromium " + browser.version)
         browser.close()
 

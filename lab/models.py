@@ -22,22 +22,65 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 @dataclass(frozen=True)
+class FirstView:
+    """The attention view a built-in opens on for its first example prompt, with what to look for.
+
+    layer and head count from 0; view is one of the Explore views ("weights" or "scores").
+    caption is one line for a learner, and must be true: tests/test_first_views.py checks every
+    caption's claim numerically on the model and its first example prompt.
+    """
+
+    layer: int
+    head: int
+    caption: str
+    view: str = "weights"
+
+    def __post_init__(self) -> None:
+        if self.layer < 0 or self.head < 0:
+            raise ValueError("layer and head count from 0")
+        if self.view not in ("weights", "scores"):
+            raise ValueError(f"view must be 'weights' or 'scores', got {self.view!r}")
+        if not self.caption.strip():
+            raise ValueError("a first view needs a caption")
+
+
+@dataclass(frozen=True)
 class Builtin:
     file: str  # in assets/
     examples: tuple[str, ...]
+    first_view: FirstView | None = None  # what to show (and say) first for examples[0]
 
 
-# display name → shipped file and its example prompts (the first is the one offered by default)
+# display name → shipped file, its example prompts (the first is the one offered by default) and
+# the view worth seeing first on that prompt (numbers from `python -m bench.first_views`)
 BUILTIN_MODELS = {
-    "grammar (built-in)": Builtin("grammar.safetensors", ("anna found the key . she gave it to tom because he",
-                                                          "tom met lisa at the park . he", "maria lost her")),
-    "sort digits (built-in)": Builtin("sort.safetensors", ("503124=", "987650=", "112233=")),
-    "copy / induction (built-in)": Builtin("copy.safetensors", ("hcbpadlk|", "abcdefgh|")),
-    "article toy (built-in)": Builtin("toy.safetensors", ("how is living in amsterdam <EOS>",
-                                                          "living in amsterdam is how <EOS>")),
-    "shakespeare (built-in)": Builtin("shakespeare.safetensors", ("JULIET:\nO Romeo, Romeo! wherefore art thou",
-                                                                  "KING HENRY:\nMy lords, we ",
-                                                                  "First Citizen:\nWhat say you to ")),
+    "grammar (built-in)": Builtin(
+        "grammar.safetensors",
+        ("anna found the key . she gave it to tom because he", "tom met lisa at the park . he", "maria lost her"),
+        FirstView(layer=1, head=3, caption='Layer 1, head 3: the row of "he" puts most of its weight (0.66) on '
+                                           '"tom" — the head links the pronoun to the name it stands for.')),
+    "sort digits (built-in)": Builtin(
+        "sort.safetensors", ("503124=", "987650=", "112233="),
+        FirstView(layer=0, head=2, caption='Layer 0, head 2: the row of "=" puts its largest weight (0.50) on "0", '
+                                           'the smallest digit, the one to write first; Generate, and most answer '
+                                           'rows point at the next digit to write.')),
+    "copy / induction (built-in)": Builtin(
+        "copy.safetensors", ("hcbpadlk|", "abcdefgh|"),
+        FirstView(layer=0, head=1, caption='Layer 0, head 1: the row of "|" puts 0.97 on "h", the first letter to '
+                                           'copy; Generate, and each copied letter looks at the letter after its first '
+                                           'copy (induction score 0.88).')),
+    "article toy (built-in)": Builtin(
+        "toy.safetensors", ("how is living in amsterdam <EOS>", "living in amsterdam is how <EOS>"),
+        FirstView(layer=0, head=0, caption='The only head: the row of "<EOS>", which predicts "exciting", puts '
+                                           'its largest weight (0.57) on "is"; in the second example, with the '
+                                           'words reordered, it still finds "is" (0.96).')),
+    "shakespeare (built-in)": Builtin(
+        "shakespeare.safetensors",
+        ("JULIET:\nO Romeo, Romeo! wherefore art thou", "KING HENRY:\nMy lords, we ",
+         "First Citizen:\nWhat say you to "),
+        FirstView(layer=1, head=3, caption="Layer 1, head 3: each character's row puts most of its weight (0.76 on "
+                                           "average) on the space or line break just before its word — the head "
+                                           "marks where the word began.")),
 }
 DEFAULT_MODEL = "grammar (built-in)"
 
@@ -50,6 +93,7 @@ class ModelEntry:
     meta: dict
     builtin: bool = False
     examples: tuple[str, ...] = field(default_factory=tuple)
+    first_view: FirstView | None = None  # built-ins only; other models open on layer 0, all heads
 
     @property
     def summary(self) -> str:
@@ -91,7 +135,8 @@ class BuiltinModels:
                 for p in ck.model.parameters():
                     p.requires_grad_(False)
                 self._loaded[name] = ModelEntry(name, ck.model, ck.tokenizer, ck.meta, builtin=True,
-                                                examples=self.models[name].examples)
+                                                examples=self.models[name].examples,
+                                                first_view=self.models[name].first_view)
             return self._loaded[name]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import threading
 import time
@@ -29,18 +30,21 @@ import torch
 from model.checkpoint import atomic_write, checkpoint_bytes, load_checkpoint
 from model.corpora import Stopped, build_corpus, read_text_file
 from model.generate import Decoder, Sampling, Step, generate
-from model.presets import train_tab_recipe
-from model.train import train
+from model.presets import train_tab_defaults, train_tab_recipe
+from model.train import train, well_above_best
 from model.transformer import DecoderLM
 
 from . import files
 from .budget import DISK_BUDGET, LIMITER, MODEL_BUDGET, SessionStore, model_bytes
 from .checks import UserError, check_choice, check_float, check_int
 from .limits import (
-    ACTIVATIONS, ATTENTION_VIEWS, CHECKPOINT_LIMITS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_USER_MODELS, NORMS,
+    ACTIVATIONS, ATTENTION_VIEWS, CHECKPOINT_LIMITS, COLOUR_MODES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_USER_MODELS, NORMS,
     POS_ENCODINGS, TOKENIZER_KINDS, TRAIN_CORPORA, TRAIN_LIMITS, TRAIN_MAX_SECONDS,
 )
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
+
+NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
+SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line
 
 # Training runs on the GPU only when asked (or on ZeroGPU); stepping a model this small is fastest on the CPU.
 TRAIN_DEVICE = os.environ.get("DECODER_LAB_DEVICE") or ("cuda" if os.environ.get("SPACES_ZERO_GPU") else "cpu")
@@ -53,6 +57,33 @@ class View:
     layer: int
     head: int | None
     view: str
+
+
+@dataclass
+class Display:
+    """How this person's figures are drawn: the colour mode of attention weights, large fonts for
+    projecting, and the size of their browser window (figures are laid out for it)."""
+
+    colour: str = "linear"
+    presentation: bool = False
+    width: int = 1366
+    height: int = 900
+
+    @property
+    def narrow(self) -> bool:
+        return self.width < NARROW_PX
+
+    @property
+    def plot_width(self) -> int:
+        """Width of the attention figure: the left column of the Explore page, the whole page when narrow."""
+        return max(280, self.width - 24) if self.narrow else max(480, int(self.width * 0.56))
+
+    @property
+    def plot_height(self) -> int:
+        """Tallest the attention figure may be: what the window leaves below the page's controls."""
+        if self.narrow:
+            return max(300, min(self.width + 60, self.height - 110))
+        return max(320, self.height - (340 if self.height > SHORT_PX else 300))  # the header line hides when short
 
 
 @dataclass
@@ -71,17 +102,26 @@ class Attention:
 
 @dataclass
 class Probabilities:
-    """The distribution the last token was drawn from: probs (V,) before and adjusted (V,) after
-    temperature / top-k / top-p, the chosen id and every token's display piece."""
+    """The distribution a token of the text was drawn from: probs (V,) before and adjusted (V,)
+    after temperature / top-k / top-p, the chosen id and every token's display piece.
+
+    index: the token's position in the window. typed: the token came from the prompt, so nothing
+    was sampled: probs is what the model predicted there (from the tokens before it) and
+    adjusted is None.
+    """
 
     pieces: list[str]
     probs: np.ndarray
-    adjusted: np.ndarray
+    adjusted: np.ndarray | None
     chosen: int
+    index: int = -1
+    typed: bool = False
 
 
 @dataclass
 class TrainingRun:
+    """A training's record as it goes: the losses, where it stands, and what made room for it."""
+
     name: str
     stop: threading.Event = field(default_factory=threading.Event)
     steps: list[int] = field(default_factory=list)
@@ -89,6 +129,37 @@ class TrainingRun:
     val_steps: list[int] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     done: bool = False
+    total_steps: int = 0  # the steps asked for
+    step: int = 0  # steps done
+    elapsed: float = 0.0  # seconds since the first step began
+    max_seconds: float | None = None  # the wall-clock limit that may end it first
+    keep_best: bool = False
+    kept_step: int | None = None  # at the end: the step whose weights the model holds
+    removed: list[str] = field(default_factory=list)  # own models removed to make room for this one
+
+    def seconds_left(self) -> float | None:
+        """An estimate of the time left: the time per step so far times the steps left, capped by the
+        time limit (None before the first step)."""
+        if self.step <= 0 or self.done:
+            return None if self.step <= 0 else 0.0
+        left = self.elapsed / self.step * (self.total_steps - self.step)
+        if self.max_seconds is not None:
+            left = min(left, max(0.0, self.max_seconds - self.elapsed))
+        return left
+
+    def overfitting(self) -> str:
+        """A plain hint when the latest validation loss is well above its best (model.train.well_above_best),
+        or ''."""
+        if len(self.val_loss) < 2:
+            return ""
+        best = min(range(len(self.val_loss)), key=self.val_loss.__getitem__)
+        last, low, at = self.val_loss[-1], self.val_loss[best], self.val_steps[best]
+        if not well_above_best(last, low):
+            return ""
+        keep = (f"'keep best' keeps the weights from step {at}." if self.keep_best
+                else f"tick 'keep best' to keep the weights from step {at}.")
+        return (f"Validation loss {last:.2f} is well above its best {low:.2f} (step {at}): the model is memorising "
+                f"the training text (overfitting). Fewer steps, dropout, or a smaller model help; {keep}")
 
 
 @dataclass
@@ -99,6 +170,15 @@ class TrainProgress:
     run: TrainingRun
     done: bool = False
     download: Path | None = None
+
+
+def removed_note(names: list[str]) -> str:
+    """The sentence that tells a person which own models were removed to make room ('' if none)."""
+    if not names:
+        return ""
+    quoted = ", ".join(f"'{n}'" for n in names)
+    which = f"Your oldest model {quoted} was" if len(names) == 1 else f"Your oldest models {quoted} were"
+    return f"{which} removed to make room ({MAX_USER_MODELS} own models at most)."
 
 
 BUSY_WAIT_S = 10.0  # how long an action waits for the same session's previous one (a Generate) to end
@@ -145,6 +225,8 @@ class Session:
         self.prompt: str | None = None
         self.notices: list[str] = []
         self.last_step: Step | None = None
+        self.drawn: list[Step] = []  # what each generated token was drawn from, in order (rows dropped)
+        self.display = Display()
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
@@ -191,7 +273,7 @@ class Session:
         """Remove this session's own models (and its text, if on one of them) for the server's budget."""
         def drop():  # the text goes too: its attention is memory the budget counts (no reset(): the
             # budget calls this holding its lock, and reset() reports to the budget)
-            self.decoder, self.prompt, self.notices, self.last_step = None, None, [], None
+            self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
             self.models.clear()
             self._model_bytes.clear()
         dropped = self._give_up(reason, drop)
@@ -239,6 +321,22 @@ class Session:
         head = None if head == "all" else check_int("head", head, 0, cfg.n_heads - 1)
         return View(layer, head, check_choice("view", view, ATTENTION_VIEWS))
 
+    def set_display(self, colour=None, presentation=None, screen=None) -> Display:
+        """Change how figures are drawn (None leaves a setting as it is). screen: "WIDTHxHEIGHT" of
+        the browser window in CSS pixels."""
+        d = self.display
+        colour = d.colour if colour is None else check_choice("colour", colour, COLOUR_MODES)
+        if presentation is not None and not isinstance(presentation, bool):
+            raise UserError("presentation must be true or false.")
+        width, height = d.width, d.height
+        if screen is not None:
+            parts = screen.split("x") if isinstance(screen, str) else []
+            if len(parts) != 2 or not all(p.isdigit() and len(p) <= 5 for p in parts):
+                raise UserError("screen must look like 1366x900.")
+            width, height = (min(max(int(p), 200), 8000) for p in parts)
+        self.display = Display(colour, d.presentation if presentation is None else presentation, width, height)
+        return self.display
+
     # ----------------------------------------------------------------------- memory
 
     def _kept_after_adding(self, name: str) -> list[str]:
@@ -251,10 +349,13 @@ class Session:
         (the current window when None)."""
         d = self.decoder
         if tokens is None:
-            return 0 if d is None else sum(a.nbytes for a in (*d.attention, *d.scores))
-        cfg = (entry or self.entry).model.cfg
+            return 0 if d is None else (sum(a.nbytes for a in (*d.attention, *d.scores))
+                                        + sum(s.probs.nbytes + s.adjusted.nbytes for s in self.drawn))
+        entry = entry or self.entry
+        cfg = entry.model.cfg
         t = min(tokens, cfg.block_size)
-        return 2 * cfg.n_layers * cfg.n_heads * t * t * 4
+        # attention and scores of the window, and the two distributions kept for every token
+        return 2 * cfg.n_layers * cfg.n_heads * t * t * 4 + 2 * entry.tokenizer.vocab_size * 4 * tokens
 
     def _hold(self, models: list[str] | None = None, extra_model: int = 0, text: int | None = None) -> None:
         """Tell the server-wide memory budget what this session will hold; it may refuse (UserError)
@@ -263,8 +364,9 @@ class Session:
         total = sum(self._model_bytes.get(n, 0) for n in models) + extra_model
         MODEL_BUDGET.hold(self, total + (self._text_bytes() if text is None else text))
 
-    def _add_model(self, entry: ModelEntry) -> None:
-        """Keep at most MAX_USER_MODELS of a person's own models (the oldest goes).
+    def _add_model(self, entry: ModelEntry) -> list[str]:
+        """Keep at most MAX_USER_MODELS of a person's own models (the oldest goes); returns the names
+        of the models removed to make room (`removed_note` says so to the person).
 
         The server-wide budget is asked first: it may refuse (UserError) and then nothing changes.
         """
@@ -274,9 +376,12 @@ class Session:
         self._model_bytes[entry.name] = nbytes
         self.models[entry.name] = entry
         self.models.move_to_end(entry.name)
+        removed = []
         while len(self.models) > MAX_USER_MODELS:
             gone, _ = self.models.popitem(last=False)
             self._model_bytes.pop(gone, None)
+            removed.append(gone)
+        return removed
 
     def _unique_name(self, base: str) -> str:
         name, n = base, 2
@@ -292,7 +397,28 @@ class Session:
         self._hold(text=self._text_bytes(entry, len(ids) + new_tokens))
         self.decoder = Decoder(entry.model, ids, sampling, eos_id=entry.tokenizer.eos_id,
                                piece=entry.tokenizer.piece)
-        self.entry, self.prompt, self.notices, self.last_step = entry, prompt, notices, None
+        self.entry, self.prompt, self.notices, self.last_step, self.drawn = entry, prompt, notices, None, []
+
+    def _continues(self, entry: ModelEntry, prompt, sampling: Sampling) -> bool:
+        """Whether a Step or Generate goes on with the current text (same model, prompt and seed)."""
+        d = self.decoder
+        return d is not None and self.entry is entry and self.prompt == prompt and d.sampling.seed == sampling.seed
+
+    def _room(self) -> int:
+        """How many more tokens the current text may get; refuses when it is finished."""
+        d = self.decoder
+        if d.eos_id is not None and len(d.ids) > d.prompt_len and d.ids[-1] == d.eos_id:
+            raise UserError("The model ended this text with <EOS>. Undo takes that token back; "
+                            "Reset starts again from the prompt.")
+        room = MAX_NEW_TOKENS - (len(d.ids) - d.prompt_len)
+        if room <= 0:
+            raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
+        return room
+
+    def _keep(self, step: Step) -> Step:
+        self.last_step = step
+        self.drawn.append(dataclasses.replace(step, rows=[]))
+        return step
 
     def select_model(self, name) -> ModelEntry:
         """Switch model: the text starts again."""
@@ -303,39 +429,42 @@ class Session:
     def step(self, model_name, prompt, sampling: Sampling) -> Step:
         """One new token. The text continues unless the model, prompt or seed changed."""
         entry = self.entry_for(model_name)
-        d = self.decoder
-        if d is None or self.entry is not entry or self.prompt != prompt or d.sampling.seed != sampling.seed:
-            self._start(entry, prompt, sampling, new_tokens=1)
+        if self._continues(entry, prompt, sampling):
+            self._room()
+            self._hold(text=self._text_bytes(entry, len(self.decoder.ids) + 1))  # before the text grows
         else:
-            if len(d.ids) - d.prompt_len >= MAX_NEW_TOKENS:
-                raise UserError(f"This text already has {MAX_NEW_TOKENS} generated tokens; Reset to start again.")
-            self._hold(text=self._text_bytes(entry, len(d.window) + 1))  # before the text grows
-        self.last_step = next(generate(self.decoder, 1, sampling))
-        return self.last_step
+            self._start(entry, prompt, sampling, new_tokens=1)
+        return self._keep(next(generate(self.decoder, 1, sampling)))
 
     def generate(self, model_name, prompt, sampling: Sampling, max_new) -> Iterator[Step]:
-        """Up to `max_new` tokens from the prompt (the text restarts), one Step at a time.
+        """Up to `max_new` more tokens, one Step at a time: the text goes on (as Step does) unless
+        the model, prompt or seed changed; then it starts again from the prompt.
 
         Attention is computed once, after the last token: the wiring only draws it then.
         """
         entry = self.entry_for(model_name)
         max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
-        self._start(entry, prompt, sampling, new_tokens=max_new)
+        if self._continues(entry, prompt, sampling):
+            max_new = min(max_new, self._room())
+            self._hold(text=self._text_bytes(entry, len(self.decoder.ids) + max_new))
+        else:
+            self._start(entry, prompt, sampling, new_tokens=max_new)
         for s in generate(self.decoder, max_new, sampling, attention="last"):
-            self.last_step = s
-            yield s
+            yield self._keep(s)
 
     def undo(self) -> bool:
         """Take the last generated token back (never the prompt)."""
         if self.decoder is None:
             return False
-        self.last_step = None
         undone = self.decoder.undo()
+        if undone:
+            self.drawn.pop()
+        self.last_step = self.drawn[-1] if self.drawn else None
         self._hold()  # less memory: always granted
         return undone
 
     def reset(self) -> None:
-        self.decoder, self.prompt, self.notices, self.last_step = None, None, [], None
+        self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
         self._hold()  # less memory: always granted
 
     # ----------------------------------------------------------------------- read-outs
@@ -359,12 +488,31 @@ class Session:
         return Attention(d.attention, d.scores, [p for p, _ in self.tokens()],
                          causal=self.entry.model.cfg.mask == "causal")
 
-    def probabilities(self) -> Probabilities | None:
-        s = self.last_step
-        if s is None:
+    def probabilities(self, index=None) -> Probabilities | None:
+        """The distribution the token at window position `index` (default: the last) was drawn from.
+
+        A generated token: the distribution kept when it was sampled. A prompt token: what the
+        model predicts there from the tokens before it (nothing was sampled). None for the first
+        token of the text (nothing comes before it) and when there is no text.
+        """
+        d = self.decoder
+        if d is None:
             return None
+        n = len(d.window)
+        index = n - 1 if index is None else check_int("token index", index, 0, max(n - 1, 0))
+        pos = d.start + index  # position in the whole text
         tok = self.entry.tokenizer
-        return Probabilities([tok.piece(i) for i in range(tok.vocab_size)], s.probs, s.adjusted, s.token_id)
+        pieces = [tok.piece(i) for i in range(tok.vocab_size)]
+        if pos >= d.prompt_len:
+            s = self.drawn[pos - d.prompt_len]
+            return Probabilities(pieces, s.probs, s.adjusted, s.token_id, index=index)
+        if pos == 0:
+            return None
+        context = d.ids[max(0, pos - d.block_size):pos]
+        with torch.inference_mode():
+            logits = self.entry.model(torch.tensor([context], device=d.device)).logits[0, -1]
+        probs = torch.softmax(logits.float(), dim=-1).numpy()
+        return Probabilities(pieces, probs, None, d.ids[pos], index=index, typed=True)
 
     def status(self) -> str:
         d = self.decoder
@@ -390,10 +538,17 @@ class Session:
 
     # ------------------------------------------------------------------------ training
 
+    @staticmethod
+    def train_defaults(corpus_name: str) -> dict:
+        """The Train form for `corpus_name`: the recipe of that corpus's built-in model
+        (model.presets.train_tab_defaults), inside the form's limits."""
+        return train_tab_defaults(corpus_name, TRAIN_LIMITS)
+
     def train(self, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-              activation, dropout, steps, lr, seed) -> Iterator[TrainProgress]:
+              activation, dropout, steps, lr, seed, keep_best=True) -> Iterator[TrainProgress]:
         """Train a new model for this session; it joins the model list at once and is kept if stopped.
 
+        With `keep_best`, the model ends with the weights of its lowest validation loss (model.train).
         Everything is checked before the run starts, so a refused form changes nothing.
         """
         if self.run is not None and not self.run.done:
@@ -410,6 +565,8 @@ class Session:
             dropout=check_float("dropout", dropout, *L["dropout"]), steps=check_int("steps", steps, *L["steps"]),
             lr=check_float("learning rate", lr, *L["learning rate"]), seed=check_int("seed", seed, *L["seed"]),
         )
+        if not isinstance(keep_best, bool):
+            raise UserError("keep best must be true or false.")
         own_tokenizer = corpus_name in ("grammar", "text")
         if own_tokenizer:
             tokenizer_kind = check_choice("tokenizer", tokenizer_kind, TOKENIZER_KINDS)
@@ -423,7 +580,7 @@ class Session:
             stop = self._starting = threading.Event()
             corpus = build_corpus(corpus_name, tokenizer_kind if own_tokenizer else None, seed=form["seed"], text=text,
                                   should_stop=stop.is_set)
-            mcfg, tcfg = train_tab_recipe(corpus, max_seconds=TRAIN_MAX_SECONDS, **form)
+            mcfg, tcfg = train_tab_recipe(corpus, max_seconds=TRAIN_MAX_SECONDS, keep_best=keep_best, **form)
         except Stopped:
             raise UserError("Training stopped by you before it began.") from None
         except ValueError as exc:
@@ -448,19 +605,30 @@ class Session:
         entry = ModelEntry(name, model, corpus.tokenizer, {"corpus": corpus_name},
                            examples=usable_examples(corpus.sample_prompts))
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
-            self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
-            run = self.run = TrainingRun(name, stop=stop)  # a Stop pressed while the corpus was built counts
+            removed = self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
+            run = self.run = TrainingRun(name, stop=stop, total_steps=tcfg.steps, max_seconds=tcfg.max_seconds,
+                                         keep_best=tcfg.keep_best, removed=removed)  # a Stop while the corpus was built counts
+        notes = [removed_note(removed)] if removed else []
         ev = None
         try:
             for ev in train(model, corpus, tcfg, should_stop=run.stop.is_set):
+                run.step, run.elapsed = ev.step, ev.elapsed
+                if ev.done:  # the curve shows where the run ended; the kept weights are marked apart
+                    run.kept_step = ev.kept_step
+                    if ev.kept_step == ev.step:
+                        run.steps.append(ev.step)
+                        run.train_loss.append(ev.train_loss)
+                    run.val_steps.append(ev.step)
+                    run.val_loss.append(ev.end_val_loss)
+                    continue
                 run.steps.append(ev.step)
                 run.train_loss.append(ev.train_loss)
                 if ev.val_loss is not None:
                     run.val_steps.append(ev.step)
                     run.val_loss.append(ev.val_loss)
-                if not ev.done:
-                    yield TrainProgress(f"step {ev.step}/{ev.total_steps} · loss {ev.train_loss:.3f} · "
-                                        f"{ev.tokens_per_s:,.0f} tokens/s", run)
+                hint = [run.overfitting()] if run.overfitting() else []
+                yield TrainProgress("\n".join([f"step {ev.step}/{ev.total_steps} · loss {ev.train_loss:.3f} · "
+                                               f"{ev.tokens_per_s:,.0f} tokens/s", *notes, *hint]), run)
         finally:
             run.done = True
             self.touched = time.monotonic()
@@ -471,9 +639,19 @@ class Session:
             return
         path = self._save_for_download(entry)
         note = "" if path is not None else " The server's disk is full right now, so there is no file to download."
-        yield TrainProgress(
+        if ev.kept_step != ev.step:
+            loss = (f"it kept the weights from step {ev.kept_step}, whose validation loss {ev.val_loss:.3f} was the "
+                    f"lowest (the last weights' was {ev.end_val_loss:.3f})")
+        else:
+            loss = f"validation loss {ev.val_loss:.3f}"
+            if run.keep_best and ev.step > 0:
+                loss += " (its lowest, so the last weights are kept)"
+        hint = run.overfitting()
+        if hint and ev.kept_step != ev.step:
+            hint = hint.replace("'keep best' keeps the weights", "'keep best' kept the weights")
+        yield TrainProgress("\n".join([
             f"Training {_STOP_REASONS[ev.stop_reason]} after {ev.step} steps in {ev.elapsed:.1f} s: "
-            f"validation loss {ev.val_loss:.3f}. '{name}' is now in the Explore model list.{note}",
+            f"{loss}. '{name}' is now in the Explore model list.{note}", *notes, *([hint] if hint else [])]),
             run, done=True, download=path)
 
     def stop_training(self) -> None:
@@ -503,6 +681,10 @@ class Session:
 
     def upload(self, path) -> str:
         """Load a .safetensors checkpoint after validating it; returns its name in the model list."""
+        return self.upload_noting_removed(path)[0]
+
+    def upload_noting_removed(self, path) -> tuple[str, list[str]]:
+        """`upload`, also returning the own models removed to make room for it (see `removed_note`)."""
         if not path or not isinstance(path, str):
             raise UserError("Choose a .safetensors file first.")
         name = self._unique_name(f"uploaded: {Path(path).stem[:40]}")
@@ -518,8 +700,8 @@ class Session:
             MODEL_BUDGET.hold(self, held_before)  # a reservation for a file that failed later is given back
             raise UserError(f"This file is not a Decoder Lab model this app can load (.safetensors): {exc}.") from None
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
-        self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples))
-        return name
+        removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples))
+        return name, removed
 
     # --------------------------------------------------------------------------- close
 

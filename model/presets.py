@@ -3,8 +3,9 @@
 Each shipped checkpoint in assets/ is made from one of the presets by the CLI
 (`python -m model.train --preset NAME --out assets/NAME`; a preset of the "text" corpus reads its
 text from `--text PATH`), and tests hold it to its quality bar.
-`train_tab_recipe` turns the Train tab's form (already checked by the lab layer) into the
-same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
+`train_tab_defaults` fills the Train tab's form with the recipe of a corpus's built-in model
+(its tokenizer, architecture, steps and learning rate), and `train_tab_recipe` turns the form
+(already checked by the lab layer) into the same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
 its `get_config()` beside the project it configures, apart from the trainer).
 """
 
@@ -103,6 +104,42 @@ TAB_TEXT_BLOCK = 64
 TAB_BATCH_SIZE = 16
 TAB_EVAL_BATCHES = 4
 
+# The built-in model whose recipe is the Train tab's default for each corpus ("text", your own
+# text: the character model of real text).
+TAB_CORPUS_PRESETS = {"grammar": "grammar", "sort": "sort", "copy": "copy", "toy": "toy", "text": "shakespeare"}
+# Fewer steps than the preset where the tab's batches and wall-clock limit cannot fit its run:
+# 1000 steps of the Shakespeare model take about 90 s on two CPU cores (validation ≈ 2.0 on Tiny
+# Shakespeare); 2000 would meet the time limit.
+TAB_STEPS = {"text": 1000}
+
+
+def train_tab_defaults(corpus_name: str, limits: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
+    """The Train tab's form for `corpus_name`: the recipe of that corpus's built-in model.
+
+    Keys: tokenizer, layers, heads, d_model, d_ff (4 × d_model when the preset leaves it out),
+    pos_encoding, norm, activation, dropout, steps, lr. With `limits` (the form's inclusive
+    (low, high) by label, as lab.limits.TRAIN_LIMITS) each number is brought inside them (the
+    article toy's d_model 4 is below the form's smallest); what the form cannot set (the toy's
+    missing biases, a context longer than the tab's windows) stays the preset's alone.
+    """
+    if corpus_name not in TAB_CORPUS_PRESETS:
+        raise ValueError(f"no Train-tab recipe for corpus {corpus_name!r}; expected one of {', '.join(TAB_CORPUS_PRESETS)}")
+    p = PRESETS[TAB_CORPUS_PRESETS[corpus_name]]
+    m = p.model
+    d_model = m["d_model"]
+    form = dict(
+        tokenizer=p.tokenizer, layers=m["n_layers"], heads=m["n_heads"], d_model=d_model,
+        d_ff=4 * d_model if m.get("d_ff") is None else m["d_ff"], pos_encoding=m.get("pos_encoding", "learned"),
+        norm=m.get("norm", "pre"), activation=m.get("activation", "gelu"), dropout=m.get("dropout", 0.0),
+        steps=TAB_STEPS.get(corpus_name, p.train.steps), lr=p.train.lr,
+    )
+    for key, label in (("layers", "layers"), ("heads", "heads"), ("d_model", "d_model"), ("d_ff", "d_ff"),
+                       ("dropout", "dropout"), ("steps", "steps"), ("lr", "learning rate")):
+        if limits and label in limits:
+            low, high = limits[label]
+            form[key] = type(form[key])(min(max(form[key], low), high))
+    return form
+
 
 def train_tab_recipe(
     corpus: Corpus,
@@ -119,11 +156,13 @@ def train_tab_recipe(
     lr: float,
     seed: int,
     max_seconds: float | None,
+    keep_best: bool = False,
 ) -> tuple[ModelConfig, TrainConfig]:
     """The model and training configs of a Train-tab run on `corpus`.
 
     Warm-up is a tenth of the run (at most 50 steps) and the model is evaluated ten times,
-    so a short run still shows a validation curve.
+    so a short run still shows a validation curve. `keep_best`: end with the weights of the
+    lowest validation loss seen (TrainConfig.keep_best).
     """
     block = TAB_TEXT_BLOCK if corpus.kind == "text" else int(corpus.train.x.shape[1])
     mcfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
@@ -131,5 +170,5 @@ def train_tab_recipe(
                        dropout=dropout)
     tcfg = TrainConfig(steps=steps, batch_size=TAB_BATCH_SIZE, lr=lr, warmup=min(50, steps // 10),
                        eval_every=max(10, steps // 10), eval_batches=TAB_EVAL_BATCHES, seed=seed,
-                       max_seconds=max_seconds)
+                       max_seconds=max_seconds, keep_best=keep_best)
     return mcfg, tcfg

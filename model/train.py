@@ -54,6 +54,7 @@ class TrainConfig:
     sdpa: str = "auto"  # attention kernel while training: "auto" (torch's choice), "math" or "flash"
     probe_every: int = 0  # capture attention on probe_ids every N steps (0 = never)
     probe_ids: tuple[int, ...] = field(default_factory=tuple)
+    keep_best: bool = False  # end with the weights of the lowest validation loss seen (at an evaluation)
 
     def __post_init__(self) -> None:
         # Every field is checked here, so a bad value fails when the config is built, with the
@@ -83,8 +84,9 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be None (off) or a number > 0, got {self.grad_clip!r}")
         if self.max_seconds is not None and not (_is_number(self.max_seconds) and self.max_seconds > 0):
             raise ValueError(f"max_seconds must be None (no limit) or a number > 0, got {self.max_seconds!r}")
-        if not isinstance(self.bf16, bool):
-            raise ValueError(f"bf16 must be True or False, got {self.bf16!r}")
+        for name in ("bf16", "keep_best"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.adamw not in ADAMW_IMPLS:
             raise ValueError(f"adamw must be one of {', '.join(ADAMW_IMPLS)}, got {self.adamw!r}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
@@ -149,6 +151,18 @@ class TrainEvent:
     done: bool = False
     stop_reason: str | None = None  # "finished" | "stopped" | "time limit"
     probe_attention: list | None = None  # per layer (H, T, T) numpy, on probe steps
+    best_val_loss: float | None = None  # the lowest validation loss so far (this event's included)
+    best_step: int | None = None  # the step it was measured at
+    kept_step: int | None = None  # done: the step whose weights the model holds (best_step when keep_best
+    # brought them back, else `step`)
+    end_val_loss: float | None = None  # done: the validation loss of the last weights trained (val_loss is
+    # the kept weights'; the two differ only when keep_best brought earlier weights back)
+
+
+def well_above_best(val_loss: float, best: float) -> bool:
+    """Whether a validation loss is well above the best one seen: more than max(0.1, 10 % of the best)
+    higher, a rise that batch noise does not explain (the model is memorising its training text)."""
+    return val_loss > best + max(0.1, 0.1 * best)
 
 
 def loss_fn(model: DecoderLM, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -209,7 +223,9 @@ def train(
 
     Stops at cfg.steps, when should_stop() returns True, or after cfg.max_seconds; the
     last event has done=True and says why. Evaluation on `corpus.val` every eval_every
-    steps and at the end.
+    steps and at the end. With cfg.keep_best, the weights of the lowest validation loss seen
+    (a copy taken at that evaluation) are put back at the end if the final ones are worse; the
+    last event's kept_step says which step's weights the model holds.
     """
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
@@ -223,6 +239,7 @@ def train(
     model.train()
     step = 0
     reason = "finished"
+    best_val, best_step, best_state = None, None, None
     try:
         while step < cfg.steps:
             if should_stop is not None and should_stop():
@@ -252,20 +269,34 @@ def train(
             )
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                 ev.val_loss = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
+                if best_val is None or ev.val_loss < best_val:
+                    best_val, best_step = ev.val_loss, step
+                    if cfg.keep_best:  # a copy, not a view: the next optimizer step changes the weights in place
+                        best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            ev.best_val_loss, ev.best_step = best_val, best_step
             if cfg.probe_every and cfg.probe_ids and step % cfg.probe_every == 0:
                 ev.probe_attention = probe(model, cfg.probe_ids)
             yield ev
     finally:
         model.eval()
     elapsed = time.perf_counter() - start
-    val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
+    # The same batches as every evaluation during the run, so the losses compare exactly.
+    val = end_val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
+    kept_step = step
+    if best_val is None or val <= best_val:
+        best_val, best_step = val, step
+    elif best_state is not None:  # keep_best: the weights of the best evaluation come back
+        model.load_state_dict(best_state)
+        val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
+        kept_step = best_step
     tr = evaluate(model, corpus.train, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 2)
     # The final event's losses are fresh evaluations of the finished model, so train_loss is
     # the evaluated train loss rather than the last batch's.
     yield TrainEvent(
         step=step, total_steps=cfg.steps, train_loss=tr, val_loss=val, eval_train_loss=tr,
         lr=cfg.lr_at(max(0, step - 1)), tokens_per_s=tokens / max(elapsed, 1e-9), elapsed=elapsed,
-        done=True, stop_reason=reason,
+        done=True, stop_reason=reason, best_val_loss=best_val, best_step=best_step, kept_step=kept_step,
+        end_val_loss=end_val,
     )
 
 
@@ -296,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on this UTF-8 text file (implies --corpus text; a preset of the text corpus needs it)")
     p.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
                    help="tokenizer for text corpora (default: the corpus's own)")
-    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule and --decay-frac override it; architecture flags are ignored")
+    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule, --decay-frac and --keep-best override it; architecture flags are ignored")
     p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads per block")
     p.add_argument("--d-model", type=int, default=64, help="embedding / residual width")
@@ -318,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decay-frac", type=float, default=0.3, help="wsd: fraction of the steps spent decaying to --min-lr")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
     p.add_argument("--eval-every", type=int, default=100, help="evaluate on held-out data every N steps")
+    p.add_argument("--keep-best", action="store_true",
+                   help="end with the weights of the lowest validation loss seen at an evaluation, if the final ones are worse")
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batches")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX)")
@@ -351,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         tcfg = preset.train
         overrides = {
             k: getattr(args, k)
-            for k in ("steps", "lr", "seed", "max_seconds", "bf16", "schedule", "decay_frac")
+            for k in ("steps", "lr", "seed", "max_seconds", "bf16", "schedule", "decay_frac", "keep_best")
             if getattr(args, k) != parser.get_default(k)
         }
         tcfg = TrainConfig(**{**asdict(tcfg), **overrides})
@@ -367,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
             weight_decay=args.weight_decay, eval_every=args.eval_every, seed=args.seed,
             max_seconds=args.max_seconds, bf16=args.bf16, schedule=args.schedule, decay_frac=args.decay_frac,
+            keep_best=args.keep_best,
         )
     torch.manual_seed(tcfg.seed)
     model = DecoderLM(mcfg)
@@ -384,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             "final_val_loss": round(last.val_loss, 4),
             "final_train_loss": round(last.eval_train_loss, 4),
             "seconds": round(last.elapsed, 1),
+            **({"kept_step": last.kept_step} if tcfg.keep_best else {}),
             "summary": PRESETS[args.preset].summary if args.preset else "",
             "quality": PRESETS[args.preset].quality if args.preset else "",
         }

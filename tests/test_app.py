@@ -229,7 +229,7 @@ def test_two_clients_never_see_each_others_text(app_server):
 def test_train_use_stop_and_isolation(app_server, tmp_path):
     a, b = Client(app_server.url, verbose=False), Client(app_server.url, verbose=False)
     # a small model: train, then step with it
-    status, loss, dd, download = a.predict(*train_args(steps=30), api_name="/train")
+    status, loss, dd, download, _ = a.predict(*train_args(steps=30), api_name="/train")
     name = dd["value"]
     assert name == "my sort model" and [name, name] in dd["choices"]
     assert status.startswith("Training finished after 30 steps") and f"'{name}' is now in the Explore" in status
@@ -258,7 +258,7 @@ def test_train_use_stop_and_isolation(app_server, tmp_path):
     assert job.outputs() and job.outputs()[0][0].startswith("step "), job.status()
     assert a.predict(api_name="/stop") == "Stopping…"
     t0 = time.time()
-    status, _, dd, _ = job.result(timeout=30)
+    status, _, dd, _, _ = job.result(timeout=30)
     assert time.time() - t0 < 5
     assert status.startswith("Training stopped by you after ") and dd["value"] == "my sort model (2)"
     done_steps = int(status.split("after ")[1].split(" steps")[0])

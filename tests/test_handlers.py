@@ -419,7 +419,7 @@ def test_trained_model_is_private_and_builtins_stay_unchanged():
     for _ in range(3):
         do_step(other, seed=2)
     outs = _train(mine)
-    _, summary, _, dd, download = outs[-1]
+    _, summary, _, dd, download, _ = outs[-1]
     name = dd["value"]
     assert name == "my sort model" and name in dd["choices"]
     assert summary.startswith("Training finished after 20 steps") and f"'{name}' is now in the Explore" in summary

@@ -369,7 +369,7 @@ def test_training_time_limit_ends_cleanly_and_keeps_the_model(short_server, requ
 
     c = Client(short_server.url, verbose=False)
     t0 = time.perf_counter()
-    status, _, dd, download = c.predict(*train_args(steps=2000, layers=2, heads=4, d_model=64, d_ff=256),
+    status, _, dd, download, _ = c.predict(*train_args(steps=2000, layers=2, heads=4, d_model=64, d_ff=256),
                                         api_name="/train")
     took = time.perf_counter() - t0
     assert status.startswith("Training hit the time limit after "), status
@@ -396,7 +396,7 @@ def test_disconnect_during_training_frees_the_slot(app_server, request):
     a.close()  # the tab goes away
     b = Client(short_server.url, verbose=False)
     job_b = b.submit(*train_args(steps=20), api_name="/train")
-    status, _, dd, _ = job_b.result(timeout=30)
+    status, _, dd, _, _ = job_b.result(timeout=30)
     freed = time.perf_counter() - t0
     assert status.startswith("Training finished after 20 steps"), status
     # left alone, the abandoned run would hold the slot for up to 60 s

@@ -67,6 +67,7 @@ INVALID = {
     "sdpa": ["cudnn"],
     "probe_every": [-1, 0.5],
     "probe_ids": [[1, 2], (1, -2), (1.5,)],
+    "keep_best": ["yes", 1, None],
 }
 
 
@@ -367,3 +368,59 @@ def test_training_bench_runs_and_reports_the_exact_held_out_loss(tmp_path):
     for key in ("ms_per_iter_median", "tokens_per_s", "train_loss", "val_loss", "val_loss_50_batches", "peak_rss_mb"):
         assert isinstance(d[key], (int, float)) and math.isfinite(d[key]) and d[key] > 0, key
     assert d["params"] > 700_000  # the 4 x 4 x 128 model
+
+
+# ------------------------------------------------------------------------------ keep best
+
+# ~1.5 k characters: a 2-layer model memorises them within a few hundred steps, so validation rises
+_SMALL_TEXT = (ROOT.parent / "shared" / "data" / "tinyshakespeare.txt")
+_SMALL_TEXT = _SMALL_TEXT.read_text(encoding="utf-8")[:1500] if _SMALL_TEXT.exists() else None
+
+
+def _overfit(keep_best: bool):
+    if _SMALL_TEXT is None:
+        pytest.skip("needs ../shared/data/tinyshakespeare.txt")
+    corpus = build_corpus("text", "char", seed=0, text=_SMALL_TEXT)
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=64, n_layers=2, n_heads=4,
+                                  d_model=64))
+    cfg = TrainConfig(steps=300, batch_size=16, lr=3e-3, warmup=30, eval_every=30, eval_batches=4,
+                      keep_best=keep_best)
+    events = list(train(model, corpus, cfg))
+    return model, corpus, cfg, events
+
+
+def test_keep_best_brings_back_the_weights_of_the_lowest_validation_loss():
+    model, corpus, cfg, events = _overfit(keep_best=True)
+    evals = [(e.val_loss, e.step) for e in events if e.val_loss is not None and not e.done]
+    best_val, best_step = min(evals)
+    last = events[-1]
+    assert last.done and last.step == 300
+    assert last.end_val_loss > best_val + 0.1  # it did overfit, so the test means something
+    assert (last.kept_step, last.best_step) == (best_step, best_step) and last.best_val_loss == best_val
+    # the model holds those weights: its validation loss is the best one, on the same batches
+    again = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, 64, cfg.seed + 1)
+    assert again == pytest.approx(best_val, abs=1e-5) and last.val_loss == pytest.approx(best_val, abs=1e-5)
+    # every event carries the best so far
+    assert all(e.best_step is None or e.best_step <= e.step for e in events)
+
+
+def test_without_keep_best_the_last_weights_stay():
+    model, corpus, cfg, events = _overfit(keep_best=False)
+    last = events[-1]
+    assert last.kept_step == last.step == 300 and last.val_loss == last.end_val_loss
+    assert last.best_val_loss < last.val_loss and last.best_step < 300
+
+
+def test_keep_best_keeps_the_final_weights_when_they_are_the_best(sort_corpus):
+    model = tiny_model(sort_corpus)
+    last = list(train(model, sort_corpus, quick(steps=40, eval_every=10, keep_best=True)))[-1]
+    assert last.kept_step == 40 and last.val_loss == last.end_val_loss == last.best_val_loss
+
+
+def test_cli_keep_best_flag(tmp_path, capsys):
+    assert build_parser().parse_args(["--keep-best"]).keep_best is True
+    assert build_parser().parse_args([]).keep_best is False
+    assert main(["--preset", "toy", "--steps", "10", "--keep-best", "--out", str(tmp_path / "toy"), "--quiet"]) == 0
+    meta = json.loads((tmp_path / "toy.json").read_text())
+    assert "--keep-best" in meta["command"] and meta["kept_step"] == 10  # the toy preset never evaluates mid-run

@@ -62,10 +62,25 @@ def sent(fig) -> dict:
     return json.loads(plot_json(fig))
 
 
+def axis(layout: dict, name: str) -> dict:
+    """An axis as plotly.js resolves it: the template's defaults for every x / y axis, then its own keys."""
+    base = layout.get("template", {}).get("layout", {}).get(name.rstrip("0123456789"), {})
+    ax = {**base, **layout.get(name, {})}
+    if isinstance(ax.get("tickvals"), dict):
+        ax["tickvals"] = decode_array(ax["tickvals"]).tolist()
+    return ax
+
+
 def hover_text(fig, panel: int, i: int, j: int, toks: list[str]) -> str:
-    """The hover label plotly.js shows for cell (query i, key j): template + d3 "05,d" + swapped separators."""
-    lay = sent(fig)["layout"]
+    """The hover label plotly.js shows for cell (query i, key j): template + trace meta + d3 "05,d" +
+    swapped separators ("<br>" kept)."""
+    spec = sent(fig)
+    lay = spec["layout"]
     template = lay["template"]["data"]["heatmap"][0]["hovertemplate"]
+    xref = "x" if panel == 0 else f"x{panel + 1}"
+    meta = {tr.get("meta") for tr in spec["data"] if tr.get("xaxis", "x") == xref}
+    assert len(meta) == 1, meta  # every tile of a panel carries the same name
+    template = template.replace("%{meta}", meta.pop())
     assert lay["separators"] == ",."  # decimal ",", thousands "." (what makes 231 read 0.231)
     z = attention_panels(fig)[panel, i, j]
     milli = int(round(z * 1000))
@@ -110,14 +125,14 @@ def test_grid_structure_values_and_mask():
     assert all("coloraxis" not in tr for tr in data)  # taken from the template
     heatmap_defaults = layout["template"]["data"]["heatmap"][0]
     assert heatmap_defaults["coloraxis"] == "coloraxis" and heatmap_defaults["hoverongaps"] is False
-    assert layout["plot_bgcolor"] and layout["xaxis"]["showgrid"] is False
+    assert layout["plot_bgcolor"] == "rgba(0,0,0,0)" and axis(layout, "xaxis")["showgrid"] is False
 
 
 def test_grid_ticks_keep_repeated_tokens_distinct():
     t = 8
     toks = tokens(t)  # "the" three times
     layout = sent(attention_grid(softmax_attention(2, t)[0], toks, 0, mask=causal_mask(t)))["layout"]
-    for ax in (layout["xaxis"], layout["yaxis"]):
+    for ax in (axis(layout, "xaxis"), axis(layout, "yaxis")):
         assert ax["tickvals"] == list(range(t))
         assert ax["ticktext"] == toks
         assert ax["type"] == "category"
@@ -127,13 +142,15 @@ def test_grid_ticks_keep_repeated_tokens_distinct():
     assert layout["xaxis2"]["matches"] == "x" and layout["yaxis2"]["matches"] == "y"
 
 
-def test_grid_thins_ticks_for_long_prompts():
-    t = 128
+def test_grid_thins_ticks_only_when_the_panels_are_too_small():
+    t = 32
     toks = [f"w{i}" for i in range(t)]
-    xaxis = sent(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t)))["layout"]["xaxis"]
+    small = sent(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t), max_height_px=300))["layout"]
+    xaxis = axis(small, "xaxis")
     vals, text = xaxis["tickvals"], xaxis["ticktext"]
-    assert 4 <= len(vals) <= 24 and vals[0] == 0
-    assert text == [toks[i] for i in vals]
+    assert 4 <= len(vals) < t and vals[-1] == t - 1  # thinned, and the newest position keeps its label
+    assert len(set(np.diff(vals))) == 1 and text == [toks[i] for i in vals]
+    assert small["height"] <= 300
 
 
 def test_hover_text_format():
@@ -142,9 +159,13 @@ def test_hover_text_format():
     w /= w.sum(1, keepdims=True)
     toks = ["how", "are", "you", "is", "it"]
     fig = attention_grid(w[None], toks, 0, mask=causal_mask(t))
-    assert hover_text(fig, 0, 3, 0, toks) == 'query "is" (3) → key "how" (0): 0.250'
-    assert hover_text(fig, 0, 0, 0, toks) == 'query "how" (0) → key "how" (0): 1.000'
-    assert hover_text(fig, 0, 2, 1, toks) == 'query "you" (2) → key "are" (1): 0.333'
+    assert hover_text(fig, 0, 3, 0, toks) == 'layer 0, head 0<br>query "is" (3) → key "how" (0)<br>weight 0.250'
+    assert hover_text(fig, 0, 0, 0, toks) == 'layer 0, head 0<br>query "how" (0) → key "how" (0)<br>weight 1.000'
+    assert hover_text(fig, 0, 2, 1, toks) == 'layer 0, head 0<br>query "you" (2) → key "are" (1)<br>weight 0.333'
+    # every panel names its own layer and head (here heads 2 and 0 of layer 3)
+    fig = attention_grid(np.stack([w, w, w]), toks, 3, heads=[2, 0], mask=causal_mask(t))
+    assert hover_text(fig, 0, 3, 0, toks).startswith("layer 3, head 2<br>")
+    assert hover_text(fig, 1, 3, 0, toks).startswith("layer 3, head 0<br>")
 
 
 def test_scores_mask_from_minus_inf_and_symmetric_scale():
@@ -219,10 +240,10 @@ def test_hostile_tokens_are_escaped():
     for bad in ("<img", "<b>", "<br>"):
         assert not any(bad in s for s in strings if "<extra>" not in s), bad
     assert layout["xaxis"]["categoryarray"][0] == '"&lt;img src=x onerror=alert(1)&gt;" (0)'
-    assert layout["xaxis"]["ticktext"][0] == "&lt;img src=x …"  # long tokens are shortened in ticks only
-    assert layout["xaxis"]["ticktext"][1] == "&lt;b&gt;"
+    assert axis(layout, "xaxis")["ticktext"][0] == "&lt;img src=x …"  # long tokens are shortened in ticks only
+    assert axis(layout, "xaxis")["ticktext"][1] == "&lt;b&gt;"
     assert layout["xaxis"]["categoryarray"][2] == '"&amp;amp;" (2)'
-    assert layout["yaxis"]["ticktext"][3] == 'say "hi"'
+    assert axis(layout, "yaxis")["ticktext"][3] == 'say "hi"'
 
 
 @pytest.mark.parametrize(
@@ -343,8 +364,11 @@ def test_probabilities_bars_and_chosen():
     chosen = int(np.argsort(-adjusted)[1])
     spec = sent(probabilities(pieces, probs, adjusted=adjusted, chosen=chosen, top=8))
     ticktext = spec["layout"]["yaxis"]["ticktext"]
-    assert len(spec["data"]) == 2 and spec["layout"]["barmode"] == "group"
-    raw, adj = spec["data"]
+    assert len(spec["data"]) == 4 and spec["layout"]["barmode"] == "group"
+    raw, adj, *legend = spec["data"]
+    # the legend shows the series colours (from two empty marker traces), never the highlight
+    assert [tr["marker"]["color"] for tr in legend] == [viz.sampling.RAW_COLOUR, viz.sampling.ADJ_COLOUR]
+    assert not raw["showlegend"] and not adj["showlegend"]
     ids = np.lexsort((-probs, -adjusted))[:8]  # ranked by adjusted, ties by the model's probability
     assert decode_array(raw["y"]).tolist() == list(range(8))
     assert np.allclose(decode_array(raw["x"]), probs[ids], atol=1e-6)

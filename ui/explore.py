@@ -1,7 +1,10 @@
-"""The Explore tab's handlers: Step, Generate, Undo, Reset, the model and the attention view.
+"""The Explore tab's handlers: Step, Generate, Undo, Reset, the model, the attention view, the
+selected token and how figures are drawn.
 
 Each checks its inputs, calls one verb of the person's `lab.session.Session`, draws with one
-`viz` function and returns what the page shows.
+`viz` function and returns what the page shows. Clicking a token is answered twice: the page
+itself outlines the query row and shades the text at once (assets/explore.js, from the figure's
+``meta.shade``), and `select_token` sends the distribution that token was drawn from.
 """
 
 from __future__ import annotations
@@ -13,32 +16,73 @@ import gradio as gr
 import viz
 from lab.checks import check_sampling
 from lab.limits import OVERVIEW_MAX_TOKENS
+from lab.models import ModelEntry
 from lab.session import Session
 
 from .common import gpu, handler, message_plot
+
+NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
+NO_PROBS = "Next-token probabilities appear after the first step."
+OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a token to see where it looks. "
+                     "Heads that point one token back or at repeated text are worth finding.")
 
 
 def attention_figure(session: Session, layer, head, view):
     """The attention picture of the session's current text, for a gr.Plot."""
     att = session.attention()
     if att is None:
-        return message_plot("Press Step or Generate to see attention.")
+        return message_plot(NO_TEXT)
     v = session.check_view(None, layer, head, view)
-    return viz.to_gradio_plot(viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head,
-                                                 view=v.view, causal=att.causal,
-                                                 overview_max_tokens=OVERVIEW_MAX_TOKENS))
+    d = session.display
+    spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
+                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
+                              max_height_px=d.plot_height, presentation=d.presentation, colour=d.colour)
+    if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
+        spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
+                                                                        causal=att.causal)
+    return viz.to_gradio_plot(spec)
 
 
-def probs_figure(session: Session):
-    p = session.probabilities()
+def probs_figure(session: Session, index=None):
+    """The distribution the token at window position `index` (default: the last) was drawn from."""
+    p = session.probabilities(index)
+    presentation = session.display.presentation
     if p is None:
-        return message_plot("Next-token probabilities appear after the first step.")
-    return viz.to_gradio_plot(viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10))
+        tokens = session.tokens()
+        if not tokens:
+            return message_plot(NO_PROBS)
+        return message_plot(f"“{tokens[0][0]}” is the first token: nothing comes before it to predict it from.")
+    piece = viz.short_token(p.pieces[p.chosen], 16)
+    if p.typed:
+        title = f"Typed “{piece}” (position {p.index}): what the model predicted there"
+    else:
+        title = f"“{piece}” (position {p.index}) was drawn from this"
+    return viz.to_gradio_plot(viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10,
+                                                title=title, presentation=presentation))
 
 
 def explore_outputs(session: Session, layer, head, view):
     return (session, session.tokens(), session.status(), probs_figure(session),
             attention_figure(session, layer, head, view))
+
+
+def layer_choices(n_layers: int) -> list[tuple[str, int]]:
+    """The Layer dropdown: shown "layer 1", sent 1."""
+    return [(f"layer {i}", i) for i in range(n_layers)]
+
+
+def head_choices(n_heads: int) -> list[tuple[str, int | str]]:
+    """The Head dropdown: shown "all heads" / "head 3", sent "all" / 3."""
+    return [("all heads", "all"), *((f"head {i}", i) for i in range(n_heads))]
+
+
+def first_view(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, str]:
+    """(layer, head, view, caption) a model opens on: a built-in's chosen head, else layer 0's heads
+    (one head on a narrow screen, where a grid of heads is too small to read)."""
+    fv = entry.first_view
+    if fv is not None:
+        return fv.layer, fv.head, fv.view, fv.caption
+    return 0, 0 if narrow else "all", "weights", OWN_MODEL_CAPTION
 
 
 # ------------------------------------------------------------------------------ handlers
@@ -70,7 +114,8 @@ def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, l
 @handler(rate="generate")
 def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_new, layer, head, view,
              request: gr.Request = None):
-    """Generate up to `max_new` tokens from the prompt (restarting it), streaming the text."""
+    """Up to `max_new` more tokens (the text goes on; a new model, prompt or seed starts it again),
+    streaming the text."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     session.check_view(model_name, layer, head, view)
     last_yield = 0.0
@@ -83,6 +128,7 @@ def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_n
 
 @handler
 def undo(session, layer, head, view, request: gr.Request = None):
+    """Take the last generated token back; the chart shows what the token before it was drawn from."""
     if session.model_name is not None:
         session.check_view(None, layer, head, view)
     session.undo()
@@ -91,10 +137,10 @@ def undo(session, layer, head, view, request: gr.Request = None):
 
 @handler
 def reset(session, model_name, request: gr.Request = None):
-    examples = session.entry_for(model_name).examples  # checked before the text goes
+    """Start again from the prompt (which stays as the person typed it)."""
+    session.entry_for(model_name)  # checked before the text goes
     session.reset()
-    return (session, [], "", probs_figure(session), message_plot("Press Step or Generate to see attention."),
-            examples[0] if examples else "")
+    return session, [], "", probs_figure(session), message_plot(NO_TEXT)
 
 
 @handler
@@ -103,10 +149,47 @@ def redraw(session, layer, head, view, request: gr.Request = None):
 
 
 @handler
+def select_token(session, evt: gr.SelectData, request: gr.Request = None):
+    """A token of the text was clicked: the chart shows the distribution it was drawn from."""
+    index = evt.index if isinstance(evt, gr.SelectData) else None
+    return probs_figure(session, index)
+
+
+@handler
 def select_model(session, model_name, request: gr.Request = None):
     entry = session.select_model(model_name)
     cfg = entry.model.cfg
-    return (session, [], entry.summary, probs_figure(session), message_plot("Press Step or Generate."),
-            gr.update(choices=list(range(cfg.n_layers)), value=0),
-            gr.update(choices=["all", *range(cfg.n_heads)], value="all"),
-            gr.update(value=entry.examples[0] if entry.examples else ""))
+    layer, head, view, caption = first_view(entry, session.display.narrow)
+    examples = list(entry.examples)
+    return (session, [], entry.summary, probs_figure(session), message_plot(NO_TEXT),
+            gr.update(choices=layer_choices(cfg.n_layers), value=layer),
+            gr.update(choices=head_choices(cfg.n_heads), value=head),
+            gr.update(value=view), caption,
+            gr.update(choices=examples, value=examples[0] if examples else None),
+            gr.update(value=examples[0] if examples else ""))
+
+
+@handler
+def shift_head(session, model_name, head, delta, request: gr.Request = None):
+    """The head before or after the one shown (◀ ▶), wrapping around; from "all", the first or last."""
+    n = session.entry_for(model_name).model.cfg.n_heads
+    if delta not in (-1, 1):
+        raise ValueError("delta must be -1 or 1.")
+    if head == "all":
+        return 0 if delta > 0 else n - 1
+    current = session.check_view(model_name, 0, head, "weights").head
+    return (current + delta) % n
+
+
+@handler
+def set_display(session, colour, presentation, screen, layer, head, view, request: gr.Request = None):
+    """Colour mode, large fonts or the window's size changed: draw the figures again for them.
+
+    On the page's first load (screen given) a narrow window gets one head instead of a grid.
+    """
+    was_narrow = session.display.narrow
+    session.set_display(colour, presentation, screen)
+    if session.display.narrow and not was_narrow and head == "all" and session.model_name is None:
+        head = 0
+    return attention_figure(session, layer, head, view) if session.model_name else gr.skip(), \
+        probs_figure(session) if session.model_name else gr.skip(), head

@@ -10,6 +10,12 @@ Two kinds of figure come back, and each builder's return annotation says which:
 
 `plot_json`, `to_gradio_plot`, `payload_bytes` and `attention_panels` take either (`Figure`).
 
+One colour language (viz._common): `DIVERGING` for every signed quantity (red = positive, blue =
+negative, near-white = zero), `SEQUENTIAL` (Viridis) for weights, masked cells hatched; `COLOUR_KEY`
+says it in one line for the Learn text and the README. Backgrounds are transparent and text is a
+mid grey, so the figures read on light and dark pages. The builders the app uses take
+`presentation=True` for large fonts (tick labels ≥ 16 px).
+
 How the attention payload is kept small: values are sent as integer milli-units (thousandths)
 in the narrowest integer type, and plotly.js is made to print them as decimals by swapping the
 number separators and formatting with d3 ``05,d`` (see viz._common), so hover reads "0.231".
@@ -19,8 +25,12 @@ receives the JSON without plotly's "/" escaping (see viz.payload). Measured payl
 build / render timings are kept in bench/RESULTS.md.
 """
 
+from ._common import COLOUR_KEY, DIVERGING, MASKED_HINT, ROW_OUTLINE, SEQUENTIAL
 from .attention import (
     ATTENTION_VIEWS,
+    COLOUR_MODES,
+    GRID_LABEL_LIMIT,
+    HEAD_LABEL_LIMIT,
     OVERVIEW_MAX_T,
     attention_grid,
     attention_head,
@@ -28,6 +38,8 @@ from .attention import (
     attention_view,
     causal_mask,
 )
+from ._common import short_token
+from .linking import decode_shade, shade_payload, shading
 from .payload import Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
 from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
 from .sampling import probabilities
@@ -35,7 +47,15 @@ from .training import loss_curve
 
 __all__ = [
     "ATTENTION_VIEWS",
+    "COLOUR_KEY",
+    "COLOUR_MODES",
+    "DIVERGING",
+    "GRID_LABEL_LIMIT",
+    "HEAD_LABEL_LIMIT",
+    "MASKED_HINT",
     "OVERVIEW_MAX_T",
+    "ROW_OUTLINE",
+    "SEQUENTIAL",
     "Figure",
     "FigureSpec",
     "attention_grid",
@@ -45,6 +65,7 @@ __all__ = [
     "attention_view",
     "causal_mask",
     "decode_array",
+    "decode_shade",
     "loss_curve",
     "message_figure",
     "no_positional_encoding",
@@ -53,5 +74,8 @@ __all__ = [
     "positional_similarity",
     "positional_table",
     "probabilities",
+    "shade_payload",
+    "shading",
+    "short_token",
     "to_gradio_plot",
 ]

@@ -1,9 +1,12 @@
-"""Shared helpers for the viz package: escaping, quantisation, tick thinning, layout pieces."""
+"""Shared helpers for the viz package: escaping, quantisation, tick thinning, layout pieces, and the
+colour language every figure speaks (`DIVERGING`, `SEQUENTIAL`, `COLOUR_KEY`)."""
 
 from __future__ import annotations
 
 import html
 import math
+import unicodedata
+from urllib.parse import quote
 
 import numpy as np
 
@@ -16,9 +19,76 @@ MILLI_FORMAT = "%{z:05,d}"
 MILLI_SEPARATORS = ",."
 MILLI_LIMIT = 999_999  # |value| < 1000: beyond that "1.234.567" would read wrongly
 
-FONT = {"family": "Arial, sans-serif", "size": 11}
-GREY = "#d4d4d4"  # masked / missing cells show the plot background through NaN gaps
+# ----------------------------------------------------------------------------- colour language
+# One convention for every signed quantity (attention scores, positional-encoding values, cosine
+# similarity): RED = POSITIVE, BLUE = NEGATIVE, near-white = zero. ColorBrewer's RdBu (11 classes)
+# ordered blue → red, so it needs no `reversescale`; plotly's own "RdBu" is avoided on purpose (its
+# midpoint is grey, and plotly.js and plotly.py order it differently).
+DIVERGING: tuple[tuple[float, str], ...] = (
+    (0.0, "#053061"), (0.1, "#2166ac"), (0.2, "#4393c3"), (0.3, "#92c5de"), (0.4, "#d1e5f0"),
+    (0.5, "#f7f7f7"),
+    (0.6, "#fddbc7"), (0.7, "#f4a582"), (0.8, "#d6604d"), (0.9, "#b2182b"), (1.0, "#67001f"),
+)
+# Weights (0..1) and other non-negative magnitudes: one sequential scale, dark purple (0) → yellow (1).
+SEQUENTIAL = "Viridis"
+# Cyclic quantities (RoPE rotation angles): a full turn brings the colour back.
+CYCLIC = "Twilight"
+MASKED_HINT = "hatched = masked (future position)"
+COLOUR_KEY = ("Colours: red = positive, blue = negative, white = zero (attention scores, positional "
+              "values, cosine similarity); dark purple → yellow = attention weight 0 → 1; "
+              "hatched = masked (future position).")
+
+# Figures are drawn on a transparent background so they sit on a light or a dark page; their text
+# is a mid grey readable on both (about 4:1 contrast on white and on gradio's dark blocks). A page
+# may sharpen it in dark mode with `.dark .js-plotly-plot .main-svg text:not(.nums):not(.name)
+# {fill: #d1d5db !important}` (plotly sets fill inline; .nums/.name are the hover label's own text).
+TRANSPARENT = "rgba(0,0,0,0)"
+TEXT_GREY = "#808080"
+GRID_GREY = "rgba(128,128,128,0.25)"
+FONT = {"family": "Arial, sans-serif", "size": 11, "color": TEXT_GREY}
+# Hover labels: dark box, white text, whatever the page's mode or the hovered colour (plotly's
+# default takes the cell's colour, which a dark-mode rule recolouring all text would make unreadable).
+HOVER_BG = "#1f2430"
+
+
+def hover_label(size: float) -> dict:
+    """layout.hoverlabel for a figure whose hover text is `size` px."""
+    return {"bgcolor": HOVER_BG, "bordercolor": TEXT_GREY, "font": {"size": size, "color": "#ffffff"}}
+
+
+PRESENTATION_FONT_PX = 16  # the smallest tick label in presentation mode (projecting in class)
+GREY = "#d4d4d4"  # kept for callers of the old name; masked cells are hatched now (see hatch_image)
 TOKEN_TICK_CHARS = 12  # longer tokens are shortened in tick labels (hover keeps the full text)
+
+# The outline of a selected query row: a 2 px magenta line on a black one, drawn in that order.
+# Magenta is neither a Viridis nor a diverging colour, and the black edge keeps it apart from the
+# reds and yellows; it reads on the hatch and on light and dark pages. layout.meta carries it too.
+ROW_OUTLINE: tuple[dict, ...] = ({"color": "#000000", "width": 4}, {"color": "#ff2d95", "width": 2})
+
+
+def colorscale(scale) -> list | str:
+    """A colour-scale constant as plotly takes it (a list of [stop, colour] pairs, or a name)."""
+    return scale if isinstance(scale, str) else [[stop, colour] for stop, colour in scale]
+
+
+def hatch_image(size_px: float) -> str:
+    """An inline SVG (data: URI, nothing fetched) of grey diagonal stripes, `size_px` square.
+
+    Drawn behind an attention panel (layout image, layer "below", sizing "stretch") it shows
+    through the NaN gaps of the masked cells: stripes, which no colour-scale value can produce,
+    and semi-transparent grey, so they read on light and dark pages alike.
+    """
+    n = max(16, int(round(size_px)))
+    svg = (f"<svg xmlns='http://www.w3.org/2000/svg' width='{n}' height='{n}'><pattern id='h' width='7' height='7' "
+           "patternUnits='userSpaceOnUse' patternTransform='rotate(45)' fill='grey'><path d='M0 0h7v7H0z' "
+           f"fill-opacity='.14'/><path d='M0 0h2.2v7H0z' fill-opacity='.6'/></pattern><rect width='{n}' height='{n}' "
+           "fill='url(#h)'/></svg>")
+    return "data:image/svg+xml," + quote(svg, safe="/:='()")
+
+
+def text_width_em(text: str) -> float:
+    """Rough rendered width of `text` in em (Arial-like: 0.6 em a character, 1 em for wide ones)."""
+    return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in str(text))
 
 
 def esc(text: str) -> str:
@@ -79,4 +149,4 @@ def tick_label(v: float) -> str:
 def empty_note(text: str) -> dict:
     """A centred paper-coordinates annotation (already-escaped text)."""
     return {"text": text, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
-            "font": {"size": 13, "color": "#555"}}
+            "font": {"size": 13, "color": TEXT_GREY}}

@@ -8,9 +8,17 @@ Conventions shared by all three figures
 * the axes are category axes whose categories are unique position labels ``"tok" (i)``, so hover can
   name the tokens and repeated tokens never merge; ticks are placed by integer position
   (tickvals) with the (escaped, possibly thinned) tokens as tick text;
-* values travel as integer milli-units (see ``viz._common``): hover reads ``0.231`` for weights;
+* values travel as integer milli-units (see ``viz._common``); hover names layer, head, query and
+  key and reads ``0.231`` for weights (each trace carries its "layer l, head h" as trace meta);
 * masked cells (NaN / -inf input, or ``mask`` True) are left out or sent as NaN, so they show the
-  grey plot background and do not hover.
+  hatch drawn behind every panel (a layout image) and do not hover;
+* colours follow ``viz._common``: weights on `SEQUENTIAL`, scores on `DIVERGING` (red = positive);
+  the background is transparent so the figures sit on light and dark pages;
+* every token is labelled up to `HEAD_LABEL_LIMIT` positions (one head) or `GRID_LABEL_LIMIT`
+  (several panels); longer texts open on the last positions (all data and labels are sent, so
+  panning and double-click show the rest), and the tick font is sized to the laid-out cells;
+* ``layout.meta`` holds what a page script needs to outline a query row itself: T, the first
+  position shown (offset), and each panel's axes, layer and head.
 
 Payload. A causal map is sent as rectangular tiles: each band of B query rows becomes one
 integer tile for the keys left of its diagonal block (u1 when every value ≤ 0.255, else u2) and
@@ -26,22 +34,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
 
 from ._common import (
+    DIVERGING,
     FONT,
-    GREY,
+    MASKED_HINT,
     MILLI,
     MILLI_FORMAT,
     MILLI_SEPARATORS,
+    PRESENTATION_FONT_PX,
+    ROW_OUTLINE,
+    SEQUENTIAL,
+    TOKEN_TICK_CHARS,
+    TRANSPARENT,
+    colorscale,
     encoded_milli,
     esc,
+    hatch_image,
+    hover_label,
     nice_ticks,
     short_token,
+    text_width_em,
     tick_label,
-    tick_step,
     to_milli,
 )
 from .payload import FigureSpec
@@ -50,7 +68,10 @@ from .positional import message_figure
 KINDS = ("weights", "scores")
 ATTENTION_VIEWS = ("weights", "scores", "all layers")  # the view names a UI offers; see attention_view
 OVERVIEW_MAX_T = 48
-MASKED_HINT = "grey = masked (future position)"
+COLOUR_MODES = ("linear", "row", "log")  # how weights are coloured; see attention_view
+HEAD_LABEL_LIMIT = 64  # one head: every token labelled up to this length; past it, open on the last ones
+GRID_LABEL_LIMIT = 32  # a grid of panels: the same, for each panel
+LOG_FLOOR = -3.0  # colour="log": log10(weight) clipped to [LOG_FLOOR, 0]
 _TILE_SIZES = (8, 16, 32, 64)
 ATTENTION_BUDGET = 135_000  # bytes of cell data per figure, leaving room for the layout within a 150 KB target
 # what one extra tile costs, in bytes-equivalent: its own JSON plus the browser's per-trace render work
@@ -178,12 +199,13 @@ def _run_cost(q: np.ndarray, masked: np.ndarray, run: tuple[int, int, int, int, 
     return math.ceil((r1 - r0) * (c1 - c0) * width / 3) * 4 + _TRACE_OVERHEAD
 
 
-def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budget: int) -> list[dict]:
+def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budget: int, name: str) -> list[dict]:
     """Heatmap trace dicts (one per rectangle) for one panel of milli-unit values.
 
     In the browser a trace costs far more than its bytes (plotly.js draws each one separately), so
     the panel uses the fewest rectangles whose data fits in `budget` bytes (a whole panel is one
-    trace when it fits); when nothing fits, the cheapest by bytes plus a per-trace cost.
+    trace when it fits); when nothing fits, the cheapest by bytes plus a per-trace cost. `name`
+    ("layer 1, head 3") becomes each trace's meta, which the shared hovertemplate shows.
     """
     t = q.shape[0]
     options = [_runs(masked, b) for b in sorted({b for b in _TILE_SIZES if b < t} | {t}, reverse=True)]
@@ -197,7 +219,7 @@ def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budget: int)
     traces = []
     for run in best:
         r0, r1, c0, c1 = _extend(masked, run)
-        trace: dict = {"type": "heatmap", "z": encoded_milli(q[r0:r1, c0:c1])}
+        trace: dict = {"type": "heatmap", "z": encoded_milli(q[r0:r1, c0:c1]), "meta": name}
         if c0:
             trace["x0"] = c0
         if r0:
@@ -210,35 +232,184 @@ def _tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budget: int)
     return traces
 
 
-# ----------------------------------------------------------------------------- figure builder
+# ----------------------------------------------------------------------------- colour
 
 
-def _colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, show_scale: bool) -> dict:
-    if kind == "weights":
-        lo, hi, scale, title = 0.0, 1.0, "Viridis", "weight"
-    else:
+def _check_colour(colour: str) -> None:
+    if colour not in COLOUR_MODES:
+        raise ValueError(f"colour must be one of {', '.join(map(repr, COLOUR_MODES))}, got {colour!r}")
+
+
+def _colour_values(values: np.ndarray, masked: np.ndarray, colour: str) -> np.ndarray:
+    """Weights (N, T, T) as coloured: as they are ("linear"), each query row divided by its largest
+    unmasked weight ("row"; a row of zeros stays 0), or log10(weight) clipped to [LOG_FLOOR, 0]
+    ("log"). Masked cells come back NaN."""
+    vals = np.where(masked, np.nan, values)
+    if colour == "row":
+        with np.errstate(invalid="ignore"):
+            peak = np.max(np.where(masked, -np.inf, values), axis=-1, keepdims=True)
+        peak = np.where(np.isfinite(peak) & (peak > 0), peak, 1.0)
+        return np.clip(vals / peak, 0.0, 1.0)
+    if colour == "log":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.clip(np.log10(np.clip(vals, 0.0, None)), LOG_FLOOR, 0.0)
+    return vals
+
+
+def _value_name(kind: str, colour: str) -> str:
+    if kind == "scores":
+        return "score"
+    return {"linear": "weight", "row": "weight ÷ row max", "log": "log₁₀ weight"}[colour]
+
+
+def _colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_scale: bool, fonts: _Fonts,
+                 x: float) -> dict:
+    if kind == "scores":
         vals = q[~masked]
         bound = float(np.abs(vals).max()) / MILLI if vals.size else 1.0
         bound = bound or 1.0
-        lo, hi, scale, title = -bound, bound, "RdBu", "score"
-    ticks = nice_ticks(lo, hi)
-    axis = {
+        lo, hi, scale = -bound, bound, DIVERGING
+    elif colour == "log":
+        lo, hi, scale = LOG_FLOOR, 0.0, SEQUENTIAL
+    else:
+        lo, hi, scale = 0.0, 1.0, SEQUENTIAL
+    ticks = nice_ticks(lo, hi, 4 if colour == "log" else 5)
+    return {
         "cmin": lo * MILLI,
         "cmax": hi * MILLI,
-        "colorscale": scale,
-        "reversescale": kind == "scores",
+        "colorscale": colorscale(scale),
         "showscale": show_scale,
         "colorbar": {
-            "title": {"text": title, "side": "right"},
+            "title": {"text": _value_name(kind, colour), "side": "right", "font": {"size": fonts.axis_title}},
             "tickmode": "array",
             "tickvals": (ticks * MILLI).tolist(),
             "ticktext": [tick_label(v) for v in ticks],
-            "thickness": 12,
+            "tickfont": {"size": fonts.colorbar},
+            "thickness": fonts.cb_thick,
             "len": 1.0,
+            "x": x,
+            "xanchor": "left",
             "outlinewidth": 0,
         },
     }
-    return axis
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class _Fonts:
+    tick_min: float  # below this the labels are thinned instead of shrunk
+    tick_max: float
+    title: float
+    sub: float
+    axis_title: float
+    panel_title: float
+    hover: float
+    colorbar: float
+    cb_thick: int
+    gap: float  # px between panel columns
+    goal_cell: float  # px per cell a grid tries to give every token label
+
+
+_NORMAL = _Fonts(tick_min=7, tick_max=12, title=14, sub=11, axis_title=11, panel_title=11, hover=12, colorbar=10,
+                 cb_thick=12, gap=12, goal_cell=16)
+_PRESENTING = _Fonts(tick_min=PRESENTATION_FONT_PX, tick_max=20, title=22, sub=16, axis_title=17, panel_title=17,
+                     hover=18, colorbar=16, cb_thick=18, gap=18, goal_cell=PRESENTATION_FONT_PX * 1.25)
+_LINE = 1.25  # label pitch / font size: labels closer than this overlap
+_MIN_PANEL_PX = 24
+
+
+@dataclass(frozen=True)
+class _Labels:
+    font: float
+    step: int
+    rotate: bool
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    ncols: int
+    nrows: int
+    panel: float
+    height: int
+    margin: dict
+    hgap: float
+    vgap: float
+    labels: _Labels
+
+
+def _labels_for(cell: float, fonts: _Fonts, label_em: float) -> _Labels:
+    """Tick font and stride for cells `cell` px apart: the largest font up to tick_max whose labels
+    do not overlap, every label while that font is ≥ tick_min, else tick_min and every step-th."""
+    font = min(fonts.tick_max, math.floor(cell / _LINE))
+    if font >= fonts.tick_min:
+        step = 1
+    else:
+        font = fonts.tick_min
+        step = math.ceil(font * _LINE / cell)
+    rotate = label_em * font + 4 > cell * step
+    return _Labels(float(font), step, rotate)
+
+
+def _geometry(n: int, ncols: int, visible: int, *, fonts: _Fonts, label_em: float, cb_em: float, width_px: int,
+              max_height_px: int | None, show_scale: bool, sub_lines: int, panel_titles: bool,
+              row_title_lines: int) -> _Geometry:
+    """Margins, panel size and tick labels for n square panels in `ncols` columns, `visible`
+    positions across each, laid out for `width_px` and (if given) at most `max_height_px` tall.
+    Margins depend on the label font, which depends on the panel size: iterated to a fixed point,
+    then the smaller font / larger stride of the last two rounds is kept so labels never overlap."""
+    nrows = math.ceil(n / ncols)
+    hgap = fonts.gap
+    labels = _Labels(fonts.tick_max, 1, True)
+    for _ in range(6):
+        lab_w = label_em * labels.font
+        xlab_h = lab_w if labels.rotate else labels.font * 1.3
+        margin = {
+            "l": math.ceil(lab_w + 6 + fonts.axis_title * 1.3 * row_title_lines + 10),
+            "r": math.ceil(10 + fonts.cb_thick + 6 + cb_em * fonts.colorbar + fonts.axis_title * 1.4 + 10)
+            if show_scale else 14,
+            # title 8 px from the top; plotly.js puts a subtitle 1.6 em below the title's box
+            "t": math.ceil(8 + fonts.title * 1.25 + (fonts.sub * (1.6 + 1.3 * sub_lines) if sub_lines else 0) + 8
+                           + (fonts.panel_title * 1.5 if panel_titles else 0)),
+            "b": math.ceil(xlab_h + 6 + fonts.axis_title * 1.3 + 10),
+        }
+        vgap = (fonts.panel_title * 1.5 + 8) if panel_titles else 12
+        panel = (width_px - margin["l"] - margin["r"] - (ncols - 1) * hgap) / ncols
+        if max_height_px is not None:
+            fit = (max_height_px - margin["t"] - margin["b"] - (nrows - 1) * vgap) / nrows
+            panel = min(panel, fit)
+        panel = max(float(_MIN_PANEL_PX), panel)
+        new = _labels_for(panel / visible, fonts, label_em)
+        if new == labels:
+            break
+        last, labels = labels, new
+    else:
+        labels = _Labels(min(last.font, labels.font), max(last.step, labels.step), last.rotate or labels.rotate)
+    height = margin["t"] + margin["b"] + nrows * panel + (nrows - 1) * vgap
+    if max_height_px is not None:
+        height = min(height, max_height_px)
+    return _Geometry(ncols, nrows, panel, int(math.floor(height)), margin, hgap, vgap, labels)
+
+
+def _pick_columns(n: int, visible: int, fonts: _Fonts, max_height_px: int | None, **kw) -> _Geometry:
+    """Columns for a grid of n panels: the most columns (up to 4, no emptier rows than needed)
+    whose cells reach fonts.goal_cell px; if none does, the largest panels under a height limit,
+    else 2 columns (T > 12 at the default width: labels stay legible). Without a height limit a
+    single column is never chosen for several panels."""
+    options = sorted({math.ceil(n / rows) for rows in range(1, n + 1) if math.ceil(n / rows) <= 4}, reverse=True)
+    if max_height_px is None:  # no height limit: one column would only make the figure taller
+        options = [c for c in options if c >= min(n, 2)]
+    geoms = [_geometry(n, c, visible, fonts=fonts, max_height_px=max_height_px, **kw) for c in options]
+    for g in geoms:
+        if g.panel / visible >= fonts.goal_cell:
+            return g
+    if max_height_px is not None:
+        return max(geoms, key=lambda g: (round(g.panel), g.ncols))
+    return next(g for g in geoms if g.ncols <= 2)
+
+
+# ----------------------------------------------------------------------------- figure builder
 
 
 def _attention_figure(
@@ -246,134 +417,169 @@ def _attention_figure(
     masked: np.ndarray,
     tokens: list[str],
     *,
-    ncols: int,
+    ncols: int | None,
+    panels: list[tuple[int, int]],
     panel_titles: list[str],
     row_titles: list[str] | None,
     kind: str,
     title: str,
     width_px: int,
+    max_height_px: int | None,
+    focus: int | None,
+    colour: str = "linear",
+    presentation: bool = False,
+    query: int | None = None,
     show_scale: bool = True,
 ) -> FigureSpec:
-    """Figure with one panel per values[k] (N, T, T) laid out in a grid of `ncols` columns."""
+    """Figure with one panel per values[k] (N, T, T); panels[k] = (layer, head) of that panel.
+
+    ncols None picks the columns (`_pick_columns`). focus: label every position up to this many,
+    and past it open on the last `focus` positions (None: always show all)."""
     n, t = values.shape[0], values.shape[-1]
-    q = to_milli(np.where(masked, np.nan, values))
+    if kind == "scores":
+        colour = "linear"  # the colour modes are for weights; scores keep their symmetric scale
     if kind == "weights":
-        _check_weight_range(q)
-        q = np.clip(q, 0, MILLI)
-    ncols = max(1, min(ncols, n))
-    nrows = math.ceil(n / ncols)
-    margin = {"l": 80 if row_titles is None else 96, "r": 70 if show_scale else 20, "t": 58, "b": 78}
-    gap = 0.035 if ncols > 1 else 0.0
-    plot_w = width_px - margin["l"] - margin["r"]
-    panel_frac = (1 - gap * (ncols - 1)) / ncols
-    panel_px = plot_w * panel_frac
-    vgap_px = 26
-    height = int(margin["t"] + margin["b"] + nrows * panel_px + (nrows - 1) * vgap_px)
-    plot_h = height - margin["t"] - margin["b"]
-    row_frac, vgap = panel_px / plot_h, vgap_px / plot_h
+        _check_weight_range(to_milli(np.where(masked, np.nan, values)))
+        q = to_milli(_colour_values(values, masked, colour))
+        if colour != "log":
+            q = np.clip(q, 0, MILLI)
+    else:
+        q = to_milli(np.where(masked, np.nan, values))
+    fonts = _PRESENTING if presentation else _NORMAL
+    visible = t if focus is None else min(t, focus)
+    offset = t - visible
 
-    labels = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
-    step = tick_step(t, panel_px, 12.0 if t > 8 else 20.0)
-    tickvals = list(range(0, t, step))
-    ticktext = [short_token(tokens[i]) for i in tickvals]
-    small = {"size": 10 if t <= 32 else 9}
+    ticktext = [short_token(tok) for tok in tokens]
+    label_em = max(text_width_em(tok if len(tok) <= TOKEN_TICK_CHARS else tok[: TOKEN_TICK_CHARS - 1] + "…")
+                   for tok in tokens)
+    label_em = max(label_em, 1.2)
+    subtitle = []
+    if masked.any():
+        subtitle.append(MASKED_HINT)
+    if offset:
+        subtitle.append(f"showing the last {visible} of {t} positions; drag to pan, double-click for all")
+    sub_text = " · ".join(subtitle)
+    if text_width_em(sub_text) * fonts.sub > width_px - 20:
+        sub_text = "<br>".join(subtitle)
+    sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
+    cb_em = 4.5 if colour == "log" or kind == "scores" else 4.0
+    kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
+              sub_lines=sub_lines, panel_titles=any(panel_titles),
+              row_title_lines=2 if row_titles else 1)
+    if ncols is None:
+        geo = _pick_columns(n, visible, max_height_px=max_height_px, **kw)
+    else:
+        geo = _geometry(n, max(1, min(ncols, n)), visible, max_height_px=max_height_px, **kw)
+    margin, labels = geo.margin, geo.labels
+    plot_w = max(1.0, width_px - margin["l"] - margin["r"])
+    plot_h = max(1.0, geo.height - margin["t"] - margin["b"])
+    col_frac, row_frac = geo.panel / plot_w, geo.panel / plot_h
+    right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)
 
+    tickvals = np.arange((t - 1) % labels.step, t, labels.step)  # the newest position is always labelled
+    labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
+    tickfont = {"size": labels.font}
+    # Axis settings every panel shares travel once, as template defaults for all x / y axes. The
+    # categories stay on the first axes (the others match them): as template defaults plotly.js
+    # fails to draw matched category axes.
+    axis_common = {
+        "type": "category",
+        "tickmode": "array",
+        "tickvals": tickvals.astype(np.uint8 if t <= 256 else np.uint16),  # a typed array: half the JSON
+        "ticktext": [ticktext[i] for i in tickvals],
+        "tickfont": tickfont,
+        "showgrid": False,
+        "zeroline": False,
+        "ticks": "",
+        "constrain": "domain",
+        "title": {"standoff": 4},
+        "showticklabels": False,
+    }
+    value = _value_name(kind, colour)
+    hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
+    title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": 1 - 8 / geo.height, "yanchor": "top",
+                    "yref": "container", "font": {"size": fonts.title}}
+    if sub_text:
+        title_layout["subtitle"] = {"text": sub_text, "font": {"size": fonts.sub}}
     layout: dict = {
         "template": {
-            "data": {
-                "heatmap": [
-                    {
-                        "type": "heatmap",
-                        "coloraxis": "coloraxis",
-                        "hoverongaps": False,
-                        "hovertemplate": f"query %{{y}} → key %{{x}}: {MILLI_FORMAT}<extra></extra>",
-                    }
-                ]
-            }
+            "data": {"heatmap": [{"type": "heatmap", "coloraxis": "coloraxis", "hoverongaps": False,
+                                  "hovertemplate": hover}]},
+            "layout": {"xaxis": {**axis_common, "tickangle": -90 if labels.rotate else 0, "constraintoward": "left"},
+                       "yaxis": axis_common,
+                       # defaults sent once: the hatch behind masked cells (each panel's image only names
+                       # its axes), the panel titles' style
+                       "imagedefaults": {"source": hatch_image(geo.panel), "x": 0, "y": 1, "sizex": 1, "sizey": 1,
+                                         "xanchor": "left", "yanchor": "top", "sizing": "stretch", "layer": "below"},
+                       "annotationdefaults": {"xref": "paper", "yref": "paper", "xanchor": "center",
+                                              "yanchor": "bottom", "yshift": 2, "showarrow": False,
+                                              "font": {"size": fonts.panel_title}},
+                       # the query-row outline: a whole row, two lines per panel (ROW_OUTLINE)
+                       "shapedefaults": {"type": "rect", "x0": -0.5, "x1": t - 0.5, "fillcolor": TRANSPARENT,
+                                         "layer": "above"}},
         },
         "separators": MILLI_SEPARATORS,
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        "font": FONT,
-        "height": height,
+        "title": title_layout,
+        "font": {**FONT, "size": fonts.axis_title},
+        "height": geo.height,
         "margin": margin,
-        "plot_bgcolor": GREY,
-        "paper_bgcolor": "white",
-        "coloraxis": _colour_axis(q, masked, kind, show_scale),
-        "hoverlabel": {"font": {"family": FONT["family"], "size": 12}},
+        "plot_bgcolor": TRANSPARENT,
+        "paper_bgcolor": TRANSPARENT,
+        "coloraxis": _colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4)),
+        "hoverlabel": hover_label(fonts.hover),
         "uirevision": "attention",
-        "meta": {"viz": "attention", "kind": kind, "unit": 1 / MILLI, "T": t, "panels": n},
+        "meta": {
+            "viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
+            "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
+        },
         "annotations": [],
+        "images": [],
+        "shapes": [],
     }
     data: list[dict] = []
     for k in range(n):
-        row, col = divmod(k, ncols)
+        row, col = divmod(k, geo.ncols)
         suffix = "" if k == 0 else str(k + 1)
         xref, yref = f"x{suffix}", f"y{suffix}"
-        x0 = col * (panel_frac + gap)
-        y1 = 1 - row * (row_frac + vgap)
-        bottom = row == nrows - 1 or k + ncols >= n
-        xaxis: dict = {
-            "type": "category",
-            "domain": [x0, x0 + panel_frac],
-            "anchor": yref,
-            "tickmode": "array",
-            "tickvals": tickvals,
-            "ticktext": ticktext,
-            "showticklabels": bottom,
-            "tickfont": small,
-            "showgrid": False,
-            "zeroline": False,
-            "ticks": "",
-        }
-        yaxis: dict = {
-            "type": "category",
-            "domain": [max(0.0, y1 - row_frac), y1],
-            "anchor": xref,
-            "tickmode": "array",
-            "tickvals": tickvals,
-            "ticktext": ticktext,
-            "showticklabels": col == 0,
-            "tickfont": small,
-            "showgrid": False,
-            "zeroline": False,
-            "ticks": "",
-            # square cells whatever width the page gives the figure
-            "scaleanchor": xref,
-            "constrain": "domain",
-        }
-        xaxis["constrain"] = "domain"
-        if k == 0:
-            xaxis.update(categoryorder="array", categoryarray=labels, range=[-0.5, t - 0.5])
-            yaxis.update(categoryorder="array", categoryarray=labels, range=[t - 0.5, -0.5])
-        else:
-            xaxis["matches"], yaxis["matches"] = "x", "y"
-        if bottom and k == (nrows - 1) * ncols:
-            xaxis["title"] = {"text": "key position (attended to)", "standoff": 4, "font": {"size": 11}}
+        x0 = col * (geo.panel + geo.hgap) / plot_w
+        y1 = 1 - row * (geo.panel + geo.vgap) / plot_h
+        bottom = row == geo.nrows - 1 or k + geo.ncols >= n
+        xaxis: dict = {"domain": [round(x0, 5), round(min(1.0, x0 + col_frac), 5)], "anchor": yref}
+        # square cells whatever width the page gives the figure
+        yaxis: dict = {"domain": [round(max(0.0, y1 - row_frac), 5), round(y1, 5)], "anchor": xref,
+                       "scaleanchor": xref}
+        if bottom:  # tick labels under the lowest panel of each column and left of each row only
+            xaxis["showticklabels"] = True
         if col == 0:
-            ytitle = row_titles[row] if row_titles else "query position"
-            yaxis["title"] = {"text": ytitle, "standoff": 4, "font": {"size": 11}}
+            yaxis["showticklabels"] = True
+        if k == 0:
+            # (categoryorder defaults to "array" when a categoryarray is given)
+            xaxis.update(categoryarray=labels_cat, range=[offset - 0.5, t - 0.5])
+            yaxis.update(categoryarray=labels_cat, range=[t - 0.5, offset - 0.5])
+        else:  # matched axes share the range (and its square cells: only the first y axis is anchored)
+            xaxis["matches"], yaxis["matches"] = "x", "y"
+            del yaxis["scaleanchor"]
+        if bottom and k == (geo.nrows - 1) * geo.ncols:
+            xaxis["title"] = {"text": "key position (attended to)"}
+        if col == 0:
+            yaxis["title"] = {"text": row_titles[row] if row_titles else "query position"}
         layout[f"xaxis{suffix}"] = xaxis
         layout[f"yaxis{suffix}"] = yaxis
+        layer, head = panels[k]
+        layout["meta"]["panels"].append({"xaxis": xref, "yaxis": yref, "layer": layer, "head": head})
         if panel_titles[k]:
-            layout["annotations"].append(
-                {
-                    "text": panel_titles[k],
-                    "x": x0 + panel_frac / 2,
-                    "y": y1,
-                    "xref": "paper",
-                    "yref": "paper",
-                    "xanchor": "center",
-                    "yanchor": "bottom",
-                    "showarrow": False,
-                    "font": {"size": 11},
-                }
-            )
-        data.extend(_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n))
-    if masked.any():
-        layout["annotations"].append(
-            {"text": MASKED_HINT, "x": 1, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "right",
-             "yanchor": "bottom", "yshift": 22, "showarrow": False, "font": {"size": 10, "color": "#666"}}
-        )
+            layout["annotations"].append({"text": panel_titles[k], "x": round(x0 + col_frac / 2, 5),
+                                          "y": round(y1, 5)})
+        if masked[k].any():
+            layout["images"].append({"xref": f"{xref} domain", "yref": f"{yref} domain"})
+        if query is not None:
+            for line in ROW_OUTLINE:
+                layout["shapes"].append({"xref": xref, "yref": yref, "y0": query - 0.5, "y1": query + 0.5,
+                                         "line": dict(line)})
+        data.extend(_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n, f"layer {layer}, head {head}"))
+    for key in ("annotations", "images", "shapes"):
+        if not layout[key]:
+            del layout[key]
     return FigureSpec(data, layout)
 
 
@@ -396,6 +602,21 @@ def _what(kind: str) -> str:
     return "weights" if kind == "weights" else "scores (before softmax)"
 
 
+def _check_size(name: str, value: object, least: int) -> None:
+    if value is None and name == "max_height_px":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{name} must be a whole number of pixels ≥ {least}, got {value!r}")
+
+
+def _check_common(colour: str, query: int | None, t: int, width_px: int, max_height_px: int | None) -> None:
+    _check_colour(colour)
+    if query is not None:
+        _index("query", query, t, "the text has")
+    _check_size("width_px", width_px, 120)
+    _check_size("max_height_px", max_height_px, 120)
+
+
 def attention_grid(
     attn: np.ndarray,
     tokens: Sequence[str],
@@ -405,15 +626,26 @@ def attention_grid(
     kind: str = "weights",
     mask: np.ndarray | None = None,
     width_px: int = 1000,
+    max_height_px: int | None = None,
+    colour: str = "linear",
+    presentation: bool = False,
+    query: int | None = None,
+    ncols: int | None = None,
 ) -> FigureSpec:
-    """One layer's heads as a grid of heatmaps (up to 4 columns) with one shared colour scale.
+    """One layer's heads as a grid of square heatmaps with one shared colour scale.
 
     attn: (H, T, T) post-softmax weights (kind="weights", colour scale fixed 0–1) or pre-softmax
-    scores (kind="scores", symmetric scale around 0). Masked cells: NaN/-inf, or `mask` True
-    ((T, T) or (H, T, T)). heads: which heads to show (default all). width_px: the width the
-    figure is laid out for (square panels, thinned tick labels).
+    scores (kind="scores", symmetric `DIVERGING` scale around 0, red = positive). Masked cells:
+    NaN/-inf, or `mask` True ((T, T) or (H, T, T)); they show the hatch. heads: which heads to show
+    (default all). width_px: the width the figure is laid out for; max_height_px: the figure is
+    never taller (panels shrink, labels adapt). ncols None: 4 columns while every token label fits
+    (about T ≤ 12 at 1000 px), else fewer (see `_pick_columns`). Every position is labelled up to
+    `GRID_LABEL_LIMIT`; past it the figure opens on the last GRID_LABEL_LIMIT positions.
+    colour ("linear" | "row" | "log", weights only), presentation (large fonts) and query (outline
+    that query row in every panel) as in `attention_view`.
     """
     attn, t, tokens = _checked(attn, tokens, kind, "(heads, T, T)")
+    _check_common(colour, query, t, width_px, max_height_px)
     masked = np.broadcast_to(_masks(attn, mask), attn.shape)
     n_heads = attn.shape[0]
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
@@ -421,8 +653,12 @@ def attention_grid(
     if bad or not heads:
         raise ValueError(f"heads {bad or heads} out of range: this layer has {n_heads} heads")
     what = "attention " + _what(kind)
-    return _attention_figure(attn[heads], masked[heads], tokens, ncols=4, panel_titles=[f"head {h}" for h in heads],
-                             row_titles=None, kind=kind, title=f"Layer {layer} {what}", width_px=width_px)
+    return _attention_figure(
+        attn[heads], masked[heads], tokens, ncols=ncols, panels=[(int(layer), h) for h in heads],
+        panel_titles=[f"head {h}" for h in heads], row_titles=None, kind=kind, title=f"Layer {layer} {what}",
+        width_px=width_px, max_height_px=max_height_px, focus=GRID_LABEL_LIMIT, colour=colour,
+        presentation=presentation, query=query,
+    )
 
 
 def attention_head(
@@ -434,12 +670,21 @@ def attention_head(
     *,
     mask: np.ndarray | None = None,
     width_px: int = 720,
+    max_height_px: int | None = None,
+    colour: str = "linear",
+    presentation: bool = False,
+    query: int | None = None,
 ) -> FigureSpec:
-    """A single head, large, with colour bar; same conventions as `attention_grid`."""
+    """A single head, large, with colour bar; same conventions as `attention_grid`, but every
+    position is labelled up to `HEAD_LABEL_LIMIT` (past it: opens on the last ones)."""
     attn2d, t, tokens = _checked(attn2d, tokens, kind, "(T, T)")
+    _check_common(colour, query, t, width_px, max_height_px)
     masked = _masks(attn2d, mask)
-    return _attention_figure(attn2d[None], masked[None], tokens, ncols=1, panel_titles=[""], row_titles=None,
-                             kind=kind, title=f"Layer {layer}, head {head}: attention {_what(kind)}", width_px=width_px)
+    return _attention_figure(
+        attn2d[None], masked[None], tokens, ncols=1, panels=[(int(layer), int(head))], panel_titles=[""],
+        row_titles=None, kind=kind, title=f"Layer {layer}, head {head}: attention {_what(kind)}", width_px=width_px,
+        max_height_px=max_height_px, focus=HEAD_LABEL_LIMIT, colour=colour, presentation=presentation, query=query,
+    )
 
 
 def attention_overview(
@@ -450,10 +695,15 @@ def attention_overview(
     mask: np.ndarray | None = None,
     width_px: int = 1000,
     max_tokens: int = OVERVIEW_MAX_T,
+    max_height_px: int | None = None,
+    colour: str = "linear",
+    presentation: bool = False,
+    query: int | None = None,
 ) -> FigureSpec:
     """Every layer × head as small multiples (rows = layers), for prompts of at most `max_tokens` tokens.
 
-    attn: (L, H, T, T). The panels get small quickly, so longer prompts raise ValueError.
+    attn: (L, H, T, T). The panels get small quickly, so longer prompts raise ValueError. Tick
+    labels are thinned to what the small panels hold.
     """
     attn, t, tokens = _checked(attn, tokens, kind, "(layers, heads, T, T)")
     if t > max_tokens:
@@ -461,13 +711,18 @@ def attention_overview(
             f"the all-layers overview needs T ≤ {max_tokens} tokens but T = {t}; "
             "pick one layer (attention_grid) instead"
         )
+    _check_common(colour, query, t, width_px, max_height_px)
     n_layers, n_heads = attn.shape[:2]
     flat = attn.reshape(n_layers * n_heads, t, t)
     masked = np.broadcast_to(_masks(attn, mask), attn.shape).reshape(flat.shape)
     titles = [f"head {h}" if layer == 0 else "" for layer in range(n_layers) for h in range(n_heads)]
     rows = [f"layer {layer}<br>query" for layer in range(n_layers)]
-    return _attention_figure(flat, masked, tokens, ncols=n_heads, panel_titles=titles, row_titles=rows, kind=kind,
-                             title=f"Attention {_what(kind)}: every layer (rows) × head (columns)", width_px=width_px)
+    panels = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    return _attention_figure(
+        flat, masked, tokens, ncols=n_heads, panels=panels, panel_titles=titles, row_titles=rows, kind=kind,
+        title=f"Attention {_what(kind)}: every layer (rows) × head (columns)", width_px=width_px,
+        max_height_px=max_height_px, focus=None, colour=colour, presentation=presentation, query=query,
+    )
 
 
 def _index(name: str, value: object, count: int, what: str) -> int:
@@ -503,24 +758,38 @@ def attention_view(
     view: str,
     causal: bool,
     overview_max_tokens: int,
-    width_px: int = 1200,
+    width_px: int | None = None,
+    max_height_px: int | None = None,
+    colour: str = "linear",
+    presentation: bool = False,
+    query: int | None = None,
 ) -> FigureSpec | go.Figure:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
     weights, scores: (L, H, T, T) post-softmax weights and pre-softmax scores of every layer (one
     array, or a sequence of L arrays of shape (H, T, T));
     scores may be None unless view == "scores". tokens: the T display strings. head None means
-    all heads of `layer`. causal: mask the future positions (`causal_mask`).
+    all heads of `layer`. causal: mask the future positions (`causal_mask`); masked cells are hatched.
 
     * "all layers": `attention_overview` of every layer's weights, or, when T exceeds
       `overview_max_tokens`, a `message_figure` (a `go.Figure`) asking for a single layer;
-    * "weights" / "scores": `attention_grid` of the layer (head None, laid out for `width_px`)
-      or `attention_head` of one head, for that kind.
+    * "weights" / "scores": `attention_grid` of the layer (head None) or `attention_head` of one
+      head, for that kind.
 
-    Raises ValueError for an unknown view, a layer or head out of range, or inconsistent shapes.
+    width_px: the width laid out for (None: 1200 for a grid or the overview, 720 for one head; the
+    page stretches it to its container). max_height_px: the figure is never taller; panels stay
+    square and shrink to fit, and the tick labels adapt. colour (one of `COLOUR_MODES`; weights
+    views only, the scores view ignores it): "linear" weights, "row" = each query row ÷ its row max,
+    "log" = log10(weight) clipped to [-3, 0]. presentation: large fonts (tick labels ≥ 16 px) and
+    a layout computed for them. query: outline that query row in every panel (layout.meta also
+    carries T, offset and the panels' axes, layer and head so a page can draw it without a round trip).
+
+    Raises ValueError for an unknown view, colour, a layer, head or query out of range, or
+    inconsistent shapes.
     """
     if view not in ATTENTION_VIEWS:
         raise ValueError(f"view must be one of {', '.join(map(repr, ATTENTION_VIEWS))}, got {view!r}")
+    _check_colour(colour)
     # Per-layer (H, T, T) arrays are used as they are: stacking them would copy every layer for
     # a picture of one (only the all-layers overview needs the stack).
     weights = _layers(weights, "weights")
@@ -541,16 +810,22 @@ def attention_view(
             or overview_max_tokens < 1:
         raise ValueError(f"overview_max_tokens must be a positive whole number, got {overview_max_tokens!r}")
     mask = causal_mask(t) if causal else None
+    style = {"max_height_px": max_height_px, "presentation": presentation, "query": query}
 
     if view == "all layers":
         if t > overview_max_tokens:
             return message_figure(
                 f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {overview_max_tokens} tokens "
-                f"(there are {t}). Pick a layer instead."
+                f"(there are {t}). Pick a layer instead.", presentation=presentation,
             )
-        return attention_overview(np.stack(weights), tokens, mask=mask, width_px=width_px, max_tokens=int(overview_max_tokens))
+        return attention_overview(np.stack(weights), tokens, mask=mask, width_px=width_px or 1200,
+                                  max_tokens=int(overview_max_tokens), colour=colour, **style)
     kind = "scores" if view == "scores" else "weights"
     mats = scores if kind == "scores" else weights
+    if kind == "scores":
+        colour = "linear"
     if head is None:
-        return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px)
-    return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask)
+        return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px or 1200,
+                              colour=colour, **style)
+    return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask, width_px=width_px or 720,
+                          colour=colour, **style)

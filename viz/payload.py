@@ -162,12 +162,17 @@ def decode_array(value: Any) -> np.ndarray:
 def attention_panels(fig: Figure) -> np.ndarray:
     """The values a viewer of an attention figure sees: (panels, T, T) float64, NaN where masked.
 
+    These are the coloured values: the weights themselves for colour="linear", the row-normalised
+    or log10 values for colour="row" / "log" (``layout.meta.colour`` says which).
+
     Decodes the JSON actually sent (tiles, integer milli-units) back to floats. Tiles overlap by a
     cell to hide seams; overlapping cells must agree.
     """
     spec = json.loads(plot_json(fig))
     meta = spec["layout"]["meta"]
-    t, n, unit = int(meta["T"]), int(meta["panels"]), float(meta["unit"])
+    panels = meta["panels"]  # a list of {xaxis, yaxis, layer, head} (older figures: a count)
+    t, unit = int(meta["T"]), float(meta["unit"])
+    n = len(panels) if isinstance(panels, list) else int(panels)
     out = np.full((n, t, t), np.nan)
     for trace in spec["data"]:
         panel = int(trace.get("xaxis", "x")[1:] or 1) - 1

@@ -6,13 +6,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._common import FONT, esc, short_token
+from ._common import (
+    FONT,
+    GRID_GREY,
+    PRESENTATION_FONT_PX,
+    TRANSPARENT,
+    esc,
+    hover_label,
+    short_token,
+    text_width_em,
+)
 from .payload import FigureSpec
 
 RAW_COLOUR = "#9db4d3"
 ADJ_COLOUR = "#2f6db5"
-CHOSEN_COLOUR = "#e4572e"
-CHOSEN_RAW_COLOUR = "#f2a58f"  # lighter orange: the chosen token's bar in the model distribution
+CHOSEN_COLOUR = "#e4572e"  # the one highlight colour: the sampled token's bars, in either distribution
+CHOSEN_RAW_COLOUR = CHOSEN_COLOUR  # kept for callers of the old name
+MAX_HEIGHT_PX = 360
+DEFAULT_TITLE = "Next-token probabilities"
 
 
 def _check_probs(name: str, probs: np.ndarray, n: int) -> np.ndarray:
@@ -31,13 +42,19 @@ def probabilities(
     adjusted: np.ndarray | None = None,
     chosen: int | None = None,
     top: int = 15,
+    title: str | None = None,
+    presentation: bool = False,
 ) -> FigureSpec:
     """Horizontal bars of the `top` most likely next tokens (ranked by `adjusted` when given).
 
     probs: the model's softmax over the vocabulary. adjusted: the distribution after temperature /
-    top-k / top-p, drawn next to it. chosen: vocabulary id of the sampled token; its bars are
-    orange and its label marked "◀ chosen"; it is added as an extra row when outside the top.
-    pieces: display strings (whitespace already made visible by the caller).
+    top-k / top-p, drawn next to it. chosen: vocabulary id of the sampled token; its bars take the
+    one highlight colour (`CHOSEN_COLOUR`) and its label is marked "◀ chosen"; it is added as an
+    extra row when outside the top. pieces: display strings (whitespace already made visible by the
+    caller). title: the chart's title, e.g. which step or token the distribution belongs to (plain
+    text, escaped; default "Next-token probabilities"). presentation: large fonts (≥ 16 px).
+    The chart is at most `MAX_HEIGHT_PX` tall: rows that would not fit at a legible size are left
+    out (the chosen row always stays).
     """
     pieces = [str(p) for p in pieces]
     n = len(pieces)
@@ -48,19 +65,27 @@ def probabilities(
         raise ValueError(f"chosen token id {chosen} is outside the vocabulary of {n} pieces")
     if top < 1:
         raise ValueError(f"top must be at least 1, got {top}")
+    font = PRESENTATION_FONT_PX if presentation else 11
+    title_font = 20 if presentation else 13
+    series = 2 if adjusted is not None else 1
+    pitch = max(font * 1.3, (9 if series == 1 else 8) * series + 6)  # px a row needs
+    margin = {"t": int(title_font * 1.6 + (font * 1.6 if series == 2 else 0) + 10), "b": int(font * 1.4 * 2 + 12)}
+    rows_fit = max(1, int((MAX_HEIGHT_PX - margin["t"] - margin["b"]) // pitch))
     rank_by = adjusted if adjusted is not None else probs
     order = [int(i) for i in np.lexsort((-probs, -rank_by))[:top]]  # ties: by model probability
-    if chosen is not None and int(chosen) not in order:
-        order.append(int(chosen))
+    if chosen is not None and int(chosen) not in order[:rows_fit]:
+        order = order[: rows_fit - 1] + [int(chosen)]
+    order = order[:rows_fit]
     ids = np.array(order)
     rows = np.arange(len(ids), dtype=np.int32)
     is_chosen = ids == (-1 if chosen is None else int(chosen))
     labels = [short_token(pieces[i], 16) for i in ids]
     ticktext = [f"<b>{lab}  ◀ chosen</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]
     hover_names = [f'"{esc(pieces[i])}" (id {i})' for i in ids]
+    label_em = max(text_width_em(pieces[i][:16]) + (6.5 if c else 0) for i, c in zip(ids, is_chosen, strict=True))
 
-    def bars(values: np.ndarray, name: str, colour: str, chosen_colour: str) -> dict:
-        colours = [chosen_colour if c else colour for c in is_chosen]
+    def bars(values: np.ndarray, name: str, colour: str) -> dict:
+        colours = [CHOSEN_COLOUR if c else colour for c in is_chosen]
         return {
             "type": "bar",
             "orientation": "h",
@@ -72,26 +97,39 @@ def probabilities(
             "hovertemplate": f"%{{hovertext}}<br>{name}: %{{x:.4f}}<extra></extra>",
         }
 
-    data = [bars(probs, "model probability", RAW_COLOUR, CHOSEN_RAW_COLOUR if adjusted is not None else CHOSEN_COLOUR)]
+    data = [bars(probs, "model probability", RAW_COLOUR)]
     if adjusted is not None:
-        data.append(bars(adjusted, "after temperature / top-k / top-p", ADJ_COLOUR, CHOSEN_COLOUR))
-    height = 90 + 22 * len(ids) * (2 if adjusted is not None else 1) ** 0.5
+        data.append(bars(adjusted, "after temperature / top-k / top-p", ADJ_COLOUR))
+        # plotly.js draws a legend swatch in a bar trace's first colour, which may be the highlight:
+        # the legend comes from two empty marker traces in the series colours instead
+        for trace in data[:2]:
+            trace["showlegend"] = False
+        data += [{"type": "scatter", "mode": "markers", "x": [None], "y": [None], "name": trace["name"],
+                  "marker": {"color": colour, "symbol": "square", "size": 10}, "hoverinfo": "skip"}
+                 for trace, colour in zip(data[:2], (RAW_COLOUR, ADJ_COLOUR), strict=True)]
+    height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
+    margin.update(l=int(min(300, max(60, label_em * font + 14))), r=20)
     layout = {
         "template": "none",
-        "font": FONT,
+        "font": {**FONT, "size": font},
+        "paper_bgcolor": TRANSPARENT,
+        "plot_bgcolor": TRANSPARENT,
         "barmode": "group",
         "bargap": 0.25,
-        "height": int(height),
-        "margin": {"l": 150, "r": 20, "t": 40, "b": 40},
-        "title": {"text": "Next-token probabilities", "x": 0.01, "xanchor": "left", "font": {"size": 13}},
-        "xaxis": {"title": {"text": "probability"}, "range": [0, max(1e-9, float(rank_by[ids].max()),
-                                                                     float(probs[ids].max())) * 1.05],
-                  "showgrid": True, "gridcolor": "#eee", "zeroline": False},
-        "yaxis": {"tickmode": "array", "tickvals": rows.tolist(), "ticktext": ticktext,
+        "height": height,
+        "margin": margin,
+        "title": {"text": esc(title) if title else DEFAULT_TITLE, "x": 0.01, "xanchor": "left", "y": 1,
+                  "yanchor": "top", "yref": "container", "pad": {"t": 8}, "font": {"size": title_font}},
+        "xaxis": {"title": {"text": "probability", "standoff": 4}, "tickfont": {"size": font},
+                  "range": [0, max(1e-9, float(rank_by[ids].max()), float(probs[ids].max())) * 1.05],
+                  "showgrid": True, "gridcolor": GRID_GREY, "zeroline": False},
+        "yaxis": {"tickmode": "array", "tickvals": rows.tolist(), "ticktext": ticktext, "tickfont": {"size": font},
                   "autorange": "reversed", "showgrid": False, "ticks": ""},
-        "legend": {"orientation": "h", "x": 1, "y": 1.0, "yanchor": "bottom", "xanchor": "right",
-                   "font": {"size": 10}, "traceorder": "normal"},
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "xanchor": "left",
+                   "font": {"size": font - 1}, "traceorder": "normal"},
+        "hoverlabel": hover_label(18 if presentation else 12),
         "showlegend": adjusted is not None,
         "hovermode": "closest",
+        "meta": {"viz": "probabilities", "ids": [int(i) for i in ids], "chosen": None if chosen is None else int(chosen)},
     }
     return FigureSpec(data, layout)

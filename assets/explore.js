@@ -1,0 +1,177 @@
+() => {
+  // Decoder Lab's page behaviour: what must answer at once, without a round trip to the server.
+  // * Clicking a token (or ←/→) selects it as the query: its row is outlined in every panel of the
+  //   attention figure and the text is shaded by how much that query attends to each earlier token.
+  //   The numbers come from the figure itself (layout.meta.shade, see viz/linking.py); gradio's own
+  //   select event asks the server for the distribution the token was drawn from.
+  // * Shortcuts: S step, G generate, U undo, ←/→ move the query, Esc back to the last token.
+  // * A figure drawn while its tab was hidden is laid out again when the tab is shown.
+  const lab = (window.decoderLab = { query: null, tokensKey: "", applied: 0 });
+  const OUTLINE = "#ff2d95";
+  const tokenEls = () => Array.from(document.querySelectorAll("#tokens .textfield .token"));
+  const plotDiv = () => document.querySelector("#attention .js-plotly-plot");
+  const shadeOf = (gd) => {
+    const meta = gd && gd._fullLayout && (gd._fullLayout.meta || (gd.layout && gd.layout.meta));
+    return meta && meta.shade ? meta.shade : null;
+  };
+  const bytesCache = { key: null, bytes: null };
+  const bytesOf = (shade) => {
+    if (bytesCache.key !== shade.data) {
+      const raw = atob(shade.data);
+      const out = new Uint8Array(raw.length);
+      for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+      bytesCache.key = shade.data;
+      bytesCache.bytes = out;
+    }
+    return bytesCache.bytes;
+  };
+  // The weights of query q on keys 0..q (the chosen head, or the mean of the layer's heads).
+  const rowOf = (shade, q) => {
+    const b = bytesOf(shade), T = shade.T, n = shade.square ? T : q + 1;
+    const perHead = shade.square ? T * T : (T * (T + 1)) / 2;
+    const start = shade.square ? q * T : (q * (q + 1)) / 2;
+    const heads = shade.head === null || shade.head === undefined ? [...Array(shade.heads).keys()] : [shade.head];
+    const row = new Float64Array(n);
+    for (const h of heads) {
+      const scale = shade.rowmax[h][q] / shade.levels; // bytes are weights ÷ the row's largest weight
+      for (let j = 0; j < n; j++) row[j] += b[h * perHead + start + j] * scale;
+    }
+    for (let j = 0; j < n; j++) row[j] /= heads.length;
+    return row;
+  };
+  const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+
+  function outline(gd, q) {
+    if (!gd) return 0;
+    const box = gd.querySelector(".svg-container") || gd;
+    box.querySelectorAll(".lab-outline").forEach((e) => e.remove());
+    const L = gd._fullLayout;
+    if (q === null || !L) return 0;
+    let drawn = 0;
+    for (const key of Object.keys(L).filter((k) => /^yaxis\d*$/.test(k))) {
+      const ya = L[key], xa = L["xaxis" + key.slice(5)];
+      if (!ya || !xa || typeof ya.l2p !== "function" || ya.type !== "category") continue;
+      const top = ya._offset + Math.min(ya.l2p(q - 0.5), ya.l2p(q + 0.5));
+      const height = Math.abs(ya.l2p(q + 0.5) - ya.l2p(q - 0.5));
+      if (top + height <= ya._offset + 0.5 || top >= ya._offset + ya._length - 0.5) continue; // row scrolled out
+      const t = xa._categories ? xa._categories.length : shadeOf(gd).T;
+      const x0 = Math.max(xa._offset, xa._offset + Math.min(xa.l2p(-0.5), xa.l2p(t - 0.5)));
+      const x1 = Math.min(xa._offset + xa._length, xa._offset + Math.max(xa.l2p(-0.5), xa.l2p(t - 0.5)));
+      const y0 = Math.max(top, ya._offset), y1 = Math.min(top + height, ya._offset + ya._length);
+      const div = document.createElement("div");
+      div.className = "lab-outline";
+      div.dataset.axis = key;
+      Object.assign(div.style, {
+        position: "absolute", left: `${x0 - 1}px`, top: `${y0 - 1}px`, width: `${x1 - x0 + 2}px`,
+        height: `${y1 - y0 + 2}px`, border: `2px solid ${OUTLINE}`, boxShadow: "0 0 0 1px #fff",
+        pointerEvents: "none", boxSizing: "border-box", zIndex: 5,
+      });
+      box.appendChild(div);
+      drawn++;
+    }
+    return drawn;
+  }
+
+  function shadeText(shade, q, els) {
+    const note = document.querySelector("#shade_note");
+    els.forEach((el) => {
+      el.classList.remove("lab-query", "lab-future", "lab-strong");
+      el.style.removeProperty("--lab-shade");
+      el.removeAttribute("title");
+    });
+    if (!shade || q === null || shade.T !== els.length) {
+      if (note) note.innerHTML = "";
+      return;
+    }
+    const row = rowOf(shade, q);
+    let top = 0;
+    for (const v of row) top = Math.max(top, v);
+    const who = shade.head === null || shade.head === undefined ? `mean of the ${shade.heads} heads` : `head ${shade.head}`;
+    els.forEach((el, j) => {
+      if (j < row.length) {
+        const v = top > 0 ? row[j] / top : 0;
+        el.style.setProperty("--lab-shade", v.toFixed(3));
+        el.classList.toggle("lab-strong", v > 0.5);
+        el.title = `query ${q} → key ${j}: weight ${row[j].toFixed(3)} (layer ${shade.layer}, ${who})`;
+      } else {
+        el.classList.add("lab-future");
+        el.title = `position ${j} comes after the query: masked`;
+      }
+    });
+    els[q].classList.add("lab-query");
+    const text = els[q].querySelector(".text");
+    if (note) {
+      note.innerHTML = `<span class="lab-note">Shading: where <b>“${esc(text ? text.textContent : "")}”</b> ` +
+        `(position ${q}) looks in layer ${shade.layer}, ${who}. Strongest: ${top.toFixed(3)}. ` +
+        `Click another token, or use ←/→.</span>`;
+    }
+  }
+
+  function apply() {
+    const els = tokenEls();
+    const key = els.map((e) => e.textContent).join("\u0001");
+    if (key !== lab.tokensKey) { // a new text (Step, Undo, Generate, Reset): the last token is the query
+      lab.tokensKey = key;
+      lab.query = null;
+    }
+    const gd = plotDiv();
+    const shade = shadeOf(gd);
+    const q = !els.length ? null : lab.query === null ? els.length - 1 : Math.min(lab.query, els.length - 1);
+    const ok = shade && shade.T === els.length;
+    outline(gd, ok ? q : null);
+    shadeText(ok ? shade : null, q, els);
+    lab.applied++;
+  }
+  lab.apply = apply;
+
+  let pending = false;
+  const schedule = () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; apply(); });
+  };
+  const watch = () => {
+    const targets = ["#attention", "#tokens"].map((s) => document.querySelector(s));
+    if (targets.some((t) => !t)) return setTimeout(watch, 200);
+    const obs = new MutationObserver((muts) => {
+      if (muts.every((m) => [...m.addedNodes, ...m.removedNodes].every((n) => n.classList && n.classList.contains("lab-outline")))) return;
+      schedule();
+    });
+    targets.forEach((t) => obs.observe(t, { childList: true, subtree: true, characterData: true }));
+    window.addEventListener("resize", () => setTimeout(schedule, 120));
+    schedule();
+  };
+  watch();
+
+  const select = (i) => {
+    const els = tokenEls();
+    if (!els.length) return;
+    i = Math.max(0, Math.min(els.length - 1, i));
+    els[i].click(); // gradio's select event asks the server for the distribution; our listener does the rest
+  };
+  document.addEventListener("click", (e) => {
+    const el = e.target.closest && e.target.closest("#tokens .textfield .token");
+    if (el) {
+      lab.query = tokenEls().indexOf(el);
+      apply();
+    }
+    const tab = e.target.closest && e.target.closest("button[role='tab']");
+    if (tab) [60, 300].forEach((ms) => setTimeout(() => window.dispatchEvent(new Event("resize")), ms));
+  }, true);
+  document.addEventListener("keydown", (e) => {
+    if (e.ctrlKey || e.metaKey || e.altKey || e.isComposing) return;
+    const t = e.target;
+    if (t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName))) return;
+    const n = tokenEls().length;
+    const current = lab.query === null ? n - 1 : lab.query;
+    const click = (sel) => { const b = document.querySelector(sel); if (b) { e.preventDefault(); b.click(); } };
+    switch (e.key) {
+      case "s": case "S": click("#step"); break;
+      case "g": case "G": click("#generate"); break;
+      case "u": case "U": click("#undo"); break;
+      case "ArrowLeft": if (n) { e.preventDefault(); select(current - 1); } break;
+      case "ArrowRight": if (n) { e.preventDefault(); select(current + 1); } break;
+      case "Escape": if (n) select(n - 1); break;
+    }
+  });
+}

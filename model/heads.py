@@ -1,0 +1,229 @@
+"""Head scores: one number per layer × head that says what a head's attention pattern does.
+
+For an attention matrix A of a text of T tokens (rows are queries, columns keys, each row sums
+to 1 over the keys it may see, j ≤ i) and the text's token ids:
+
+* previous-token: mean over queries i ≥ 1 of A[i, i−1];
+* first-token (sink): mean over queries i ≥ 1 of A[i, 0];
+* self: mean over queries i ≥ 1 of A[i, i];
+* induction: mean over queries i whose token occurred earlier, at latest position j < i − 1,
+  of A[i, j+1] (the token that followed the earlier copy); undefined (NaN) when no query qualifies;
+* entropy: mean over queries i ≥ 1 of −Σⱼ A[i, j] log₂ A[i, j], in bits (0 · log 0 = 0);
+* task match (sort, copy — tasks where the right attention is known): mean over the answer
+  queries i of A[i, k(i)], where k(i) is the key the query should read (`ideal_keys_sort`,
+  `ideal_keys_copy`). 1.0 means the head puts all of its weight on the right key every time.
+
+Query 0 is left out of the means: it can only see itself, so it carries no information about
+the head. Every function is vectorised over leading axes: it takes (..., T, T) — one matrix,
+(H, T, T) for a layer, (L, H, T, T) for a model — and returns an array of shape (...).
+`head_scores(per_layer, ids)` gives all of them as (L, H) arrays; `ROLES` holds each role's
+name, formula (as text, for the UI) and the threshold from which a head is said to play it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _as_array(attn) -> np.ndarray:
+    a = np.asarray(attn, dtype=np.float64)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"attention must be (..., T, T), got shape {a.shape}")
+    return a
+
+
+def _nan_result(a: np.ndarray) -> np.ndarray:
+    return np.full(a.shape[:-2], np.nan)
+
+
+def previous_token(attn) -> np.ndarray:
+    """Mean over queries i ≥ 1 of A[i, i−1]; NaN for a text of one token."""
+    a = _as_array(attn)
+    T = a.shape[-1]
+    if T < 2:
+        return _nan_result(a)
+    i = np.arange(1, T)
+    return a[..., i, i - 1].mean(axis=-1)
+
+
+def first_token(attn) -> np.ndarray:
+    """Mean over queries i ≥ 1 of A[i, 0] (the attention sink); NaN for a text of one token."""
+    a = _as_array(attn)
+    if a.shape[-1] < 2:
+        return _nan_result(a)
+    return a[..., 1:, 0].mean(axis=-1)
+
+
+def self_attention(attn) -> np.ndarray:
+    """Mean over queries i ≥ 1 of A[i, i]; NaN for a text of one token."""
+    a = _as_array(attn)
+    T = a.shape[-1]
+    if T < 2:
+        return _nan_result(a)
+    i = np.arange(1, T)
+    return a[..., i, i].mean(axis=-1)
+
+
+def entropy(attn) -> np.ndarray:
+    """Mean over queries i ≥ 1 of −Σⱼ A[i, j] log₂ A[i, j], in bits; NaN for a text of one token."""
+    a = _as_array(attn)
+    if a.shape[-1] < 2:
+        return _nan_result(a)
+    rows = a[..., 1:, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(rows > 0, -rows * np.log2(np.where(rows > 0, rows, 1.0)), 0.0)
+    return terms.sum(axis=-1).mean(axis=-1)
+
+
+def induction_targets(ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The (queries, keys) the induction score reads, as two int arrays.
+
+    For each query i, j is the latest position j < i − 1 holding the same token as i; when
+    there is one, the pair (i, j + 1) is included: the key right after the earlier copy, the
+    token an induction head would copy next. (An occurrence at i − 1 is skipped: its j + 1 is
+    the query itself.)
+    """
+    seen: dict[int, int] = {}  # token → its latest position among 0 … i − 2
+    queries, keys = [], []
+    toks = [int(t) for t in ids]
+    for i, t in enumerate(toks):
+        if i >= 2:
+            seen[toks[i - 2]] = i - 2
+        j = seen.get(t)
+        if j is not None:
+            queries.append(i)
+            keys.append(j + 1)
+    return np.asarray(queries, dtype=np.int64), np.asarray(keys, dtype=np.int64)
+
+
+def _mean_at(a: np.ndarray, queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    if len(queries) == 0:
+        return _nan_result(a)
+    return a[..., queries, keys].mean(axis=-1)
+
+
+def induction(attn, ids: Sequence[int]) -> np.ndarray:
+    """Mean over the queries of `induction_targets(ids)` of A[i, j+1]; NaN when there are none."""
+    a = _as_array(attn)
+    if len(ids) != a.shape[-1]:
+        raise ValueError(f"{len(ids)} token ids for an attention matrix over {a.shape[-1]} tokens")
+    return _mean_at(a, *induction_targets(ids))
+
+
+def task_match(attn, queries: Sequence[int], keys: Sequence[int]) -> np.ndarray:
+    """Match to a known ideal pattern: mean over the given queries i of A[i, keys[i]].
+
+    `keys[n]` is the one key query `queries[n]` should read (see `ideal_keys_sort`,
+    `ideal_keys_copy`); 1.0 means all of the weight is on the right key every time. NaN when
+    there are no queries.
+    """
+    a = _as_array(attn)
+    q = np.asarray(queries, dtype=np.int64).reshape(-1)
+    k = np.asarray(keys, dtype=np.int64).reshape(-1)
+    if q.shape != k.shape:
+        raise ValueError("queries and keys must have the same length")
+    T = a.shape[-1]
+    if len(q) and (q.min() < 0 or q.max() >= T or k.min() < 0 or (k > q).any()):
+        raise ValueError("every (query, key) pair must lie in the text with key ≤ query")
+    return _mean_at(a, q, k)
+
+
+def ideal_keys_sort(tokens: Sequence, sep="=") -> tuple[np.ndarray, np.ndarray]:
+    """Sort task (`digits=sorted digits`): the query at the separator and each answer digit but
+    the last should read the input digit to write next, the (k+1)-th smallest for the k-th
+    query. Repeated digits are taken in input order (a stable sort). Only queries already in
+    `tokens` are returned; none when there is no separator.
+    """
+    toks = list(tokens)
+    if sep not in toks:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    p = toks.index(sep)
+    order = sorted(range(p), key=lambda j: toks[j])  # stable: equal digits keep input order
+    queries = [q for q in range(p, min(len(toks), 2 * p)) if q - p < len(order)]
+    return np.asarray(queries, np.int64), np.asarray([order[q - p] for q in queries], np.int64)
+
+
+def ideal_keys_copy(tokens: Sequence, sep="|") -> tuple[np.ndarray, np.ndarray]:
+    """Copy task (`sequence|sequence`): the query at the separator should read input token 0,
+    the query at the k-th copied token input token k + 1 (the one after its earlier copy).
+    Only queries already in `tokens` are returned; none when there is no separator.
+    """
+    toks = list(tokens)
+    if sep not in toks:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    p = toks.index(sep)
+    queries = list(range(p, min(len(toks), 2 * p)))
+    return np.asarray(queries, np.int64), np.asarray([q - p for q in queries], np.int64)
+
+
+@dataclass(frozen=True)
+class Role:
+    key: str  # the name in `head_scores`
+    name: str  # shown to a learner
+    formula: str  # the definition, as text
+    threshold: float | None  # a head plays this role when its score is ≥ threshold (None: no role)
+    meaning: str  # one line: what a head with a high score does
+
+
+ROLES: dict[str, Role] = {r.key: r for r in (
+    Role("previous_token", "previous-token", "mean over queries i ≥ 1 of A[i, i−1]", 0.5,
+         "each token looks at the token just before it"),
+    Role("first_token", "first-token (sink)", "mean over queries i ≥ 1 of A[i, 0]", 0.5,
+         "the head parks its attention on the first token when it has nothing to look for"),
+    Role("self_attention", "self", "mean over queries i ≥ 1 of A[i, i]", 0.5,
+         "each token looks at itself"),
+    Role("induction", "induction",
+         "mean over queries i whose token occurred earlier, at latest position j < i−1, of A[i, j+1]", 0.4,
+         "a repeated token looks at what followed its earlier copy, to predict it comes again"),
+    Role("entropy", "entropy (bits)", "mean over queries i ≥ 1 of −Σⱼ A[i, j] log₂ A[i, j]", None,
+         "how spread out the attention is: 0 bits = all on one key, log₂(i+1) = uniform"),
+)}
+# the roles `strongest_role` chooses between, in the order that breaks ties
+ROLE_ORDER = ("induction", "previous_token", "self_attention", "first_token")
+MATCH_FORMULA = "mean over the answer queries i of A[i, k(i)], k(i) = the key the task needs i to read"
+
+
+def head_scores(weights_per_layer, ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Every score of every head: name → (L, H) array (NaN where undefined).
+
+    weights_per_layer: a list of (H, T, T) arrays (as `Decoder.attention`) or an (L, H, T, T) array.
+    """
+    a = _as_array(np.stack([np.asarray(w) for w in weights_per_layer]) if isinstance(weights_per_layer, (list, tuple))
+                  else weights_per_layer)
+    if a.ndim != 4:
+        raise ValueError(f"expected per-layer (H, T, T) weights, got shape {a.shape}")
+    return {
+        "previous_token": previous_token(a),
+        "first_token": first_token(a),
+        "self_attention": self_attention(a),
+        "induction": induction(a, ids),
+        "entropy": entropy(a),
+    }
+
+
+def strongest_role(scores: dict[str, np.ndarray], layer: int, head: int) -> tuple[str, float] | None:
+    """The role this head plays most clearly: the one whose score is furthest above its threshold
+    (relative to the threshold), with its score; None when no score reaches its threshold."""
+    best = None
+    for key in ROLE_ORDER:
+        if key not in scores:
+            continue
+        value = float(np.asarray(scores[key])[layer, head])
+        thr = ROLES[key].threshold
+        if np.isnan(value) or value < thr:
+            continue
+        margin = value / thr
+        if best is None or margin > best[2]:
+            best = (key, value, margin)
+    return None if best is None else (best[0], best[1])
+
+
+def role_heads(scores: dict[str, np.ndarray], role: str) -> list[tuple[int, int, float]]:
+    """The heads that play `role` (score ≥ threshold), as (layer, head, score), strongest first."""
+    thr = ROLES[role].threshold
+    s = np.asarray(scores[role])
+    found = [(int(li), int(h), float(s[li, h])) for li, h in zip(*np.nonzero(np.nan_to_num(s, nan=-1.0) >= thr))]
+    return sorted(found, key=lambda x: -x[2])

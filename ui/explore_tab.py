@@ -1,0 +1,128 @@
+"""The Explore tab: its layout and events.
+
+One screen (1366×900 and 1280×720): the prompt and buttons on top; below, the attention of the
+selected layer on the left and the text, the next-token chart and the status on the right. On a
+narrow window the columns stack and the attention shows one head at full width (◀ ▶ move
+between heads). What the page does by itself (token clicks, shortcuts) is in assets/explore.js.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from lab.limits import (
+    ATTENTION_VIEWS, COLOUR_MODES, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE,
+    TOP_K_RANGE, TOP_P_RANGE,
+)
+from lab.models import DEFAULT_MODEL
+from lab.session import Session
+
+from .common import RAW, api_example
+from .explore import (
+    NO_PROBS, NO_TEXT, first_view, head_choices, layer_choices, generate, redraw, reset, select_model, select_token, set_display, shift_head,
+    step, step_picture, undo,
+)
+from .common import message_plot
+from .explore import probs_figure
+
+SHORTCUTS = ("**Keys** (outside text boxes): **S** step · **G** generate · **U** undo · "
+             "**←/→** move the selected token · **Esc** back to the last token · **Enter** in the prompt steps")
+COLOUR_LABELS = {"linear": "colour: weight", "row": "colour: ÷ row max", "log": "colour: log scale"}
+
+
+def build_explore_tab(ses: gr.State, first: Session) -> dict:
+    """Lay out the Explore tab (call inside its `gr.Tab`) and bind its events; returns the
+    components other tabs and the page's load event use."""
+    default = first.entry_for(DEFAULT_MODEL)
+    cfg = default.model.cfg
+    layer0, head0, view0, caption0 = first_view(default, narrow=False)
+    with gr.Row(elem_id="topbar", equal_height=True):
+        model_dd = gr.Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Model", elem_id="model", scale=2,
+                               min_width=160)
+        examples = gr.Dropdown(list(default.examples), value=default.examples[0], label="Example prompts",
+                               elem_id="examples", scale=2, min_width=160)
+        prompt = gr.Textbox(default.examples[0], label="Prompt (Enter = Step)", elem_id="prompt", scale=4,
+                            lines=1, max_lines=3, max_length=MAX_PROMPT_CHARS, min_width=220)
+    with gr.Row(elem_id="actions", equal_height=True):
+        step_btn = gr.Button("Step  [S]", variant="primary", elem_id="step", min_width=140)
+        gen_btn = gr.Button("Generate  [G]", elem_id="generate", min_width=140)
+        undo_btn = gr.Button("Undo  [U]", elem_id="undo", min_width=140)
+        reset_btn = gr.Button("Reset", elem_id="reset", min_width=80)
+        presentation = gr.Checkbox(False, label="Large fonts", elem_id="presentation", min_width=110, scale=0,
+                                   container=False)
+        dark_btn = gr.Button("◐ Dark", elem_id="dark", min_width=100, scale=0)
+    with gr.Row(elem_id="main"):
+        with gr.Column(scale=7, min_width=300, elem_id="attention_col"):
+            caption = gr.Markdown(caption0, elem_id="caption")
+            with gr.Row(elem_id="view_controls"):
+                layer = gr.Dropdown(layer_choices(cfg.n_layers), value=layer0, show_label=False, container=False,
+                                    elem_id="layer", min_width=90, scale=1)
+                prev_head = gr.Button("◀", elem_id="prev_head", min_width=36, scale=0)
+                head = gr.Dropdown(head_choices(cfg.n_heads), value=head0, show_label=False, container=False,
+                                   elem_id="head", min_width=100, scale=1)
+                next_head = gr.Button("▶", elem_id="next_head", min_width=36, scale=0)
+                view = gr.Radio(list(ATTENTION_VIEWS), value=view0, show_label=False, container=False,
+                                elem_id="view", min_width=250, scale=2)
+                colour = gr.Dropdown([(COLOUR_LABELS.get(c, c), c) for c in COLOUR_MODES], value="linear",
+                                     show_label=False, container=False, elem_id="colour", min_width=120, scale=1)
+            attn_plot = gr.Plot(message_plot(NO_TEXT), show_label=False, elem_id="attention")
+        with gr.Column(scale=5, min_width=300, elem_id="text_col"):
+            tokens = gr.HighlightedText(label="Text: click a token to see where it looks (grey edge = prompt, "
+                                              "orange = generated)",
+                                        elem_id="tokens", color_map={"prompt": "#cfd8e3", "generated": "#ffd27f"},
+                                        show_legend=False, combine_adjacent=False, show_inline_category=False)
+            gr.HTML("", elem_id="shade_note")
+            probs_plot = gr.Plot(probs_figure(first), show_label=False, elem_id="probs")
+            status = gr.Textbox(label="Status", elem_id="status", lines=2, max_lines=6, interactive=False)
+            gr.Markdown(SHORTCUTS, elem_id="shortcuts")
+            with gr.Accordion("Sampling", open=False, elem_id="sampling"):
+                with gr.Row():
+                    temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.8, step=0.05,
+                                            label="Temperature (0 = greedy)", elem_id="temperature")
+                    top_k = gr.Slider(*TOP_K_RANGE, value=0, step=1, label="Top-k (0 = off)", elem_id="top_k")
+                with gr.Row():
+                    top_p = gr.Slider(*TOP_P_RANGE, value=1.0, step=0.05, label="Top-p (1 = off)", elem_id="top_p")
+                    seed = gr.Number(0, label="Seed", precision=0, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1],
+                                     elem_id="seed")
+                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens (Generate)",
+                                    elem_id="max_new")
+    screen = gr.Textbox(visible=False)
+
+    api_example(prompt, default.examples[0])
+    sampling = [temperature, top_k, top_p, seed]
+    views = [layer, head, view]
+    explore = [ses, tokens, status, probs_plot, attn_plot]
+    explore_group = dict(concurrency_limit=CONCURRENCY["explore"], concurrency_id="explore", **RAW)
+    step_inputs = [ses, model_dd, prompt, *sampling, *views]
+    # In the page a Step draws the attention first and the probability chart right after: the
+    # attention is what the click is for. A Step takes milliseconds, so no progress overlay.
+    for trigger in (step_btn.click, prompt.submit):
+        trigger(step_picture, step_inputs, [ses, tokens, status, attn_plot], api_visibility="private",
+                show_progress="hidden", **explore_group).then(
+            probs_figure, ses, probs_plot, queue=False, api_visibility="private", show_progress="hidden")
+    # The API's /step returns everything at once (an invisible button: the same handler logic).
+    gr.Button(visible=False).click(step, step_inputs, explore, api_name="step", **explore_group)
+    gen_btn.click(generate, [ses, model_dd, prompt, *sampling, max_new, *views], explore, api_name="generate",
+                  concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden",
+                  **RAW)
+    undo_btn.click(undo, [ses, *views], explore, api_name="undo", show_progress="hidden", **explore_group)
+    reset_btn.click(reset, [ses, model_dd], explore, api_name="reset", **RAW)
+    for control in views:
+        control.change(redraw, [ses, *views], attn_plot, api_name=False, show_progress="hidden", **explore_group)
+    tokens.select(select_token, ses, probs_plot, api_name=False, show_progress="hidden", **explore_group)
+    model_dd.change(select_model, [ses, model_dd],
+                    [ses, tokens, status, probs_plot, attn_plot, layer, head, view, caption, examples, prompt],
+                    api_name="select_model", **RAW)
+    examples.input(None, examples, prompt, js="(example) => example")  # the page copies it: no round trip
+    for button, delta in ((prev_head, -1), (next_head, 1)):
+        button.click(shift_head, [ses, model_dd, head, gr.Number(delta, visible=False)], head, api_name=False,
+                     show_progress="hidden", **RAW)
+    display_inputs = [ses, colour, presentation, screen, *views]
+    for control in (colour, presentation):
+        control.change(set_display, display_inputs, [attn_plot, probs_plot, head], api_name=False, **RAW)
+    presentation.change(None, presentation, None,
+                        js="(on) => { document.body.classList.toggle('presenting', !!on); }")
+    dark_btn.click(None, None, None, js="() => { document.body.classList.toggle('dark'); "
+                                        "window.dispatchEvent(new Event('resize')); }")
+    return {"model": model_dd, "screen": screen, "display_inputs": display_inputs,
+            "display_outputs": [attn_plot, probs_plot, head], "no_probs": NO_PROBS}
