@@ -17,6 +17,8 @@ Phase 3: `--sequential` short sessions in a row (`client.reset_session()` + one 
 
 from __future__ import annotations
 
+import contextlib
+
 import random
 import tempfile
 import threading
@@ -112,9 +114,12 @@ def session_loop(url: str, i: int, deadline: float, stats: Stats, rng: random.Ra
                 w = words(tokens)
                 if w[: len(pw)] != pw:
                     stats.mismatches.append(f"session {i}: generate text {w[:8]} does not start with {pw}")
-                prev = w  # generate restarts the text; the next step continues this one
+                prev = w  # generate went on with the text (or started it); the next step continues it
+                if len(w) >= 120:
+                    c.predict(GRAMMAR, api_name="/reset")
+                    prev = None
             else:
-                status, _, dd, _ = c.predict(*train_args(seed), api_name="/train")
+                status, _, dd, _, _ = c.predict(*train_args(seed), api_name="/train")
                 name = dd["value"]
                 own_models.add(name)
                 choices = {ch[0] if isinstance(ch, (list, tuple)) else ch for ch in dd["choices"]}
@@ -134,8 +139,13 @@ def session_loop(url: str, i: int, deadline: float, stats: Stats, rng: random.Ra
             with stats.lock:
                 if "queue is full" in msg.lower() or "QueueError" in msg:
                     stats.queue_full += 1
+                elif "ended this text with <EOS>" in msg:  # the model finished its text: start again below
+                    pass
                 else:
                     stats.errors.append(f"session {i} {kind}: {msg}")
+            if "ended this text with <EOS>" in msg:
+                with contextlib.suppress(Exception):
+                    c.predict(GRAMMAR, api_name="/reset")
             prev = None
     try:
         c.close()

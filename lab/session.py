@@ -76,7 +76,7 @@ class Display:
     @property
     def plot_width(self) -> int:
         """Width of the attention figure: the left column of the Explore page, the whole page when narrow."""
-        return max(280, self.width - 24) if self.narrow else max(480, int(self.width * 0.56))
+        return max(260, self.width - 64) if self.narrow else max(480, int(self.width * 0.56))
 
     @property
     def plot_height(self) -> int:

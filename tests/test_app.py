@@ -22,6 +22,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 import viz
+from lab.models import BUILTIN_MODELS
 
 GRAMMAR = "grammar (built-in)"
 SORT = "sort digits (built-in)"
@@ -116,14 +117,15 @@ def test_step_three_times_rows_grow_and_match_the_model(client):
     again = step(client, seed=5)
     assert again[0] == tokens
     np.testing.assert_allclose(panels(again[3]), prev, atol=2 * QUANT)
-    # reset starts over
-    r_tokens, r_status, _, _, r_prompt = client.predict(GRAMMAR, api_name="/reset")
-    assert r_tokens == [] and r_status == "" and r_prompt == P
+    # reset starts over (the prompt box keeps what the person typed: /reset does not touch it)
+    r_tokens, r_status, _, _ = client.predict(GRAMMAR, api_name="/reset")
+    assert r_tokens == [] and r_status == ""
     assert len(step(client, seed=5)[0]) == P_LEN + 1
 
 
 def test_generate_is_reproducible_by_seed(client):
     def gen(seed):
+        client.predict(GRAMMAR, api_name="/reset")  # Generate goes on with a text: start each from the prompt
         tokens, status, _, attn = client.predict(GRAMMAR, P, 1.0, 0, 1.0, seed, 20, 0, "all", "weights",
                                                  api_name="/generate")
         assert len(generated(tokens)) == 20 and "32 tokens in view (20 generated)" in status
@@ -143,9 +145,14 @@ def test_generate_stops_at_eos(client):
 
 
 def test_select_model_and_positional(client):
-    tokens, summary, _, _, layer_u, head_u, prompt_u = client.predict(SORT, api_name="/select_model")
+    tokens, summary, _, _, layer_u, head_u, view_u, caption, examples_u, prompt_u = client.predict(
+        SORT, api_name="/select_model")
     assert tokens == [] and summary.startswith("sort digits (built-in): 2 layers × 4 heads, d_model 64, context 16")
     assert [c[1] for c in layer_u["choices"]] == [0, 1] and prompt_u["value"] == "503124="
+    first = BUILTIN_MODELS[SORT].first_view  # the model opens on the view its caption talks about
+    assert (layer_u["value"], head_u["value"], view_u["value"]) == (first.layer, first.head, first.view)
+    assert caption == first.caption
+    assert [c[1] for c in examples_u["choices"]] == list(BUILTIN_MODELS[SORT].examples)
     table, sim, info = client.predict(SORT, api_name="/positional")
     assert info.startswith("**sort digits (built-in)** uses **learned** positions: table of 16 positions × 64")
     assert json.loads(table["plot"])["data"] and json.loads(sim["plot"])["data"]

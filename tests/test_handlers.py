@@ -177,8 +177,8 @@ def test_changing_prompt_or_seed_restarts_but_temperature_continues():
 
 def test_context_full_drops_oldest_token_with_notice():
     ws = Session()
-    prompt = "503124=1234"  # sort model: context 16
-    for _ in range(6):
+    prompt = "111222333444555="  # sort model: context 16; its 15-digit answer runs past the window
+    for _ in range(3):
         _, tokens, status, _, attn = do_step(ws, model=SORT, prompt=prompt, temperature=0.0)
     assert len(tokens) == 16
     assert "The context is full: the oldest token was dropped to keep 16." in status
@@ -192,8 +192,9 @@ def test_context_full_drops_oldest_token_with_notice():
 def test_step_limit_of_generated_tokens():
     ws = Session()
     do_step(ws, model=TOY, prompt="how is living in amsterdam <EOS>", temperature=1.0, seed=1)
+    ws.decoder.eos_id = None  # this test is about the length limit: an <EOS> on the way must not end the text
     for _ in range(MAX_NEW_TOKENS - 2):  # fast-forward without drawing figures
-        ws.decoder.step()
+        ws._keep(ws.decoder.step())
     out = do_step(ws, model=TOY, prompt="how is living in amsterdam <EOS>", temperature=1.0, seed=1)
     assert len(out[1]) == 20 and f"20 tokens in view ({MAX_NEW_TOKENS} generated)" in out[2]
     assert len(ws.decoder.ids) - ws.decoder.prompt_len == MAX_NEW_TOKENS
@@ -230,11 +231,14 @@ def test_generate_stops_at_eos():
     assert ws.last_step.eos
 
 
-def test_generate_restarts_from_prompt():
+def test_generate_goes_on_with_the_text_and_a_new_seed_starts_again():
     ws = Session()
     do_step(ws, seed=4)
     do_step(ws, seed=4)
+    ids = list(ws.decoder.ids)
     run_generate(ws, seed=4, max_new=3)
+    assert len(ws.decoder.ids) == P_LEN + 5 and ws.decoder.ids[: P_LEN + 2] == ids
+    run_generate(ws, seed=5, max_new=3)
     assert len(ws.decoder.ids) == P_LEN + 3
 
 
@@ -249,11 +253,12 @@ def test_undo_removes_one_token_and_step_reproduces_it():
     _, tokens, status, probs, attn = app.undo(ws, 0, "all", "weights")
     assert tokens == tokens3[:-1]
     assert ws.decoder.ids == ids3[:-1]
-    assert "14 tokens in view (2 generated)" in status and "Last token" not in status
+    # the status and the chart are back at the previous token: what it was drawn from
+    assert "14 tokens in view (2 generated)" in status and f"Last token: {tokens3[-2][0]!r}" in status
     p = panels(attn)
     assert p.shape == (4, 14, 14)
     np.testing.assert_allclose(p, attn3[:, :14, :14], atol=2 * QUANT)
-    assert "Next-token probabilities appear after the first step." in probs.plot
+    assert "(position 13) was drawn from this" in probs.plot
     out = do_step(ws, seed=21)
     assert ws.decoder.ids == ids3 and out[1] == tokens3
     np.testing.assert_allclose(panels(out[4]), attn3, atol=2 * QUANT)
@@ -269,14 +274,16 @@ def test_undo_never_removes_the_prompt_and_is_harmless_without_text():
     assert len(tokens) == P_LEN and generated(tokens) == []
 
 
-def test_reset_clears_text_and_returns_example_prompt():
+def test_reset_clears_text_and_leaves_the_prompt_alone():
     ws = Session()
     do_step(ws)
     do_step(ws)
-    _, tokens, status, _, attn, prompt = app.reset(ws, SORT)
-    assert tokens == [] and status == "" and prompt == BUILTINS.get(SORT).examples[0]
+    out = app.reset(ws, SORT)
+    assert len(out) == 5, "no prompt among the outputs: Reset keeps what the person typed"
+    _, tokens, status, _, attn = out
+    assert tokens == [] and status == ""
     assert ws.decoder is None
-    assert "Press Step or Generate" in json.dumps(json.loads(attn.plot))
+    assert "Press Step" in json.dumps(json.loads(attn.plot))
     out = do_step(ws)
     assert len(out[1]) == P_LEN + 1
 
@@ -287,11 +294,14 @@ def test_select_model_each_builtin(name):
     do_step(ws)
     entry = BUILTINS.get(name)
     cfg = entry.model.cfg
-    _, tokens, summary, _, _, layer_u, head_u, prompt_u = app.select_model(ws, name)
+    _, tokens, summary, _, _, layer_u, head_u, view_u, caption, examples_u, prompt_u = app.select_model(ws, name)
     assert tokens == [] and ws.decoder is None
     assert summary == entry.summary and f"{cfg.n_layers} layers × {cfg.n_heads} heads" in summary
-    assert layer_u["choices"] == list(range(cfg.n_layers)) and layer_u["value"] == 0
-    assert head_u["choices"] == ["all"] + list(range(cfg.n_heads)) and head_u["value"] == "all"
+    assert [c[1] for c in layer_u["choices"]] == list(range(cfg.n_layers))
+    assert [c[1] for c in head_u["choices"]] == ["all"] + list(range(cfg.n_heads))
+    fv = entry.first_view  # every built-in opens on the head worth seeing, with its caption
+    assert (layer_u["value"], head_u["value"], view_u["value"], caption) == (fv.layer, fv.head, fv.view, fv.caption)
+    assert examples_u["choices"] == list(entry.examples) and len(entry.examples) >= 2
     assert prompt_u["value"] == BUILTINS.get(name).examples[0]
     # the example prompt works with that model
     out = do_step(ws, model=name, prompt=BUILTINS.get(name).examples[0], temperature=0.0)
@@ -458,12 +468,14 @@ def test_train_rejects_bad_settings(override, message):
     assert ws.models == {} and ws.run is None
 
 
-def test_reset_with_own_model_restores_its_example_prompt():
+def test_an_own_model_offers_examples_from_its_corpus_and_opens_on_layer_0():
     ws = Session()
     name = _train(ws, steps=5)[-1][3]["value"]
-    expected = app.select_model(ws, name)[7]["value"]
-    assert expected == ws.models[name].examples[0] != ""
-    assert app.reset(ws, name)[5] == expected
+    out = app.select_model(ws, name)
+    examples, prompt = out[9], out[10]
+    assert prompt["value"] == ws.models[name].examples[0] != ""
+    assert examples["choices"] == list(ws.models[name].examples)
+    assert (out[5]["value"], out[6]["value"]) == (0, "all") and "Your own model" in out[8]
 
 
 def test_upload_model_corrupt_and_valid(tmp_path):

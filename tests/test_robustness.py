@@ -452,7 +452,7 @@ def test_restart_while_a_session_is_open(short_server, browser, request):
         assert c2.predict(GRAMMAR, P, 1.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")[0]
         # the open page: after a reload the app is there and Step works
         # (the page may reload itself when it notices the new server: wait for the app, do not race it)
-        has_app = "() => document.body !== null && document.body.innerText.includes('Decoder Lab')"
+        has_app = "() => document.body !== null && document.body.innerText.includes('Generate')"
         page.wait_for_function(has_app, timeout=60_000)
         page.wait_for_selector("#step", timeout=60_000)
         page.click("#step")  # the stale page talks to the new server: a message or a fresh text, never blank

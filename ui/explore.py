@@ -52,7 +52,8 @@ def probs_figure(session: Session, index=None):
         if not tokens:
             return message_plot(NO_PROBS)
         return message_plot(f"“{tokens[0][0]}” is the first token: nothing comes before it to predict it from.")
-    piece = viz.short_token(p.pieces[p.chosen], 16)
+    piece = p.pieces[p.chosen]
+    piece = piece if len(piece) <= 16 else piece[:15] + "…"  # the figure escapes it
     if p.typed:
         title = f"Typed “{piece}” (position {p.index}): what the model predicted there"
     else:
