@@ -60,7 +60,7 @@ def build_demo() -> gr.Blocks:
                 model_dd = explore["model"]
 
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
-                pe_info = gr.Markdown()
+                pe_info = gr.Markdown(elem_id="pe_info")
                 gr.Markdown(PE_FORMULAS, latex_delimiters=LATEX)
                 with gr.Row():
                     pe_table = gr.Plot(label="Positions × dimensions", elem_id="pe_table")

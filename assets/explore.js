@@ -86,10 +86,11 @@
     const row = rowOf(shade, q);
     let top = 0;
     for (const v of row) top = Math.max(top, v);
+    // the shade is the weight itself: full yellow = weight 1, a row spread thin stays pale
     const who = shade.head === null || shade.head === undefined ? `mean of the ${shade.heads} heads` : `head ${shade.head}`;
     els.forEach((el, j) => {
       if (j < row.length) {
-        const v = top > 0 ? row[j] / top : 0;
+        const v = Math.min(1, row[j]);
         el.style.setProperty("--lab-shade", v.toFixed(3));
         el.classList.toggle("lab-strong", v > 0.5);
         el.title = `query ${q} → key ${j}: weight ${row[j].toFixed(3)} (layer ${shade.layer}, ${who})`;
@@ -102,8 +103,8 @@
     const text = els[q].querySelector(".text");
     if (note) {
       note.innerHTML = `<span class="lab-note">Shading: where <b>“${esc(text ? text.textContent : "")}”</b> ` +
-        `(position ${q}) looks in layer ${shade.layer}, ${who}. Strongest: ${top.toFixed(3)}. ` +
-        `Click another token, or use ←/→.</span>`;
+        `(position ${q}) looks in layer ${shade.layer}, ${who}: full yellow = weight 1 (largest here ` +
+        `${top.toFixed(2)}). Hover a token for its weight; click another, or use ←/→.</span>`;
     }
   }
 

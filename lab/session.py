@@ -79,11 +79,16 @@ class Display:
         return max(260, self.width - 64) if self.narrow else max(480, int(self.width * 0.56))
 
     @property
+    def screen_height(self) -> int:
+        """Tallest any figure may be: the window less a margin."""
+        return max(320, self.height - 40)
+
+    @property
     def plot_height(self) -> int:
         """Tallest the attention figure may be: what the window leaves below the page's controls."""
         if self.narrow:
             return max(300, min(self.width + 60, self.height - 110))
-        return max(320, self.height - (340 if self.height > SHORT_PX else 300))  # the header line hides when short
+        return max(320, self.height - (385 if self.height > SHORT_PX else 365))  # the header line hides when short
 
 
 @dataclass

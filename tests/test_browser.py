@@ -76,7 +76,7 @@ class Page:
                     const a = L[k];
                     out.axes[k] = {ticktext: a.ticktext || null, offset: a._offset, length: a._length,
                                    range: a.range, title: a.title && a.title.text,
-                                   centers: a.ticktext ? a.tickvals.map(v => a._offset + a.l2p(v)) : null};
+                                   centers: a.ticktext ? Array.from(a.tickvals, v => a._offset + a.l2p(v)) : null};
                 }
                 const box = gd.getBoundingClientRect();
                 out.box = [box.x, box.y, box.width, box.height];
@@ -132,6 +132,15 @@ def hex_rgb(color: str) -> tuple[int, int, int]:
     return tuple(int(color[i : i + 2], 16) for i in (0, 2, 4))
 
 
+def is_viridis(rgb: tuple[int, int, int], tolerance: float = 24.0) -> bool:
+    """Whether a pixel is a colour of the weights' scale (Viridis), not background or hatch."""
+    import plotly.colors
+
+    stops = [hex_rgb(c) for c in plotly.colors.sequential.Viridis]
+    fine = [tuple(a + (b - a) * t / 8 for a, b in zip(lo, hi)) for lo, hi in zip(stops, stops[1:]) for t in range(9)]
+    return min(sum((u - v) ** 2 for u, v in zip(rgb, c)) ** 0.5 for c in fine) <= tolerance
+
+
 @pytest.fixture
 def app_page(app_server, browser):
     context = browser.new_context(viewport=VIEWPORT)
@@ -150,6 +159,8 @@ def test_page_loads_offline_with_default_model(app_page, shots):
 
 def test_three_steps_grow_the_masked_attention(app_page, shots):
     p = app_page
+    p.choose("head", "all heads")
+    p.choose("layer", "layer 0")
     p.click("step")
     first = p.wait_tokens(13)
     p.click("step")
@@ -159,22 +170,22 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
     assert tokens[:12] == GRAMMAR_PROMPT.split() and first[:12] == tokens[:12]
     p.page.wait_for_function(
         "() => { const gd = document.querySelector('#attention .js-plotly-plot');"
-        " return gd._fullLayout.xaxis.ticktext && gd._fullLayout.xaxis.ticktext.length === 15; }",
+        " return gd._fullLayout.meta.T === 15 && (gd._fullLayout.title.text || '').startsWith('Layer 0'); }",
         timeout=20_000,
     )
     fig = p.figure("attention")
-    assert fig["title"].startswith("Layer 0")
     x, y = fig["axes"]["xaxis"], fig["axes"]["yaxis"]
     assert x["ticktext"] == tokens and y["ticktext"] == tokens  # T columns, T rows, token labels
     assert fig["images"] >= 4  # one heatmap per head drawn
-    # Every cell above the diagonal shows the grey "masked" background; every cell on or below it does not.
+    # Every cell above the diagonal shows the hatch of a masked cell (page background and grey
+    # lines: no colour of the weights' scale); every cell on or below it shows a weight's colour.
     img = p.pixels("attention")
-    grey = hex_rgb(fig["bg"])
     for i, cy in enumerate(y["centers"]):
         for j, cx in enumerate(x["centers"]):
             rgb = img.getpixel((int(cx), int(cy)))
-            is_grey = max(abs(a - b) for a, b in zip(rgb, grey)) <= 6
-            assert is_grey == (j > i), f"cell ({i},{j}) colour {rgb}, masked={j > i}"
+            if is_viridis(rgb) != (j <= i):
+                img.save(shots / "masked-check-failed.png")
+            assert is_viridis(rgb) == (j <= i), f"cell ({i},{j}) colour {rgb}, masked={j > i}"
     # the probability chart follows the picture, and marks the token this step chose
     p.page.wait_for_function(
         "tok => { const t = document.querySelector('#probs .js-plotly-plot')?.textContent || '';"
@@ -185,14 +196,15 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
 
 def test_layer_and_head_selectors_change_the_figure(app_page):
     p = app_page
+    p.choose("head", "all heads")
     p.click("step")
     p.wait_tokens(13)
-    p.choose("layer", "2")
+    p.choose("layer", "layer 2")
     p.page.wait_for_function(
         "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').startsWith('Layer 2')"
     )
     assert p.figure("attention")["ntraces"] >= 4
-    p.choose("head", "1")
+    p.choose("head", "head 1")
     p.page.wait_for_function(
         "() => { const t = document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '';"
         " return t.includes('Layer 2') && t.includes('head 1'); }"
@@ -209,12 +221,19 @@ def _reset_with(p: Page, max_new: int, seed: int | None = None) -> None:
     """Reset the text, then set Generate's length (and the seed, with temperature 1)."""
     p.click("reset")
     p.wait_tokens(0)
+    # wait for Reset's answer: it redraws the figures, which moves the Sampling section
+    p.page.wait_for_function("() => (document.querySelector('#attention .js-plotly-plot')?.textContent || '')"
+                             ".includes('Press Step')", timeout=20_000)
     p.page.get_by_text("Sampling").click()
+    p.page.locator("#max_new").wait_for(state="visible", timeout=10_000)
     if seed is not None:
         p.set_slider("temperature", 1.0)
         p.set_number("seed", seed)
     p.set_slider("max_new", max_new)
+    p.page.wait_for_function("n => document.querySelector('#max_new input[type=number]').value === String(n)",
+                             arg=max_new, timeout=10_000)
     p.page.get_by_text("Sampling").click()
+    p.page.locator("#max_new").wait_for(state="hidden", timeout=10_000)
 
 
 def _wait_generate_done(p: Page) -> None:
@@ -256,8 +275,8 @@ def test_step_pressed_during_generate_waits_for_it(app_page):
     _wait_generate_done(p)
     time.sleep(1)
     n = len(p.tokens())
-    # the Step came after the Generate (the text grew by one) or before it (Generate starts from the prompt)
-    assert n in (12 + 200 + 1, 12 + 200), n
+    # the Step came after the Generate or before it (Generate then went on with its text): one more token
+    assert n == 12 + 200 + 1, n
     assert p.page.locator(".toast-body").count() == 0, p.toast_text()
     assert p.console_errors == []
 
@@ -369,7 +388,10 @@ def test_hostile_text_is_shown_as_text(app_page):
     p = app_page
     p.tab("Train")
     p.choose("corpus", "text")
-    p.page.get_by_text("Your own text").click()
+    # picking a corpus sets the form to its recipe: wait for it before changing the steps
+    p.page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '1000'",
+                             timeout=10_000)
+    p.page.get_by_role("button", name="Your own text").click()
     p.page.fill("#pasted textarea", (ALERT_PROMPT + " the cat sat on the mat. ") * 60)
     p.set_slider("steps", 10)
     p.click("train_btn")
@@ -385,5 +407,6 @@ def test_hostile_text_is_shown_as_text(app_page):
     assert p.dialogs == []
     assert p.page.evaluate("() => document.querySelectorAll('img[src=x]').length") == 0
     # tick labels are drawn as text: the first one is a literal "<", not markup and not "&lt;"
-    ticks = p.page.eval_on_selector_all("#attention .xtick text", "els => els.map(e => e.textContent)")
+    p.page.wait_for_selector("#attention .xaxislayer-above text", timeout=20_000)
+    ticks = p.page.eval_on_selector_all("#attention .xaxislayer-above text", "els => els.map(e => e.textContent)")
     assert ticks and ticks[0] == "<" and all(t in ALERT_PROMPT.replace(" ", "␣") for t in ticks)

@@ -150,7 +150,7 @@ def test_the_page_shading_is_the_attention_the_model_used():
             assert np.abs(back - w).max() <= 0.5 / 255 * w.max() + 1e-6
             q = len(att.tokens) - 1
             row = w[head, q] if head is not None else w[:, q].mean(axis=0)
-            np.testing.assert_allclose(viz.shading(payload, q), row / row.max(), atol=1 / 255)
+            np.testing.assert_allclose(viz.shading(payload, q), row, atol=1 / 255)
 
 
 def test_display_settings_are_checked():

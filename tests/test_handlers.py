@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import html
 import json
 import math
 import re
@@ -300,7 +301,8 @@ def test_select_model_each_builtin(name):
     assert [c[1] for c in layer_u["choices"]] == list(range(cfg.n_layers))
     assert [c[1] for c in head_u["choices"]] == ["all"] + list(range(cfg.n_heads))
     fv = entry.first_view  # every built-in opens on the head worth seeing, with its caption
-    assert (layer_u["value"], head_u["value"], view_u["value"], caption) == (fv.layer, fv.head, fv.view, fv.caption)
+    assert (layer_u["value"], head_u["value"], view_u["value"]) == (fv.layer, fv.head, fv.view)
+    assert html.unescape(caption) == fv.caption
     assert examples_u["choices"] == list(entry.examples) and len(entry.examples) >= 2
     assert prompt_u["value"] == BUILTINS.get(name).examples[0]
     # the example prompt works with that model

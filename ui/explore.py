@@ -9,6 +9,7 @@ itself outlines the query row and shades the text at once (assets/explore.js, fr
 
 from __future__ import annotations
 
+import html
 import time
 
 import gradio as gr
@@ -21,6 +22,7 @@ from lab.session import Session
 
 from .common import gpu, handler, message_plot
 
+LEGIBLE_PX = 9  # the smallest tick label worth reading on a screen
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
 NO_PROBS = "Next-token probabilities appear after the first step."
 OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a token to see where it looks. "
@@ -34,9 +36,20 @@ def attention_figure(session: Session, layer, head, view):
         return message_plot(NO_TEXT)
     v = session.check_view(None, layer, head, view)
     d = session.display
-    spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
-                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
-                              max_height_px=d.plot_height, presentation=d.presentation, colour=d.colour)
+
+    def draw(max_height: int):
+        return viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
+                                  causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
+                                  max_height_px=max_height, presentation=d.presentation, colour=d.colour)
+
+    # The figure first tries to fit below the page's controls (one screen); when its labels would
+    # be too small or thinned there, it may grow to the window's height instead (never taller).
+    spec = draw(d.plot_height)
+    meta = spec.layout.get("meta", {}) if isinstance(spec, viz.FigureSpec) else {}
+    if meta.get("label_px", LEGIBLE_PX) < LEGIBLE_PX or meta.get("label_step", 1) > 1:
+        taller = draw(d.screen_height)
+        if taller.layout["meta"]["label_px"] > meta["label_px"] or taller.layout["meta"]["label_step"] < meta["label_step"]:
+            spec = taller
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
                                                                         causal=att.causal)
@@ -81,8 +94,8 @@ def first_view(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, st
     """(layer, head, view, caption) a model opens on: a built-in's chosen head, else layer 0's heads
     (one head on a narrow screen, where a grid of heads is too small to read)."""
     fv = entry.first_view
-    if fv is not None:
-        return fv.layer, fv.head, fv.view, fv.caption
+    if fv is not None:  # the caption is shown as Markdown: tokens such as <EOS> must stay text
+        return fv.layer, fv.head, fv.view, html.escape(fv.caption, quote=False)
     return 0, 0 if narrow else "all", "weights", OWN_MODEL_CAPTION
 
 

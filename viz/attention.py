@@ -263,7 +263,9 @@ def _value_name(kind: str, colour: str) -> str:
 
 
 def _colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_scale: bool, fonts: _Fonts,
-                 x: float) -> dict:
+                 x: float, below: float | None = None) -> dict:
+    """The shared colour axis; its bar stands right of the panels at paper x = `x`, or, when
+    `below` is given, lies under them with its top at paper y = `below` (narrow figures)."""
     if kind == "scores":
         vals = q[~masked]
         bound = float(np.abs(vals).max()) / MILLI if vals.size else 1.0
@@ -290,6 +292,9 @@ def _colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show
             "x": x,
             "xanchor": "left",
             "outlinewidth": 0,
+            **({"orientation": "h", "x": 0.0, "y": below, "yanchor": "top", "len": min(1.0, x), "lenmode": "fraction",
+                "title": {"text": _value_name(kind, colour), "side": "right", "font": {"size": fonts.axis_title}}}
+               if below is not None else {}),
         },
     }
 
@@ -317,6 +322,7 @@ _NORMAL = _Fonts(tick_min=7, tick_max=12, title=14, sub=11, axis_title=11, panel
 _PRESENTING = _Fonts(tick_min=PRESENTATION_FONT_PX, tick_max=20, title=22, sub=16, axis_title=17, panel_title=17,
                      hover=18, colorbar=16, cb_thick=18, gap=18, goal_cell=PRESENTATION_FONT_PX * 1.25)
 _LINE = 1.25  # label pitch / font size: labels closer than this overlap
+SCALE_BELOW_PX = 480  # figures laid out narrower than this (phones) put the colour bar under the panels
 _MIN_PANEL_PX = 24
 
 
@@ -337,6 +343,12 @@ class _Geometry:
     hgap: float
     vgap: float
     labels: _Labels
+
+
+def _below_y(geo: "_Geometry", labels: "_Labels", fonts: _Fonts, plot_h: float) -> float:
+    """Paper y of a colour bar laid under the panels: below the key labels and the axis title."""
+    label_em = (geo.margin["b"] - (fonts.cb_thick + fonts.colorbar * 1.5 + fonts.axis_title * 1.5 + 14)) / plot_h
+    return round(-label_em, 4)
 
 
 def _labels_for(cell: float, fonts: _Fonts, label_em: float) -> _Labels:
@@ -365,14 +377,16 @@ def _geometry(n: int, ncols: int, visible: int, *, fonts: _Fonts, label_em: floa
     for _ in range(6):
         lab_w = label_em * labels.font
         xlab_h = lab_w if labels.rotate else labels.font * 1.3
+        below = show_scale and width_px < SCALE_BELOW_PX  # a phone: the colour bar goes under the panels
         margin = {
             "l": math.ceil(lab_w + 6 + fonts.axis_title * 1.3 * row_title_lines + 10),
             "r": math.ceil(10 + fonts.cb_thick + 6 + cb_em * fonts.colorbar + fonts.axis_title * 1.4 + 10)
-            if show_scale else 14,
+            if show_scale and not below else 14,
             # title 8 px from the top; plotly.js puts a subtitle 1.6 em below the title's box
             "t": math.ceil(8 + fonts.title * 1.25 + (fonts.sub * (1.6 + 1.3 * sub_lines) if sub_lines else 0) + 8
                            + (fonts.panel_title * 1.5 if panel_titles else 0)),
-            "b": math.ceil(xlab_h + 6 + fonts.axis_title * 1.3 + 10),
+            "b": math.ceil(xlab_h + 6 + fonts.axis_title * 1.3 + 10
+                           + (fonts.cb_thick + fonts.colorbar * 1.5 + fonts.axis_title * 1.5 + 14 if below else 0)),
         }
         vgap = (fonts.panel_title * 1.5 + 8) if panel_titles else 12
         panel = (width_px - margin["l"] - margin["r"] - (ncols - 1) * hgap) / ncols
@@ -525,12 +539,15 @@ def _attention_figure(
         "margin": margin,
         "plot_bgcolor": TRANSPARENT,
         "paper_bgcolor": TRANSPARENT,
-        "coloraxis": _colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4)),
+        "coloraxis": _colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4),
+                                  _below_y(geo, labels, fonts, plot_h) if show_scale and width_px < SCALE_BELOW_PX
+                                  else None),
         "hoverlabel": hover_label(fonts.hover),
         "uirevision": "attention",
         "meta": {
             "viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
             "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
+            "label_px": labels.font, "label_step": labels.step,  # tick font and stride it was laid out with
         },
         "annotations": [],
         "images": [],

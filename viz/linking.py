@@ -61,8 +61,7 @@ def decode_shade(payload: dict) -> np.ndarray:
 
 def shading(payload: dict, query: int) -> np.ndarray:
     """How the page shades the text for `query`: the query's row of the chosen head (or the mean
-    over heads), divided by the row's largest value (so the most-attended token is fully shaded)."""
+    over heads), the weight itself as the strength of the shade (1 = full colour)."""
     w = decode_shade(payload)[:, query, :]
     row = w[payload["head"]] if payload["head"] is not None else w.mean(axis=0)
-    top = row.max()
-    return row / top if top > 0 else row
+    return np.minimum(row, 1.0)

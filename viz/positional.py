@@ -55,7 +55,7 @@ def _sizes(presentation: bool) -> dict:
 
 
 def _heatmap_figure(values: np.ndarray, *, lo: float, hi: float, scale, title: str, xtitle: str, ytitle: str,
-                    hover: str, cbar: str, height: int, presentation: bool = False) -> go.Figure:
+                    hover: str, cbar: str, height: int, presentation: bool = False, square: bool = False) -> go.Figure:
     """One milli-unit heatmap with integer position axes (position 0 on top)."""
     ticks = nice_ticks(lo, hi)
     size = _sizes(presentation)
@@ -72,7 +72,8 @@ def _heatmap_figure(values: np.ndarray, *, lo: float, hi: float, scale, title: s
         "paper_bgcolor": TRANSPARENT,
         "plot_bgcolor": TRANSPARENT,
         "xaxis": {**int_axis, "title": {**int_axis["title"], "text": xtitle}, "constrain": "domain"},
-        "yaxis": {**int_axis, "title": {**int_axis["title"], "text": ytitle}, "autorange": "reversed"},
+        "yaxis": {**int_axis, "title": {**int_axis["title"], "text": ytitle}, "autorange": "reversed",
+                  **({"scaleanchor": "x", "constrain": "domain"} if square else {})},
         "hoverlabel": hover_label(size["hover"]),
         "coloraxis": {
             "cmin": lo * MILLI,
@@ -136,7 +137,7 @@ def positional_similarity(table: np.ndarray, kind: str = "learned", *, presentat
     return _heatmap_figure(
         sim, lo=-1.0, hi=1.0, scale=DIVERGING, title=f"Cosine similarity between positions: {what}",
         xtitle="position", ytitle="position", hover="position %{y} vs %{x}: cosine ", cbar="cosine",
-        height=460, presentation=presentation,
+        height=460, presentation=presentation, square=True,
     )
 
 
