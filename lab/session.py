@@ -703,7 +703,7 @@ class Session:
             ck = load_checkpoint(path, before_build=reserve)
         except ValueError as exc:
             MODEL_BUDGET.hold(self, held_before)  # a reservation for a file that failed later is given back
-            raise UserError(f"This file is not a Decoder Lab model this app can load (.safetensors): {exc}.") from None
+            raise UserError(upload_refusal(str(exc))) from None
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
         removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples))
         return name, removed
@@ -720,6 +720,18 @@ class Session:
         self.reset()
         MODEL_BUDGET.release(self)
         release_freed_memory()
+
+
+def upload_refusal(reason: str) -> str:
+    """A refused upload in a learner's words first; the exact reason after, for whoever needs it."""
+    if reason.startswith(("not a safetensors", "safetensors header", "file is ")) or "8-byte" in reason:
+        what = "This file is not a Decoder Lab model (.safetensors): it is not a safetensors file at all."
+    elif reason.startswith("not a Decoder Lab checkpoint"):
+        what = "This file is a safetensors file, but not a Decoder Lab model: it lacks the model's description."
+    else:
+        what = "This file is not a Decoder Lab model this app can load (.safetensors): part of it is damaged."
+    return (f"{what} Load a model saved with the Train tab's Download button (or by `python -m model.train`). "
+            f"Details: {reason}.")
 
 
 def release_freed_memory() -> None:

@@ -9,6 +9,7 @@ import without touching sys.path.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -46,3 +47,12 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where browser tests save screenshots: $DECODER_LAB_SCREENSHOTS, else a temporary folder."""
+    out = os.environ.get("DECODER_LAB_SCREENSHOTS")
+    path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -21,14 +21,6 @@ GRAMMAR_PROMPT = "anna found the key . she gave it to tom because he"
 ALERT_PROMPT = "<img src=x onerror=alert(1)>"
 
 
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    out = os.environ.get("DECODER_LAB_SCREENSHOTS")
-    path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 class Page:
     """A thin driver over a Playwright page of the app, recording what would be a problem."""
 

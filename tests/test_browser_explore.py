@@ -8,9 +8,7 @@ while their tab was hidden. Screenshots go to $DECODER_LAB_SCREENSHOTS (default:
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,14 +23,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 GRAMMAR = "grammar (built-in)"
 PLOT = "document.querySelector('#attention .js-plotly-plot')"
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    out = os.environ.get("DECODER_LAB_SCREENSHOTS")
-    path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def open_page(app_server, browser, width=1366, height=900, scheme="light") -> tuple:
@@ -237,6 +227,10 @@ def test_labels_at_64_tokens_and_a_focus_beyond(page):
     fig = p.figure("attention")
     assert len(fig["axes"]["yaxis"]["ticktext"]) == 64 and all(fig["axes"]["yaxis"]["ticktext"])
     assert fig["box"][3] <= 900  # never taller than the screen
+    # a colour for long texts: log scale
+    p.choose("colour", "colour: log scale")
+    p.page.wait_for_function(f"() => ({PLOT}._fullLayout.coloraxis.colorbar.title.text || '').includes('log')",
+                             timeout=20_000)
     p.choose("head", "all heads")
     p.set_prompt(" ".join(words[:31]))
     step(p, 32)
@@ -272,6 +266,8 @@ def test_colours_dark_mode_and_presentation(app_server, browser, shots):
                                    " return (L.coloraxis && L.coloraxis.colorscale) ||"
                                    " document.querySelector('#pe_table .js-plotly-plot')._fullData[0].colorscale; }")
         assert _reddish(pe_scale[-1][1]) and _bluish(pe_scale[0][1])
+        pe_font = p.page.evaluate("() => document.querySelector('#pe_table .js-plotly-plot')._fullLayout.xaxis.tickfont.size")
+        assert pe_font >= 16  # large fonts in every tab
         assert p.console_errors == []
     finally:
         context.close()

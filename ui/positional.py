@@ -16,11 +16,12 @@ PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,
 @handler
 def positional(session, model_name, request: gr.Request = None):
     entry, kind, table = session.positional(model_name)
+    large = session.display.presentation  # the page's "Large fonts" switch
     if table is None:
-        fig = viz.to_gradio_plot(viz.no_positional_encoding())
+        fig = viz.to_gradio_plot(viz.no_positional_encoding(presentation=large))
         return fig, fig, f"**{entry.name}** uses no positional encoding."
     what = "rotation angles (one per pair of dimensions in each head)." if kind == "rope" else "dimensions."
-    return (viz.to_gradio_plot(viz.positional_table(table, kind)),
-            viz.to_gradio_plot(viz.positional_similarity(table, kind)),
+    return (viz.to_gradio_plot(viz.positional_table(table, kind, presentation=large)),
+            viz.to_gradio_plot(viz.positional_similarity(table, kind, presentation=large)),
             f"**{entry.name}** uses **{kind}** positions: table of {table.shape[0]} positions × {table.shape[1]} "
             + what)
