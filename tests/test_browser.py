@@ -97,9 +97,19 @@ class Page:
         self.page.click(f"#{elem}")
 
     def set_slider(self, elem: str, value) -> None:
+        """Type the value into the slider's number box, and wait until the slider holds it. An answer
+        that redraws the page around it can undo a value typed at that moment: then it is typed again."""
         box = self.page.locator(f"#{elem} input[type=number]")
-        box.fill(str(value))
-        box.press("Enter")
+        held = f"v => document.querySelector('#{elem} input[type=range]').value === v"
+        for _ in range(5):
+            box.fill(str(value))
+            box.press("Enter")
+            try:
+                self.page.wait_for_function(held, arg=str(float(value)).rstrip("0").rstrip("."), timeout=2_000)
+                return
+            except Exception:  # noqa: BLE001 - typed while the page redrew: type it again
+                continue
+        raise AssertionError(f"the slider #{elem} did not take the value {value}")
 
     def set_number(self, elem: str, value) -> None:
         box = self.page.locator(f"#{elem} input")
@@ -182,7 +192,6 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
     p.page.wait_for_function(
         "tok => { const t = document.querySelector('#probs .js-plotly-plot')?.textContent || '';"
         " return t.includes('chosen') && t.includes(tok); }", arg=tokens[-1], timeout=20_000)
-    p.page.screenshot(path=str(shots / "explore.png"), full_page=True)
     assert p.console_errors == []
 
 
@@ -209,23 +218,32 @@ def test_layer_and_head_selectors_change_the_figure(app_page):
     )
 
 
+def sampling_section(p: Page, open_it: bool) -> None:
+    """Open or close the Sampling section, and wait until it is so. A click can land while an
+    answer redraws the figures above it (the section moves): then it is clicked again."""
+    state = "visible" if open_it else "hidden"
+    for _ in range(5):
+        if p.page.locator("#max_new").is_visible() == open_it:
+            return
+        p.page.get_by_text("Sampling").click()
+        try:
+            p.page.locator("#max_new").wait_for(state=state, timeout=3_000)
+            return
+        except Exception:  # noqa: BLE001 - the click missed a moving target: try again
+            continue
+    raise AssertionError(f"the Sampling section did not become {state}")
+
+
 def _reset_with(p: Page, max_new: int, seed: int | None = None) -> None:
     """Reset the text, then set Generate's length (and the seed, with temperature 1)."""
     p.click("reset")
     p.wait_tokens(0)
-    # wait for Reset's answer: it redraws the figures, which moves the Sampling section
-    p.page.wait_for_function("() => (document.querySelector('#attention .js-plotly-plot')?.textContent || '')"
-                             ".includes('Press Step')", timeout=20_000)
-    p.page.get_by_text("Sampling").click()
-    p.page.locator("#max_new").wait_for(state="visible", timeout=10_000)
+    sampling_section(p, True)
     if seed is not None:
         p.set_slider("temperature", 1.0)
         p.set_number("seed", seed)
     p.set_slider("max_new", max_new)
-    p.page.wait_for_function("n => document.querySelector('#max_new input[type=number]').value === String(n)",
-                             arg=max_new, timeout=10_000)
-    p.page.get_by_text("Sampling").click()
-    p.page.locator("#max_new").wait_for(state="hidden", timeout=10_000)
+    sampling_section(p, False)
 
 
 def _wait_generate_done(p: Page) -> None:
@@ -307,7 +325,6 @@ def test_train_stop_then_explore_the_new_model(app_page, shots):
     n2 = points()
     assert n2 > n1, "the loss curve did not gain points while training"
     assert p.page.locator("#loss .js-plotly-plot").is_visible()
-    p.page.screenshot(path=str(shots / "train.png"), full_page=True)
     t0 = time.perf_counter()
     p.page.locator("#stop_btn").dispatch_event("click")
     p.page.wait_for_function(

@@ -17,7 +17,7 @@ import torch
 from lab.models import BUILTIN_MODELS, BUILTINS
 from lab.session import encode_prompt
 
-from test_browser import Page  # pytest puts tests/ on the path (rootdir-relative "prepend" imports)
+from test_browser import Page, sampling_section  # pytest puts tests/ on the path (rootdir-relative "prepend" imports)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -163,6 +163,7 @@ def test_clicking_a_token_links_the_three_views(page, shots):
     p.page.wait_for_function("i => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
                              ".includes('position ' + i)", arg=i, timeout=10_000)
     assert "Typed" in probs_title(p)
+    p.page.screenshot(path=str(shots / "explore-linked.png"))  # the README's first picture
     # clicking the generated token shows the distribution it was drawn from
     p.page.locator("#tokens .textfield .token").nth(12).click()
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
@@ -172,7 +173,6 @@ def test_clicking_a_token_links_the_three_views(page, shots):
     hover = p.page.evaluate(f"() => {PLOT}._fullData.map(t => [t.hovertemplate || '', String(t.meta || '')])")
     assert hover and all("query" in t and "key" in t and "%{meta}" in t for t, _ in hover)
     assert all("layer 1" in name and "head 3" in name for _, name in hover)
-    p.page.screenshot(path=str(shots / "explore-linked.png"))
     assert p.console_errors == []
 
 
@@ -193,13 +193,11 @@ def test_keys_and_buttons_do_what_they_say(page):
                              ".includes('position 8')", timeout=10_000)
     assert "drawn from" in probs_title(p)
     # Generate goes on from this text
-    p.page.get_by_text("Sampling").click()
-    p.page.locator("#max_new").wait_for(state="visible", timeout=10_000)
+    sampling_section(p, True)
     p.set_slider("max_new", 3)
     p.page.wait_for_function("() => document.querySelector('#max_new input[type=number]').value === '3'",
                              timeout=10_000)
-    p.page.get_by_text("Sampling").click()
-    p.page.locator("#max_new").wait_for(state="hidden", timeout=10_000)
+    sampling_section(p, False)
     p.page.locator("#caption").click()
     p.page.keyboard.press("g")
     after = p.wait_tokens(12)

@@ -62,7 +62,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                                    elem_id="head", min_width=100, scale=1)
                 next_head = gr.Button("▶", elem_id="next_head", min_width=36, scale=0)
                 view = gr.Radio(list(ATTENTION_VIEWS), value=view0, label="View", show_label=False, container=False,
-                                elem_id="view", min_width=250, scale=2)
+                                elem_id="view", min_width=270, scale=2)
                 colour = gr.Dropdown([(COLOUR_LABELS.get(c, c), c) for c in COLOUR_MODES], value="linear",
                                      label="Colour", show_label=False, container=False, elem_id="colour", min_width=120, scale=1)
             attn_plot = gr.Plot(message_plot(NO_TEXT), show_label=False, elem_id="attention")
