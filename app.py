@@ -33,6 +33,7 @@ from ui.explore_tab import build_explore_tab
 from ui.http import RefuseMalformedCalls
 from ui.positional import PE_FORMULAS, positional
 from ui.train import stop_training, train_model, upload_model
+from ui.film_tab import build_film_section
 from ui.train_tab import build_train_tab
 
 __all__ = [  # the handlers, importable from here as the API names them (tests and benchmarks call them)
@@ -66,8 +67,9 @@ def build_demo() -> gr.Blocks:
                     pe_table = gr.Plot(label="Positions × dimensions", elem_id="pe_table")
                     pe_sim = gr.Plot(label="Similarity of positions (cosine)", elem_id="pe_sim")
 
-            with gr.Tab("Train", id="train"):
+            with gr.Tab("Train", id="train") as train_tab:
                 build_train_tab(ses, model_dd)
+                build_film_section(ses, model_dd, first, train_tab)
 
             with gr.Tab("Learn", id="learn"):
                 gr.Markdown(LEARN_PATH.read_text(encoding="utf-8"), latex_delimiters=LATEX)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model.checkpoint import load_checkpoint
+from model.film import Film
 from model.tokenizers import Tokenizer
 from model.transformer import DecoderLM
 
@@ -94,6 +95,7 @@ class ModelEntry:
     builtin: bool = False
     examples: tuple[str, ...] = field(default_factory=tuple)
     first_view: FirstView | None = None  # built-ins only; other models open on layer 0, all heads
+    film: Film | None = None  # the training film, when its training recorded one (model.film)
 
     @property
     def summary(self) -> str:
@@ -136,7 +138,8 @@ class BuiltinModels:
                     p.requires_grad_(False)
                 self._loaded[name] = ModelEntry(name, ck.model, ck.tokenizer, ck.meta, builtin=True,
                                                 examples=self.models[name].examples,
-                                                first_view=self.models[name].first_view)
+                                                first_view=self.models[name].first_view,
+                                                film=getattr(ck, "film", None))
             return self._loaded[name]
 
 

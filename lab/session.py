@@ -29,6 +29,7 @@ import torch
 
 from model.checkpoint import atomic_write, checkpoint_bytes, load_checkpoint
 from model.corpora import Stopped, build_corpus, read_text_file
+from model.film import FILM_FRAMES, MAX_PROBE_TOKENS, Film, default_probe
 from model.generate import Decoder, Sampling, Step, generate
 from model.presets import train_tab_defaults, train_tab_recipe
 from model.train import train, well_above_best
@@ -375,7 +376,7 @@ class Session:
 
         The server-wide budget is asked first: it may refuse (UserError) and then nothing changes.
         """
-        nbytes = model_bytes(entry.model)
+        nbytes = model_bytes(entry.model) + film_bytes(entry)
         kept = self._kept_after_adding(entry.name)
         self._hold(kept, nbytes)
         self._model_bytes[entry.name] = nbytes
@@ -535,6 +536,11 @@ class Session:
                 lines.append("The model produced <EOS>: end of sequence.")
         return "\n".join(lines)
 
+    def film(self, model_name) -> Film | None:
+        """The training film of a model (a built-in's, or one trained or uploaded here); a model in
+        training has the frames recorded so far."""
+        return self.entry_for(model_name).film
+
     def positional(self, model_name) -> tuple[ModelEntry, str, np.ndarray | None]:
         """The positional table a model really uses: (entry, kind, (positions, dims) float32 or None)."""
         entry = self.entry_for(model_name)
@@ -550,7 +556,7 @@ class Session:
         return train_tab_defaults(corpus_name, TRAIN_LIMITS)
 
     def train(self, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-              activation, dropout, steps, lr, seed, keep_best=True) -> Iterator[TrainProgress]:
+              activation, dropout, steps, lr, seed, keep_best=True, probe=None) -> Iterator[TrainProgress]:
         """Train a new model for this session; it joins the model list at once and is kept if stopped.
 
         With `keep_best`, the model ends with the weights of its lowest validation loss (model.train).
@@ -572,6 +578,8 @@ class Session:
         )
         if not isinstance(keep_best, bool):
             raise UserError("keep best must be true or false.")
+        if probe is not None and not isinstance(probe, str):
+            raise UserError("The film's probe prompt must be text.")
         own_tokenizer = corpus_name in ("grammar", "text")
         if own_tokenizer:
             tokenizer_kind = check_choice("tokenizer", tokenizer_kind, TOKENIZER_KINDS)
@@ -586,6 +594,8 @@ class Session:
             corpus = build_corpus(corpus_name, tokenizer_kind if own_tokenizer else None, seed=form["seed"], text=text,
                                   should_stop=stop.is_set)
             mcfg, tcfg = train_tab_recipe(corpus, max_seconds=TRAIN_MAX_SECONDS, keep_best=keep_best, **form)
+            probe_ids = self._probe_ids(corpus, corpus_name, probe, mcfg.block_size)
+            tcfg = dataclasses.replace(tcfg, film_frames=FILM_FRAMES, probe_ids=tuple(probe_ids))
         except Stopped:
             raise UserError("Training stopped by you before it began.") from None
         except ValueError as exc:
@@ -599,6 +609,21 @@ class Session:
                             "Use text with fewer distinct characters or words, or a smaller model.") from None
         return self._run_training(corpus, corpus_name, mcfg, tcfg, stop)
 
+    @staticmethod
+    def _probe_ids(corpus, corpus_name, probe, block_size: int) -> list[int]:
+        """The film's probe prompt as token ids: the typed one, else a held-out example of the corpus."""
+        limit = min(block_size, MAX_PROBE_TOKENS)
+        if probe is None or not probe.strip():
+            return default_probe(corpus, corpus_name)[-limit:]
+        enc = corpus.tokenizer.encode_verbose(probe)
+        if enc.unknown:
+            shown = ", ".join(repr(u[:20]) for u in enc.unknown[:5])
+            raise UserError(f"The film's probe prompt has tokens this corpus does not know: {shown}. "
+                            "Leave it empty to use a held-out example.")
+        if not enc.ids:
+            raise UserError("The film's probe prompt has no tokens.")
+        return enc.ids[-limit:]
+
     def _run_training(self, corpus, corpus_name, mcfg, tcfg, stop: threading.Event) -> Iterator[TrainProgress]:
         files.sweep_runs()  # long-running servers: old run folders go even when no session closed
         torch.manual_seed(tcfg.seed)
@@ -609,6 +634,10 @@ class Session:
         name = self._unique_name(f"my {corpus_name} model")
         entry = ModelEntry(name, model, corpus.tokenizer, {"corpus": corpus_name},
                            examples=usable_examples(corpus.sample_prompts))
+        probe = list(tcfg.probe_ids)
+        # the film grows frame by frame while the model trains: the film section can show it meanwhile
+        entry.film = Film(probe, [corpus.tokenizer.piece(i) for i in probe], [], tcfg.steps,
+                          task=corpus_name if corpus_name in ("sort", "copy") else None)
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
             removed = self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
             run = self.run = TrainingRun(name, stop=stop, total_steps=tcfg.steps, max_seconds=tcfg.max_seconds,
@@ -618,6 +647,11 @@ class Session:
         try:
             for ev in train(model, corpus, tcfg, should_stop=run.stop.is_set):
                 run.step, run.elapsed = ev.step, ev.elapsed
+                if getattr(ev, "frame", None) is not None:
+                    entry.film.frames.append(ev.frame)
+                if getattr(ev, "film", None) is not None:  # the whole film, its last frame the final model's
+                    ev.film.probe_tokens = entry.film.probe_tokens
+                    entry.film = ev.film
                 if ev.done:  # the curve shows where the run ended; the kept weights are marked apart
                     run.kept_step = ev.kept_step
                     if ev.kept_step == ev.step:
@@ -670,7 +704,7 @@ class Session:
     def _save_for_download(self, entry: ModelEntry) -> Path | None:
         """The model as one file to download, within the server's disk budget (None if refused)."""
         meta = {**entry.meta, "examples": list(entry.examples)}
-        data = checkpoint_bytes(entry.model, entry.tokenizer, meta)
+        data = checkpoint_bytes(entry.model, entry.tokenizer, meta, film=entry.film)
         try:
             with DISK_BUDGET.room(self, len(data)):
                 if self.run_dir is None:
@@ -705,7 +739,8 @@ class Session:
             MODEL_BUDGET.hold(self, held_before)  # a reservation for a file that failed later is given back
             raise UserError(upload_refusal(str(exc))) from None
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
-        removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples))
+        removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples,
+                                             film=getattr(ck, "film", None)))
         return name, removed
 
     # --------------------------------------------------------------------------- close
@@ -720,6 +755,16 @@ class Session:
         self.reset()
         MODEL_BUDGET.release(self)
         release_freed_memory()
+
+
+def film_bytes(entry: ModelEntry) -> int:
+    """Memory a model's film takes (or will take once its training has recorded every frame):
+    per frame, the attention of every layer and head on the probe, float32."""
+    if entry.film is None:
+        return 0
+    cfg, t = entry.model.cfg, len(entry.film.probe_ids)
+    frames = max(len(entry.film.frames), FILM_FRAMES + 2)
+    return frames * cfg.n_layers * cfg.n_heads * t * t * 4
 
 
 def upload_refusal(reason: str) -> str:

@@ -6,6 +6,11 @@ then, with a model of bounded size, the exact key set, shapes, dtypes and byte r
 tensor; only then are the weights read, checked for NaN/inf and loaded with strict key matching. Nothing is ever
 unpickled. Every failure is a ValueError whose message says what is wrong.
 
+A checkpoint may carry the model's training film (model/film.py): its attention tensors under
+the "film." prefix beside the weights and its metadata as JSON under "film" in the header's
+metadata. A film is validated like the rest (`film_from_tensors`); a bad film refuses the whole
+file. Files without a film load as before (`Checkpoint.film` is None).
+
 Saving is atomic: the bytes go to a temp file in the target folder (named
 ``.decoder-lab-<random>.tmp``), which is then renamed over the target. A process killed
 mid-save leaves its temp file behind; the next save into that folder removes such files
@@ -29,6 +34,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .config import ModelConfig
+from .film import PREFIX as FILM_PREFIX
+from .film import Film, film_from_tensors, film_to_tensors
 from .tokenizers import MAX_LOADED_VOCAB, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
@@ -74,6 +81,7 @@ class Checkpoint:
     model: DecoderLM
     tokenizer: Tokenizer
     meta: dict[str, Any]
+    film: Film | None = None
 
 
 def _state_for_saving(model: DecoderLM) -> dict[str, torch.Tensor]:
@@ -83,14 +91,22 @@ def _state_for_saving(model: DecoderLM) -> dict[str, torch.Tensor]:
     return state
 
 
-def checkpoint_bytes(model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None) -> bytes:
+def checkpoint_bytes(model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None,
+                     film: Film | None = None) -> bytes:
     metadata = {
         "format": FORMAT,
         "config": json.dumps(model.cfg.to_dict()),
         "tokenizer": json.dumps(tokenizer.to_dict()),
         "meta": json.dumps(meta or {}),
     }
-    return st_save(_state_for_saving(model), metadata=metadata)
+    state = _state_for_saving(model)
+    if film is not None:
+        tensors, film_meta = film_to_tensors(film, causal=model.cfg.mask == "causal")
+        # a film that would not load back is refused now, not when the file is opened again
+        film_from_tensors(tensors, film_meta, model.cfg, tokenizer.vocab_size)
+        state.update(tensors)
+        metadata["film"] = json.dumps(film_meta, allow_nan=False)
+    return st_save(state, metadata=metadata)
 
 
 # Temp files of atomic_write: a fixed prefix and suffix, so that the sweep below can tell
@@ -161,11 +177,12 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def save_checkpoint(path: str | Path, model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(path: str | Path, model: DecoderLM, tokenizer: Tokenizer, meta: dict[str, Any] | None = None,
+                    film: Film | None = None) -> Path:
     path = Path(path)
     if path.suffix != ".safetensors":
         path = path.with_suffix(".safetensors")
-    atomic_write(path, checkpoint_bytes(model, tokenizer, meta))
+    atomic_write(path, checkpoint_bytes(model, tokenizer, meta, film))
     return path
 
 
@@ -208,6 +225,12 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
         meta = json.loads(meta_raw.get("meta", "{}"))
     except (KeyError, TypeError, json.JSONDecodeError, RecursionError):
         raise ValueError("checkpoint metadata must hold 'config' and 'tokenizer' as JSON") from None
+    film_meta = None
+    if "film" in meta_raw:
+        try:
+            film_meta = json.loads(meta_raw["film"], parse_constant=_refuse_constant)
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError("film: its metadata is not valid JSON") from None
     cfg = ModelConfig.from_dict(cfg_dict)
     limits.check(cfg)
     tokenizer = tokenizer_from_dict(tok_dict, max_vocab=limits.max_vocab)
@@ -220,10 +243,30 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
     # expected key set and shapes; tensor data is read only once the header matches it exactly.
     model = DecoderLM(cfg)
     expected = {k: tuple(v.shape) for k, v in _state_for_saving(model).items()}
-    missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
+    film_names = sorted(k for k in header if k.startswith(FILM_PREFIX))
+    if film_names and film_meta is None:
+        raise ValueError("film: the file holds film tensors but no film metadata")
+    if film_meta is not None and not film_names:
+        raise ValueError("film: the file holds film metadata but no film tensors")
+    weight_names = set(header) - set(film_names)
+    missing, extra = sorted(set(expected) - weight_names), sorted(weight_names - set(expected))
     if missing or extra:
         raise ValueError(f"tensor names do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
     body_len = len(data) - body_start
+    for name in film_names:
+        info = header[name]
+        if not isinstance(info, dict) or info.get("dtype") != "F32":
+            raise ValueError(f"film: tensor {name} must be float32 (F32)")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and len(shape) <= 4
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ValueError(f"film: tensor {name} has an invalid shape")
+        if (
+            not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= body_len
+            or offsets[1] - offsets[0] != 4 * _numel(tuple(shape))
+        ):
+            raise ValueError(f"film: tensor {name} points outside the file or has the wrong byte length")
     for name, shape in expected.items():
         info = header[name]
         if not isinstance(info, dict) or info.get("dtype") != "F32":
@@ -242,9 +285,11 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error types
         raise ValueError(f"could not read the tensors: {exc}") from None
+    film_tensors = {k: tensors.pop(k) for k in film_names}
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise ValueError(f"tensor {name} contains NaN or infinite values")
+    film = film_from_tensors(film_tensors, film_meta, cfg, tokenizer.vocab_size) if film_names else None
     result = model.load_state_dict(tensors, strict=False)
     allowed_missing = {"head.weight"} if cfg.tie_weights else set()
     if set(result.missing_keys) != allowed_missing or result.unexpected_keys:
@@ -252,7 +297,7 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
     if cfg.tie_weights:
         model.head.weight = model.tok_emb.weight
     model.eval()
-    return Checkpoint(model, tokenizer, meta if isinstance(meta, dict) else {})
+    return Checkpoint(model, tokenizer, meta if isinstance(meta, dict) else {}, film)
 
 
 def load_checkpoint(path: str | Path, limits: Limits = DEFAULT_LIMITS,
@@ -265,6 +310,10 @@ def load_checkpoint(path: str | Path, limits: Limits = DEFAULT_LIMITS,
     if size > limits.max_file_bytes:
         raise ValueError(f"file is {size:,} bytes; the limit is {limits.max_file_bytes:,}")
     return parse_checkpoint(path.read_bytes(), limits, before_build)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

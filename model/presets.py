@@ -2,7 +2,11 @@
 
 Each shipped checkpoint in assets/ is made from one of the presets by the CLI
 (`python -m model.train --preset NAME --out assets/NAME`; a preset of the "text" corpus reads its
-text from `--text PATH`), and tests hold it to its quality bar.
+text from `--text PATH`), and tests hold it to its quality bar. The CLI records each one's training
+film too (`--film`, default FILM_FRAMES frames, on the preset's `probe` or, when that is None, a
+held-out example: the first validation example of sort/copy/toy, the start of the validation text
+of grammar/shakespeare); the sort and copy films carry their task (`Preset.task`), which adds the
+task-match score.
 `train_tab_defaults` fills the Train tab's form with the recipe of a corpus's built-in model
 (its tokenizer, architecture, steps and learning rate), and `train_tab_recipe` turns the form
 (already checked by the lab layer) into the same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
@@ -16,6 +20,7 @@ from typing import Any
 
 from .config import ModelConfig
 from .corpora import Corpus
+from .film import FILM_FRAMES, task_of
 from .train import TrainConfig
 
 
@@ -28,9 +33,15 @@ class Preset:
     train: TrainConfig
     summary: str
     quality: str = ""
+    probe: str | None = None  # the film's probe prompt (None: a held-out example of the corpus)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model)
+
+    @property
+    def task(self) -> str | None:
+        """The task of its film ("sort", "copy": the right attention is known, so the match score is shown)."""
+        return task_of(self.corpus)
 
 
 PRESETS: dict[str, Preset] = {
@@ -157,12 +168,15 @@ def train_tab_recipe(
     seed: int,
     max_seconds: float | None,
     keep_best: bool = False,
+    film_frames: int = FILM_FRAMES,
+    probe_ids: tuple[int, ...] = (),
 ) -> tuple[ModelConfig, TrainConfig]:
     """The model and training configs of a Train-tab run on `corpus`.
 
     Warm-up is a tenth of the run (at most 50 steps) and the model is evaluated ten times,
     so a short run still shows a validation curve. `keep_best`: end with the weights of the
-    lowest validation loss seen (TrainConfig.keep_best).
+    lowest validation loss seen (TrainConfig.keep_best). `film_frames` (0 = none) and `probe_ids`
+    (empty = a held-out example of the corpus): the run's training film (model/film.py).
     """
     block = TAB_TEXT_BLOCK if corpus.kind == "text" else int(corpus.train.x.shape[1])
     mcfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
@@ -170,5 +184,5 @@ def train_tab_recipe(
                        dropout=dropout)
     tcfg = TrainConfig(steps=steps, batch_size=TAB_BATCH_SIZE, lr=lr, warmup=min(50, steps // 10),
                        eval_every=max(10, steps // 10), eval_batches=TAB_EVAL_BATCHES, seed=seed,
-                       max_seconds=max_seconds, keep_best=keep_best)
+                       max_seconds=max_seconds, keep_best=keep_best, film_frames=film_frames, probe_ids=tuple(probe_ids))
     return mcfg, tcfg

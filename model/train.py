@@ -4,6 +4,10 @@
 stop it at any time (by a callable, a wall-clock deadline, or simply by not asking for the
 next event); the model keeps whatever it learned so far.
 
+With cfg.film_frames > 0 a run records a training film (model/film.py): at the steps of
+`frame_steps` (and at step 0, before the first step) the attention on a probe prompt and the
+train and validation loss; the final event carries the `Film`.
+
 CLI: python -m model.train --corpus sort --steps 2000 --out assets/sort
 """
 
@@ -15,7 +19,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -23,6 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from .config import ACTIVATIONS, NORMS, POS_ENCODINGS, ModelConfig
+from .film import (
+    FILM_EVAL_BATCHES, FILM_FRAMES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps, task_of,
+)
 from .transformer import DecoderLM
 
 
@@ -55,6 +62,7 @@ class TrainConfig:
     probe_every: int = 0  # capture attention on probe_ids every N steps (0 = never)
     probe_ids: tuple[int, ...] = field(default_factory=tuple)
     keep_best: bool = False  # end with the weights of the lowest validation loss seen (at an evaluation)
+    film_frames: int = 0  # record a training film of this many frames on probe_ids (0 = no film; see model/film.py)
 
     def __post_init__(self) -> None:
         # Every field is checked here, so a bad value fails when the config is built, with the
@@ -95,6 +103,9 @@ class TrainConfig:
             raise ValueError(f"sdpa must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa!r}")
         if not (isinstance(self.probe_ids, tuple) and all(_is_int(i) and i >= 0 for i in self.probe_ids)):
             raise ValueError(f"probe_ids must be a tuple of token ids >= 0, got {self.probe_ids!r}")
+        if not (_is_int(self.film_frames) and (self.film_frames == 0 or 2 <= self.film_frames <= MAX_FILM_FRAMES)):
+            raise ValueError(f"film_frames must be 0 (no film) or a whole number in [2, {MAX_FILM_FRAMES}], "
+                             f"got {self.film_frames!r}")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of step `step` (0-based): linear warm-up to lr, then decay to min_lr.
@@ -157,6 +168,15 @@ class TrainEvent:
     # brought them back, else `step`)
     end_val_loss: float | None = None  # done: the validation loss of the last weights trained (val_loss is
     # the kept weights'; the two differ only when keep_best brought earlier weights back)
+    frame: Frame | None = None  # film on: the next frame of the film, in step order, one per event at most
+    # (frame.step <= step: frame 0, recorded before the first step, comes with the first event, so while
+    # frames fall on consecutive steps each comes one event late); None on the final event
+    film: Film | None = None  # done, film on: the whole film (its last frame shows the final weights)
+
+    def log_dict(self) -> dict:
+        """The event's numbers as a JSON-able dict (no attention arrays, frame or film)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("probe_attention", "frame", "film")}
 
 
 def well_above_best(val_loss: float, best: float) -> bool:
@@ -226,6 +246,15 @@ def train(
     steps and at the end. With cfg.keep_best, the weights of the lowest validation loss seen
     (a copy taken at that evaluation) are put back at the end if the final ones are worse; the
     last event's kept_step says which step's weights the model holds.
+
+    With cfg.film_frames > 0 a film is recorded on cfg.probe_ids (cut to its last
+    min(block_size, MAX_PROBE_TOKENS) tokens; empty: `default_probe_ids(corpus)`, a held-out
+    example): frame 0 before the first step, a frame after each step of
+    `frame_steps(cfg.steps, cfg.film_frames)` but the last, and a last frame of the final model
+    (after keep_best put earlier weights back) at the last step run, also when the run stops
+    early. Recording changes nothing in the training: the weights are bit-identical without it.
+    The film's probe_tokens are the corpus tokenizer's display pieces; its task is the corpus's
+    ("sort", "copy") or None.
     """
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
@@ -240,6 +269,28 @@ def train(
     step = 0
     reason = "finished"
     best_val, best_step, best_state = None, None, None
+    frames: list[Frame] = []
+    pending: list[Frame] = []  # recorded, not yet handed out with an event
+    if cfg.film_frames:
+        probe_ids = (clip_probe(cfg.probe_ids, block) if cfg.probe_ids
+                     else default_probe_ids(corpus, block))
+        if not probe_ids or max(probe_ids) >= model.cfg.vocab_size:
+            raise ValueError(f"the film's probe must be 1 or more token ids below the vocabulary size "
+                             f"{model.cfg.vocab_size}")
+        film_at = set(frame_steps(cfg.steps, cfg.film_frames))
+        film_batches = min(cfg.eval_batches, FILM_EVAL_BATCHES)
+
+        def record(at: int) -> Frame:
+            # evaluate() and probe() draw batches from generators of their own and run in eval
+            # mode (no dropout): nothing here touches the training's random numbers or weights
+            return Frame(
+                step=at, attention=probe(model, tuple(probe_ids)),
+                train_loss=evaluate(model, corpus.train, film_batches, cfg.batch_size, block, cfg.seed + 2),
+                val_loss=evaluate(model, corpus.val, film_batches, cfg.batch_size, block, cfg.seed + 1),
+            )
+
+        frames.append(record(0))
+        pending.append(frames[-1])
     try:
         while step < cfg.steps:
             if should_stop is not None and should_stop():
@@ -276,6 +327,11 @@ def train(
             ev.best_val_loss, ev.best_step = best_val, best_step
             if cfg.probe_every and cfg.probe_ids and step % cfg.probe_every == 0:
                 ev.probe_attention = probe(model, cfg.probe_ids)
+            if cfg.film_frames and step in film_at and step < cfg.steps:  # the last frame: on the final model
+                frames.append(record(step))
+                pending.append(frames[-1])
+            if pending:
+                ev.frame = pending.pop(0)
             yield ev
     finally:
         model.eval()
@@ -290,13 +346,21 @@ def train(
         val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
         kept_step = best_step
     tr = evaluate(model, corpus.train, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 2)
+    film = None
+    if cfg.film_frames:
+        if frames[-1].step == step:  # stopped right after a frame (or before the first step): the final model's
+            frames.pop()
+        frames.append(record(step))
+        film = Film(probe_ids=list(probe_ids), probe_tokens=[corpus.tokenizer.piece(i) for i in probe_ids],
+                    frames=frames, total_steps=cfg.steps, task=task_of(corpus.name),
+                    kept_step=kept_step if kept_step != step else None)
     # The final event's losses are fresh evaluations of the finished model, so train_loss is
     # the evaluated train loss rather than the last batch's.
     yield TrainEvent(
         step=step, total_steps=cfg.steps, train_loss=tr, val_loss=val, eval_train_loss=tr,
         lr=cfg.lr_at(max(0, step - 1)), tokens_per_s=tokens / max(elapsed, 1e-9), elapsed=elapsed,
         done=True, stop_reason=reason, best_val_loss=best_val, best_step=best_step, kept_step=kept_step,
-        end_val_loss=end_val,
+        end_val_loss=end_val, film=film,
     )
 
 
@@ -355,7 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--out", type=Path, help="directory to save the checkpoint in")
+    p.add_argument("--film", type=int, default=FILM_FRAMES, metavar="N",
+                   help=f"record a training film of N frames (0 = none; at most {MAX_FILM_FRAMES}) into the checkpoint")
+    p.add_argument("--probe", default=None, metavar="TEXT",
+                   help="the film's probe prompt (its last 32 tokens; default: a held-out example of the corpus, "
+                        "one validation example of sort/copy/toy or the start of the validation text)")
+    p.add_argument("--out", type=Path, help="checkpoint path to save (.safetensors is added; a .json beside it)")
     p.add_argument("--quiet", action="store_true", help="print only evaluation steps and the result")
     return p
 
@@ -402,6 +471,20 @@ def main(argv: list[str] | None = None) -> int:
             max_seconds=args.max_seconds, bf16=args.bf16, schedule=args.schedule, decay_frac=args.decay_frac,
             keep_best=args.keep_best,
         )
+    probe_ids: list[int] = []
+    probe_text = args.probe if args.probe is not None else (PRESETS[args.preset].probe if args.preset else None)
+    if probe_text is not None:
+        probe_ids = clip_probe(corpus.tokenizer.encode(probe_text), mcfg.block_size)
+        if not probe_ids:
+            print("--probe gives no tokens; type some text, or leave it out for the default probe", file=sys.stderr)
+            return 2
+    elif args.film:
+        probe_ids = default_probe_ids(corpus, mcfg.block_size)
+    try:
+        tcfg = replace(tcfg, film_frames=args.film, probe_ids=tuple(probe_ids) if args.film else tcfg.probe_ids)
+    except ValueError as exc:
+        print(f"--film: {exc}", file=sys.stderr)
+        return 2
     torch.manual_seed(tcfg.seed)
     model = DecoderLM(mcfg)
     print(json.dumps({"corpus": corpus.name, "params": model.n_params(), "model": mcfg.to_dict()}))
@@ -409,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     for ev in train(model, corpus, tcfg):
         last = ev
         if ev.done or ev.val_loss is not None or not args.quiet:
-            print(json.dumps({k: v for k, v in asdict(ev).items() if k != "probe_attention"}), flush=True)
+            print(json.dumps(ev.log_dict()), flush=True)
     if args.out:
         meta = {
             "corpus": corpus.name,
@@ -421,8 +504,10 @@ def main(argv: list[str] | None = None) -> int:
             **({"kept_step": last.kept_step} if tcfg.keep_best else {}),
             "summary": PRESETS[args.preset].summary if args.preset else "",
             "quality": PRESETS[args.preset].quality if args.preset else "",
+            **({"film_frames": len(last.film.frames), "film_probe": corpus.tokenizer.decode(last.film.probe_ids)}
+               if last.film is not None else {}),
         }
-        path = save_checkpoint(args.out, model, corpus.tokenizer, meta)
+        path = save_checkpoint(args.out, model, corpus.tokenizer, meta, film=last.film)
         path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
         print(f"saved {path}")
     return 0

@@ -68,6 +68,7 @@ INVALID = {
     "probe_every": [-1, 0.5],
     "probe_ids": [[1, 2], (1, -2), (1.5,)],
     "keep_best": ["yes", 1, None],
+    "film_frames": [1, -1, 101, 2.5, True],
 }
 
 

@@ -69,11 +69,12 @@ def progress_html(run: TrainingRun | None = None) -> str:
 @gpu(duration=200)
 @handler(exclusive=False, rate="train")  # a run takes minutes: Explore stays usable meanwhile
 def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-                activation, dropout, steps, lr, seed, keep_best=True, request: gr.Request = None):
+                activation, dropout, steps, lr, seed, keep_best=True, probe=None, request: gr.Request = None):
     """Train a new model for this session, streaming the loss curve and a progress bar; Stop keeps what
     was learned. With keep_best, the model kept is the one of the lowest validation loss seen."""
     progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model,
-                             d_ff, pos, norm, activation, dropout, steps, lr, seed, keep_best)
+                             d_ff, pos, norm, activation, dropout, steps, lr, seed, keep_best,
+                             None if probe in (None, "") else probe)
     last_yield = 0.0
     for p in progress:
         if p.done:

@@ -7,7 +7,7 @@ import numpy as np
 
 import viz
 from lab.limits import (
-    ACTIVATIONS, CONCURRENCY, NORMS, POS_ENCODINGS, SEED_RANGE, TEXT_CHARS, TOKENIZER_KINDS, TRAIN_CORPORA,
+    ACTIVATIONS, CONCURRENCY, MAX_PROMPT_CHARS, NORMS, POS_ENCODINGS, SEED_RANGE, TEXT_CHARS, TOKENIZER_KINDS, TRAIN_CORPORA,
     TRAIN_LIMITS, UPLOAD_MAX_MB,
 )
 from lab.session import Session
@@ -63,6 +63,8 @@ def build_train_tab(ses: gr.State, model_dd: gr.Dropdown) -> None:
                                        maximum=SEED_RANGE[1], elem_id="train_seed")
             keep_best = gr.Checkbox(True, label="Keep best: end with the weights of the lowest validation loss",
                                     elem_id="keep_best")
+            probe = gr.Textbox("", label="Film probe prompt (empty: a held-out example of the corpus)",
+                               elem_id="probe", max_lines=1, max_length=MAX_PROMPT_CHARS)
         with gr.Column(scale=1):
             with gr.Row():
                 train_btn = gr.Button("Train", variant="primary", elem_id="train_btn")
@@ -77,12 +79,13 @@ def build_train_tab(ses: gr.State, model_dd: gr.Dropdown) -> None:
             upload_status = gr.Textbox(label="Upload", interactive=False, elem_id="upload_status")
 
     api_example(pasted, "")
+    api_example(probe, "")
     for file_input in (text_file, upload):
         api_example(file_input, None)
     corpus.change(corpus_defaults, corpus, [info, tok_kind, layers, heads, d_model, d_ff, pos, norm, activation, dropout,
                                             steps, lr], api_name=False, queue=False, **RAW)
     train_btn.click(train_model, [ses, corpus, pasted, text_file, tok_kind, layers, heads, d_model, d_ff, pos, norm,
-                                  activation, dropout, steps, lr, train_seed, keep_best],
+                                  activation, dropout, steps, lr, train_seed, keep_best, probe],
                     [ses, train_status, loss_plot, model_dd, download, train_progress], api_name="train",
                     concurrency_limit=CONCURRENCY["train"], concurrency_id="train",
                     show_progress_on=[train_status], **RAW)

@@ -2,7 +2,8 @@
 
 Two kinds of figure come back, and each builder's return annotation says which:
 
-* `FigureSpec`: the attention maps, the probability bars and the loss curve. Plain trace and
+* `FigureSpec`: the attention maps, the probability bars, the loss curve and
+  the training film's score curves (viz.film). Plain trace and
   layout dicts whose JSON is written directly, skipping plotly's validation (which is slow for
   figures made of many heatmap tiles). It is not a `go.Figure`: call `FigureSpec.to_plotly()` for
   a real, editable one.
@@ -39,6 +40,7 @@ from .attention import (
     causal_mask,
 )
 from ._common import short_token
+from .film import score_curves
 from .linking import decode_shade, shade_payload, shading
 from .payload import Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
 from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
@@ -74,6 +76,7 @@ __all__ = [
     "positional_similarity",
     "positional_table",
     "probabilities",
+    "score_curves",
     "shade_payload",
     "shading",
     "short_token",

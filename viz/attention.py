@@ -780,6 +780,7 @@ def attention_view(
     colour: str = "linear",
     presentation: bool = False,
     query: int | None = None,
+    title_prefix: str | None = None,
 ) -> FigureSpec | go.Figure:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
@@ -800,6 +801,8 @@ def attention_view(
     "log" = log10(weight) clipped to [-3, 0]. presentation: large fonts (tick labels ≥ 16 px) and
     a layout computed for them. query: outline that query row in every panel (layout.meta also
     carries T, offset and the panels' axes, layer and head so a page can draw it without a round trip).
+    title_prefix: plain text put before the figure's title (escaped), e.g. "Step 340 of 2000 · " for
+    a frame of the training film; the message figure gets it before its message.
 
     Raises ValueError for an unknown view, colour, a layer, head or query out of range, or
     inconsistent shapes.
@@ -829,6 +832,11 @@ def attention_view(
     mask = causal_mask(t) if causal else None
     style = {"max_height_px": max_height_px, "presentation": presentation, "query": query}
 
+    if title_prefix is not None:
+        return _prefixed(attention_view(weights, scores, tokens, layer=layer, head=head, view=view, causal=causal,
+                                        overview_max_tokens=overview_max_tokens, width_px=width_px,
+                                        max_height_px=max_height_px, colour=colour, presentation=presentation,
+                                        query=query), str(title_prefix))
     if view == "all layers":
         if t > overview_max_tokens:
             return message_figure(
@@ -846,3 +854,13 @@ def attention_view(
                               colour=colour, **style)
     return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask, width_px=width_px or 720,
                           colour=colour, **style)
+
+
+def _prefixed(fig: FigureSpec | go.Figure, prefix: str) -> FigureSpec | go.Figure:
+    """`fig` with `prefix` (plain text, escaped) put before its title, or before a message figure's text."""
+    if isinstance(fig, FigureSpec):
+        title = fig.layout["title"]
+        return FigureSpec(fig.data, {**fig.layout, "title": {**title, "text": esc(prefix) + title["text"]}})
+    note = fig.layout.annotations[0]
+    note.text = esc(prefix) + note.text
+    return fig

@@ -1,0 +1,116 @@
+"""The training film in the app (issue 13): recorded by every training in the Train tab, kept with
+the model, saved inside its downloaded file and back on upload, and drawn frame by frame with
+exactly the numbers the frame holds. Built-in models carry the film the CLI recorded."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+import viz
+from lab.checks import UserError
+from lab.models import BUILTIN_MODELS, BUILTINS
+from lab.session import Session
+from model.checkpoint import load_checkpoint
+from model.heads import head_scores
+from ui.film import film_frame, next_frame, open_film
+
+SORT_FORM = ("sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 40, 3e-3, 0)
+QUANT = 0.0005 + 1e-9  # figures carry milli-units
+
+
+def trained(session: Session, probe=None):
+    for p in session.train(*SORT_FORM, probe=probe):
+        pass
+    return p
+
+
+def model_attention(entry, ids) -> list[np.ndarray]:
+    with torch.inference_mode():
+        out = entry.model(torch.tensor([list(ids)]), return_attention=True)
+    return [a[0].numpy() for a in out.attentions]
+
+
+def test_a_training_in_the_app_records_a_film_whose_last_frame_is_the_model():
+    s = Session()
+    p = trained(s)
+    film = s.film(p.run.name)
+    steps = [f.step for f in film.frames]
+    assert steps[0] == 0 and steps[-1] == 40 and steps == sorted(set(steps)) and len(steps) >= 30
+    assert film.task == "sort" and "=" in film.probe_tokens  # a held-out sort example, answer included
+    last = model_attention(s.entry_for(p.run.name), film.probe_ids)
+    for a, b in zip(last, film.frames[-1].attention):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # the download holds the film; uploading it brings the film back, equal
+    back = load_checkpoint(p.download).film
+    assert [f.step for f in back.frames] == steps
+    for fa, fb in zip(film.frames, back.frames):
+        for a, b in zip(fa.attention, fb.attention):
+            np.testing.assert_allclose(a, b, atol=1e-7)
+    other = Session()
+    name = other.upload(str(p.download))
+    assert [f.step for f in other.film(name).frames] == steps
+
+
+def test_a_typed_probe_is_used_and_unknown_characters_are_refused():
+    s = Session()
+    p = trained(s, probe="112233=123123")
+    assert "".join(s.film(p.run.name).probe_tokens) == "112233=123123"
+    with pytest.raises(UserError, match="probe prompt"):
+        next(iter(Session().train(*SORT_FORM, probe="hello")))
+
+
+def test_a_frame_draws_exactly_what_it_holds():
+    s = Session()
+    p = trained(s)
+    film = s.film(p.run.name)
+    i = 7
+    attention, loss, curves, phases, caption = film_frame(s, p.run.name, i, 1, "previous_token")
+    fr = film.frames[i]
+    drawn = viz.attention_panels(go.Figure(json.loads(attention.plot)))
+    np.testing.assert_allclose(np.nan_to_num(drawn), fr.attention[1], atol=QUANT)
+    assert f"Step {fr.step} of 40" in json.loads(attention.plot)["layout"]["title"]["text"]
+    # the score curves are the head scores of every frame, recomputed here the plain way
+    spec = json.loads(curves.plot)
+    want = np.array([head_scores(f.attention, film.probe_ids)["previous_token"] for f in film.frames])
+    lines = {t["name"]: np.asarray(viz.decode_array(t["y"]), dtype=float) for t in spec["data"]
+             if str(t.get("name", "")).startswith("L")}
+    for layer in range(2):
+        for head in range(4):
+            np.testing.assert_allclose(lines[f"L{layer} H{head}"], want[:, layer, head], atol=1e-6)
+    assert f"step {fr.step} of 40" in caption and phases.startswith("**What changed")
+
+
+def test_builtins_carry_their_film_and_the_player_wraps_around():
+    s = Session()
+    for name in BUILTIN_MODELS:
+        film = s.film(name)
+        assert film is not None and len(film.frames) >= 30, name
+        last = model_attention(BUILTINS.get(name), film.probe_ids)
+        for a, b in zip(last, film.frames[-1].attention):  # the last frame is the shipped model
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    film = s.film("copy / induction (built-in)")
+    n = len(film.frames)
+    assert next_frame(s, "copy / induction (built-in)", n - 1) == 0
+    assert next_frame(s, "copy / induction (built-in)", 3) == 4
+    slider, layer, score = open_film(s, "copy / induction (built-in)", "induction")
+    assert slider["maximum"] == n - 1 and score["value"] == "induction"
+    assert ("task match", "match") in score["choices"]
+
+
+def test_the_copy_model_film_names_its_induction_phase():
+    s = Session()
+    film = s.film("copy / induction (built-in)")
+    sentences = [p.sentence() for p in film.phases()]
+    assert any("induction" in t or "task" in t for t in sentences), sentences
+
+
+@pytest.mark.parametrize("frame, layer, score", [(-1, 0, "induction"), (10_000, 0, "induction"), (0, 9, "induction"),
+                                                 (0, 0, "nope"), ("x", 0, "induction")])
+def test_bad_film_requests_are_refused(frame, layer, score):
+    with pytest.raises(ValueError):
+        film_frame(Session(), "copy / induction (built-in)", frame, layer, score)

@@ -1,0 +1,111 @@
+"""The training film's handlers: one frame of a model's film (attention of a layer on the probe
+prompt at that step, the loss curve and the head-score curves with that step marked), the
+phase sentences, and the player's next frame."""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+
+import viz
+from lab.checks import check_choice, check_int
+from lab.limits import HEAD_ROLES as ROLES
+from lab.limits import MATCH_FORMULA
+from lab.session import Session
+
+from .common import handler, message_plot
+
+NO_FILM = "This model has no training film (it was made before films existed). Train one in this tab."
+MATCH = "match"
+
+
+def score_names(film) -> list[str]:
+    """The scores a film offers (keys of model.heads.ROLES): the head roles, and the task match
+    for the sort and copy tasks."""
+    names = list(ROLES)
+    return names + [MATCH] if film is not None and film.task in ("sort", "copy") else names
+
+
+def score_choices(names: list[str]) -> list[tuple[str, str]]:
+    return [(ROLES[n].name if n in ROLES else "task match", n) for n in names]
+
+
+def _formula(score: str) -> tuple[str, float | None]:
+    if score == MATCH:
+        return MATCH_FORMULA, None
+    return ROLES[score].formula, ROLES[score].threshold
+
+
+def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
+    """(attention, loss, scores, phases markdown, caption) of one frame of the model's film."""
+    film = session.film(model_name)
+    if film is None or not film.frames:
+        note = message_plot(NO_FILM)
+        return note, note, note, "", NO_FILM
+    n = len(film.frames)
+    i = check_int("frame", frame, 0, max(0, n - 1)) if frame is not None else n - 1
+    fr = film.frames[min(i, n - 1)]
+    n_layers = len(fr.attention)
+    layer = check_int("layer", layer, 0, n_layers - 1)
+    score = check_choice("score", score, score_names(film))
+    large = session.display.presentation
+    steps = film.steps()
+    attention = viz.attention_view(
+        fr.attention, None, film.probe_tokens, layer=layer, head=None, view="weights", causal=True,
+        overview_max_tokens=48, width_px=min(session.display.plot_width, 760), max_height_px=460,
+        presentation=large, title_prefix=f"Step {fr.step} of {film.total_steps} · ")
+    scores = film.scores()[score]
+    phases = film.phases()
+    formula, threshold = _formula(score)
+    curves = viz.score_curves(steps, scores, score=score, formula=formula, threshold=threshold, marker_step=fr.step,
+                              phases=[(p.layer, p.head, p.step) for p in phases if p.score == score],
+                              presentation=large, height_px=460 if large else 400, total_steps=film.total_steps)
+    train_loss = np.array([f.train_loss for f in film.frames], dtype=np.float32)
+    val = [(f.step, f.val_loss) for f in film.frames if f.val_loss is not None]
+    loss = viz.loss_curve(steps.astype(np.float32), train_loss, np.array([s for s, _ in val], dtype=np.float32),
+                          np.array([v for _, v in val], dtype=np.float32), total_steps=film.total_steps,
+                          marker_step=fr.step, phase_steps=[(p.step, f"L{p.layer}H{p.head}") for p in phases],
+                          presentation=large)
+    lines = "\n".join(f"- {p.sentence()}" for p in phases) or "- No head changed its role sharply in this run."
+    caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · train loss {fr.train_loss:.2f}"
+               + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")
+               + f" · probe: “{''.join(film.probe_tokens)[:60]}”")
+    return (viz.to_gradio_plot(attention), viz.to_gradio_plot(loss), viz.to_gradio_plot(curves),
+            "**What changed, and when**\n" + lines, caption)
+
+
+@handler
+def show_film(session, model_name, frame, layer, score, request: gr.Request = None):
+    """One frame of the film of `model_name` (a built-in's, or one trained or uploaded here)."""
+    return film_frame(session, model_name, frame, layer, score)
+
+
+@handler
+def open_film(session, model_name, score, request: gr.Request = None):
+    """A model was picked for the film: the slider spans its frames and starts at the last."""
+    film = session.film(model_name)
+    n = len(film.frames) if film is not None else 1
+    layers = len(film.frames[0].attention) if film is not None and film.frames else 1
+    names = score_names(film)
+    score = score if score in names else names[0]
+    return (gr.update(minimum=0, maximum=max(0, n - 1), value=max(0, n - 1), step=1),
+            gr.update(choices=[(f"layer {i}", i) for i in range(layers)], value=layers - 1),
+            gr.update(choices=score_choices(names), value=score))
+
+
+@handler(exclusive=False)
+def follow_model(session, model_name, request: gr.Request = None):
+    """Explore's model changed (picked, trained or uploaded): the film section shows its film."""
+    names = session.model_names()
+    return gr.update(choices=names, value=model_name if model_name in names else names[0])
+
+
+@handler(exclusive=False)
+def next_frame(session, model_name, frame, request: gr.Request = None):
+    """The player's tick: the next frame, back to the first after the last."""
+    film = session.film(model_name)
+    if film is None or not film.frames:
+        return gr.skip()
+    n = len(film.frames)
+    i = check_int("frame", frame, 0, max(0, n - 1)) if frame is not None else -1
+    return (i + 1) % n
