@@ -14,7 +14,7 @@ import os
 from model.checkpoint import DEFAULT_LIMITS as CHECKPOINT_LIMITS
 from model.config import ACTIVATIONS, NORMS, POS_ENCODINGS
 from model.corpora import MAX_TEXT_CHARS, MIN_TEXT_CHARS
-from model.film import FILM_FRAMES, MAX_PROBE_TOKENS
+from model.film import FILM_FRAMES, MAX_FILM_FRAMES, MAX_PROBE_TOKENS
 from model.heads import MATCH_FORMULA, ROLES as HEAD_ROLES
 from model.generate import SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
 from model.tokenizers import TOKENIZER_KINDS
@@ -121,6 +121,8 @@ def limits_table() -> list[str]:
         f"{_num(L['learning rate'][1])}, dropout ≤ {_num(L['dropout'][1])}, ≤ {_num(TRAIN_MAX_SECONDS)} s wall clock, "
         "one training at a time |",
         f"| training text | {TEXT_CHARS[0]:,} – {TEXT_CHARS[1]:,} characters of UTF-8 |",
+        f"| training film | {FILM_FRAMES} frames per training (≤ {MAX_FILM_FRAMES} in a file), probe prompt ≤ "
+        f"{MAX_PROBE_TOKENS} tokens |",
         f"| uploads | {UPLOAD_MAX_MB} MB; checkpoints ≤ {c.max_layers} layers, ≤ {c.max_heads} heads, "
         f"d_model ≤ {c.max_d_model}, context ≤ {c.max_block_size}, vocabulary ≤ {c.max_vocab:,}, "
         f"≤ {c.max_params:,} parameters |",

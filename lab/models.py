@@ -58,7 +58,7 @@ BUILTIN_MODELS = {
     "grammar (built-in)": Builtin(
         "grammar.safetensors",
         ("anna found the key . she gave it to tom because he", "tom met lisa at the park . he", "maria lost her"),
-        FirstView(layer=1, head=3, caption='Layer 1, head 3: the row of "he" puts most of its weight (0.66) on '
+        FirstView(layer=1, head=0, caption='Layer 1, head 0: the row of "he" puts most of its weight (0.76) on '
                                            '"tom" — the head links the pronoun to the name it stands for.')),
     "sort digits (built-in)": Builtin(
         "sort.safetensors", ("503124=", "987650=", "112233="),

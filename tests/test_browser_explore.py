@@ -101,7 +101,7 @@ def test_phone_shows_one_head_at_full_width_and_moves_between_heads(app_server, 
         first = fig["title"]
         p.click("next_head")
         p.page.wait_for_function(f"t => ({PLOT}._fullLayout.title.text || '') !== t", arg=first, timeout=20_000)
-        assert "head 0" in p.figure("attention")["title"]  # the grammar model opens on head 3 of 4: wraps to 0
+        assert "head 1" in p.figure("attention")["title"]  # the grammar model opens on head 0: ▶ shows head 1
         p.page.screenshot(path=str(shots / "explore-390.png"), full_page=True)
         assert p.console_errors == []
     finally:
@@ -150,9 +150,9 @@ def test_clicking_a_token_links_the_three_views(page, shots):
                               " const g = document.querySelector('#attention .js-plotly-plot').getBoundingClientRect();"
                               " const r = o.getBoundingClientRect(); return [r.top - g.top, r.bottom - g.top]; }")
     assert outline[0] - 2 <= y["centers"][i] <= outline[1] + 2
-    # the text is shaded by that row of layer 1, head 3: the most shaded token is the model's argmax
+    # the text is shaded by that row of layer 1, head 0: the most shaded token is the model's argmax
     weights = model_attention(GRAMMAR, p.page.locator("#prompt textarea").input_value())
-    row = weights[1][3, i, : i + 1]
+    row = weights[1][0, i, : i + 1]
     shades = p.page.evaluate("() => [...document.querySelectorAll('#tokens .textfield .token')]"
                              ".map(e => parseFloat(e.style.getPropertyValue('--lab-shade') || 'NaN'))")
     assert int(np.nanargmax(shades)) == int(np.argmax(row)) == tokens.index("tom")
@@ -172,7 +172,7 @@ def test_clicking_a_token_links_the_three_views(page, shots):
     # hovering a cell names layer, head, query and key
     hover = p.page.evaluate(f"() => {PLOT}._fullData.map(t => [t.hovertemplate || '', String(t.meta || '')])")
     assert hover and all("query" in t and "key" in t and "%{meta}" in t for t, _ in hover)
-    assert all("layer 1" in name and "head 3" in name for _, name in hover)
+    assert all("layer 1" in name and "head 0" in name for _, name in hover)
     assert p.console_errors == []
 
 

@@ -95,8 +95,8 @@ def test_builtins_carry_their_film_and_the_player_wraps_around():
             np.testing.assert_allclose(a, b, atol=1e-5)
     film = s.film("copy / induction (built-in)")
     n = len(film.frames)
-    assert next_frame(s, "copy / induction (built-in)", n - 1) == 0
-    assert next_frame(s, "copy / induction (built-in)", 3) == 4
+    assert next_frame(s, "copy / induction (built-in)", n - 1)["value"] == 0
+    assert next_frame(s, "copy / induction (built-in)", 3)["value"] == 4
     slider, layer, score = open_film(s, "copy / induction (built-in)", "induction")
     assert slider["maximum"] == n - 1 and score["value"] == "induction"
     assert ("task match", "match") in score["choices"]

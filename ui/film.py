@@ -95,7 +95,8 @@ def open_film(session, model_name, score, request: gr.Request = None):
 
 @handler(exclusive=False)
 def follow_model(session, model_name, request: gr.Request = None):
-    """Explore's model changed (picked, trained or uploaded): the film section shows its film."""
+    """Explore's model changed (picked, trained or uploaded), or the list was opened: the film
+    section offers every model of the session (one in training too) and shows `model_name`'s."""
     names = session.model_names()
     return gr.update(choices=names, value=model_name if model_name in names else names[0])
 
@@ -106,6 +107,6 @@ def next_frame(session, model_name, frame, request: gr.Request = None):
     film = session.film(model_name)
     if film is None or not film.frames:
         return gr.skip()
-    n = len(film.frames)
+    n = len(film.frames)  # a film still recording grows: the slider grows with it
     i = check_int("frame", frame, 0, max(0, n - 1)) if frame is not None else -1
-    return (i + 1) % n
+    return gr.update(maximum=max(1, n - 1), value=(i + 1) % n)

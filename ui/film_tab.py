@@ -61,6 +61,7 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
                       **RAW).then(show_film, frame_inputs, frame_outputs, api_name=False, **group)
     # The film follows Explore's model: a model trained here is shown as soon as its run ends.
     model_dd.change(follow_model, [ses, model_dd], film_model, api_name=False, **RAW)
+    film_model.focus(follow_model, [ses, film_model], film_model, api_name=False, **RAW)  # a run's model, mid-run
     # drawn when the tab is shown, never while it is hidden (a hidden plot is laid out at the wrong width)
     tab.select(show_film, frame_inputs, frame_outputs, api_name=False, **group)
     play.click(lambda on: (not on, gr.Timer(active=not on)), playing, [playing, timer], api_name=False, queue=False)
