@@ -541,6 +541,11 @@ class Session:
         training has the frames recorded so far."""
         return self.entry_for(model_name).film
 
+    def film_probe_text(self, model_name) -> str:
+        """The film's probe prompt as text (the model's tokenizer puts the spaces back)."""
+        entry = self.entry_for(model_name)
+        return "" if entry.film is None else entry.tokenizer.decode(list(entry.film.probe_ids))
+
     def positional(self, model_name) -> tuple[ModelEntry, str, np.ndarray | None]:
         """The positional table a model really uses: (entry, kind, (positions, dims) float32 or None)."""
         entry = self.entry_for(model_name)

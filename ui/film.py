@@ -52,7 +52,8 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     steps = film.steps()
     attention = viz.attention_view(
         fr.attention, None, film.probe_tokens, layer=layer, head=None, view="weights", causal=True,
-        overview_max_tokens=48, width_px=min(session.display.plot_width, 760), max_height_px=460,
+        overview_max_tokens=48, width_px=min(session.display.plot_width, 760),
+        max_height_px=max(420, session.display.screen_height - 120),
         presentation=large, title_prefix=f"Step {fr.step} of {film.total_steps} · ")
     scores = film.scores()[score]
     phases = film.phases()
@@ -69,7 +70,7 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     lines = "\n".join(f"- {p.sentence()}" for p in phases) or "- No head changed its role sharply in this run."
     caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · train loss {fr.train_loss:.2f}"
                + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")
-               + f" · probe: “{''.join(film.probe_tokens)[:60]}”")
+               + f" · probe: “{session.film_probe_text(model_name)[:80]}”")
     return (viz.to_gradio_plot(attention), viz.to_gradio_plot(loss), viz.to_gradio_plot(curves),
             "**What changed, and when**\n" + lines, caption)
 
