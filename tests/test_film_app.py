@@ -114,3 +114,24 @@ def test_the_copy_model_film_names_its_induction_phase():
 def test_bad_film_requests_are_refused(frame, layer, score):
     with pytest.raises(ValueError):
         film_frame(Session(), "copy / induction (built-in)", frame, layer, score)
+
+
+def test_the_film_grows_while_the_model_trains():
+    s = Session()
+    progress = s.train(*SORT_FORM)
+    seen = []
+    for p in progress:
+        if p.done:
+            break
+        film = s.film(p.run.name)  # a run's model is in the list at once, with the frames so far
+        seen.append((p.run.step, len(film.frames), film.frames[-1].step if film.frames else None))
+    assert seen and seen[0][1] >= 1 and seen[-1][1] > seen[0][1]
+    assert all(last is None or last <= step for step, _, last in seen)
+    assert s.film(p.run.name).frames[-1].step == 40
+
+
+def test_the_probe_shown_in_the_caption_stays_text():
+    from ui.film import plain
+
+    shown = plain('<img src=x onerror=alert(1)> [a](javascript:x) *b*')
+    assert "<img" not in shown and "](" not in shown and "\\*b\\*" in shown

@@ -304,8 +304,9 @@ def test_train_endpoint_returns_the_progress_and_takes_keep_best(app_server):
 
     c = Client(app_server.url, verbose=False)
     params = c.view_api(return_format="dict", print_info=False)["named_endpoints"]["/train"]
-    keep = params["parameters"][-1]
+    keep, probe = params["parameters"][-2:]
     assert keep["parameter_name"] == "keep_best" and keep["parameter_has_default"] and keep["parameter_default"]
+    assert probe["parameter_name"] == "probe" and probe["parameter_has_default"] and probe["parameter_default"] == ""
     args = ("toy", "", None, "word", 1, 1, 8, 0, "learned", "pre", "gelu", 0.0, 10, 0.003, 0)
     status, loss, dd, download, progress = c.predict(*args, api_name="/train")  # keep_best left out: on
     assert status.startswith("Training finished after 10 steps") and "10 / 10 steps in" in text_of(progress)

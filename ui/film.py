@@ -4,6 +4,9 @@ phase sentences, and the player's next frame."""
 
 from __future__ import annotations
 
+import html
+import re
+
 import gradio as gr
 import numpy as np
 
@@ -17,6 +20,11 @@ from .common import handler, message_plot
 
 NO_FILM = "This model has no training film (it was made before films existed). Train one in this tab."
 MATCH = "match"
+
+
+def plain(text: str) -> str:
+    """A person's own text for a Markdown component, shown as typed: no HTML, no links, no emphasis."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", html.escape(text, quote=False))
 
 
 def score_names(film) -> list[str]:
@@ -70,7 +78,7 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     lines = "\n".join(f"- {p.sentence()}" for p in phases) or "- No head changed its role sharply in this run."
     caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · train loss {fr.train_loss:.2f}"
                + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")
-               + f" · probe: “{session.film_probe_text(model_name)[:80]}”")
+               + f" · probe: “{plain(session.film_probe_text(model_name)[:80])}”")
     return (viz.to_gradio_plot(attention), viz.to_gradio_plot(loss), viz.to_gradio_plot(curves),
             "**What changed, and when**\n" + lines, caption)
 
