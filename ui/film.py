@@ -66,7 +66,8 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     scores = film.scores()[score]
     phases = film.phases()
     formula, threshold = _formula(score)
-    curves = viz.score_curves(steps, scores, score=score, formula=formula, threshold=threshold, marker_step=fr.step,
+    shown = ROLES[score].name if score in ROLES else "task match"
+    curves = viz.score_curves(steps, scores, score=shown, formula=formula, threshold=threshold, marker_step=fr.step,
                               phases=[(p.layer, p.head, p.step) for p in phases if p.score == score],
                               presentation=large, height_px=460 if large else 400, total_steps=film.total_steps)
     train_loss = np.array([f.train_loss for f in film.frames], dtype=np.float32)
