@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .interventions import Intervention, LayerPlan
 
 
 @dataclass
@@ -45,13 +46,16 @@ class ForwardOutput:
     logits: (B, T, V). attentions / scores: one (B, H, Tq, Tk) tensor per layer when
     return_attention=True, else None. Masked entries are exactly 0 in `attentions` and
     -inf in `scores`. cache: the key/value cache including this call's tokens, when a
-    cache was passed in (use `KVCache([])` to start one).
+    cache was passed in (use `KVCache([])` to start one). residuals: with
+    return_residuals=True, n_layers + 1 tensors (B, T, C): the residual stream after the
+    embedding (index 0) and after block l (index l + 1); read them with `logit_lens`.
     """
 
     logits: torch.Tensor
     attentions: tuple[torch.Tensor, ...] | None = None
     scores: tuple[torch.Tensor, ...] | None = None
     cache: KVCache | None = None
+    residuals: tuple[torch.Tensor, ...] | None = None
 
 
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -110,6 +114,7 @@ class SelfAttention(nn.Module):
         past: LayerCache | None,
         want_cache: bool,
         want_attention: bool,
+        plan: LayerPlan | None = None,
     ) -> tuple[torch.Tensor, LayerCache | None, torch.Tensor | None, torch.Tensor | None]:
         B, T, C = x.shape
         # one matmul for all three projections, then split heads: each of q, k, v is (B, H, T, hs)
@@ -125,7 +130,7 @@ class SelfAttention(nn.Module):
         causal = self.cfg.mask == "causal"
         drop = self.dropout if self.training else 0.0
 
-        if not want_attention:
+        if not want_attention and plan is None:
             # Fused path: torch's kernel never materialises the weights, so it is faster and
             # leaner, but there is nothing to show. The mask is chosen to match `causal_mask`:
             if not causal or T == 1:
@@ -149,12 +154,56 @@ class SelfAttention(nn.Module):
             if causal:
                 scores = scores.masked_fill(causal_mask(T, t_key, x.device), float("-inf"))
             weights = torch.softmax(scores, dim=-1)  # exp(-inf) = 0: masked weights are exactly zero
+            if plan is not None:
+                weights = self._edit_weights(weights, plan, T, t_key, causal)
             y = F.dropout(weights, drop, training=True) @ v if drop else weights @ v
+            if plan is not None:
+                y = self._ablate_outputs(y, plan)
 
         y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again: (B, T, C)
         if self.proj is not None:
             y = self.proj(y)
         return y, new_cache, weights, scores
+
+    def _edit_weights(
+        self, weights: torch.Tensor, plan: LayerPlan, T: int, t_key: int, causal: bool
+    ) -> torch.Tensor:
+        """Rows replaced by the intervention: uniform-ablated heads and edited (head, query) rows."""
+        H = self.n_heads
+        uniform_heads = plan.ablate if plan.mode == "uniform" else ()
+        if not uniform_heads and not plan.edits:
+            return weights
+        allowed = (
+            ~causal_mask(T, t_key, weights.device)
+            if causal
+            else torch.ones(T, t_key, dtype=torch.bool, device=weights.device)
+        )
+        uniform = allowed.to(weights.dtype) / allowed.sum(-1, keepdim=True).to(weights.dtype)  # (T, Tk)
+        new = torch.zeros(H, T, t_key, dtype=weights.dtype, device=weights.device)
+        replace = torch.zeros(H, T, 1, dtype=torch.bool, device=weights.device)
+        for h in uniform_heads:
+            new[h] = uniform
+            replace[h] = True
+        for h, row, key in plan.edits:
+            if key is None:
+                new[h, row] = uniform[row]
+            else:
+                new[h, row] = 0.0
+                new[h, row, key] = 1.0
+            replace[h, row] = True
+        return torch.where(replace, new, weights)  # (B, H, T, Tk), broadcast over the batch
+
+    @staticmethod
+    def _ablate_outputs(y: torch.Tensor, plan: LayerPlan) -> torch.Tensor:
+        """Zero- or mean-ablate heads' outputs y: (B, H, T, hs), before heads are concatenated."""
+        if plan.mode not in ("zero", "mean") or not plan.ablate:
+            return y
+        H = y.shape[1]
+        mask = torch.zeros(1, H, 1, 1, dtype=torch.bool, device=y.device)
+        mask[0, list(plan.ablate)] = True
+        if plan.mode == "zero":
+            return torch.where(mask, torch.zeros((), dtype=y.dtype, device=y.device), y)
+        return torch.where(mask, y.mean(dim=2, keepdim=True), y)  # mean over this text's positions
 
 
 class FeedForward(nn.Module):
@@ -187,14 +236,14 @@ class Block(nn.Module):
         self.norm2 = make_norm() if self.ffn is not None else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, past, want_cache, want_attention):
+    def forward(self, x, rope, past, want_cache, want_attention, plan=None):
         if self.norm_mode == "post":
-            a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention)
+            a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention, plan)
             x = self.norm1(x + self.drop(a))
             if self.ffn is not None:
                 x = self.norm2(x + self.drop(self.ffn(x)))
         else:  # pre-norm, or no norm at all (Identity)
-            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention)
+            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan)
             x = x + self.drop(a)
             if self.ffn is not None:
                 x = x + self.drop(self.ffn(self.norm2(x)))
@@ -245,8 +294,16 @@ class DecoderLM(nn.Module):
         ids: torch.Tensor,
         return_attention: bool = False,
         cache: KVCache | None = None,
+        intervention: Intervention | None = None,
+        return_residuals: bool = False,
     ) -> ForwardOutput:
-        """ids: (B, T) token ids. With `cache`, ids are the tokens after the cached ones."""
+        """ids: (B, T) token ids. With `cache`, ids are the tokens after the cached ones.
+
+        intervention: heads to ablate / attention rows to edit (see model.interventions); the
+        layers it touches run the explicit attention path. None or an empty one: the normal
+        forward, bit for bit. return_residuals: also return the residual stream after the
+        embedding and after each block (for `logit_lens`).
+        """
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape (batch, time), got {tuple(ids.shape)}")
         B, T = ids.shape
@@ -262,6 +319,12 @@ class DecoderLM(nn.Module):
             )
         if T == 0:
             raise ValueError("ids must contain at least one token")
+        plans: list[LayerPlan | None] = [None] * self.cfg.n_layers
+        if intervention is not None:
+            if not isinstance(intervention, Intervention):
+                raise ValueError(f"intervention must be an Intervention, got {type(intervention).__name__}")
+            if not intervention.is_empty:
+                plans = intervention.layer_plans(self.cfg, start + T, start)
 
         x = self.tok_emb(ids)  # (B, T, C)
         pe = self.cfg.pos_encoding
@@ -275,19 +338,26 @@ class DecoderLM(nn.Module):
 
         want_cache = cache is not None
         layers, atts, scs = [], [], []
+        residuals = [x]
         for i, block in enumerate(self.blocks):
             past = cache.layers[i] if cache is not None and cache.layers else None
-            x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention)
+            x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention, plans[i])
+            residuals.append(x)
             layers.append(layer_cache)
             atts.append(w)
             scs.append(s)
-        logits = self.head(self.norm_f(x))
+        logits = self.read_out(x)
         return ForwardOutput(
             logits=logits,
             attentions=tuple(atts) if return_attention else None,
             scores=tuple(scs) if return_attention else None,
             cache=KVCache(layers) if want_cache else None,
+            residuals=tuple(residuals) if return_residuals else None,
         )
+
+    def read_out(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm then output head: the model's logits for residual stream x (B, T, C)."""
+        return self.head(self.norm_f(x))
 
     def positional_table(self) -> tuple[str, torch.Tensor | None]:
         """The positional information the model actually uses, for display.
@@ -303,3 +373,18 @@ class DecoderLM(nn.Module):
         if pe == "rope":
             return pe, rope_angles(self.cfg.block_size, self.cfg.head_dim, self.cfg.pe_base)
         return pe, None
+
+
+def logit_lens(model: DecoderLM, residuals: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
+    """Logits read out of each residual stream: (len(residuals), B, T, V).
+
+    Each residual goes through the model's own final norm and output head, one at a time
+    (the same call on the same shape as the forward, so the last one equals the model's
+    logits exactly). With `ForwardOutput.residuals` (n_layers + 1 entries) index 0 is the
+    embedding and index l + 1 is after block l; pass `residuals[1:]` for one row per layer.
+    Under norm="post" and "none" the final norm is the identity (post-norm blocks already end
+    in a norm), so the lens is the head alone.
+    """
+    if len(residuals) == 0:
+        raise ValueError("logit_lens needs at least one residual stream")
+    return torch.stack([model.read_out(r) for r in residuals])
