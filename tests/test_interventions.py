@@ -119,6 +119,13 @@ def close(a, b):
     return torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
 
+def seeded_model(pe, norm, act, mask):
+    """A small model of that configuration (seed 0, eval mode) and a text for it."""
+    torch.manual_seed(0)
+    model = DecoderLM(small(pos_encoding=pe, norm=norm, activation=act, mask=mask)).eval()
+    return model, ids_for(model)
+
+
 # ----------------------------------------------------------------------------------------
 # no intervention: bit for bit the normal forward
 
@@ -127,9 +134,7 @@ def close(a, b):
 @pytest.mark.parametrize("norm,act", NORM_ACT)
 @pytest.mark.parametrize("mask", MASKS)
 def test_empty_intervention_is_bit_for_bit_normal_forward(pe, norm, act, mask):
-    torch.manual_seed(0)
-    model = DecoderLM(small(pos_encoding=pe, norm=norm, activation=act, mask=mask)).eval()
-    ids = ids_for(model)
+    model, ids = seeded_model(pe, norm, act, mask)
     everyone = [(l, h) for l in range(2) for h in range(3)]
     empties = [Intervention(), Intervention(heads=everyone, keep_only=True, mode="uniform")]
     with torch.no_grad():
@@ -391,9 +396,7 @@ def test_validate_against_config_without_text():
 @pytest.mark.parametrize("norm,act", NORM_ACT)
 @pytest.mark.parametrize("mask", MASKS)
 def test_logit_lens_last_layer_is_the_models_logits_exactly(pe, norm, act, mask):
-    torch.manual_seed(0)
-    model = DecoderLM(small(pos_encoding=pe, norm=norm, activation=act, mask=mask)).eval()
-    ids = ids_for(model)
+    model, ids = seeded_model(pe, norm, act, mask)
     with torch.no_grad():
         plain = model(ids)
         out = model(ids, return_residuals=True)
