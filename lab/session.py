@@ -772,6 +772,9 @@ def film_bytes(entry: ModelEntry) -> int:
     return frames * cfg.n_layers * cfg.n_heads * t * t * 4
 
 
+UPLOAD_DETAIL_CHARS = 160  # the exact reason, shortened: a message stays a few lines (bench/fuzz.py bounds it)
+
+
 def upload_refusal(reason: str) -> str:
     """A refused upload in a learner's words first; the exact reason after, for whoever needs it."""
     if reason.startswith(("not a safetensors", "safetensors header", "file is ")) or "8-byte" in reason:
@@ -780,8 +783,8 @@ def upload_refusal(reason: str) -> str:
         what = "This file is a safetensors file, but not a Decoder Lab model: it lacks the model's description."
     else:
         what = "This file is not a Decoder Lab model this app can load (.safetensors): part of it is damaged."
-    return (f"{what} Load a model saved with the Train tab's Download button (or by `python -m model.train`). "
-            f"Details: {reason}.")
+    reason = reason if len(reason) <= UPLOAD_DETAIL_CHARS else reason[: UPLOAD_DETAIL_CHARS - 1] + "…"
+    return f"{what} Load a model saved with the Train tab's Download button. Details: {reason}."
 
 
 def release_freed_memory() -> None:
