@@ -139,7 +139,7 @@ class BuiltinModels:
                 self._loaded[name] = ModelEntry(name, ck.model, ck.tokenizer, ck.meta, builtin=True,
                                                 examples=self.models[name].examples,
                                                 first_view=self.models[name].first_view,
-                                                film=getattr(ck, "film", None))
+                                                film=ck.film)
             return self._loaded[name]
 
 

@@ -652,9 +652,9 @@ class Session:
         try:
             for ev in train(model, corpus, tcfg, should_stop=run.stop.is_set):
                 run.step, run.elapsed = ev.step, ev.elapsed
-                if getattr(ev, "frame", None) is not None:
+                if ev.frame is not None:
                     entry.film.frames.append(ev.frame)
-                if getattr(ev, "film", None) is not None:  # the whole film, its last frame the final model's
+                if ev.film is not None:  # the whole film, its last frame the final model's
                     ev.film.probe_tokens = entry.film.probe_tokens
                     entry.film = ev.film
                 if ev.done:  # the curve shows where the run ended; the kept weights are marked apart
@@ -745,7 +745,7 @@ class Session:
             raise UserError(upload_refusal(str(exc))) from None
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
         removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples,
-                                             film=getattr(ck, "film", None)))
+                                             film=ck.film))
         return name, removed
 
     # --------------------------------------------------------------------------- close

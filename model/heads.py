@@ -39,14 +39,19 @@ def _nan_result(a: np.ndarray) -> np.ndarray:
     return np.full(a.shape[:-2], np.nan)
 
 
-def previous_token(attn) -> np.ndarray:
-    """Mean over queries i ≥ 1 of A[i, i−1]; NaN for a text of one token."""
+def _diagonal_mean(attn, back: int) -> np.ndarray:
+    """Mean over queries i ≥ 1 of A[i, i − back]; NaN for a text of one token."""
     a = _as_array(attn)
     T = a.shape[-1]
     if T < 2:
         return _nan_result(a)
     i = np.arange(1, T)
-    return a[..., i, i - 1].mean(axis=-1)
+    return a[..., i, i - back].mean(axis=-1)
+
+
+def previous_token(attn) -> np.ndarray:
+    """Mean over queries i ≥ 1 of A[i, i−1]; NaN for a text of one token."""
+    return _diagonal_mean(attn, 1)
 
 
 def first_token(attn) -> np.ndarray:
@@ -59,12 +64,7 @@ def first_token(attn) -> np.ndarray:
 
 def self_attention(attn) -> np.ndarray:
     """Mean over queries i ≥ 1 of A[i, i]; NaN for a text of one token."""
-    a = _as_array(attn)
-    T = a.shape[-1]
-    if T < 2:
-        return _nan_result(a)
-    i = np.arange(1, T)
-    return a[..., i, i].mean(axis=-1)
+    return _diagonal_mean(attn, 0)
 
 
 def entropy(attn) -> np.ndarray:

@@ -56,3 +56,15 @@ def shots(tmp_path_factory) -> Path:
     path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def train_page(app_server, browser):
+    """The app at 1366×900 in Chromium, on its Train tab (a tests/test_browser.py Page)."""
+    from test_browser import Page  # pytest puts tests/ on the path
+
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    p = Page(context, app_server.url)
+    p.tab("Train")
+    yield p
+    context.close()

@@ -18,21 +18,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TITLE = "() => document.querySelector('#film_attention .js-plotly-plot')?._fullLayout?.title?.text || ''"
 
 
-@pytest.fixture
-def page(app_server, browser):
-    context = browser.new_context(viewport={"width": 1366, "height": 900})
-    p = Page(context, app_server.url)
-    p.tab("Train")
-    yield p
-    context.close()
-
-
 def frame_value(p: Page) -> int:
     return int(float(p.page.locator("#film_frame input[type=number]").input_value()))
 
 
-def test_a_builtin_film_scrubs_plays_and_explains_its_scores(page, shots):
-    p = page
+def test_a_builtin_film_scrubs_plays_and_explains_its_scores(train_page, shots):
+    p = train_page
     film = Session().film(DEFAULT_MODEL)
     steps = [f.step for f in film.frames]
     last = f"Step {steps[-1]} of {film.total_steps}"

@@ -13,15 +13,6 @@ from test_browser import Page  # pytest puts tests/ on the path (rootdir-relativ
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-@pytest.fixture
-def page(app_server, browser):
-    context = browser.new_context(viewport={"width": 1366, "height": 900})
-    p = Page(context, app_server.url)
-    p.tab("Train")
-    yield p
-    context.close()
-
-
 def number(p: Page, elem: str) -> str:
     return p.page.locator(f"#{elem} input[type=number]").input_value()
 
@@ -39,8 +30,8 @@ def train(p: Page, steps: int, wait_for: str) -> None:
                              arg=wait_for, timeout=120_000)
 
 
-def test_picking_a_corpus_sets_the_recipe_of_its_builtin(page):
-    p = page
+def test_picking_a_corpus_sets_the_recipe_of_its_builtin(train_page):
+    p = train_page
     p.choose("corpus", "grammar")
     p.page.wait_for_function("() => document.querySelector('#layers input[type=number]').value === '3'",
                              timeout=10_000)
@@ -52,8 +43,8 @@ def test_picking_a_corpus_sets_the_recipe_of_its_builtin(page):
     assert p.console_errors == []
 
 
-def test_progress_bar_loss_axis_keep_best_and_the_model_removed_to_make_room(page, shots):
-    p = page
+def test_progress_bar_loss_axis_keep_best_and_the_model_removed_to_make_room(train_page, shots):
+    p = train_page
     p.set_slider("steps", 2000)
     p.click("train_btn")
     p.page.wait_for_function("() => (document.querySelector('#train_progress')?.innerText || '').includes('left')",
@@ -84,8 +75,8 @@ def test_progress_bar_loss_axis_keep_best_and_the_model_removed_to_make_room(pag
     assert p.console_errors == []
 
 
-def test_a_refused_upload_is_cleared_from_its_box(page, tmp_path):
-    p = page
+def test_a_refused_upload_is_cleared_from_its_box(train_page, tmp_path):
+    p = train_page
     bad = tmp_path / "broken.safetensors"
     bad.write_bytes(b"\x80\x04\x95" + os.urandom(300))
     p.page.locator("#upload input[type=file]").set_input_files(str(bad))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import viz
+from test_viz import axis, softmax_attention  # pytest puts tests/ on the path
 from viz import (
     COLOUR_KEY,
     COLOUR_MODES,
@@ -26,7 +27,6 @@ from viz import (
     attention_panels,
     attention_view,
     causal_mask,
-    decode_array,
     message_figure,
     no_positional_encoding,
     payload_bytes,
@@ -40,29 +40,12 @@ STEP = 0.0005 + 1e-9
 WORDS = "the cat sat on the mat and the dog ran to tom he said that".split()
 
 
-def softmax_attention(h: int, t: int, seed: int = 0, scale: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    scores = rng.normal(size=(h, t, t)) * scale
-    scores[:, causal_mask(t)] = -np.inf
-    w = np.exp(scores - scores.max(-1, keepdims=True))
-    return w / w.sum(-1, keepdims=True), scores
-
-
 def tokens(t: int) -> list[str]:
     return [WORDS[i % len(WORDS)] for i in range(t)]
 
 
 def layout_of(fig) -> dict:
     return json.loads(plot_json(fig))["layout"]
-
-
-def axis(layout: dict, name: str) -> dict:
-    """An axis with the template's defaults for all x / y axes applied (typed tickvals decoded)."""
-    base = layout.get("template", {}).get("layout", {}).get(name.rstrip("0123456789"), {})
-    ax = {**base, **layout.get(name, {})}
-    if isinstance(ax.get("tickvals"), dict):
-        ax["tickvals"] = decode_array(ax["tickvals"]).tolist()
-    return ax
 
 
 def panel_axes(layout: dict) -> list[tuple[str, str]]:
