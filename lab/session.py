@@ -43,6 +43,7 @@ from .limits import (
     POS_ENCODINGS, TOKENIZER_KINDS, TRAIN_CORPORA, TRAIN_LIMITS, TRAIN_MAX_SECONDS,
 )
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
+from .probing import ProbeSettings
 
 NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
 SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line
@@ -233,6 +234,8 @@ class Session:
         self.last_step: Step | None = None
         self.drawn: list[Step] = []  # what each generated token was drawn from, in order (rows dropped)
         self.display = Display()
+        self.query: int | None = None  # the token selected in the text (window position; None = the last)
+        self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
@@ -403,7 +406,10 @@ class Session:
         self._hold(text=self._text_bytes(entry, len(ids) + new_tokens))
         self.decoder = Decoder(entry.model, ids, sampling, eos_id=entry.tokenizer.eos_id,
                                piece=entry.tokenizer.piece)
+        # a new text: an edited row's positions meant the old one; another model has other heads
+        self.probe = ProbeSettings() if entry is not self.entry else dataclasses.replace(self.probe, edit=None)
         self.entry, self.prompt, self.notices, self.last_step, self.drawn = entry, prompt, notices, None, []
+        self.query = None
 
     def _continues(self, entry: ModelEntry, prompt, sampling: Sampling) -> bool:
         """Whether a Step or Generate goes on with the current text (same model, prompt and seed)."""
@@ -422,14 +428,16 @@ class Session:
         return room
 
     def _keep(self, step: Step) -> Step:
-        self.last_step = step
+        self.last_step, self.query = step, None
         self.drawn.append(dataclasses.replace(step, rows=[]))
         return step
 
     def select_model(self, name) -> ModelEntry:
-        """Switch model: the text starts again."""
+        """Switch model: the text starts again, and the heads' settings go (the heads differ)."""
         entry = self.entry_for(name)
         self.reset()
+        if entry is not self.entry:
+            self.probe = ProbeSettings()
         return entry
 
     def step(self, model_name, prompt, sampling: Sampling) -> Step:
@@ -466,11 +474,16 @@ class Session:
         if undone:
             self.drawn.pop()
         self.last_step = self.drawn[-1] if self.drawn else None
+        self.query = None
+        e = self.probe.edit
+        if e is not None and max(e.query, e.key or 0) >= len(self.decoder.ids):  # its token was taken back
+            self.probe = dataclasses.replace(self.probe, edit=None)
         self._hold()  # less memory: always granted
         return undone
 
     def reset(self) -> None:
         self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
+        self.query = None
         self._hold()  # less memory: always granted
 
     # ----------------------------------------------------------------------- read-outs
@@ -519,6 +532,13 @@ class Session:
             logits = self.entry.model(torch.tensor([context], device=d.device)).logits[0, -1]
         probs = torch.softmax(logits.float(), dim=-1).numpy()
         return Probabilities(pieces, probs, None, d.ids[pos], index=index, typed=True)
+
+    def select(self, index) -> int:
+        """Select the token at window position `index` as the query of the head tools."""
+        if self.decoder is None:
+            raise UserError("Press Step first: there is no text to select from.")
+        self.query = check_int("token index", index, 0, len(self.decoder.window) - 1)
+        return self.query
 
     def status(self) -> str:
         d = self.decoder

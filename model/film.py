@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .heads import ROLES, head_scores, ideal_keys_copy, ideal_keys_sort, task_match
+from .heads import MATCH_THRESHOLD, ROLES, head_scores, ideal_keys_copy, ideal_keys_sort, task_match
 
 FILM_FRAMES = 40  # default number of frames of a run
 MAX_FILM_FRAMES = 100
@@ -41,7 +41,6 @@ MAX_PROBE_TOKENS = 32  # the probe prompt is cut to its last 32 tokens (and to t
 FILM_EVAL_BATCHES = 2  # batches per loss of a frame (at most the run's eval_batches): a frame must stay cheap
 TASKS = ("sort", "copy")  # corpora whose right attention is known: their films get the "match" score
 TASK_SEPARATORS = {"sort": "=", "copy": "|"}
-MATCH_THRESHOLD = 0.5  # a head "follows the task's pattern" from this match score on
 MAX_PIECE_CHARS = 200  # a stored display piece longer than this is refused
 PHASE_WINDOW_FRAC = 0.05  # a phase window spans ~5 % of the run ...
 PHASE_WINDOW_FRAMES = 2  # ... or 2 frames, whichever is larger

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from .interventions import Intervention
 from .transformer import DecoderLM, KVCache
 
 TEMPERATURE_RANGE = (0.0, 2.0)
@@ -106,10 +107,21 @@ class Decoder:
     capture_attention: bool = True
     eos_id: int | None = None
     piece: Callable[[int], str] = str
+    # heads to ablate and rows to edit at every forward (model.interventions); edit positions are
+    # positions in the whole text (ids), moved into the window as it slides
+    intervention: Intervention | None = None
 
     def __post_init__(self) -> None:
         if not self.ids:
             raise ValueError("the prompt must contain at least one token")
+        if self.model.cfg.mask != "causal":
+            # every query sees every key: a new token changes every earlier row, so nothing can be cached
+            self.use_cache = False
+        iv = self.intervention
+        if iv is not None and not isinstance(iv, Intervention):
+            raise ValueError(f"intervention must be an Intervention, got {type(iv).__name__}")
+        if iv is not None and iv.mode == "mean" and iv.ablated_heads(self.model.cfg):
+            self.use_cache = False  # a mean over the positions needs the whole text at every step
         self.ids = list(self.ids)  # the decoder appends to its own copy, never to the caller's list
         self.block_size = self.model.cfg.block_size
         self.device = self.model.tok_emb.weight.device
@@ -130,12 +142,17 @@ class Decoder:
     def _prefill(self) -> None:
         """Run the whole window through the model: fresh cache, next-token logits, attention."""
         ids = torch.tensor([self.window], device=self.device)  # (1, T)
-        out = self.model(ids, return_attention=self.capture_attention, cache=KVCache([]) if self.use_cache else None)
+        out = self.model(ids, return_attention=self.capture_attention, cache=KVCache([]) if self.use_cache else None,
+                         intervention=self._intervention(0, ids.shape[1]))
         self.cache = out.cache
         self.logits = out.logits[0, -1]  # (V,) for the token after the window
         # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer
         self.attention = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
         self.scores = [a[0].float().cpu().numpy().copy() for a in out.scores] if out.scores else []
+
+    def _intervention(self, start: int, seq_len: int) -> Intervention | None:
+        """The intervention for a forward over the window whose new positions begin at `start`."""
+        return None if self.intervention is None else self.intervention.within(self.start, start, seq_len)
 
     def capture(self, on: bool) -> None:
         """Turn attention capture on or off; turning it on recomputes the window's attention now."""
@@ -176,7 +193,9 @@ class Decoder:
             # Cache: only the new token is run, as one query row per layer against all cached
             # keys. Older rows never change (a causal query never sees later tokens), so the
             # matrices grow by one row and one masked column.
-            out = self.model(torch.tensor([[token]], device=self.device), return_attention=self.capture_attention, cache=self.cache)
+            T = len(self.ids) - self.start
+            out = self.model(torch.tensor([[token]], device=self.device), return_attention=self.capture_attention,
+                             cache=self.cache, intervention=self._intervention(T - 1, T))
             self.cache, self.logits = out.cache, out.logits[0, -1]
             rows = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []  # (H, 1, T)
             self.attention = [_grow(m, r, 0.0) for m, r in zip(self.attention, rows)]

@@ -181,6 +181,65 @@ ROLES: dict[str, Role] = {r.key: r for r in (
     Role("entropy", "entropy (bits)", "mean over queries i ≥ 1 of −Σⱼ A[i, j] log₂ A[i, j]", None,
          "how spread out the attention is: 0 bits = all on one key, log₂(i+1) = uniform"),
 )}
+# What a head should read in the corpora whose right attention is known: the "match" score of a
+# built-in or trained model of that corpus, a role like the others (threshold MATCH_THRESHOLD).
+MATCH_THRESHOLD = 0.5
+TASK_ROLES: dict[str, Role] = {
+    "sort": Role("match", "sort match",
+                 "mean over the answer queries i of A[i, k(i)], k(i) = the input digit to write next", MATCH_THRESHOLD,
+                 "each answer position reads the input digit that comes next in sorted order"),
+    "copy": Role("match", "copy match",
+                 "mean over the copy queries i of A[i, k(i)], k(i) = the input letter to write next", MATCH_THRESHOLD,
+                 "each copied position reads the input letter to write next"),
+    "grammar": Role("match", "pronoun → name",
+                    "largest over pronoun queries i (he, him, his, she, her) of A[i, n(i)], n(i) = the latest "
+                    "earlier name of the pronoun's gender", MATCH_THRESHOLD,
+                    "a pronoun of this text looks at the name it stands for (heads split the pronouns between "
+                    "them, so the largest link is the one to look for)"),
+}
+PRONOUN_GENDER = {"he": "m", "him": "m", "his": "m", "she": "f", "her": "f"}
+
+
+def ideal_keys_pronoun(tokens: Sequence, names: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """Pronoun → name (the grammar corpus): each pronoun query (`PRONOUN_GENDER`) should read the
+    latest earlier name of its gender; names: name → "f" | "m". Pronouns with no such name are left out.
+    """
+    toks = [str(t).strip() for t in tokens]
+    queries, keys = [], []
+    for i, t in enumerate(toks):
+        gender = PRONOUN_GENDER.get(t)
+        if gender is None:
+            continue
+        earlier = [j for j in range(i) if names.get(toks[j]) == gender]
+        if earlier:
+            queries.append(i)
+            keys.append(earlier[-1])
+    return np.asarray(queries, np.int64), np.asarray(keys, np.int64)
+
+
+def task_score(task: str, attn, queries: Sequence[int], keys: Sequence[int]) -> np.ndarray:
+    """The task's match score per head (`TASK_ROLES`): the mean of A[i, k(i)] over the task's
+    queries, or for "grammar" the largest (NaN without a query)."""
+    if task != "grammar":
+        return task_match(attn, queries, keys)
+    a = _as_array(attn)
+    q, k = np.asarray(queries, np.int64), np.asarray(keys, np.int64)
+    if not len(q):
+        return _nan_result(a)
+    return a[..., q, k].max(axis=-1).astype(np.float64)
+
+
+def task_targets(task: str, tokens: Sequence, names: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(queries, keys) the task's head should link on these tokens (`TASK_ROLES`)."""
+    if task == "sort":
+        return ideal_keys_sort(tokens)
+    if task == "copy":
+        return ideal_keys_copy(tokens)
+    if task == "grammar":
+        return ideal_keys_pronoun(tokens, names or {})
+    raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_ROLES)}")
+
+
 # the roles `strongest_role` chooses between, in the order that breaks ties
 ROLE_ORDER = ("induction", "previous_token", "self_attention", "first_token")
 MATCH_FORMULA = "mean over the answer queries i of A[i, k(i)], k(i) = the key the task needs i to read"
@@ -204,15 +263,19 @@ def head_scores(weights_per_layer, ids: Sequence[int]) -> dict[str, np.ndarray]:
     }
 
 
-def strongest_role(scores: dict[str, np.ndarray], layer: int, head: int) -> tuple[str, float] | None:
+def strongest_role(scores: dict[str, np.ndarray], layer: int, head: int,
+                   roles: Sequence[Role] | None = None) -> tuple[str, float] | None:
     """The role this head plays most clearly: the one whose score is furthest above its threshold
-    (relative to the threshold), with its score; None when no score reaches its threshold."""
+    (relative to the threshold), with its score; None when no score reaches its threshold.
+    roles: the candidates, in the order that breaks ties (default `ROLE_ORDER`)."""
+    candidates = [ROLES[k] for k in ROLE_ORDER] if roles is None else [r for r in roles if r.threshold is not None]
     best = None
-    for key in ROLE_ORDER:
+    for role in candidates:
+        key = role.key
         if key not in scores:
             continue
         value = float(np.asarray(scores[key])[layer, head])
-        thr = ROLES[key].threshold
+        thr = role.threshold
         if np.isnan(value) or value < thr:
             continue
         margin = value / thr

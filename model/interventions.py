@@ -138,6 +138,20 @@ class Intervention:
         """True when the forward is the normal one (no head ablated, no row edited)."""
         return not self.heads and not self.keep_only and not self.edits
 
+    def within(self, offset: int, start: int, seq_len: int) -> "Intervention":
+        """This intervention, its edits given in positions of a whole text, for a forward over the
+        text's positions offset .. offset + seq_len - 1 whose new (uncached) positions begin at
+        `start` (positions of that forward): edits move to the forward's positions; an edit whose
+        query is not among the new positions, or whose key lies before the window, is left out
+        (a cached row was already computed with it; a key that left the window cannot be read).
+        """
+        kept = []
+        for e in self.edits:
+            q, k = e.query - offset, None if e.key is None else e.key - offset
+            if start <= q < seq_len and (k is None or k >= 0):
+                kept.append(AttentionEdit(e.layer, e.head, q, k))
+        return Intervention(self.heads, self.mode, self.keep_only, kept)
+
     def ablated_heads(self, cfg: ModelConfig) -> frozenset[tuple[int, int]]:
         """The (layer, head) pairs actually ablated, keep_only resolved."""
         listed = set(self.heads)

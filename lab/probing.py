@@ -1,0 +1,545 @@
+"""Asking a model what its heads do, on one person's text: head roles, the logit lens, ablation,
+attention edits, and prompt A against prompt B.
+
+Everything here is computed live from the session's model and text by the engine's own forward
+(`DecoderLM.forward(..., intervention=, return_residuals=)`): nothing is estimated or cached
+across texts. The settings a person chose (heads to ablate, a row to edit) live in
+`ProbeSettings` on the session, so they stay while the text grows step by step and can be saved
+with it; the functions take the session and return plain numbers for the wiring to draw.
+
+Positions: `index` arguments are positions in the window shown (0 = its first token); an edit's
+query and key are stored as positions in the whole text, so they stay put while the window grows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+
+from model.corpora import FEMALE_NAMES, MALE_NAMES
+from model.generate import Decoder, Sampling, generate
+from model.heads import ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_score, task_targets
+from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
+
+from .checks import UserError, check_choice, check_int
+from .limits import MAX_NEW_TOKENS
+from .models import ModelEntry
+
+if TYPE_CHECKING:
+    from .session import Session
+
+GRAMMAR_NAMES = {**{n: "f" for n in FEMALE_NAMES}, **{n: "m" for n in MALE_NAMES}}
+SCORE_ROLES = ("previous_token", "first_token", "self_attention", "induction", "entropy")
+TOP_MOVES = 5  # how many of the top candidates a summary follows
+LENS_TOP = 5
+MAX_REGENERATE = 64  # tokens per continuation of "Regenerate": two continuations side by side stay readable
+_HEAD_RE = re.compile(r"^\s*L\s*(\d{1,3})\s*[·.,:/ ]?\s*H\s*(\d{1,3})\s*$", re.IGNORECASE)
+MODE_WORDS = {"zero": "zeroed", "mean": "mean-ablated", "uniform": "made uniform"}
+
+
+def head_label(layer: int, head: int) -> str:
+    """How a head is named on the page and in the API: "L1H0"."""
+    return f"L{layer}H{head}"
+
+
+def parse_heads(value, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
+    """A set of heads from the page or the API: a list of "L1H0" labels (or [layer, head] pairs).
+    Refuses anything else with a clear message; repeats count once."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[;,]\s*(?=L)", value) if v.strip()] if value.strip() else []
+    if not isinstance(value, (list, tuple)):
+        raise UserError('Heads must be a list such as ["L0H1", "L1H0"].')
+    if len(value) > n_layers * n_heads:
+        raise UserError(f"{len(value)} heads listed; this model has {n_layers * n_heads}.")
+    found = []
+    for item in value:
+        if isinstance(item, str):
+            m = _HEAD_RE.match(item)
+            if not m:
+                raise UserError(f"{item[:30]!r} is not a head: write them as L<layer>H<head>, e.g. L1H0.")
+            layer, head = int(m.group(1)), int(m.group(2))
+        elif (isinstance(item, (list, tuple)) and len(item) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in item)):
+            layer, head = item
+        else:
+            raise UserError(f"{str(item)[:30]!r} is not a head: write them as L<layer>H<head>, e.g. L1H0.")
+        if not 0 <= layer < n_layers:
+            raise UserError(f"Head {head_label(layer, head)}: this model has layers 0–{n_layers - 1}.")
+        if not 0 <= head < n_heads:
+            raise UserError(f"Head {head_label(layer, head)}: each layer has heads 0–{n_heads - 1}.")
+        if (layer, head) not in found:
+            found.append((layer, head))
+    return tuple(sorted(found))
+
+
+@dataclass
+class ProbeSettings:
+    """What a person set on their heads: which to ablate and how, and one attention row to edit.
+
+    edit: (layer, head, query, key) with query and key positions in the whole text, key None =
+    attend uniformly. Cleared when the model changes (its heads differ); kept while the text grows.
+    """
+
+    heads: tuple[tuple[int, int], ...] = ()
+    mode: str = "zero"
+    keep_only: bool = False
+    edit: AttentionEdit | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.heads) or self.keep_only or self.edit is not None
+
+    def intervention(self) -> Intervention | None:
+        """The engine's intervention (edit positions still in the whole text), or None."""
+        if not self.active:
+            return None
+        return Intervention(self.heads, self.mode, self.keep_only, [self.edit] if self.edit else [])
+
+    def describe(self, tokens: Sequence[str] | None = None, start: int = 0) -> str:
+        """One line: what is changed ("L1H0, L0H2 zeroed · row of “he” in L1H0 → “anna”")."""
+        parts = []
+        if self.heads or self.keep_only:
+            listed = ", ".join(head_label(*h) for h in self.heads) or "no head"
+            parts.append(f"all heads but {listed} {MODE_WORDS[self.mode]}" if self.keep_only
+                         else f"{listed} {MODE_WORDS[self.mode]}")
+        if self.edit is not None:
+            e = self.edit
+
+            def tok(pos: int) -> str:
+                i = pos - start
+                return f"“{tokens[i]}” ({pos})" if tokens is not None and 0 <= i < len(tokens) else f"position {pos}"
+            target = "every allowed key equally" if e.key is None else f"only {tok(e.key)}"
+            parts.append(f"row of {tok(e.query)} in {head_label(e.layer, e.head)} attends to {target}")
+        return " · ".join(parts) if parts else "nothing changed"
+
+
+# ---------------------------------------------------------------------------- head roles
+
+
+def task_of(entry: ModelEntry) -> str | None:
+    """The task whose right attention is known for this model's corpus (sort, copy, grammar), or None."""
+    corpus = entry.meta.get("corpus") if isinstance(entry.meta, dict) else None
+    return corpus if corpus in TASK_ROLES else None
+
+
+@dataclass
+class HeadRoles:
+    """Every score of every head on one text: scores[key] is (L, H), NaN where a score is undefined
+    on this text (e.g. induction with no repeated token). roles: the scores shown, in order."""
+
+    roles: tuple[Role, ...]
+    scores: dict[str, np.ndarray]
+    tokens: list[str]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return next(iter(self.scores.values())).shape
+
+    def strongest(self, layer: int, head: int) -> tuple[Role, float] | None:
+        """The role this head plays most clearly on this text (its score ≥ threshold), or None."""
+        found = strongest_role(self.scores, layer, head, roles=self._ranked())
+        if found is None:
+            return None
+        return next(r for r in self.roles if r.key == found[0]), found[1]
+
+    def _ranked(self) -> list[Role]:
+        # the task's own role first (the most specific), then the general ones in model.heads' order
+        return [r for r in self.roles if r.key == "match"] + [ROLES[k] for k in ("induction", "previous_token",
+                                                                               "self_attention", "first_token")]
+
+    def badge(self, layer: int, head: int) -> str:
+        """The head's strongest role and score, e.g. "previous-token 0.92" ('' when none)."""
+        found = self.strongest(layer, head)
+        return "" if found is None else f"{found[0].name} {found[1]:.2f}"
+
+    def label(self, layer: int, head: int) -> str:
+        """The plain label with its threshold: "previous-token head: 0.92 ≥ 0.5" ('' when none)."""
+        found = self.strongest(layer, head)
+        if found is None:
+            return ""
+        role, value = found
+        return f"{role.name} head: {value:.2f} ≥ {role.threshold:g}"
+
+    def badges(self, layer: int) -> dict[int, str]:
+        return {h: b for h in range(self.shape[1]) if (b := self.badge(layer, h))}
+
+    def columns(self) -> list[str]:
+        return ["layer", "head", *(r.key for r in self.roles), "role"]
+
+    def rows(self) -> list[list]:
+        """The table of `/head_roles`: layer, head, one column per score (None where undefined), role."""
+        L, H = self.shape
+        out = []
+        for layer in range(L):
+            for head in range(H):
+                values = [None if np.isnan(v := float(self.scores[r.key][layer, head])) else round(v, 4)
+                          for r in self.roles]
+                found = self.strongest(layer, head)
+                out.append([layer, head, *values, "" if found is None else found[0].name])
+        return out
+
+
+def roles_for(entry: ModelEntry) -> tuple[Role, ...]:
+    task = task_of(entry)
+    return tuple(ROLES[k] for k in SCORE_ROLES) + ((TASK_ROLES[task],) if task else ())
+
+
+def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[np.ndarray],
+                       tokens: Sequence[str]) -> HeadRoles:
+    """Every head's scores on these tokens from their attention (one (H, T, T) array per layer)."""
+    scores = head_scores(weights, ids)
+    task = task_of(entry)
+    if task:
+        pieces = [entry.tokenizer.piece(i) for i in ids]
+        q, k = task_targets(task, pieces, GRAMMAR_NAMES)
+        scores["match"] = task_score(task, np.stack(weights), q, k)
+    return HeadRoles(roles_for(entry), scores, list(tokens))
+
+
+def head_roles(session: Session) -> HeadRoles | None:
+    """The head roles on the session's current window (None before the first Step)."""
+    att = session.attention()
+    if att is None:
+        return None
+    return compute_head_roles(session.entry, session.decoder.window, att.weights, att.tokens)
+
+
+# ---------------------------------------------------------------------------- the forward
+
+
+def _forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention | None = None,
+             residuals: bool = False, attention: bool = False):
+    with torch.inference_mode():
+        return entry.model(torch.tensor([list(ids)]), return_attention=attention, intervention=intervention,
+                           return_residuals=residuals)
+
+
+def _window_intervention(session: Session) -> Intervention | None:
+    """The session's intervention in window positions; refuses settings that do not fit this text."""
+    iv = session.probe.intervention()
+    if iv is None:
+        return None
+    d = session.decoder
+    e = session.probe.edit
+    if e is not None and not (d.start <= e.query < len(d.ids) and (e.key is None or d.start <= e.key)):
+        raise UserError("The edited attention row is no longer in the text shown; set the edit again.")
+    iv = iv.within(d.start, 0, len(d.window))
+    try:
+        iv.validate(session.entry.model.cfg, len(d.window))
+    except ValueError as exc:
+        raise UserError(f"These settings cannot run: {exc}.") from None
+    return iv
+
+
+def _need_text(session: Session) -> None:
+    if session.decoder is None:
+        raise UserError("Press Step first: these tools work on the text in the Explore tab.")
+
+
+def _index(session: Session, index) -> int:
+    """A window position (default: the selected token, else the last)."""
+    n = len(session.decoder.window)
+    if index is None:
+        index = session.query if session.query is not None and session.query < n else n - 1
+    return check_int("token position", index, 0, n - 1)
+
+
+# ---------------------------------------------------------------------------- logit lens
+
+
+@dataclass
+class Lens:
+    """The next-token distribution read out after each layer at one position of the text.
+
+    probs: (L + 1, V) float64, row 0 after the embedding, row l + 1 after block l (the last row
+    is the model's own distribution). labels: one per row. index: window position; token: its piece.
+    """
+
+    probs: np.ndarray
+    labels: list[str]
+    pieces: list[str]
+    index: int
+    token: str
+
+    def top(self, k: int = LENS_TOP) -> list[list]:
+        """Rows (stage, rank, token, probability) of the `/logit_lens` table."""
+        out = []
+        for label, row in zip(self.labels, self.probs):
+            for rank, i in enumerate(np.argsort(-row, kind="stable")[:k], start=1):
+                out.append([label, rank, self.pieces[int(i)], round(float(row[i]), 6)])
+        return out
+
+
+def logit_lens(session: Session, index=None) -> Lens:
+    """What the model would predict after `index` (default: the selected token) if it stopped
+    after each layer: the residual stream through the final norm and the output head."""
+    _need_text(session)
+    index = _index(session, index)
+    d, entry = session.decoder, session.entry
+    out = _forward(entry, d.window, residuals=True)
+    with torch.inference_mode():
+        logits = torch.stack([entry.model.read_out(r) for r in out.residuals])[:, 0, index]  # (L + 1, V)
+    probs = torch.softmax(logits.double(), dim=-1).numpy()
+    labels = ["embedding"] + [f"after layer {i}" for i in range(len(out.residuals) - 1)]
+    tok = entry.tokenizer
+    return Lens(probs, labels, [tok.piece(i) for i in range(tok.vocab_size)], index, tok.piece(d.window[index]))
+
+
+# ----------------------------------------------------------------------- ablation and edits
+
+
+@dataclass
+class Move:
+    piece: str
+    before: float
+    after: float
+    rank_before: int
+    rank_after: int
+
+
+@dataclass
+class Effect:
+    """The next-token distribution after window position `index` without and with the session's
+    intervention (both float64, from the same forward path), and KL(before ‖ after) in bits."""
+
+    pieces: list[str]
+    before: np.ndarray
+    after: np.ndarray
+    kl_bits: float
+    index: int
+    token: str
+    what: str
+    moves: list[Move] = field(default_factory=list)
+
+    def summary(self) -> str:
+        top = self.moves[0] if self.moves else None
+        lines = [f"After “{self.token}” (position {self.index}), with {self.what}: "
+                 f"KL(before ‖ after) = {self.kl_bits:.3f} bits."]
+        if top is not None:
+            after_top = max(self.moves, key=lambda m: m.after)
+            if after_top.piece == top.piece:
+                lines.append(f"The top candidate stays “{top.piece}” ({top.before:.2f} → {top.after:.2f}).")
+            else:
+                lines.append(f"The top candidate changes from “{top.piece}” ({top.before:.2f} → {top.after:.2f}) "
+                             f"to “{after_top.piece}” ({after_top.before:.2f} → {after_top.after:.2f}).")
+        return " ".join(lines)
+
+
+def kl_bits(log_p: np.ndarray, log_q: np.ndarray) -> float:
+    """KL(p ‖ q) in bits from log-probabilities (float64)."""
+    p = np.exp(log_p)
+    return float(np.sum(p * (log_p - log_q)) / math.log(2))
+
+
+def _ranks(probs: np.ndarray) -> np.ndarray:
+    order = np.argsort(-probs, kind="stable")
+    ranks = np.empty_like(order)
+    ranks[order] = np.arange(1, len(order) + 1)
+    return ranks
+
+
+def effect(session: Session, index=None) -> Effect:
+    """The effect of the session's settings on the prediction after `index` (default: the
+    selected token): before = the plain forward, after = the same forward with the intervention."""
+    _need_text(session)
+    index = _index(session, index)
+    d, entry = session.decoder, session.entry
+    iv = _window_intervention(session)
+    before = _forward(entry, d.window).logits[0, index].double()
+    after = before if iv is None else _forward(entry, d.window, iv).logits[0, index].double()
+    log_p, log_q = torch.log_softmax(before, -1).numpy(), torch.log_softmax(after, -1).numpy()
+    p, q = torch.softmax(before, -1).numpy(), torch.softmax(after, -1).numpy()
+    rp, rq = _ranks(p), _ranks(q)
+    tok = entry.tokenizer
+    pieces = [tok.piece(i) for i in range(tok.vocab_size)]
+    top = list(dict.fromkeys([*np.argsort(-p, kind="stable")[:TOP_MOVES], *np.argsort(-q, kind="stable")[:TOP_MOVES]]))
+    moves = [Move(pieces[i], float(p[i]), float(q[i]), int(rp[i]), int(rq[i])) for i in top]
+    what = session.probe.describe([tok.piece(i) for i in d.window], d.start)
+    return Effect(pieces, p, q, kl_bits(log_p, log_q), index, tok.piece(d.window[index]), what, moves)
+
+
+def set_ablation(session: Session, heads, mode, keep_only) -> ProbeSettings:
+    """Choose the heads to ablate and how (an empty list and keep_only False: none). Everything is
+    checked first; a refused setting changes nothing."""
+    entry = session.entry if session.entry is not None else None
+    if entry is None:
+        raise UserError("Press Step first: ablation works on the text in the Explore tab.")
+    cfg = entry.model.cfg
+    chosen = parse_heads(heads, cfg.n_layers, cfg.n_heads)
+    mode = check_choice("ablation mode", mode, ABLATION_MODES)
+    if not isinstance(keep_only, bool):
+        raise UserError("keep only must be true or false.")
+    if keep_only and not chosen:
+        raise UserError("“Keep only these” needs at least one head to keep.")
+    new = ProbeSettings(chosen, mode, keep_only, session.probe.edit)
+    _check_settings(session, new)
+    session.probe = new
+    return new
+
+
+def set_edit(session: Session, layer, head, query, key) -> ProbeSettings:
+    """Replace one attention row: head `head` of `layer`, at window position `query`, attends only
+    to window position `key` ("uniform": every allowed key equally; "off" or None: no edit)."""
+    _need_text(session)
+    d, cfg = session.decoder, session.entry.model.cfg
+    if key is None or key == "off":
+        new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only, None)
+        session.probe = new
+        return new
+    layer = check_int("layer", layer, 0, cfg.n_layers - 1)
+    head = check_int("head", head, 0, cfg.n_heads - 1)
+    n = len(d.window)
+    query = check_int("query position", query, 0, n - 1)
+    if key == "uniform":
+        k = None
+    else:
+        limit = query if cfg.mask == "causal" else n - 1
+        if isinstance(key, int) and not isinstance(key, bool) and key > limit and key < n:
+            raise UserError(f"Position {key} comes after the query ({query}): under the causal mask a token "
+                            f"can only look at positions 0–{query}.")
+        k = check_int("key position", key, 0, limit)
+    edit = AttentionEdit(layer, head, d.start + query, None if k is None else d.start + k)
+    new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only, edit)
+    _check_settings(session, new)
+    session.probe = new
+    return new
+
+
+def _check_settings(session: Session, settings: ProbeSettings) -> None:
+    iv = settings.intervention()
+    if iv is None or session.decoder is None:
+        return
+    d = session.decoder
+    try:
+        iv.within(d.start, 0, len(d.window)).validate(session.entry.model.cfg, len(d.window))
+    except ValueError as exc:
+        raise UserError(f"These settings cannot run: {exc}.") from None
+
+
+def clear(session: Session) -> None:
+    session.probe = ProbeSettings()
+
+
+# ----------------------------------------------------------------------------- regenerate
+
+
+@dataclass
+class Regeneration:
+    """The same continuation twice, same seed: by the plain model and with the settings applied.
+    first_difference: index of the first generated token that differs (None: identical)."""
+
+    normal: list[str]
+    changed: list[str]
+    first_difference: int | None
+    what: str
+
+
+def regenerate(session: Session, sampling: Sampling, n) -> Regeneration:
+    """Continue the current text `n` tokens twice with the same seed: plainly and under the
+    session's settings (heads ablated, row edited), to see where the two part."""
+    _need_text(session)
+    n = check_int("tokens to regenerate", n, 1, min(MAX_REGENERATE, MAX_NEW_TOKENS))
+    iv = session.probe.intervention()
+    if iv is None:
+        raise UserError("Choose heads to ablate (or an attention row to edit) first.")
+    _window_intervention(session)  # the settings must fit the text
+    d, entry = session.decoder, session.entry
+    texts = []
+    for intervention in (None, iv):
+        dec = Decoder(entry.model, list(d.ids), sampling, eos_id=entry.tokenizer.eos_id, piece=entry.tokenizer.piece,
+                      capture_attention=False, intervention=intervention)
+        texts.append([s.piece for s in generate(dec, n, sampling, attention="none")])
+    normal, changed = texts
+    first = next((i for i, (a, b) in enumerate(zip(normal, changed)) if a != b), None)
+    if first is None and len(normal) != len(changed):
+        first = min(len(normal), len(changed))
+    tok = entry.tokenizer
+    return Regeneration(normal, changed, first, session.probe.describe([tok.piece(i) for i in d.window], d.start))
+
+
+# --------------------------------------------------------------------------------- compare
+
+
+@dataclass
+class Comparison:
+    """Prompt A against prompt B on one model.
+
+    tokens_a, tokens_b: the pieces; common: how many positions are compared (the shorter length);
+    diff: per layer (H, common, common) = B's weights − A's on the common positions;
+    roles_a, roles_b: head scores of each prompt on its own text; probs_a, probs_b: the
+    next-token distributions after each prompt; notes: what a learner should know (lengths differ…).
+    """
+
+    tokens_a: list[str]
+    tokens_b: list[str]
+    common: int
+    diff: list[np.ndarray]
+    roles_a: HeadRoles
+    roles_b: HeadRoles
+    probs_a: np.ndarray
+    probs_b: np.ndarray
+    pieces: list[str]
+    notes: list[str]
+    causal: bool
+
+    def aligned_tokens(self) -> list[str]:
+        """One label per common position: the token, or "a→b" where the prompts differ."""
+        return [a if a == b else f"{a}→{b}" for a, b in zip(self.tokens_a, self.tokens_b)]
+
+    def kl_bits(self) -> float:
+        return kl_bits(np.log(np.maximum(self.probs_a, 1e-300)), np.log(np.maximum(self.probs_b, 1e-300)))
+
+    def rows(self) -> list[list]:
+        """The table of `/compare`: layer, head, then score A, score B and B − A per score."""
+        L, H = self.roles_a.shape
+        out = []
+        for layer in range(L):
+            for head in range(H):
+                row = [layer, head]
+                for r in self.roles_a.roles:
+                    a, b = float(self.roles_a.scores[r.key][layer, head]), float(self.roles_b.scores[r.key][layer, head])
+                    row += [None if np.isnan(a) else round(a, 4), None if np.isnan(b) else round(b, 4),
+                            None if np.isnan(a) or np.isnan(b) else round(b - a, 4)]
+                out.append(row)
+        return out
+
+    def columns(self) -> list[str]:
+        cols = ["layer", "head"]
+        for r in self.roles_a.roles:
+            cols += [f"{r.key} A", f"{r.key} B", f"{r.key} B−A"]
+        return cols
+
+
+def compare(session: Session, model_name, prompt_a, prompt_b) -> Comparison:
+    """Run both prompts through the model and line them up position by position."""
+    from .session import encode_prompt  # the session module imports this one
+
+    entry = session.entry_for(model_name)
+    ids_a, notes_a = encode_prompt(prompt_a, entry)
+    ids_b, notes_b = encode_prompt(prompt_b, entry)
+    tok = entry.tokenizer
+    outs = [_forward(entry, ids, attention=True) for ids in (ids_a, ids_b)]
+    weights = [[w[0].float().numpy() for w in o.attentions] for o in outs]
+    tokens = [[tok.piece(i) for i in ids] for ids in (ids_a, ids_b)]
+    n = min(len(ids_a), len(ids_b))
+    causal = entry.model.cfg.mask == "causal"
+    notes = [f"Prompt A: {m}" for m in notes_a] + [f"Prompt B: {m}" for m in notes_b]
+    if len(ids_a) != len(ids_b):
+        notes.append(f"The prompts have {len(ids_a)} and {len(ids_b)} tokens: positions are compared one by one "
+                     f"over the first {n} (the common part); the head scores and next-token distributions use "
+                     "each whole prompt.")
+    if not causal:
+        notes.append("This model attends in both directions, so the common positions also look at tokens past "
+                     "them; the difference includes that.")
+    diff = [wb[:, :n, :n] - wa[:, :n, :n] for wa, wb in zip(*weights)]
+    roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
+    probs = [torch.softmax(o.logits[0, -1].double(), -1).numpy() for o in outs]
+    return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
+                      [tok.piece(i) for i in range(tok.vocab_size)], notes, causal)
