@@ -144,6 +144,35 @@
   };
   watch();
 
+  // A click on a head, in the head-role overviews (cells carry [layer, head]) or in a panel of the
+  // attention figure (layout.meta.panels names each panel's axes): the server either shows that
+  // head or, with "clicking picks", adds it to the heads to ablate (ui/heads.pick_head).
+  const pickFrom = (gd, ev) => {
+    const pt = ev && ev.points && ev.points[0];
+    if (!pt) return null;
+    if (Array.isArray(pt.customdata) && pt.customdata.length >= 2) return `${pt.customdata[0]},${pt.customdata[1]}`;
+    const meta = gd._fullLayout && gd._fullLayout.meta;
+    const xa = pt.xaxis && pt.xaxis._id, ya = pt.yaxis && pt.yaxis._id;
+    const panel = meta && meta.panels && meta.panels.find((p) => p.xaxis === xa && p.yaxis === ya);
+    return panel ? `${panel.layer},${panel.head}` : null;
+  };
+  const hookPicks = () => {
+    for (const sel of ["#head_roles", "#cmp_scores", "#attention"]) {
+      const gd = document.querySelector(`${sel} .js-plotly-plot`);
+      if (!gd || gd._labPick || typeof gd.on !== "function") continue;
+      gd._labPick = true;
+      gd.on("plotly_click", (ev) => {
+        const pick = pickFrom(gd, ev);
+        const button = document.querySelector("#pick_head");
+        if (!pick || !button) return;
+        lab.pick = pick;
+        button.click();
+      });
+    }
+  };
+  lab.hookPicks = hookPicks;
+  new MutationObserver(() => requestAnimationFrame(hookPicks)).observe(document.body, { childList: true, subtree: true });
+
   const select = (i) => {
     const els = tokenEls();
     if (!els.length) return;

@@ -543,3 +543,83 @@ def compare(session: Session, model_name, prompt_a, prompt_b) -> Comparison:
     probs = [torch.softmax(o.logits[0, -1].double(), -1).numpy() for o in outs]
     return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
                       [tok.piece(i) for i in range(tok.vocab_size)], notes, causal)
+
+
+# ------------------------------------------------------------------- what the page shows
+
+
+def selected(session: Session) -> int | None:
+    """The window position the tools read (the selected token, else the last); None without a text."""
+    if session.decoder is None:
+        return None
+    return _index(session, None)
+
+
+def head_labels(session: Session) -> list[str]:
+    """Every head of the text's model as the page names it ("L1H0"); none before the first Step."""
+    if session.entry is None:
+        return []
+    cfg = session.entry.model.cfg
+    return [head_label(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
+
+
+def shape(session: Session) -> tuple[int, int]:
+    """(layers, heads) of the text's model."""
+    cfg = session.entry.model.cfg
+    return cfg.n_layers, cfg.n_heads
+
+
+def ablated(session: Session) -> list[tuple[int, int]]:
+    """The heads the settings ablate (keep-only resolved), sorted."""
+    if not session.probe.active or session.entry is None:
+        return []
+    return sorted(session.probe.intervention().ablated_heads(session.entry.model.cfg))
+
+
+def badges(session: Session, layer: int) -> dict[int, str]:
+    """What each head of `layer` is on this text (its strongest role) and what the person changed
+    in it (ablated, row edited), for the attention panels' titles."""
+    roles = head_roles(session)
+    out = roles.badges(layer) if roles is not None else {}
+    for layer_, h in ablated(session):
+        if layer_ == layer:
+            out[h] = " · ".join(filter(None, [out.get(h), f"✕ {MODE_WORDS[session.probe.mode]}"]))
+    e = session.probe.edit
+    if e is not None and e.layer == layer:
+        out[e.head] = " · ".join(filter(None, [out.get(e.head), "✎ row edited"]))
+    return out
+
+
+def key_choices(session: Session) -> list[tuple[str, str]]:
+    """What the selected token's edited row may attend to: off, uniform, or one allowed position."""
+    out = [("no edit", "off"), ("uniform (every allowed key)", "uniform")]
+    q = selected(session)
+    if q is None:
+        return out
+    n = len(session.decoder.window)
+    limit = q if session.entry.model.cfg.mask == "causal" else n - 1
+    tokens = [p for p, _ in session.tokens()]
+    return out + [(f"{j}: {tokens[j]}", str(j)) for j in range(limit + 1)]
+
+
+def edit_state(session: Session) -> tuple[str | None, str]:
+    """The edit as the page shows it: (its head's label or None, "off" | "uniform" | key position)."""
+    e = session.probe.edit
+    if e is None or session.decoder is None:
+        return None, "off"
+    return head_label(e.layer, e.head), "uniform" if e.key is None else str(e.key - session.decoder.start)
+
+
+def edit_selected(session: Session, head, key) -> ProbeSettings:
+    """`set_edit` for the selected token, with the head as a label ("L1H0") and the key as the page
+    sends it (a position as text, "uniform" or "off")."""
+    _need_text(session)
+    if isinstance(key, str) and key.strip().isdigit():
+        key = int(key)
+    if key is None or key == "off":
+        return set_edit(session, None, None, None, None)
+    cfg = session.entry.model.cfg
+    if not isinstance(head, str):
+        raise UserError("Choose the head whose row to edit, e.g. L1H0.")
+    ((layer, h),) = parse_heads([head], cfg.n_layers, cfg.n_heads)
+    return set_edit(session, layer, h, selected(session), key)

@@ -25,6 +25,7 @@ LEAKS = re.compile(r"Traceback|File \"|/tmp|/work|/etc|site-packages|<class|type
 NAMES = {"model_name": "model", "prompt": "prompt", "temperature": "temperature", "top_k": "top-k",
          "top_p": "top-p", "seed": "seed", "layer": "layer", "head": "head", "view": "view",
          "max_new": "max new tokens"}
+NEEDS_TEXT = {"/head_roles", "/logit_lens", "/ablate", "/edit_attention", "/regenerate", "/clear_changes"}
 JUNK = [None, [1], {"a": 1}, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 10**400, -1, "zzz"]
 
 
@@ -57,6 +58,10 @@ def test_every_endpoint_takes_the_examples_view_api_documents(app_server, api):
         if name == "/upload_model":  # its example is "no file": refused in words, nothing else
             assert "Choose a .safetensors file" in refusal(c, name, args)
             continue
+        if name in NEEDS_TEXT:  # the head tools work on a text (and regenerate on a change to it)
+            call(c, "/step", **GREEDY)
+            if name == "/regenerate":
+                c.predict(["L1H1"], "zero", False, 0, 0, api_name="/ablate")
         c.predict(*args, api_name=name)
 
 

@@ -98,7 +98,8 @@ def test_build_demo_builds_without_launching():
     assert not getattr(demo, "is_running", False) and getattr(demo, "local_url", None) is None
     public = {f.api_name for f in demo.fns.values() if getattr(f, "api_visibility", "public") == "public"}
     assert public == {"step", "generate", "undo", "reset", "select_model", "positional", "train", "stop",
-                      "upload_model", "film"}
+                      "upload_model", "film", "head_roles", "logit_lens", "ablate", "edit_attention", "regenerate",
+                      "clear_changes", "compare"}
 
 
 # ------------------------------------------------------------------------------- step

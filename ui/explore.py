@@ -15,6 +15,7 @@ import time
 import gradio as gr
 
 import viz
+from lab import probing
 from lab.checks import check_sampling
 from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.models import ModelEntry
@@ -37,10 +38,13 @@ def attention_figure(session: Session, layer, head, view):
     v = session.check_view(None, layer, head, view)
     d = session.display
 
+    badges = probing.badges(session, v.layer)
+
     def draw(max_height: int):
         return viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
                                   causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
-                                  max_height_px=max_height, presentation=d.presentation, colour=d.colour)
+                                  max_height_px=max_height, presentation=d.presentation, colour=d.colour,
+                                  badges=badges)
 
     # The figure first tries to fit below the page's controls (one screen); when its labels would
     # be too small or thinned there, it may grow to the window's height instead (never taller).
@@ -166,6 +170,8 @@ def redraw(session, layer, head, view, request: gr.Request = None):
 def select_token(session, evt: gr.SelectData, request: gr.Request = None):
     """A token of the text was clicked: the chart shows the distribution it was drawn from."""
     index = evt.index if isinstance(evt, gr.SelectData) else None
+    if index is not None and session.tokens():
+        session.select(index)  # the head tools read it at this token
     return probs_figure(session, index)
 
 

@@ -2,8 +2,9 @@
 
 Two kinds of figure come back, and each builder's return annotation says which:
 
-* `FigureSpec`: the attention maps, the probability bars, the loss curve and
-  the training film's score curves (viz.film). Plain trace and
+* `FigureSpec`: the attention maps, the probability bars, the loss curve,
+  the training film's score curves (viz.film) and the head-role figures (viz.heads: role maps,
+  logit lens, before/after comparisons). Plain trace and
   layout dicts whose JSON is written directly, skipping plotly's validation (which is slow for
   figures made of many heatmap tiles). It is not a `go.Figure`: call `FigureSpec.to_plotly()` for
   a real, editable one.
@@ -41,6 +42,7 @@ from .attention import (
 )
 from ._common import short_token
 from .film import score_curves
+from .heads import attention_difference, compare_distributions, logit_lens, role_overview, score_changes
 from .linking import decode_shade, shade_payload, shading
 from .payload import Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
 from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
@@ -60,14 +62,17 @@ __all__ = [
     "SEQUENTIAL",
     "Figure",
     "FigureSpec",
+    "attention_difference",
     "attention_grid",
     "attention_head",
     "attention_overview",
     "attention_panels",
     "attention_view",
     "causal_mask",
+    "compare_distributions",
     "decode_array",
     "decode_shade",
+    "logit_lens",
     "loss_curve",
     "message_figure",
     "no_positional_encoding",
@@ -76,6 +81,8 @@ __all__ = [
     "positional_similarity",
     "positional_table",
     "probabilities",
+    "role_overview",
+    "score_changes",
     "score_curves",
     "shade_payload",
     "shading",

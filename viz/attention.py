@@ -33,7 +33,7 @@ square grid is sent instead of the tiles.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -634,6 +634,22 @@ def _check_common(colour: str, query: int | None, t: int, width_px: int, max_hei
     _check_size("max_height_px", max_height_px, 120)
 
 
+def _check_badges(badges: Mapping[int, str] | None) -> dict[int, str]:
+    """Head badges as a plain dict (empty for None), else ValueError."""
+    if badges is None:
+        return {}
+    if not isinstance(badges, Mapping):
+        raise ValueError(f"badges must map head numbers to text, got {type(badges).__name__}")
+    if any(isinstance(h, bool) or not isinstance(h, (int, np.integer)) for h in badges):
+        raise ValueError(f"badges must be keyed by head numbers, got keys {list(badges)!r}")
+    return {int(h): str(text) for h, text in badges.items() if text is not None}
+
+
+def _badge_text(badge: str | None) -> str:
+    """" · <badge>" (escaped) for a title, or "" when there is none."""
+    return f" · {esc(badge)}" if badge else ""
+
+
 def attention_grid(
     attn: np.ndarray,
     tokens: Sequence[str],
@@ -648,6 +664,7 @@ def attention_grid(
     presentation: bool = False,
     query: int | None = None,
     ncols: int | None = None,
+    badges: Mapping[int, str] | None = None,
 ) -> FigureSpec:
     """One layer's heads as a grid of square heatmaps with one shared colour scale.
 
@@ -659,7 +676,8 @@ def attention_grid(
     (about T ≤ 12 at 1000 px), else fewer (see `_pick_columns`). Every position is labelled up to
     `GRID_LABEL_LIMIT`; past it the figure opens on the last GRID_LABEL_LIMIT positions.
     colour ("linear" | "row" | "log", weights only), presentation (large fonts) and query (outline
-    that query row in every panel) as in `attention_view`.
+    that query row in every panel) as in `attention_view`. badges: head → plain text (escaped)
+    added to that head's panel title, "head 2 · previous-token".
     """
     attn, t, tokens = _checked(attn, tokens, kind, "(heads, T, T)")
     _check_common(colour, query, t, width_px, max_height_px)
@@ -670,11 +688,12 @@ def attention_grid(
     if bad or not heads:
         raise ValueError(f"heads {bad or heads} out of range: this layer has {n_heads} heads")
     what = "attention " + _what(kind)
+    badges = _check_badges(badges)
     return _attention_figure(
         attn[heads], masked[heads], tokens, ncols=ncols, panels=[(int(layer), h) for h in heads],
-        panel_titles=[f"head {h}" for h in heads], row_titles=None, kind=kind, title=f"Layer {layer} {what}",
-        width_px=width_px, max_height_px=max_height_px, focus=GRID_LABEL_LIMIT, colour=colour,
-        presentation=presentation, query=query,
+        panel_titles=[f"head {h}" + _badge_text(badges.get(h)) for h in heads], row_titles=None, kind=kind,
+        title=f"Layer {layer} {what}", width_px=width_px, max_height_px=max_height_px, focus=GRID_LABEL_LIMIT,
+        colour=colour, presentation=presentation, query=query,
     )
 
 
@@ -691,15 +710,18 @@ def attention_head(
     colour: str = "linear",
     presentation: bool = False,
     query: int | None = None,
+    badge: str | None = None,
 ) -> FigureSpec:
     """A single head, large, with colour bar; same conventions as `attention_grid`, but every
-    position is labelled up to `HEAD_LABEL_LIMIT` (past it: opens on the last ones)."""
+    position is labelled up to `HEAD_LABEL_LIMIT` (past it: opens on the last ones). badge: plain
+    text (escaped) appended to the title after " · ", e.g. the head's role."""
     attn2d, t, tokens = _checked(attn2d, tokens, kind, "(T, T)")
     _check_common(colour, query, t, width_px, max_height_px)
     masked = _masks(attn2d, mask)
     return _attention_figure(
         attn2d[None], masked[None], tokens, ncols=1, panels=[(int(layer), int(head))], panel_titles=[""],
-        row_titles=None, kind=kind, title=f"Layer {layer}, head {head}: attention {_what(kind)}", width_px=width_px,
+        row_titles=None, kind=kind,
+        title=f"Layer {layer}, head {head}: attention {_what(kind)}" + _badge_text(badge), width_px=width_px,
         max_height_px=max_height_px, focus=HEAD_LABEL_LIMIT, colour=colour, presentation=presentation, query=query,
     )
 
@@ -781,6 +803,7 @@ def attention_view(
     presentation: bool = False,
     query: int | None = None,
     title_prefix: str | None = None,
+    badges: Mapping[int, str] | None = None,
 ) -> FigureSpec | go.Figure:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
@@ -803,6 +826,9 @@ def attention_view(
     carries T, offset and the panels' axes, layer and head so a page can draw it without a round trip).
     title_prefix: plain text put before the figure's title (escaped), e.g. "Step 340 of 2000 · " for
     a frame of the training film; the message figure gets it before its message.
+    badges: head → plain text (escaped) naming what the head does, for the "weights" and "scores"
+    views: a grid titles head h's panel "head h · <badge>", a single head gets " · <badge>" after
+    its title. The "all layers" view ignores them.
 
     Raises ValueError for an unknown view, colour, a layer, head or query out of range, or
     inconsistent shapes.
@@ -831,12 +857,13 @@ def attention_view(
         raise ValueError(f"overview_max_tokens must be a positive whole number, got {overview_max_tokens!r}")
     mask = causal_mask(t) if causal else None
     style = {"max_height_px": max_height_px, "presentation": presentation, "query": query}
+    badges = _check_badges(badges)
 
     if title_prefix is not None:
         return _prefixed(attention_view(weights, scores, tokens, layer=layer, head=head, view=view, causal=causal,
                                         overview_max_tokens=overview_max_tokens, width_px=width_px,
                                         max_height_px=max_height_px, colour=colour, presentation=presentation,
-                                        query=query), str(title_prefix))
+                                        query=query, badges=badges), str(title_prefix))
     if view == "all layers":
         if t > overview_max_tokens:
             return message_figure(
@@ -851,9 +878,9 @@ def attention_view(
         colour = "linear"
     if head is None:
         return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px or 1200,
-                              colour=colour, **style)
+                              colour=colour, badges=badges, **style)
     return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask, width_px=width_px or 720,
-                          colour=colour, **style)
+                          colour=colour, badge=badges.get(head), **style)
 
 
 def _prefixed(fig: FigureSpec | go.Figure, prefix: str) -> FigureSpec | go.Figure:

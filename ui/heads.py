@@ -1,0 +1,256 @@
+"""The head tools' handlers (Explore tab, below the text): head roles, the logit lens, ablation
+and attention edits, regeneration side by side, and prompt A against prompt B.
+
+Each checks its inputs, calls lab.probing on the person's session, draws with one viz function
+and returns what the page shows. `probe_views` runs after every change of the text (Step,
+Generate, Undo, Reset) and of the selected token, so every tool follows the text as it grows.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+import viz
+from lab import probing
+from lab.checks import UserError, check_int, check_sampling
+from lab.session import Session
+
+from .common import handler, message_plot
+
+NO_TEXT = "Press Step (or Enter in the prompt): the head tools work on the text above."
+NO_SETTINGS = ("Choose heads above (or click their cells with “click picks heads” on), or edit a row below; "
+               "the chart then shows the next-token distribution before and after.")
+REGENERATE_TOKENS = 24
+PAIRS = {  # minimal pairs per built-in: (A, B)
+    "grammar (built-in)": [("anna found the key . she gave it to tom because he asked",
+                            "tom found the key . he gave it to anna because she asked"),
+                           ("anna found the key . she", "tom found the key . he")],
+    "copy / induction (built-in)": [("hcbpadlk|hcb", "hcbpadlk|hcp")],
+    "sort digits (built-in)": [("503124=", "503125=")],
+    "shakespeare (built-in)": [("ROMEO:\nO, she doth teach", "JULIET:\nO, she doth teach")],
+    "article toy (built-in)": [("how is living in amsterdam <EOS>", "living in amsterdam is how <EOS>")],
+}
+
+
+def _width(session: Session, share: float = 1.0) -> int:
+    d = session.display
+    return max(300, int((d.width - 64) * (1.0 if d.narrow else share)))
+
+
+def roles_figure(session: Session, layer=None, head=None):
+    roles = probing.head_roles(session)
+    if roles is None:
+        return message_plot(NO_TEXT), ""
+    selected = None
+    if isinstance(layer, int) and isinstance(head, int):
+        selected = (layer, head)
+    fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=probing.ablated(session),
+                            presentation=session.display.presentation, width_px=_width(session))
+    return viz.to_gradio_plot(fig), roles_note(roles)
+
+
+def roles_note(roles: probing.HeadRoles) -> str:
+    """The labelled heads in words, with each label's threshold, and what each score means."""
+    L, H = roles.shape
+    found = [f"**{probing.head_label(layer, h)}** {lab}" for layer in range(L) for h in range(H)
+             if (lab := roles.label(layer, h))]
+    said = "Labelled on this text: " + ("; ".join(found) if found else "no head passes a threshold yet") + "."
+    return said + " Click a cell to show that head above; hover for the formula."
+
+
+def lens_figure(session: Session):
+    if probing.selected(session) is None:
+        return message_plot(NO_TEXT)
+    lens = probing.logit_lens(session)
+    title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
+    return viz.to_gradio_plot(viz.logit_lens(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels,
+                                             title=title, presentation=session.display.presentation,
+                                             width_px=_width(session, 0.6)))
+
+
+def effect_views(session: Session):
+    """The before/after chart and its sentence, for the selected token (a message without settings)."""
+    if probing.selected(session) is None:
+        return message_plot(NO_TEXT), ""
+    if not session.probe.active:
+        return message_plot(NO_SETTINGS), ""
+    e = probing.effect(session)
+    title = f"After “{e.token}” (position {e.index}): KL(before ‖ after) = {e.kl_bits:.3f} bits"
+    fig = viz.compare_distributions(e.pieces, e.before, e.after, labels=("model as trained", "with the change"),
+                                    title=title, presentation=session.display.presentation)
+    return viz.to_gradio_plot(fig), html.escape(e.summary(), quote=False)
+
+
+def probe_views(session: Session, layer, head):
+    """Every head tool for the current text and selected token."""
+    roles_fig, note = roles_figure(session, layer, head)
+    effect_fig, effect_md = effect_views(session)
+    edit_head, current = probing.edit_state(session)
+    choices = probing.key_choices(session)
+    if current not in [v for _, v in choices]:
+        current = "off"
+    heads = probing.head_labels(session)
+    if edit_head is None:
+        shown = probing.head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else None
+        edit_head = shown if shown in heads else (heads[0] if heads else None)
+    return (roles_fig, note, lens_figure(session), effect_fig, effect_md,
+            gr.update(choices=heads, value=[probing.head_label(*h) for h in session.probe.heads]),
+            gr.update(choices=heads, value=edit_head), gr.update(choices=choices, value=current), query_note(session))
+
+
+def query_note(session: Session) -> str:
+    q = probing.selected(session)
+    if q is None:
+        return ""
+    return (f"Query: “{html.escape(session.tokens()[q][0], quote=False)}” (position {q}), the token selected in the "
+            "text (click another to change it).")
+
+
+# ------------------------------------------------------------------------------ handlers
+
+
+@handler
+def refresh(session, layer, head, request: gr.Request = None):
+    """The head tools after the text or the selected token changed."""
+    return probe_views(session, layer, head)
+
+
+@handler
+def head_roles_table(session, request: gr.Request = None):
+    """The scores of every head on the session's current text, one row per head."""
+    roles = probing.head_roles(session)
+    if roles is None:
+        raise UserError("Press Step first: head roles are computed on the text in the Explore tab.")
+    return {"columns": roles.columns(), "data": roles.rows(), "tokens": roles.tokens,
+            "thresholds": {r.key: r.threshold for r in roles.roles},
+            "formulas": {r.key: r.formula for r in roles.roles}}
+
+
+@handler
+def logit_lens(session, index, request: gr.Request = None):
+    """The next-token distribution after each layer at token `index` (None: the selected one)."""
+    if probing.selected(session) is None:
+        raise UserError("Press Step first: the logit lens reads the text in the Explore tab.")
+    if index is not None:
+        session.select(index)
+    lens = probing.logit_lens(session)
+    return lens_figure(session), {"index": lens.index, "token": lens.token,
+                                  "columns": ["stage", "rank", "token", "probability"], "data": lens.top()}
+
+
+@handler
+def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.Request = None):
+    """Ablate these heads (zero / mean / uniform; or all others with keep_only) and show the effect."""
+    probing.set_ablation(session, heads or [], mode, keep_only)
+    fig, md = effect_views(session)
+    return fig, md, roles_figure(session, layer, head)[0], effect_data(session)
+
+
+def effect_data(session: Session) -> dict:
+    if probing.selected(session) is None or not session.probe.active:
+        return {"active": False}
+    e = probing.effect(session)
+    return {"active": True, "what": e.what, "index": e.index, "token": e.token, "kl_bits": e.kl_bits,
+            "moves": [vars(m) for m in e.moves]}
+
+
+@handler
+def edit_attention(session, head, key, request: gr.Request = None):
+    """Replace the selected token's row of one head ("L1H0"): only `key` (a position), "uniform", or "off"."""
+    probing.edit_selected(session, head, key)
+    fig, md = effect_views(session)
+    return fig, md, effect_data(session)
+
+
+@handler
+def clear_settings(session, layer, head, request: gr.Request = None):
+    probing.clear(session)
+    return probe_views(session, layer, head)
+
+
+@handler(rate="generate")
+def regenerate(session, temperature, top_k, top_p, seed, n, request: gr.Request = None):
+    """The text continued twice with the same seed, plainly and with the change, side by side."""
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    r = probing.regenerate(session, sampling, n)
+    return continuations_html(r), {"normal": r.normal, "changed": r.changed,
+                                   "first_difference": r.first_difference, "what": r.what}
+
+
+def continuations_html(r: probing.Regeneration) -> str:
+    """The two continuations one above the other, the first differing token marked in both."""
+    def row(label: str, pieces: list[str]) -> str:
+        cells = []
+        for i, p in enumerate(pieces):
+            cls = "lab-diff" if r.first_difference is not None and i >= r.first_difference else ""
+            first = " lab-first" if i == r.first_difference else ""
+            cells.append(f'<span class="lab-piece {cls}{first}">{html.escape(p)}</span>')
+        return f'<div class="lab-cont"><b>{html.escape(label)}</b> {" ".join(cells)}</div>'
+
+    where = ("the two continuations are the same" if r.first_difference is None
+             else f"they part at generated token {r.first_difference + 1}")
+    return (f'<div class="lab-regen"><p>Same seed, same sampling; {where}.</p>'
+            + row("model as trained:", r.normal) + row(f"with {r.what}:", r.changed) + "</div>")
+
+
+@handler
+def pick_head(session, pick, picking, chosen, model_name, request: gr.Request = None):
+    """A cell of the head-role overview or a panel of the attention was clicked ("layer,head"):
+    with `picking` it joins (or leaves) the heads to ablate; otherwise the attention shows it."""
+    parts = pick.split(",") if isinstance(pick, str) else []
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise UserError("Click a cell of the overview or a panel of the attention.")
+    if not probing.head_labels(session):
+        raise UserError("Press Step first.")
+    ((layer, head),) = probing.parse_heads([[int(parts[0]), int(parts[1])]], *probing.shape(session))
+    if picking is True:
+        chosen = list(chosen or [])
+        label = probing.head_label(layer, head)
+        chosen = [c for c in chosen if c != label] if label in chosen else [*chosen, label]
+        return gr.skip(), gr.skip(), chosen
+    return layer, head, gr.skip()
+
+
+@handler
+def compare(session, model_name, prompt_a, prompt_b, layer, request: gr.Request = None):
+    """Prompt A against prompt B on one model: attention B − A per head, score changes, next tokens."""
+    c = probing.compare(session, model_name, prompt_a, prompt_b)
+    L = len(c.diff)
+    layer = check_int("layer", layer, 0, L - 1) if layer is not None else L - 1
+    p = session.display.presentation
+    diff = viz.attention_difference(c.diff[layer], c.aligned_tokens(), layer=layer, causal=c.causal,
+                                    width_px=_width(session, 0.6), max_height_px=session.display.screen_height,
+                                    presentation=p, title=f"Layer {layer}: attention of B minus A")
+    changes = viz.score_changes(c.roles_a.scores, c.roles_b.scores, c.roles_a.roles, presentation=p,
+                                width_px=_width(session))
+    dist = viz.compare_distributions(c.pieces, c.probs_a, c.probs_b, labels=("prompt A", "prompt B"),
+                                     title=f"Next token: KL(A ‖ B) = {c.kl_bits():.3f} bits", presentation=p)
+    notes = " ".join(html.escape(n, quote=False) for n in c.notes) or "Both prompts have the same number of tokens."
+    data = {"tokens_a": c.tokens_a, "tokens_b": c.tokens_b, "common": c.common, "notes": c.notes,
+            "columns": c.columns(), "data": c.rows(), "kl_bits": c.kl_bits()}
+    return viz.to_gradio_plot(diff), viz.to_gradio_plot(changes), viz.to_gradio_plot(dist), notes, data
+
+
+def pairs_for(model_name) -> list[tuple[str, str]]:
+    """The example pairs of a model as "A ⇄ B" choices (none for own models)."""
+    return [(f"{a}  ⇄  {b}", f"{a}\u241e{b}") for a, b in PAIRS.get(model_name, [])]
+
+
+def pick_pair(value):
+    """An example pair chosen: both prompt boxes."""
+    if not isinstance(value, str) or "\u241e" not in value:
+        return gr.skip(), gr.skip()
+    a, b = value.split("\u241e", 1)
+    return a, b
+
+
+@handler
+def model_changed(session, model_name, request: gr.Request = None):
+    """Another model: its example pairs and layers; the last comparison goes."""
+    n_layers = session.entry_for(model_name).model.cfg.n_layers
+    empty = message_plot("Type two prompts and press Compare.")
+    return (gr.update(choices=pairs_for(model_name), value=None),
+            gr.update(choices=[(f"layer {i}", i) for i in range(n_layers)], value=n_layers - 1),
+            empty, message_plot(""), message_plot(""), "")
