@@ -7,12 +7,22 @@ same first Step through the lab (`lab.session.Session.step`), the two figures th
 gr.HighlightedText / gr.Textbox components postprocess the outputs into), then the next Step on
 the same text (the KV-cache path), and finally the first Step end to end through `app.step`.
 
+Then the head tools of issue 14 (lab.probing) on a session after its first Step, back to back in the
+same run and threads, at the prompt lengths of --probe-lengths (default: 64 and 256 where --lengths
+has them): head roles (`probing.head_roles`, and `probing.badges`, the part of
+`app.attention_figure` that calls it), the logit lens at the last token, an ablation of L1H0
+(`set_ablation` + `effect`) in "zero" and in "mean" mode, an attention edit (the last token's row of
+L1H0 attends only to the first token) + `effect`, `compare` of two prompts of T tokens, and the
+head panel's refresh after a Step (`ui.heads.probe_views`). Each row carries the issue's target
+(at T=64) and whether its median meets it.
+
 Prompt lengths 16, 64, 128, 256 tokens are cut from the grammar corpus; a prompt longer than the
 model's context keeps its last block_size tokens (as a person would see), and a step on a full
 window re-prefills the window. "first" is the first Step on a new prompt (what a click after
 editing the prompt costs); "next" is the Step after it.
 
     python -m bench.step_latency [--reps 30] [--threads 1] [--lengths 16,64,128,256] [--profile 128]
+                                 [--probe-lengths 64,256] [--profile-probes 64]
 """
 
 from __future__ import annotations
@@ -118,13 +128,150 @@ def run_length(app, entry, comps, t: int, reps: int, warmup: int = 3) -> dict:
     )
 
 
+# Issue 14's targets (median ms, server side) at T=64; none is set at other lengths.
+PROBE_TARGETS_MS = {64: {"head_roles": 5.0, "head_badges": 5.0, "logit_lens": 10.0,
+                         "ablate_zero": 30.0, "ablate_mean": 30.0}}
+PROBE_ROWS = (
+    ("head_roles", "head roles: probing.head_roles after a Step"),
+    ("head_badges", "head roles as the Step draws them: the attention panels' badges (layer 0)"),
+    ("logit_lens", "logit lens at the last token"),
+    ("ablate_zero", 'ablation: set_ablation(["L1H0"], "zero") + effect'),
+    ("ablate_mean", 'ablation: set_ablation(["L1H0"], "mean") + effect'),
+    ("edit", "attention edit (L1H0, last row -> first token) + effect"),
+    ("compare", "compare of two prompts of T tokens"),
+    ("probe_views", "head panel refresh after a Step: ui.heads.probe_views (no settings)"),
+)
+
+
+def probe_ops(session, prompt_a: str, prompt_b: str):
+    """(name, callable) of each measured head tool on a session after its first Step, in run order.
+    Settings are cleared after the ablations and the edit, so each starts from none."""
+    import ui.explore
+    import ui.heads
+    from lab import probing
+    from lab.models import DEFAULT_MODEL
+
+    head_badges = probing.badges  # what ui.explore.attention_figure calls for the panels' badges
+    probe_views = ui.heads.probe_views
+    last = len(session.decoder.window) - 1
+
+    def ablate(mode):
+        def run():
+            probing.set_ablation(session, ["L1H0"], mode, False)
+            e = probing.effect(session)
+            probing.clear(session)
+            return e
+        return run
+
+    def edit():
+        probing.set_edit(session, 1, 0, last, 0)
+        e = probing.effect(session)
+        probing.clear(session)
+        return e
+
+    return (
+        ("head_roles", lambda: probing.head_roles(session)),
+        ("head_badges", lambda: head_badges(session, 0)),
+        ("logit_lens", lambda: probing.logit_lens(session, last)),
+        ("ablate_zero", ablate("zero")),
+        ("ablate_mean", ablate("mean")),
+        ("edit", edit),
+        ("compare", lambda: probing.compare(session, DEFAULT_MODEL, prompt_a, prompt_b)),
+        ("probe_views", lambda: probe_views(session, 0, 0)),
+    )
+
+
+def probe_session(entry, t: int, r: int):
+    """A session after the first Step on a new T-token prompt, that prompt, and a second one (for compare)."""
+    from lab.checks import check_sampling
+    from lab.models import DEFAULT_MODEL
+    from lab.session import Session
+
+    prompt = grammar_prompt(entry.tokenizer, t, offset=37 * r)
+    prompt_b = grammar_prompt(entry.tokenizer, t, offset=37 * r + 11)
+    session = Session()
+    session.step(DEFAULT_MODEL, prompt, check_sampling(SAMPLING["temperature"], SAMPLING["top_k"],
+                                                       SAMPLING["top_p"], r))
+    return session, prompt, prompt_b
+
+
+def run_probes(entry, t: int, reps: int, warmup: int = 3) -> dict:
+    """Median / p95 of each head tool at prompt length t, each on a session right after its Step."""
+    rows = {k: [] for k, _ in PROBE_ROWS}
+    window = None
+    for r in range(warmup + reps):
+        session, prompt_a, prompt_b = probe_session(entry, t, r)
+        window = len(session.decoder.window)
+        for key, op in probe_ops(session, prompt_a, prompt_b):
+            with Timer() as tm:
+                op()
+            if r >= warmup:
+                rows[key].append(tm.s)
+        session.close()
+    return dict(prompt_tokens=t, window_tokens=window, ms={k: summary(v) for k, v in rows.items()})
+
+
+def report_probes(res: dict, threads: int) -> None:
+    """One JSON line per head tool (stdout) with its target and whether it is met; a table on stderr."""
+    import sys
+
+    from lab.models import DEFAULT_MODEL
+
+    t = res["prompt_tokens"]
+    targets = PROBE_TARGETS_MS.get(t, {})
+    print(f"# head tools, T={t} (window {res['window_tokens']}), {threads} thread(s), {DEFAULT_MODEL}",
+          file=sys.stderr)
+    print(f"# {'figure':<72} {'median':>8} {'p95':>8}  target     met", file=sys.stderr)
+    for key, label in PROBE_ROWS:
+        m = res["ms"][key]
+        target = targets.get(key)
+        met = None if target is None else m["median"] <= target
+        emit("probe_server", model=DEFAULT_MODEL, threads=threads, prompt_tokens=t,
+             window_tokens=res["window_tokens"], figure=key, label=label, ms=m, target_ms=target, met=met)
+        print(f"# {label:<72} {m['median']:>8.2f} {m['p95']:>8.2f}  "
+              f"{'—' if target is None else f'≤ {target:g} ms':<9}  {'—' if met is None else ('yes' if met else 'NO')}",
+              file=sys.stderr)
+
+
+def profile_probes(entry, t: int, n: int = 20) -> None:
+    """cProfile of each head tool over n new T-token prompts: a JSON line per tool with its top functions."""
+    for key, _ in PROBE_ROWS:
+        prof = cProfile.Profile()
+        total = 0.0
+        for r in range(n):
+            session, prompt_a, prompt_b = probe_session(entry, t, 1000 + r)
+            op = dict(probe_ops(session, prompt_a, prompt_b))[key]
+            t0 = time.perf_counter()
+            prof.enable()
+            op()
+            prof.disable()
+            total += time.perf_counter() - t0
+            session.close()
+        top = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: kv[1][3], reverse=True)[:12]
+        emit("probe_profile", prompt_tokens=t, figure=key, ms_per_call=round(total / n * 1000, 2),
+             top_cumtime=[{"fn": f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}",
+                           "cumtime_ms_per_call": round(v[3] / n * 1000, 2),
+                           "tottime_ms_per_call": round(v[2] / n * 1000, 2)} for k, v in top])
+
+
 def main() -> None:
     p = parser("step_latency", __doc__)
     p.add_argument("--reps", type=int, default=30, help="new prompts per length (after 3 untimed warm-ups)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the app's DECODER_LAB_THREADS)")
     p.add_argument("--lengths", default="16,64,128,256", help="comma-separated prompt lengths in tokens")
     p.add_argument("--profile", type=int, default=0, help="also cProfile 20 first Steps at this prompt length")
+    p.add_argument("--probe-lengths", default=None,
+                   help="prompt lengths for the head tools (issue 14); default: 64 and 256 where --lengths has "
+                        "them; 'none' skips them")
+    p.add_argument("--profile-probes", type=int, default=0, help="also cProfile each head tool at this length")
     args = p.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if args.probe_lengths is None:
+        probe_lengths = [t for t in lengths if t in (64, 256)]
+    elif args.probe_lengths.strip().lower() in ("", "none"):
+        probe_lengths = []
+    else:
+        probe_lengths = [int(x) for x in args.probe_lengths.split(",")]
 
     import torch
 
@@ -135,12 +282,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     entry = default_entry()
     comps = components()
-    for t in [int(x) for x in args.lengths.split(",")]:
+    for t in lengths:
         res = run_length(app, entry, comps, t, args.reps)
         emit("step_server", model=DEFAULT_MODEL, threads=args.threads, **res)
         emit("step_payload", model=DEFAULT_MODEL, prompt_tokens=t, window_tokens=res["window_tokens_first"],
              bytes=res["payload_bytes"], attn_kb=round(res["payload_bytes"]["attn"] / 1000, 1),
              total_kb=round(res["payload_bytes"]["total"] / 1000, 1))
+    for t in probe_lengths:  # the head tools, after the Steps, same process and threads
+        report_probes(run_probes(entry, t, args.reps), args.threads)
+    if args.profile_probes:
+        profile_probes(entry, args.profile_probes)
     if args.profile:
         prof = cProfile.Profile()
         prompt = grammar_prompt(entry.tokenizer, args.profile)
