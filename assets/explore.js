@@ -122,7 +122,21 @@
     outline(gd, ok ? q : null);
     shadeText(ok ? shade : null, q, els);
     lab.applied++;
+    scheduleTools(key + "#" + (lab.query === null ? "last" : q));
   }
+  // The head tools under the text follow it once it has stayed the same for a moment: quick
+  // Steps (or held arrow keys) never wait behind them (ui/heads_tab.py, "refresh_tools").
+  let toolsTimer = null;
+  const scheduleTools = (sig) => {
+    if (sig === lab.toolsSig) return;
+    clearTimeout(toolsTimer);
+    toolsTimer = setTimeout(() => {
+      const b = document.querySelector("#refresh_tools");
+      if (!b) return;
+      lab.toolsSig = sig;
+      b.click();
+    }, 250);
+  };
   lab.apply = apply;
 
   let pending = false;

@@ -208,7 +208,16 @@ def head_roles(session: Session) -> HeadRoles | None:
     att = session.attention()
     if att is None:
         return None
-    return compute_head_roles(session.entry, session.decoder.window, att.weights, att.tokens)
+    d = session.decoder
+    # a Step draws the badges, the overview and the table from one computation: kept while the
+    # text (model, tokens, and the very attention arrays, which every change of the text replaces) stays
+    key = (id(session.entry), tuple(d.window), tuple(id(w) for w in att.weights))
+    cached = session._roles
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    roles = compute_head_roles(session.entry, d.window, att.weights, att.tokens)
+    session._roles = (key, roles)
+    return roles
 
 
 # ---------------------------------------------------------------------------- the forward

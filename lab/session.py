@@ -47,6 +47,7 @@ from .probing import ProbeSettings
 
 NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
 SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line
+HEAD_TOOLS = ("roles", "lens", "ablate", "compare")  # the tabs under the Explore text (ui/heads_tab.py)
 
 # Training runs on the GPU only when asked (or on ZeroGPU); stepping a model this small is fastest on the CPU.
 TRAIN_DEVICE = os.environ.get("DECODER_LAB_DEVICE") or ("cuda" if os.environ.get("SPACES_ZERO_GPU") else "cpu")
@@ -70,6 +71,7 @@ class Display:
     presentation: bool = False
     width: int = 1366
     height: int = 900
+    tool: str = "roles"  # the head tool shown under the text (HEAD_TOOLS): only it is drawn at each Step
 
     @property
     def narrow(self) -> bool:
@@ -236,6 +238,7 @@ class Session:
         self.display = Display()
         self.query: int | None = None  # the token selected in the text (window position; None = the last)
         self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
+        self._roles = None  # lab.probing.head_roles of the current text, computed once per text
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
@@ -343,8 +346,13 @@ class Session:
             if len(parts) != 2 or not all(p.isdigit() and len(p) <= 5 for p in parts):
                 raise UserError("screen must look like 1366x900.")
             width, height = (min(max(int(p), 200), 8000) for p in parts)
-        self.display = Display(colour, d.presentation if presentation is None else presentation, width, height)
+        self.display = Display(colour, d.presentation if presentation is None else presentation, width, height, d.tool)
         return self.display
+
+    def show_tool(self, tool) -> str:
+        """Which head tool the page shows (the others are drawn when they are shown)."""
+        self.display = dataclasses.replace(self.display, tool=check_choice("head tool", tool, HEAD_TOOLS))
+        return tool
 
     # ----------------------------------------------------------------------- memory
 
@@ -483,7 +491,7 @@ class Session:
 
     def reset(self) -> None:
         self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
-        self.query = None
+        self.query, self._roles = None, None
         self._hold()  # less memory: always granted
 
     # ----------------------------------------------------------------------- read-outs

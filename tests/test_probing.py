@@ -123,6 +123,24 @@ def test_roles_are_recomputed_at_every_step():
     assert not np.allclose(after.scores["previous_token"], before.scores["previous_token"])
 
 
+def test_roles_kept_for_one_text_are_never_stale():
+    """The roles are computed once per text and reused; every change of the text recomputes them."""
+    s = Session()
+    hot = Sampling(temperature=1.5, seed=1)
+    s.step(GRAMMAR, "anna found the key", hot)
+    first = probing.head_roles(s)
+    assert probing.head_roles(s) is first  # the same text: reused
+    for action in (lambda: s.undo(), lambda: s.step(GRAMMAR, "anna found the key", hot),
+                   lambda: s.step(GRAMMAR, "anna found the key", Sampling(temperature=1.5, seed=2)),
+                   lambda: s.step(COPY, "hcbpadlk|", GREEDY)):
+        action()
+        att = s.attention()
+        fresh = probing.compute_head_roles(s.entry, s.decoder.window, att.weights, att.tokens)
+        got = probing.head_roles(s)
+        for key in fresh.scores:
+            np.testing.assert_array_equal(got.scores[key], fresh.scores[key])
+
+
 # ------------------------------------------------------------------------------ logit lens
 
 

@@ -98,26 +98,23 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     step_inputs = [ses, model_dd, prompt, *sampling, *views]
     # In the page a Step draws the attention first and the probability chart right after: the
     # attention is what the click is for. A Step takes milliseconds, so no progress overlay.
-    text_events = []  # after each of these the text or the selected token changed: the head tools follow
     for trigger in (step_btn.click, prompt.submit):
-        text_events.append(trigger(step_picture, step_inputs, [ses, tokens, status, attn_plot], api_visibility="private",
-                                   show_progress="hidden", **explore_group).then(
-            probs_figure, ses, probs_plot, queue=False, api_visibility="private", show_progress="hidden"))
+        trigger(step_picture, step_inputs, [ses, tokens, status, attn_plot], api_visibility="private",
+                show_progress="hidden", **explore_group).then(
+            probs_figure, ses, probs_plot, queue=False, api_visibility="private", show_progress="hidden")
     # The API's /step returns everything at once (an invisible button: the same handler logic).
     gr.Button(visible=False).click(step, step_inputs, explore, api_name="step", **explore_group)
-    text_events.append(gen_btn.click(generate, [ses, model_dd, prompt, *sampling, max_new, *views], explore, api_name="generate",
+    gen_btn.click(generate, [ses, model_dd, prompt, *sampling, max_new, *views], explore, api_name="generate",
                   concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden",
-                  **RAW))
-    text_events.append(undo_btn.click(undo, [ses, *views], explore, api_name="undo", show_progress="hidden",
-                                      **explore_group))
-    text_events.append(reset_btn.click(reset, [ses, model_dd], explore, api_name="reset", **RAW))
+                  **RAW)
+    undo_btn.click(undo, [ses, *views], explore, api_name="undo", show_progress="hidden", **explore_group)
+    reset_btn.click(reset, [ses, model_dd], explore, api_name="reset", **RAW)
     for control in views:
         control.change(redraw, [ses, *views], attn_plot, api_name=False, show_progress="hidden", **explore_group)
-    text_events.append(tokens.select(select_token, ses, probs_plot, api_name=False, show_progress="hidden",
-                                     **explore_group))
-    text_events.append(model_dd.change(select_model, [ses, model_dd],
-                                       [ses, tokens, status, probs_plot, attn_plot, layer, head, view, caption, examples,
-                                        prompt], api_name="select_model", **RAW))
+    tokens.select(select_token, ses, probs_plot, api_name=False, show_progress="hidden", **explore_group)
+    model_dd.change(select_model, [ses, model_dd],
+                    [ses, tokens, status, probs_plot, attn_plot, layer, head, view, caption, examples, prompt],
+                    api_name="select_model", **RAW)
     examples.input(None, examples, prompt, js="(example) => example")  # the page copies it: no round trip
     for button, delta in ((prev_head, -1), (next_head, 1)):
         button.click(shift_head, [ses, model_dd, head, gr.Number(delta, visible=False)], head, api_name=False,
@@ -131,7 +128,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                                         "window.dispatchEvent(new Event('resize')); }")
     with heads_section:
         build_heads_section(ses, {"model": model_dd, "layer": layer, "head": head, "sampling": sampling,
-                                  "text_events": text_events, "explore_group": explore_group,
+                                  "explore_group": explore_group,
                                   "default_model": DEFAULT_MODEL, "layer_choices": layer_choices(cfg.n_layers)})
     return {"model": model_dd, "screen": screen, "display_inputs": display_inputs,
             "display_outputs": [attn_plot, probs_plot, head], "no_probs": NO_PROBS}

@@ -84,9 +84,13 @@ def effect_views(session: Session):
 
 
 def probe_views(session: Session, layer, head):
-    """Every head tool for the current text and selected token."""
-    roles_fig, note = roles_figure(session, layer, head)
-    effect_fig, effect_md = effect_views(session)
+    """The head tools for the current text and selected token: the figures of the tool shown (the
+    others wait until their tab is shown: drawing hidden figures slows the next Step), the controls
+    of all."""
+    tool = session.display.tool
+    roles_fig, note = roles_figure(session, layer, head) if tool == "roles" else (gr.skip(), gr.skip())
+    effect_fig, effect_md = effect_views(session) if tool == "ablate" else (gr.skip(), gr.skip())
+    lens = lens_figure(session) if tool == "lens" else gr.skip()
     edit_head, current = probing.edit_state(session)
     choices = probing.key_choices(session)
     if current not in [v for _, v in choices]:
@@ -95,7 +99,7 @@ def probe_views(session: Session, layer, head):
     if edit_head is None:
         shown = probing.head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else None
         edit_head = shown if shown in heads else (heads[0] if heads else None)
-    return (roles_fig, note, lens_figure(session), effect_fig, effect_md,
+    return (roles_fig, note, lens, effect_fig, effect_md,
             gr.update(choices=heads, value=[probing.head_label(*h) for h in session.probe.heads]),
             gr.update(choices=heads, value=edit_head), gr.update(choices=choices, value=current), query_note(session))
 
@@ -112,8 +116,22 @@ def query_note(session: Session) -> str:
 
 
 @handler
-def refresh(session, layer, head, request: gr.Request = None):
-    """The head tools after the text or the selected token changed."""
+def refresh(session, layer, head, query=None, request: gr.Request = None):
+    """The head tools after the text or the selected token (`query`, a window position; None =
+    the last token) changed."""
+    if probing.selected(session) is not None:
+        n = len(session.tokens())
+        if isinstance(query, (int, float)) and not isinstance(query, bool) and 0 <= query < n:
+            session.select(int(query))
+        else:
+            session.query = None
+    return probe_views(session, layer, head)
+
+
+@handler
+def show_tool(session, tool, layer, head, request: gr.Request = None):
+    """A head tool's tab was shown: draw it for the current text."""
+    session.show_tool(tool)
     return probe_views(session, layer, head)
 
 
@@ -145,7 +163,8 @@ def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.R
     """Ablate these heads (zero / mean / uniform; or all others with keep_only) and show the effect."""
     probing.set_ablation(session, heads or [], mode, keep_only)
     fig, md = effect_views(session)
-    return fig, md, roles_figure(session, layer, head)[0], effect_data(session)
+    roles = roles_figure(session, layer, head)[0] if session.display.tool == "roles" else gr.skip()
+    return fig, md, roles, effect_data(session)
 
 
 def effect_data(session: Session) -> dict:

@@ -15,6 +15,7 @@ from lab.probing import ABLATION_MODES, MAX_REGENERATE
 from .common import RAW, api_example, message_plot
 from .heads import (
     NO_SETTINGS, NO_TEXT, REGENERATE_TOKENS, ablate, clear_settings, compare, edit_attention, head_roles_table,
+    show_tool,
     logit_lens, model_changed, pairs_for, pick_head, pick_pair, refresh, regenerate,
 )
 
@@ -33,19 +34,19 @@ MODE_LABELS = {"zero": "zero", "mean": "mean over positions", "uniform": "unifor
 def build_heads_section(ses: gr.State, ex: dict) -> None:
     """Lay out the head tools (call inside the Explore tab, under its main row) and bind their events.
 
-    ex: the Explore tab's components ("model", "prompt", "layer", "head", "sampling", "text_events"
-    (events after which the text or the selected token changed), "explore_group").
+    ex: the Explore tab's components ("model", "layer", "head", "sampling", "explore_group",
+    "default_model", "layer_choices").
     """
     layer, head, model_dd = ex["layer"], ex["head"], ex["model"]
     with gr.Tabs(elem_id="head_tools"):
-        with gr.Tab("Head roles", id="roles"):
+        with gr.Tab("Head roles", id="roles") as tab_roles:
             gr.Markdown(ROLES_INTRO, elem_classes="lab-intro")
             roles_note = gr.Markdown("", elem_id="roles_note")
             roles_plot = gr.Plot(message_plot(NO_TEXT), show_label=False, elem_id="head_roles")
-        with gr.Tab("Logit lens", id="lens"):
+        with gr.Tab("Logit lens", id="lens") as tab_lens:
             gr.Markdown(LENS_INTRO, elem_classes="lab-intro")
             lens_plot = gr.Plot(message_plot(NO_TEXT), show_label=False, elem_id="lens")
-        with gr.Tab("Ablate & edit", id="ablate"):
+        with gr.Tab("Ablate & edit", id="ablate") as tab_ablate:
             gr.Markdown(ABLATE_INTRO, elem_classes="lab-intro")
             with gr.Row(equal_height=True):
                 heads = gr.CheckboxGroup([], label="Heads to ablate", elem_id="ablate_heads", scale=3)
@@ -70,7 +71,7 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
                                         elem_id="regen_n")
                     regen_btn = gr.Button("Regenerate with these changes", elem_id="regenerate")
                     regen_html = gr.HTML("", elem_id="regen")
-        with gr.Tab("Compare A / B", id="compare"):
+        with gr.Tab("Compare A / B", id="compare") as tab_compare:
             with gr.Row(equal_height=True):
                 pairs = pairs_for(ex["default_model"])
                 pair = gr.Dropdown(pairs, value=None, label="Minimal pairs", elem_id="pair", scale=2)
@@ -101,8 +102,15 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
 
     group = ex["explore_group"]
     views = [roles_plot, roles_note, lens_plot, effect_plot, effect_md, heads, edit_head, edit_key, query_md]
-    for event in ex["text_events"]:
-        event.then(refresh, [ses, layer, head], views, api_visibility="private", show_progress="hidden", **group)
+    # The tools follow the text: the page asks for them once the text and the selected token have
+    # stayed the same for a moment (assets/explore.js), so quick Steps never queue behind them.
+    refresh_btn = gr.Button("refresh", elem_id="refresh_tools", elem_classes="lab-hidden")
+    query = gr.Number(None, visible=False)
+    refresh_btn.click(refresh, [ses, layer, head, query], views, api_name=False, show_progress="hidden",
+                      js="(...a) => { a[3] = window.decoderLab ? window.decoderLab.query : null; return a; }", **group)
+    for tid, tab in (("roles", tab_roles), ("lens", tab_lens), ("ablate", tab_ablate), ("compare", tab_compare)):
+        tab.select(show_tool, [ses, gr.State(tid), layer, head], views, api_name=False, show_progress="hidden",
+                   **group)
     for control in (layer, head):  # the overview outlines the head shown
         control.input(refresh, [ses, layer, head], views, api_visibility="private", show_progress="hidden", **group)
     settings = [ses, heads, mode, keep_only, layer, head]
