@@ -100,7 +100,8 @@ def test_grammar_pronoun_head_is_labelled_by_what_it_does(grammar):
 
 def test_copy_induction_head_is_labelled_once_the_copy_starts():
     s = Session()
-    s.step(COPY, "hcbpadlk|", GREEDY)
+    s.step(COPY, "hcbpadlk|", GREEDY)  # the example prompt and one Step: "h" comes again
+    assert probing.head_roles(s).label(0, 1).startswith("induction head: ")
     for _ in s.generate(COPY, "hcbpadlk|", GREEDY, 6):
         pass
     assert "".join(p for p, _ in s.tokens()) == "hcbpadlk|hcbpadl"
@@ -109,6 +110,25 @@ def test_copy_induction_head_is_labelled_once_the_copy_starts():
                  if (found := roles.strongest(layer, h)) and found[0].key in ("induction", "match")]
     assert (0, 1) in induction  # the head the copy model's first view names
     assert "induction" in roles.label(0, 1) or "copy match" in roles.label(0, 1)
+
+
+def test_trained_and_uploaded_models_get_their_tasks_role(tmp_path):
+    """A model trained in the app on the sort task, and the same model uploaded from its file."""
+    s = Session()
+    for progress in s.train("sort", "", None, "char", 2, 2, 32, 64, "learned", "pre", "gelu", 0.0, 30, 3e-3, 0):
+        pass
+    name = progress.run.name
+    s.step(name, "503124=", GREEDY)
+    roles = probing.head_roles(s)
+    assert [r.key for r in roles.roles][-1] == "match" and roles.roles[-1].name == "sort match"
+    other = Session()
+    uploaded = other.upload(str(progress.download))
+    other.step(uploaded, "503124=", GREEDY)
+    again = probing.head_roles(other)
+    for key in roles.scores:
+        np.testing.assert_allclose(again.scores[key], roles.scores[key], atol=1e-6)
+    probing.set_ablation(other, ["L0H1"], "zero", False)
+    assert probing.effect(other).kl_bits >= 0
 
 
 def test_roles_are_recomputed_at_every_step():
