@@ -190,6 +190,7 @@ def removed_note(names: list[str]) -> str:
     return f"{which} removed to make room ({MAX_USER_MODELS} own models at most)."
 
 
+MAX_LOG = 4 * MAX_NEW_TOKENS  # actions a text's log keeps (lab.sessionfile replays them)
 BUSY_WAIT_S = 10.0  # how long an action waits for the same session's previous one (a Generate) to end
 _STOP_REASONS = {"finished": "finished", "stopped": "stopped by you", "time limit": "hit the time limit"}
 
@@ -237,6 +238,9 @@ class Session:
         self.drawn: list[Step] = []  # what each generated token was drawn from, in order (rows dropped)
         self.display = Display()
         self.query: int | None = None  # the token selected in the text (window position; None = the last)
+        # what made the current text, in order (lab.sessionfile replays it): {"do": "step" |
+        # "generate" | "undo", "sampling": [temperature, top_k, top_p], "tokens": [ids]}
+        self.log: list[dict] = []
         self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
         self._roles = None  # lab.probing.head_roles of the current text, computed once per text
         self.run: TrainingRun | None = None
@@ -286,6 +290,7 @@ class Session:
         def drop():  # the text goes too: its attention is memory the budget counts (no reset(): the
             # budget calls this holding its lock, and reset() reports to the budget)
             self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
+            self.log = []
             self.models.clear()
             self._model_bytes.clear()
         dropped = self._give_up(reason, drop)
@@ -417,7 +422,7 @@ class Session:
         # a new text: an edited row's positions meant the old one; another model has other heads
         self.probe = ProbeSettings() if entry is not self.entry else dataclasses.replace(self.probe, edit=None)
         self.entry, self.prompt, self.notices, self.last_step, self.drawn = entry, prompt, notices, None, []
-        self.query = None
+        self.query, self.log = None, []
 
     def _continues(self, entry: ModelEntry, prompt, sampling: Sampling) -> bool:
         """Whether a Step or Generate goes on with the current text (same model, prompt and seed)."""
@@ -440,6 +445,14 @@ class Session:
         self.drawn.append(dataclasses.replace(step, rows=[]))
         return step
 
+    def _record(self, action: dict) -> None:
+        """Add an action to the text's log; past MAX_LOG actions the log stops (and says so with a
+        None at its end): a text made of endless Step/Undo cannot be saved, and takes no memory."""
+        if len(self.log) < MAX_LOG:
+            self.log.append(action)
+        elif self.log[-1] is not None:
+            self.log.append(None)
+
     def select_model(self, name) -> ModelEntry:
         """Switch model: the text starts again, and the heads' settings go (the heads differ)."""
         entry = self.entry_for(name)
@@ -448,17 +461,20 @@ class Session:
             self.probe = ProbeSettings()
         return entry
 
-    def step(self, model_name, prompt, sampling: Sampling) -> Step:
-        """One new token. The text continues unless the model, prompt or seed changed."""
+    def step(self, model_name, prompt, sampling: Sampling, force: int | None = None) -> Step:
+        """One new token. The text continues unless the model, prompt or seed changed.
+        force: the token to take instead of sampling (replaying a saved session)."""
         entry = self.entry_for(model_name)
         if self._continues(entry, prompt, sampling):
             self._room()
             self._hold(text=self._text_bytes(entry, len(self.decoder.ids) + 1))  # before the text grows
         else:
             self._start(entry, prompt, sampling, new_tokens=1)
-        return self._keep(next(generate(self.decoder, 1, sampling)))
+        step = self._keep(next(generate(self.decoder, 1, sampling, force=None if force is None else [force])))
+        self._record({"do": "step", "sampling": _settings(sampling), "tokens": [step.token_id]})
+        return step
 
-    def generate(self, model_name, prompt, sampling: Sampling, max_new) -> Iterator[Step]:
+    def generate(self, model_name, prompt, sampling: Sampling, max_new, force=None) -> Iterator[Step]:
         """Up to `max_new` more tokens, one Step at a time: the text goes on (as Step does) unless
         the model, prompt or seed changed; then it starts again from the prompt.
 
@@ -471,7 +487,10 @@ class Session:
             self._hold(text=self._text_bytes(entry, len(self.decoder.ids) + max_new))
         else:
             self._start(entry, prompt, sampling, new_tokens=max_new)
-        for s in generate(self.decoder, max_new, sampling, attention="last"):
+        record = {"do": "generate", "sampling": _settings(sampling), "tokens": []}
+        self._record(record)
+        for s in generate(self.decoder, max_new, sampling, attention="last", force=force):
+            record["tokens"].append(s.token_id)
             yield self._keep(s)
 
     def undo(self) -> bool:
@@ -481,6 +500,7 @@ class Session:
         undone = self.decoder.undo()
         if undone:
             self.drawn.pop()
+            self._record({"do": "undo"})
         self.last_step = self.drawn[-1] if self.drawn else None
         self.query = None
         e = self.probe.edit
@@ -491,7 +511,7 @@ class Session:
 
     def reset(self) -> None:
         self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
-        self.query, self._roles = None, None
+        self.query, self._roles, self.log = None, None, []
         self._hold()  # less memory: always granted
 
     # ----------------------------------------------------------------------- read-outs
@@ -579,6 +599,39 @@ class Session:
         entry = self.entry_for(model_name)
         kind, table = entry.model.positional_table()
         return entry, kind, None if table is None else table.numpy().astype(np.float32)
+
+    def adopt(self, scratch: "Session", name: str) -> str:
+        """Take over what a scratch session built (lab.sessionfile: a replayed session file): its own
+        model, if any, joins this session's models; its text, head settings and display follow.
+        The memory is granted first (UserError changes nothing). Returns the model's name here."""
+        own = scratch.models.get(name)
+        if own is not None:
+            nbytes = scratch._model_bytes[name]
+            kept = self._kept_after_adding(own.name)
+            self._hold(kept, nbytes, text=scratch._text_bytes())
+            if own.name in self.models:  # a second copy gets a name of its own
+                own.name = self._unique_name(own.name)
+            self._add_model(own)
+        else:
+            self._hold(text=scratch._text_bytes())
+        for attr in ("entry", "decoder", "prompt", "notices", "last_step", "drawn", "query", "probe", "log"):
+            setattr(self, attr, getattr(scratch, attr))
+        self._roles = None
+        d = scratch.display
+        self.display = dataclasses.replace(self.display, colour=d.colour, presentation=d.presentation, tool=d.tool)
+        self._hold()
+        return self.entry.name if self.entry is not None else name
+
+    def save_file(self, stem: str, suffix: str, data: bytes) -> Path:
+        """A file for this person to download (a session, exported numbers), within the server's
+        disk budget; refused with a sentence when the disk is full."""
+        with DISK_BUDGET.room(self, len(data)):
+            if self.run_dir is None:
+                self.run_dir = files.new_session_dir()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            path = self.run_dir / f"{files.safe_file_stem(stem)}{suffix}"
+            atomic_write(path, data)
+            return path
 
     # ------------------------------------------------------------------------ training
 
@@ -739,13 +792,7 @@ class Session:
         meta = {**entry.meta, "examples": list(entry.examples)}
         data = checkpoint_bytes(entry.model, entry.tokenizer, meta, film=entry.film)
         try:
-            with DISK_BUDGET.room(self, len(data)):
-                if self.run_dir is None:
-                    self.run_dir = files.new_session_dir()
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                path = self.run_dir / f"{files.safe_file_stem(entry.name)}.safetensors"
-                atomic_write(path, data)
-                return path
+            return self.save_file(entry.name, ".safetensors", data)
         except UserError:
             return None
 
@@ -788,6 +835,11 @@ class Session:
         self.reset()
         MODEL_BUDGET.release(self)
         release_freed_memory()
+
+
+def _settings(s: Sampling) -> list:
+    """A Step's sampling settings as a session file keeps them (the seed is the text's own)."""
+    return [s.temperature, s.top_k, s.top_p]
 
 
 def film_bytes(entry: ModelEntry) -> int:

@@ -17,7 +17,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -173,13 +173,19 @@ class Decoder:
         return True
 
     @torch.inference_mode()
-    def step(self, sampling: Sampling | None = None) -> Step:
+    def step(self, sampling: Sampling | None = None, force: int | None = None) -> Step:
+        """Sample the next token and run it through the model. force: take this token instead of
+        the sampled one (a replay of a recorded text); the sampler advances exactly as it would,
+        and a token the settings could not have produced (probability 0) is refused (ValueError)."""
         s = sampling or self.sampling
         logits = self.logits.float().cpu()  # sample on the CPU with the CPU generator, whatever the device
         probs = torch.softmax(logits, dim=-1)
         adjusted = adjust_probs(logits, s)
+        if force is not None and not (isinstance(force, int) and 0 <= force < adjusted.numel() and adjusted[force] > 0):
+            raise ValueError(f"token {force!r} cannot come next with these sampling settings")
         self._rng_history.append(self.generator.get_state())
         token = int(torch.multinomial(adjusted, 1, generator=self.generator)) if s.temperature else int(adjusted.argmax())
+        token = token if force is None else force
         self.ids.append(token)
         cropped = len(self.ids) - self.start > self.block_size
         if cropped:
@@ -238,6 +244,7 @@ def generate(
     max_new_tokens: int,
     sampling: Sampling | None = None,
     attention: str = "all",
+    force: Sequence[int] | None = None,
 ) -> Iterator[Step]:
     """Continue the decoder's text: yield one `Step` per new token.
 
@@ -258,21 +265,25 @@ def generate(
       `decoder.scores` are empty afterwards (`decoder.capture(True)` brings them back).
 
     "all" and "last" put the decoder's capture setting back to what it was when the loop ends.
+    force: the tokens to take instead of sampling (a replay; see `Decoder.step`), at most one per step.
     Arguments are checked here, when `generate` is called, not at the first `next()`.
     """
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
     if attention not in GENERATE_ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(GENERATE_ATTENTION)}, got {attention!r}")
-    return _generate(decoder, max_new_tokens, sampling, attention)
+    if force is not None and len(force) > max_new_tokens:
+        raise ValueError(f"{len(force)} forced tokens for {max_new_tokens} steps")
+    return _generate(decoder, max_new_tokens, sampling, attention, force)
 
 
-def _generate(decoder: Decoder, max_new_tokens: int, sampling: Sampling | None, attention: str) -> Iterator[Step]:
+def _generate(decoder: Decoder, max_new_tokens: int, sampling: Sampling | None, attention: str,
+              force: Sequence[int] | None = None) -> Iterator[Step]:
     was = decoder.capture_attention
     decoder.capture(attention == "all")
     try:
         for i in range(max_new_tokens):
-            step = decoder.step(sampling)
+            step = decoder.step(sampling, force=None if force is None or i >= len(force) else force[i])
             last = step.eos or i == max_new_tokens - 1
             if last and attention == "last":
                 decoder.capture(True)  # the consumer of the final step sees the final attention
