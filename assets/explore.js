@@ -218,4 +218,98 @@
       case "Escape": if (n) select(n - 1); break;
     }
   });
+
+  // ------------------------------------------------------------------------------------------------
+  // Figure export (issue 15), separate from everything above: every Plotly figure on the page, in
+  // every tab and whenever it is drawn, gets two small buttons, "PNG" and "SVG", in its bottom-left
+  // corner (the figures' titles sit top-left and plotly's modebar top-right). A click downloads the
+  // figure as drawn (its size and fonts: "Large fonts" gives presentation-size files) through the
+  // plotly.js already in the page: Plotly.downloadImage, or, where window.Plotly is not exposed, the
+  // modebar's camera button with gd._context.toImageButtonOptions set. PNG at scale 2. Nothing is
+  // fetched. File name: layout.meta.filename when the server set one, else the title's text, else
+  // the plot's (or its block's) element id; only [A-Za-z0-9._-], at most 100 characters.
+  (() => {
+    const BAR = "lab-export";
+    if (!document.getElementById("lab-export-style")) {
+      const style = document.createElement("style");
+      style.id = "lab-export-style";
+      style.textContent = `
+        .${BAR} { position: absolute; left: 4px; bottom: 4px; z-index: 20; display: flex; gap: 4px;
+                  opacity: 0.8; transition: opacity 0.15s; }
+        .js-plotly-plot:hover > .${BAR}, .${BAR}:focus-within { opacity: 1; }
+        .js-plotly-plot > .${BAR} > button { all: unset; box-sizing: border-box; cursor: pointer; padding: 3px 7px;
+                  font: 600 11px/1.2 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; letter-spacing: 0.02em;
+                  border: 1px solid #9aa3b2; border-radius: 4px; background: rgba(255, 255, 255, 0.92); color: #374151; }
+        .js-plotly-plot > .${BAR} > button:hover { border-color: #4b5563; color: #111111; }
+        .js-plotly-plot > .${BAR} > button:focus-visible { outline: 2px solid #ff7c00; outline-offset: 1px; }
+        .js-plotly-plot > .${BAR} > button[aria-busy="true"] { opacity: 0.55; cursor: progress; }
+        .dark .js-plotly-plot > .${BAR} > button { background: rgba(31, 35, 42, 0.92); color: #e6e6e6; border-color: #6b7688; }
+        .dark .js-plotly-plot > .${BAR} > button:hover { border-color: #cbd5e1; color: #ffffff; }
+        @media (pointer: coarse) { .js-plotly-plot > .${BAR} > button { padding: 6px 10px; font-size: 13px; } }`;
+      document.head.appendChild(style);
+    }
+    const clean = (s) => String(s || "").normalize("NFKD").replace(/[\u0300-\u036f]/g, "")
+      .replace(/[^A-Za-z0-9._-]+/g, "_").replace(/_{2,}/g, "_").replace(/^[._-]+/, "").slice(0, 100).replace(/[._-]+$/, "");
+    const titleText = (L) => {
+      const t = L && L.title;
+      const raw = typeof t === "string" ? t : t && t.text;
+      if (!raw) return "";
+      // plotly titles are HTML-like: tags become spaces, entities are decoded (DOMParser runs nothing)
+      return new DOMParser().parseFromString(String(raw).replace(/<[^>]*>/g, " "), "text/html").body.textContent || "";
+    };
+    const metaOf = (gd) => {
+      const m = (gd._fullLayout && gd._fullLayout.meta) || (gd.layout && gd.layout.meta);
+      return m && typeof m === "object" && !Array.isArray(m) ? m : null;
+    };
+    const exportName = (gd) => {
+      const meta = metaOf(gd);
+      const block = gd.parentElement && gd.parentElement.closest("[id]");
+      const tries = [meta && typeof meta.filename === "string" ? meta.filename : "",
+                     titleText(gd._fullLayout || gd.layout), gd.id, block && block.id];
+      for (const t of tries) { const s = clean(t); if (s) return s; }
+      return "figure";
+    };
+    const exportFigure = (gd, format) => {
+      const opts = { format, filename: exportName(gd), scale: format === "png" ? 2 : 1 };
+      const P = window.Plotly;
+      if (P && typeof P.downloadImage === "function") return Promise.resolve(P.downloadImage(gd, opts));
+      const camera = gd.querySelector(".modebar-btn[data-title^='Download plot']");
+      if (!camera || !gd._context) return Promise.reject(new Error("no plotly.js image export on this page"));
+      const before = gd._context.toImageButtonOptions;
+      gd._context.toImageButtonOptions = opts; // read when the camera is clicked
+      try { camera.click(); } finally { gd._context.toImageButtonOptions = before; }
+      return Promise.resolve(opts.filename + "." + format);
+    };
+    const addButtons = (gd) => {
+      if (gd.querySelector(`:scope > .${BAR}`)) return;
+      if (getComputedStyle(gd).position === "static") gd.style.position = "relative";
+      const bar = document.createElement("div");
+      bar.className = BAR;
+      for (const [format, what] of [["png", "a PNG image (twice the size shown, for slides)"], ["svg", "an SVG vector image"]]) {
+        const b = document.createElement("button");
+        b.type = "button";
+        b.textContent = format.toUpperCase();
+        b.dataset.format = format;
+        b.title = `Download this figure as ${what}`;
+        b.setAttribute("aria-label", `Download figure as ${format.toUpperCase()}`);
+        b.addEventListener("click", (e) => {
+          e.preventDefault();
+          e.stopPropagation();
+          if (b.getAttribute("aria-busy") === "true") return;
+          b.setAttribute("aria-busy", "true");
+          exportFigure(gd, format).catch((err) => console.warn("figure export:", err))
+            .then(() => b.removeAttribute("aria-busy"));
+        });
+        bar.appendChild(b);
+      }
+      gd.appendChild(bar);
+    };
+    let queued = false;
+    const scan = () => { queued = false; document.querySelectorAll(".js-plotly-plot").forEach(addButtons); };
+    const queue = () => { if (!queued) { queued = true; requestAnimationFrame(scan); } };
+    new MutationObserver(queue).observe(document.body, { childList: true, subtree: true });
+    queue();
+    lab.exportName = exportName;
+    lab.exportFigure = exportFigure;
+  })();
 }

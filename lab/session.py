@@ -243,6 +243,9 @@ class Session:
         self.log: list[dict] = []
         self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
         self._roles = None  # lab.probing.head_roles of the current text, computed once per text
+        # a session file or a link just set up this model's text: the model list's change event that
+        # follows (its value set by the same answer) must keep it, not start again
+        self.keep_on_select: str | None = None
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
@@ -452,6 +455,12 @@ class Session:
             self.log.append(action)
         elif self.log[-1] is not None:
             self.log.append(None)
+
+    def kept_on_select(self, name) -> bool:
+        """Whether selecting `name` now keeps the text a session file or link just set up (once)."""
+        kept = self.keep_on_select is not None and self.keep_on_select == name
+        self.keep_on_select = None
+        return kept
 
     def select_model(self, name) -> ModelEntry:
         """Switch model: the text starts again, and the heads' settings go (the heads differ)."""

@@ -23,6 +23,7 @@ import gradio as gr
 import viz
 from lab.budget import LIMITER, client_key
 from lab.checks import UserError
+from lab.export import slug
 from lab.session import SESSIONS, Session
 
 log = logging.getLogger("decoder_lab")
@@ -109,6 +110,12 @@ def file_path(value, suffix: str) -> str | None:
 def api_example(component, value):
     """Show `value` as this input's example in view_api() (a valid prompt; no file from the web)."""
     component.example_payload = component.example_value = lambda: value
+
+
+def named(fig, *parts):
+    """`fig` with the file name its PNG / SVG download gets: the parts (model, layer, head, step…)
+    as ASCII, joined by "_"."""
+    return viz.with_filename(fig, "_".join(p for p in (slug(str(x)) for x in parts if x is not None) if p))
 
 
 def message_plot(text: str):

@@ -17,11 +17,12 @@ import gradio as gr
 import viz
 from lab import probing
 from lab.checks import check_sampling
+from lab.export import model_stem
 from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.models import ModelEntry
 from lab.session import Session
 
-from .common import gpu, handler, message_plot
+from .common import gpu, handler, message_plot, named
 
 LEGIBLE_PX = 9  # the smallest tick label worth reading on a screen
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
@@ -32,9 +33,15 @@ OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a toke
 
 def attention_figure(session: Session, layer, head, view):
     """The attention picture of the session's current text, for a gr.Plot."""
+    spec = attention_spec(session, layer, head, view)
+    return message_plot(NO_TEXT) if spec is None else viz.to_gradio_plot(spec)
+
+
+def attention_spec(session: Session, layer, head, view):
+    """The attention figure itself (None without a text), named for its download."""
     att = session.attention()
     if att is None:
-        return message_plot(NO_TEXT)
+        return None
     v = session.check_view(None, layer, head, view)
     d = session.display
 
@@ -57,7 +64,8 @@ def attention_figure(session: Session, layer, head, view):
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
                                                                         causal=att.causal)
-    return viz.to_gradio_plot(spec)
+    which = "all-layers" if v.view == "all layers" else f"L{v.layer}H{'all' if v.head is None else v.head}"
+    return named(spec, model_stem(session.model_name), which, f"attention {v.view}", f"{len(att.tokens)} tokens")
 
 
 def probs_figure(session: Session, index=None):
@@ -75,8 +83,9 @@ def probs_figure(session: Session, index=None):
         title = f"Typed “{piece}” (position {p.index}): what the model predicted there"
     else:
         title = f"“{piece}” (position {p.index}) was drawn from this"
-    return viz.to_gradio_plot(viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10,
-                                                title=title, presentation=presentation))
+    fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
+                            presentation=presentation)
+    return viz.to_gradio_plot(named(fig, model_stem(session.model_name), f"pos{p.index}", "probabilities"))
 
 
 def explore_outputs(session: Session, layer, head, view):
@@ -177,6 +186,8 @@ def select_token(session, evt: gr.SelectData, request: gr.Request = None):
 
 @handler
 def select_model(session, model_name, request: gr.Request = None):
+    if session.kept_on_select(model_name):  # a session file or link set this model's text up: keep it
+        return (session, *[gr.skip()] * 10)
     entry = session.select_model(model_name)
     cfg = entry.model.cfg
     layer, head, view, caption = first_view(entry, session.display.narrow)

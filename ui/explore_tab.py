@@ -24,6 +24,7 @@ from .explore import (
 )
 from .common import message_plot
 from .heads_tab import build_heads_section
+from .share import NUMBERS, export_numbers, make_link, open_session, save_session
 from .explore import probs_figure
 
 SHORTCUTS = ("**Keys** (outside text boxes): **S** step · **G** generate · **U** undo · "
@@ -52,6 +53,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
         presentation = gr.Checkbox(False, label="Large fonts", elem_id="presentation", min_width=110, scale=0,
                                    container=False)
         dark_btn = gr.Button("◐ Dark", elem_id="dark", min_width=100, scale=0)
+    share_note = gr.Markdown("", elem_id="share_note")  # what a link or an opened session left out
     with gr.Row(elem_id="main"):
         with gr.Column(scale=7, min_width=300, elem_id="attention_col"):
             caption = gr.Markdown(caption0, elem_id="caption")
@@ -87,6 +89,22 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                                      elem_id="seed")
                 max_new = gr.Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens (Generate)",
                                     elem_id="max_new")
+            with gr.Accordion("Save & share", open=False, elem_id="share"):
+                with gr.Row():
+                    save_btn = gr.Button("Save session", elem_id="save_session", min_width=120)
+                    open_btn = gr.UploadButton("Open session", file_types=[".json"], elem_id="open_session",
+                                               min_width=120)
+                    link_btn = gr.Button("Link to this view", elem_id="make_link", min_width=120)
+                save_msg = gr.Markdown("", elem_id="save_msg")
+                saved = gr.File(label="Session file", elem_id="session_file", interactive=False, visible=True)
+                link_html = gr.HTML("", elem_id="share_link")
+                with gr.Row(equal_height=True):
+                    numbers_what = gr.Dropdown(list(NUMBERS.items()), value="weights", label="The numbers of",
+                                               elem_id="numbers_what", scale=3)
+                    numbers_fmt = gr.Radio(["csv", "json"], value="csv", label="as", elem_id="numbers_fmt", scale=1,
+                                           min_width=120)
+                    numbers_btn = gr.Button("Download numbers", elem_id="numbers_btn", scale=1, min_width=120)
+                numbers_file = gr.File(label="Numbers", elem_id="numbers_file", interactive=False)
     screen = gr.Textbox(visible=False)
     heads_section = gr.Column(elem_id="heads_section")
 
@@ -126,9 +144,18 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                         js="(on) => { document.body.classList.toggle('presenting', !!on); }")
     dark_btn.click(None, None, None, js="() => { document.body.classList.toggle('dark'); "
                                         "window.dispatchEvent(new Event('resize')); }")
+    state_outputs = [ses, model_dd, prompt, examples, caption, tokens, status, probs_plot, attn_plot, layer, head,
+                     view, colour, presentation, temperature, top_k, top_p, seed, share_note]
+    form = [ses, model_dd, prompt, *sampling, *views]
+    api_example(open_btn, None)  # no file from the web as the documented example
+    save_btn.click(save_session, form, [saved, save_msg], api_name="export_session", **RAW)
+    open_btn.upload(open_session, [ses, open_btn], state_outputs, api_name="import_session", **RAW)
+    link_btn.click(make_link, form, link_html, api_name="link", **RAW)
+    numbers_btn.click(export_numbers, [ses, numbers_what, numbers_fmt, model_dd, layer, head], numbers_file,
+                      api_name="export_numbers", **RAW)
     with heads_section:
         build_heads_section(ses, {"model": model_dd, "layer": layer, "head": head, "sampling": sampling,
                                   "explore_group": explore_group,
                                   "default_model": DEFAULT_MODEL, "layer_choices": layer_choices(cfg.n_layers)})
-    return {"model": model_dd, "screen": screen, "display_inputs": display_inputs,
+    return {"model": model_dd, "state_outputs": state_outputs, "screen": screen, "display_inputs": display_inputs,
             "display_outputs": [attn_plot, probs_plot, head], "no_probs": NO_PROBS}

@@ -12,11 +12,12 @@ import numpy as np
 
 import viz
 from lab.checks import check_choice, check_int
+from lab.export import model_stem
 from lab.limits import HEAD_ROLES as ROLES
 from lab.limits import MATCH_FORMULA
 from lab.session import Session
 
-from .common import handler, message_plot
+from .common import handler, message_plot, named
 
 NO_FILM = "This model has no training film (it was made before films existed). Train one in this tab."
 MATCH = "match"
@@ -80,7 +81,9 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · train loss {fr.train_loss:.2f}"
                + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")
                + f" · probe: “{plain(session.film_probe_text(model_name)[:80])}”")
-    return (viz.to_gradio_plot(attention), viz.to_gradio_plot(loss), viz.to_gradio_plot(curves),
+    stem = (model_stem(model_name), "film", f"step{fr.step}")
+    return (viz.to_gradio_plot(named(attention, *stem, f"L{layer}", "attention")),
+            viz.to_gradio_plot(named(loss, *stem, "loss")), viz.to_gradio_plot(named(curves, *stem, score)),
             "**What changed, and when**\n" + lines, caption)
 
 

@@ -15,9 +15,10 @@ import gradio as gr
 import viz
 from lab import probing
 from lab.checks import UserError, check_int, check_sampling
+from lab.export import model_stem
 from lab.session import Session
 
-from .common import handler, message_plot
+from .common import handler, message_plot, named
 
 NO_TEXT = "Press Step (or Enter in the prompt): the head tools work on the text above."
 NO_SETTINGS = ("Choose heads above (or click their cells with “click picks heads” on), or edit a row below; "
@@ -48,6 +49,7 @@ def roles_figure(session: Session, layer=None, head=None):
         selected = (layer, head)
     fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=probing.ablated(session),
                             presentation=session.display.presentation, width_px=_width(session))
+    fig = named(fig, model_stem(session.model_name), "head-roles", f"{len(roles.tokens)}tokens")
     return viz.to_gradio_plot(fig), roles_note(roles)
 
 
@@ -65,9 +67,9 @@ def lens_figure(session: Session):
         return message_plot(NO_TEXT)
     lens = probing.logit_lens(session)
     title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
-    return viz.to_gradio_plot(viz.logit_lens(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels,
-                                             title=title, presentation=session.display.presentation,
-                                             width_px=_width(session, 0.6)))
+    fig = viz.logit_lens(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
+                         presentation=session.display.presentation, width_px=_width(session, 0.6))
+    return viz.to_gradio_plot(named(fig, model_stem(session.model_name), f"pos{lens.index}", "logit-lens"))
 
 
 def effect_views(session: Session):
@@ -80,6 +82,7 @@ def effect_views(session: Session):
     title = f"After “{e.token}” (position {e.index}): KL(before ‖ after) = {e.kl_bits:.3f} bits"
     fig = viz.compare_distributions(e.pieces, e.before, e.after, labels=("model as trained", "with the change"),
                                     title=title, presentation=session.display.presentation)
+    fig = named(fig, model_stem(session.model_name), f"pos{e.index}", "ablation-effect")
     return viz.to_gradio_plot(fig), html.escape(e.summary(), quote=False)
 
 
@@ -249,7 +252,10 @@ def compare(session, model_name, prompt_a, prompt_b, layer, request: gr.Request 
     notes = " ".join(html.escape(n, quote=False) for n in c.notes) or "Both prompts have the same number of tokens."
     data = {"tokens_a": c.tokens_a, "tokens_b": c.tokens_b, "common": c.common, "notes": c.notes,
             "columns": c.columns(), "data": c.rows(), "kl_bits": c.kl_bits()}
-    return viz.to_gradio_plot(diff), viz.to_gradio_plot(changes), viz.to_gradio_plot(dist), notes, data
+    stem = model_stem(model_name if isinstance(model_name, str) else "model")
+    return (viz.to_gradio_plot(named(diff, stem, "compare", f"L{layer}", "attention-B-minus-A")),
+            viz.to_gradio_plot(named(changes, stem, "compare", "head-scores-B-minus-A")),
+            viz.to_gradio_plot(named(dist, stem, "compare", "next-token")), notes, data)
 
 
 def pairs_for(model_name) -> list[tuple[str, str]]:

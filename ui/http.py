@@ -80,7 +80,7 @@ class RefuseMalformedCalls:
         inputs = fn.inputs if len(data) == len(fn.inputs) else api_inputs
         for block, value in zip(inputs, data):
             name = block.label or "a value"
-            if isinstance(block, gr.File):
+            if isinstance(block, (gr.File, gr.UploadButton)):
                 if not self.uploaded_file(value):
                     return 400, f"{name}: send a file uploaded to this app (or nothing)."
             elif self.holds_file(value):  # gradio would try to move it into its cache, whatever the input

@@ -5,8 +5,9 @@ from __future__ import annotations
 import gradio as gr
 
 import viz
+from lab.export import model_stem
 
-from .common import handler
+from .common import handler, named
 
 PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. "
                "Learned: a trained table of the same shape. RoPE: queries and keys are rotated by the angle "
@@ -21,7 +22,9 @@ def positional(session, model_name, request: gr.Request = None):
         fig = viz.to_gradio_plot(viz.no_positional_encoding(presentation=large))
         return fig, fig, f"**{entry.name}** uses no positional encoding."
     what = "rotation angles (one per pair of dimensions in each head)." if kind == "rope" else "dimensions."
-    return (viz.to_gradio_plot(viz.positional_table(table, kind, presentation=large)),
-            viz.to_gradio_plot(viz.positional_similarity(table, kind, presentation=large)),
+    stem = model_stem(entry.name)
+    return (viz.to_gradio_plot(named(viz.positional_table(table, kind, presentation=large), stem, kind, "positions")),
+            viz.to_gradio_plot(named(viz.positional_similarity(table, kind, presentation=large), stem, kind,
+                                     "similarity")),
             f"**{entry.name}** uses **{kind}** positions: table of {table.shape[0]} positions × {table.shape[1]} "
             + what)

@@ -11,10 +11,11 @@ import gradio as gr
 import numpy as np
 
 import viz
+from lab.export import model_stem
 from lab.limits import TRAIN_CORPORA
 from lab.session import Session, TrainingRun, removed_note
 
-from .common import file_path, gpu, handler
+from .common import file_path, gpu, handler, named
 
 # The corpora whose tokenizer the person picks; the others bring their own (sort, copy: characters;
 # the article toy: words).
@@ -27,9 +28,9 @@ RECIPE_KEYS = ("tokenizer", "layers", "heads", "d_model", "d_ff", "pos_encoding"
 def loss_figure(run: TrainingRun):
     arr = functools.partial(np.array, dtype=np.float32)
     restored = run.kept_step is not None and run.kept_step != run.step
-    return viz.to_gradio_plot(viz.loss_curve(arr(run.steps), arr(run.train_loss), arr(run.val_steps),
-                                             arr(run.val_loss), total_steps=max(1, run.total_steps),
-                                             kept_step=run.kept_step if restored else None))
+    fig = viz.loss_curve(arr(run.steps), arr(run.train_loss), arr(run.val_steps), arr(run.val_loss),
+                         total_steps=max(1, run.total_steps), kept_step=run.kept_step if restored else None)
+    return viz.to_gradio_plot(named(fig, model_stem(run.name), "loss", f"step{run.step}"))
 
 
 def _seconds(s: float) -> str:

@@ -44,9 +44,12 @@ from ._common import short_token
 from .film import score_curves
 from .heads import attention_difference, compare_distributions, logit_lens, role_overview, score_changes
 from .linking import decode_shade, shade_payload, shading
-from .payload import Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot
+from .payload import (
+    Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot, with_filename,
+)
 from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
 from .sampling import probabilities
+from .standalone import film_html, standalone_html
 from .training import loss_curve
 
 __all__ = [
@@ -72,6 +75,7 @@ __all__ = [
     "compare_distributions",
     "decode_array",
     "decode_shade",
+    "film_html",
     "logit_lens",
     "loss_curve",
     "message_figure",
@@ -87,5 +91,7 @@ __all__ = [
     "shade_payload",
     "shading",
     "short_token",
+    "standalone_html",
     "to_gradio_plot",
+    "with_filename",
 ]

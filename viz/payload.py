@@ -126,6 +126,17 @@ def plot_json(fig: Figure) -> str:
     return fig.to_json().replace("\\u002f", "/")
 
 
+def with_filename(fig: Figure, name: str) -> Figure:
+    """`fig` with ``layout.meta.filename`` set: the name the page gives its PNG / SVG download
+    (assets/explore.js). Returns the same figure."""
+    if isinstance(fig, FigureSpec):
+        fig.layout.setdefault("meta", {})["filename"] = name
+    else:
+        meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+        fig.update_layout(meta={**meta, "filename": name})
+    return fig
+
+
 def to_gradio_plot(fig: Figure) -> Any:
     """gradio PlotData for `fig` with the smaller JSON; return it from a handler whose output is a gr.Plot."""
     from gradio.components.plot import PlotData  # the only gradio import in viz

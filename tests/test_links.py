@@ -1,0 +1,77 @@
+"""Links (lab.links): the parameters a link carries open that state; anything unknown or out of range
+is left out with a notice; the link the app writes opens the same text when Steps made it."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+import pytest
+
+from lab import links
+from lab.session import Session, View
+from model.generate import Sampling
+
+GRAMMAR, COPY = "grammar (built-in)", "copy / induction (built-in)"
+P = "anna found the key . she gave it to tom because he"
+
+
+def test_a_link_opens_its_state():
+    s = Session()
+    link = links.read_link(s, {"model": COPY, "prompt": "hcbpadlk|", "steps": "5", "temperature": "0",
+                               "seed": "7", "layer": "1", "head": "2", "view": "scores"})
+    assert link.notes == [] and link.given
+    assert (link.model, link.prompt, link.steps) == (COPY, "hcbpadlk|", 5)
+    assert link.view == View(1, 2, "scores") and link.sampling == Sampling(temperature=0.0, seed=7)
+    links.open_link(s, link)
+    assert "".join(p for p, _ in s.tokens()) == "hcbpadlk|hcbpa"
+
+
+@pytest.mark.parametrize("params, kept, fragment", [
+    ({"model": "gpt-5"}, {"model": GRAMMAR}, "model='gpt-5'"),
+    ({"steps": "9999"}, {"steps": 0}, "steps='9999'"),
+    ({"steps": "-1"}, {"steps": 0}, "steps='-1'"),
+    ({"seed": "abc"}, {}, "seed='abc' (not a number)"),
+    ({"temperature": "nan"}, {}, "temperature"),
+    ({"layer": "9"}, {}, "layer='9'"),
+    ({"head": "99"}, {}, "head='99'"),
+    ({"view": "3d"}, {}, "view='3d'"),
+    ({"prompt": "x" * 5000}, {"prompt": None}, "prompt="),
+    ({"colour": "red"}, {}, "unknown link parameter 'colour'"),
+    ({"<script>": "1"}, {}, "unknown link parameter '<script>'"),
+])
+def test_bad_parameters_are_left_out_with_a_notice(params, kept, fragment):
+    link = links.read_link(Session(), params)
+    assert any(fragment in n for n in link.notes), link.notes
+    for key, value in kept.items():
+        assert getattr(link, key) == value
+    assert all(len(n) < 200 for n in link.notes)
+
+
+def test_an_unknown_prompt_word_stops_with_a_note():
+    s = Session()
+    link = links.open_link(s, links.read_link(s, {"prompt": "zebra crossing", "steps": "3"}))
+    assert any("does not know" in n for n in link.notes) and s.tokens() == []
+
+
+def test_the_link_of_a_stepped_text_makes_the_same_text():
+    s = Session()
+    hot = Sampling(temperature=1.1, seed=4)
+    for _ in range(6):
+        s.step(GRAMMAR, P, hot)
+    query, note = links.link_query(s, GRAMMAR, P, hot, View(2, 3, "weights"))
+    assert note == ""
+    params = dict(parse_qsl(query))
+    assert params["steps"] == "6" and params["head"] == "3" and params["temperature"] == "1.1"
+    t = Session()
+    links.open_link(t, links.read_link(t, params))
+    assert t.tokens() == s.tokens()
+
+
+def test_the_link_says_what_it_cannot_carry():
+    s = Session()
+    s.step(GRAMMAR, P, Sampling(temperature=1.0, seed=4))
+    s.step(GRAMMAR, P, Sampling(temperature=0.5, seed=4))
+    _, note = links.link_query(s, GRAMMAR, P, Sampling(), View(0, None, "weights"))
+    assert "Save session" in note
+    query, _ = links.link_query(Session(), GRAMMAR, P, Sampling(), View(0, None, "weights"))
+    assert dict(parse_qsl(query))["head"] == "all" and dict(parse_qsl(query))["steps"] == "0"

@@ -1,0 +1,113 @@
+"""Save & share (Explore tab): session files, links, the numbers of a view and standalone pages.
+
+A session file or a link sets the whole Explore page at once (`explore_state`): model, prompt,
+text, figures, view and sampling controls, with a notice of anything left out.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from lab import export, links, sessionfile
+from lab.checks import UserError, check_sampling
+from lab.session import Session, View
+
+from .common import file_path, handler
+from .explore import attention_figure, first_view, head_choices, layer_choices, probs_figure
+
+SAVED = "Saved: the file below holds this session; “Open session” (here, or on any copy of the app) brings it back."
+
+
+def explore_state(session: Session, model: str, prompt: str | None, view: View, sampling, notes: list[str]):
+    """Every Explore control and figure for the session as a file or link left it (see explore_tab:
+    `state_outputs`)."""
+    entry = session.entry_for(model)
+    cfg = entry.model.cfg
+    examples = list(entry.examples)
+    caption = first_view(entry, session.display.narrow)[3]
+    session.keep_on_select = model  # the model list's change event that follows keeps this text
+    has_text = bool(session.tokens())
+    return (session, gr.update(choices=session.model_names(), value=model),
+            prompt if prompt is not None else (examples[0] if examples else ""),
+            gr.update(choices=examples, value=prompt if prompt in examples else None), caption,
+            session.tokens(), session.status() if has_text else entry.summary, probs_figure(session),
+            attention_figure(session, view.layer, view.head, view.view),
+            gr.update(choices=layer_choices(cfg.n_layers), value=view.layer),
+            gr.update(choices=head_choices(cfg.n_heads), value=view.head), view.view,
+            session.display.colour, session.display.presentation,
+            sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed,
+            " ".join(html.escape(n, quote=False) for n in notes))
+
+
+@handler
+def save_session(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
+                 request: gr.Request = None):
+    """The session as a file to download (`lab.sessionfile`)."""
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    v = session.check_view(model_name if session.model_name is None else None, layer, head, view)
+    data = sessionfile.export_session(session, model_name, prompt, sampling, v)
+    name = session.model_name or model_name
+    path = session.save_file(f"session {name} {len(session.tokens())} tokens", ".json", data)
+    return str(path), f"{SAVED} ({len(data) / 1024:.1f} KB)"
+
+
+@handler
+def open_session(session, upload, request: gr.Request = None):
+    """A session file chosen: the page shows exactly what was saved."""
+    opened = sessionfile.open_session(session, file_path(upload, ".json"))
+    return explore_state(session, opened.model, opened.prompt, opened.view, opened.sampling, opened.notes)
+
+
+@handler
+def open_link(session, request: gr.Request = None):
+    """The page was opened with link parameters (?model=…&prompt=…&steps=…): set it up so."""
+    params = dict(request.query_params) if request is not None else {}
+    link = links.read_link(session, params)
+    if not link.given and not link.notes:
+        return (session, *[gr.skip()] * 18)
+    if link.prompt is not None and link.steps:
+        session.reset()
+        links.open_link(session, link)
+    return explore_state(session, link.model, link.prompt, link.view, link.sampling,
+                         link.notes or ["Opened from a link."])
+
+
+@handler
+def make_link(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
+              request: gr.Request = None):
+    """A link to this view: the page answers with it as a relative link (it opens on this page's address)."""
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    v = session.check_view(model_name if session.model_name is None else None, layer, head, view)
+    query, note = links.link_query(session, model_name, prompt, sampling, v)
+    return (f'<a id="share_link_a" href="?{html.escape(query)}" target="_blank">Link to this view</a> '
+            f"(right-click to copy; it opens the app on this model, prompt, seed, steps and view). "
+            f"{html.escape(note, quote=False)}")
+
+
+NUMBERS = {  # what the numbers download offers: label → the lab.export function's name
+    "attention weights (layer / head shown)": "weights", "attention scores (layer / head shown)": "scores",
+    "next-token probabilities (selected token)": "probabilities", "head roles": "head_roles",
+    "logit lens (selected token)": "logit_lens", "ablation / edit effect": "effect",
+    "loss history (this model)": "loss_history",
+}
+
+
+@handler
+def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Request = None):
+    """The numbers behind a view as CSV or JSON (`lab.export`), to download."""
+    if what not in NUMBERS.values():
+        raise UserError(f"Choose what to download: one of {', '.join(NUMBERS.values())}.")
+    if fmt not in ("csv", "json"):
+        raise UserError("The format must be csv or json.")
+    if what in ("weights", "scores"):
+        v = session.check_view(None if session.model_name else model_name, layer, head, "weights")
+        exp = export.attention(session, v.layer, v.head, kind=what)
+    elif what == "loss_history":
+        exp = export.loss_history(session, model_name)
+    else:
+        exp = getattr(export, what)(session)
+    data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
+    path = session.save_file(exp.name, f".{fmt}", data)
+    return str(path)
