@@ -25,8 +25,8 @@ def new_session_dir() -> Path:
 
 
 def safe_file_stem(name: str) -> str:
-    """A model's display name as a file name: letters and digits, the rest as '-'."""
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-")[:60] or "model"
+    """A display name as a file name: ASCII letters, digits and "_", the rest as '-' (at most 100)."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c == "_" else "-" for c in name).strip("-")[:100] or "model"
 
 
 def remove_dir(path: Path | None) -> None:

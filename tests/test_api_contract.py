@@ -26,7 +26,7 @@ NAMES = {"model_name": "model", "prompt": "prompt", "temperature": "temperature"
          "top_p": "top-p", "seed": "seed", "layer": "layer", "head": "head", "view": "view",
          "max_new": "max new tokens"}
 NEEDS_TEXT = {"/head_roles", "/logit_lens", "/ablate", "/edit_attention", "/regenerate", "/clear_changes",
-              "/export_numbers"}
+              "/export_numbers", "/export_page"}
 JUNK = [None, [1], {"a": 1}, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 10**400, -1, "zzz"]
 
 

@@ -99,7 +99,8 @@ def test_build_demo_builds_without_launching():
     public = {f.api_name for f in demo.fns.values() if getattr(f, "api_visibility", "public") == "public"}
     assert public == {"step", "generate", "undo", "reset", "select_model", "positional", "train", "stop",
                       "upload_model", "film", "head_roles", "logit_lens", "ablate", "edit_attention", "regenerate",
-                      "clear_changes", "compare", "export_session", "import_session", "link", "export_numbers"}
+                      "clear_changes", "compare", "export_session", "import_session", "link", "export_numbers",
+                      "export_page", "export_film_page"}
 
 
 # ------------------------------------------------------------------------------- step

@@ -24,7 +24,7 @@ from .explore import (
 )
 from .common import message_plot
 from .heads_tab import build_heads_section
-from .share import NUMBERS, export_numbers, make_link, open_session, save_session
+from .share import NUMBERS, export_numbers, make_link, open_session, save_session, save_view_page
 from .explore import probs_figure
 
 SHORTCUTS = ("**Keys** (outside text boxes): **S** step · **G** generate · **U** undo · "
@@ -95,8 +95,9 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                     open_btn = gr.UploadButton("Open session", file_types=[".json"], elem_id="open_session",
                                                min_width=120)
                     link_btn = gr.Button("Link to this view", elem_id="make_link", min_width=120)
+                    page_btn = gr.Button("View as web page", elem_id="view_page", min_width=120)
                 save_msg = gr.Markdown("", elem_id="save_msg")
-                saved = gr.File(label="Session file", elem_id="session_file", interactive=False, visible=True)
+                saved = gr.File(label="Your file (session or web page)", elem_id="session_file", interactive=False)
                 link_html = gr.HTML("", elem_id="share_link")
                 with gr.Row(equal_height=True):
                     numbers_what = gr.Dropdown(list(NUMBERS.items()), value="weights", label="The numbers of",
@@ -151,6 +152,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     save_btn.click(save_session, form, [saved, save_msg], api_name="export_session", **RAW)
     open_btn.upload(open_session, [ses, open_btn], state_outputs, api_name="import_session", **RAW)
     link_btn.click(make_link, form, link_html, api_name="link", **RAW)
+    page_btn.click(save_view_page, [ses, *views], saved, api_name="export_page", **RAW)
     numbers_btn.click(export_numbers, [ses, numbers_what, numbers_fmt, model_dd, layer, head], numbers_file,
                       api_name="export_numbers", **RAW)
     with heads_section:

@@ -11,7 +11,7 @@ import gradio as gr
 import numpy as np
 
 import viz
-from lab.checks import check_choice, check_int
+from lab.checks import UserError, check_choice, check_int
 from lab.export import model_stem
 from lab.limits import HEAD_ROLES as ROLES
 from lab.limits import MATCH_FORMULA
@@ -123,3 +123,22 @@ def next_frame(session, model_name, frame, request: gr.Request = None):
     n = len(film.frames)  # a film still recording grows: the slider grows with it
     i = check_int("frame", frame, 0, max(0, n - 1)) if frame is not None else -1
     return gr.update(maximum=max(1, n - 1), value=(i + 1) % n)
+
+
+@handler
+def save_film_page(session, model_name, layer, request: gr.Request = None):
+    """The whole film of one layer as one web page with its slider and Play button (offline)."""
+    film = session.film(model_name)
+    if film is None or not film.frames:
+        raise UserError(NO_FILM)
+    layer = check_int("layer", layer, 0, len(film.frames[0].attention) - 1)
+    frames, captions = [], []
+    for fr in film.frames:
+        frames.append(viz.attention_view(fr.attention, None, film.probe_tokens, layer=layer, head=None, view="weights",
+                                         causal=True, overview_max_tokens=48, width_px=760, max_height_px=560,
+                                         title_prefix=f"Step {fr.step} of {film.total_steps} · "))
+        captions.append(f"step {fr.step}: train loss {fr.train_loss:.2f}"
+                        + (f", validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else ""))
+    page = viz.film_html(frames, title=f"{model_name}: training film, layer {layer}",
+                         steps=[fr.step for fr in film.frames], captions=captions)
+    return str(session.save_file(f"{model_stem(model_name)}_film_L{layer}", ".html", page.encode("utf-8")))

@@ -15,7 +15,7 @@ from lab.models import DEFAULT_MODEL
 from lab.session import Session
 
 from .common import RAW
-from .film import MATCH, follow_model, next_frame, open_film, score_choices, show_film
+from .film import MATCH, follow_model, next_frame, open_film, save_film_page, score_choices, show_film
 
 INTRO = ("### Training film\nWatch attention form while a model learns. Each frame is the attention of every head "
          "on the probe prompt at one training step (denser early, where most changes), with the loss and each "
@@ -47,6 +47,9 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
             film_loss = gr.Plot(show_label=False, elem_id="film_loss")
             film_scores = gr.Plot(show_label=False, elem_id="film_scores")
     phases = gr.Markdown(elem_id="film_phases")
+    with gr.Row(equal_height=True):
+        page_btn = gr.Button("Save this film as a web page", elem_id="film_page_btn", scale=1)
+        page_file = gr.File(label="Film page (opens offline)", elem_id="film_page", interactive=False, scale=2)
     timer = gr.Timer(0.7, active=False)
     playing = gr.State(False)
 
@@ -65,4 +68,5 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
     # drawn when the tab is shown, never while it is hidden (a hidden plot is laid out at the wrong width)
     tab.select(show_film, frame_inputs, frame_outputs, api_name=False, **group)
     play.click(lambda on: (not on, gr.Timer(active=not on)), playing, [playing, timer], api_name=False, queue=False)
+    page_btn.click(save_film_page, [ses, film_model, film_layer], page_file, api_name="export_film_page", **group)
     timer.tick(next_frame, [ses, film_model, frame], frame, api_name=False, **group)

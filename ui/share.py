@@ -10,12 +10,14 @@ import html
 
 import gradio as gr
 
+import viz
+
 from lab import export, links, sessionfile
 from lab.checks import UserError, check_sampling
 from lab.session import Session, View
 
 from .common import file_path, handler
-from .explore import attention_figure, first_view, head_choices, layer_choices, probs_figure
+from .explore import attention_figure, attention_spec, first_view, head_choices, layer_choices, probs_figure
 
 SAVED = "Saved: the file below holds this session; “Open session” (here, or on any copy of the app) brings it back."
 
@@ -111,3 +113,16 @@ def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Requ
     data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
     path = session.save_file(exp.name, f".{fmt}", data)
     return str(path)
+
+
+@handler
+def save_view_page(session, layer, head, view, request: gr.Request = None):
+    """The attention view shown, as one web page that opens offline (plotly.js inside)."""
+    spec = attention_spec(session, layer, head, view)
+    if spec is None:
+        raise UserError("Press Step first: the page holds the attention of the text.")
+    text = " ".join(p for p, _ in session.tokens())
+    page = viz.standalone_html(spec, title=f"{session.model_name}: attention",
+                               note=f"Decoder Lab · text: {text[:300]}")
+    name = spec.layout["meta"]["filename"]
+    return str(session.save_file(name, ".html", page.encode("utf-8")))
