@@ -53,7 +53,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
         presentation = gr.Checkbox(False, label="Large fonts", elem_id="presentation", min_width=110, scale=0,
                                    container=False)
         dark_btn = gr.Button("◐ Dark", elem_id="dark", min_width=100, scale=0)
-    share_note = gr.Markdown("", elem_id="share_note")  # what a link or an opened session left out
+    share_note = gr.Markdown("", elem_id="share_note", visible=False)  # what a link or an opened session left out
     with gr.Row(elem_id="main"):
         with gr.Column(scale=7, min_width=300, elem_id="attention_col"):
             caption = gr.Markdown(caption0, elem_id="caption")
@@ -97,7 +97,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                     link_btn = gr.Button("Link to this view", elem_id="make_link", min_width=120)
                     page_btn = gr.Button("View as web page", elem_id="view_page", min_width=120)
                 save_msg = gr.Markdown("", elem_id="save_msg")
-                saved = gr.File(label="Your file (session or web page)", elem_id="session_file", interactive=False)
+                saved = gr.File(label="Your file (session or web page)", elem_id="session_file", interactive=False, height=90)
                 link_html = gr.HTML("", elem_id="share_link")
                 with gr.Row(equal_height=True):
                     numbers_what = gr.Dropdown(list(NUMBERS.items()), value="weights", label="The numbers of",
@@ -105,7 +105,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                     numbers_fmt = gr.Radio(["csv", "json"], value="csv", label="as", elem_id="numbers_fmt", scale=1,
                                            min_width=120)
                     numbers_btn = gr.Button("Download numbers", elem_id="numbers_btn", scale=1, min_width=120)
-                numbers_file = gr.File(label="Numbers", elem_id="numbers_file", interactive=False)
+                numbers_file = gr.File(label="Numbers", elem_id="numbers_file", interactive=False, height=90)
     screen = gr.Textbox(visible=False)
     heads_section = gr.Column(elem_id="heads_section")
 

@@ -40,7 +40,7 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
             gr.update(choices=head_choices(cfg.n_heads), value=view.head), view.view,
             session.display.colour, session.display.presentation,
             sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed,
-            " ".join(html.escape(n, quote=False) for n in notes))
+            gr.update(value=" ".join(html.escape(n, quote=False) for n in notes), visible=bool(notes)))
 
 
 @handler
