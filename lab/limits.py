@@ -98,6 +98,9 @@ __all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSI
             "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
 
 
+MAX_LOG = 4 * MAX_NEW_TOKENS  # actions (Step, Generate, Undo) a text's log keeps: a session file replays them
+
+
 def _num(x: float) -> str:
     return f"{x:g}"
 
@@ -126,6 +129,9 @@ def limits_table() -> list[str]:
         f"| uploads | {UPLOAD_MAX_MB} MB; checkpoints ≤ {c.max_layers} layers, ≤ {c.max_heads} heads, "
         f"d_model ≤ {c.max_d_model}, context ≤ {c.max_block_size}, vocabulary ≤ {c.max_vocab:,}, "
         f"≤ {c.max_params:,} parameters |",
+        f"| session files | ≤ {UPLOAD_MAX_MB} MB (an own model's weights travel inside); a text of ≤ {MAX_LOG} "
+        f"actions (Step, Generate, Undo); a built-in's text of {MAX_NEW_TOKENS} tokens ≈ 13 KB made Step by Step, "
+        "≈ 1 KB by one Generate |",
         f"| sessions | state expires after {_num(STATE_TTL_S / 60)} min idle; at most {MAX_SESSIONS} sessions kept; "
         f"≤ {MAX_USER_MODELS} own models per session; queue of {QUEUE_SIZE} |",
         *budget_rows(),

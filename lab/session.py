@@ -39,7 +39,7 @@ from . import files
 from .budget import DISK_BUDGET, LIMITER, MODEL_BUDGET, SessionStore, model_bytes
 from .checks import UserError, check_choice, check_float, check_int
 from .limits import (
-    ACTIVATIONS, ATTENTION_VIEWS, CHECKPOINT_LIMITS, COLOUR_MODES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_USER_MODELS, NORMS,
+    ACTIVATIONS, ATTENTION_VIEWS, CHECKPOINT_LIMITS, COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_USER_MODELS, NORMS,
     POS_ENCODINGS, TOKENIZER_KINDS, TRAIN_CORPORA, TRAIN_LIMITS, TRAIN_MAX_SECONDS,
 )
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
@@ -190,7 +190,6 @@ def removed_note(names: list[str]) -> str:
     return f"{which} removed to make room ({MAX_USER_MODELS} own models at most)."
 
 
-MAX_LOG = 4 * MAX_NEW_TOKENS  # actions a text's log keeps (lab.sessionfile replays them)
 BUSY_WAIT_S = 10.0  # how long an action waits for the same session's previous one (a Generate) to end
 _STOP_REASONS = {"finished": "finished", "stopped": "stopped by you", "time limit": "hit the time limit"}
 

@@ -32,7 +32,8 @@ from .limits import (
     COLOUR_MODES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE, TOP_K_RANGE,
     TOP_P_RANGE, UPLOAD_MAX_MB,
 )
-from .session import HEAD_TOOLS, MAX_LOG, Session, View
+from .limits import MAX_LOG
+from .session import HEAD_TOOLS, Session, View
 
 FORMAT = "decoder-lab-session"
 VERSION = 1
