@@ -725,6 +725,7 @@ class Session:
         on_gpu = TRAIN_DEVICE == "cuda" and torch.cuda.is_available()
         if on_gpu:  # ZeroGPU: CUDA exists only inside the decorated call; the model returns to the CPU after
             model.to("cuda")
+            tcfg = dataclasses.replace(tcfg, bf16=True)  # CUDA trains under bfloat16 autocast
         name = self._unique_name(f"my {corpus_name} model")
         entry = ModelEntry(name, model, corpus.tokenizer, {"corpus": corpus_name},
                            examples=usable_examples(corpus.sample_prompts))

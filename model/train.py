@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from .config import ACTIVATIONS, NORMS, POS_ENCODINGS, ModelConfig
+from . import distributed
+from .distributed import DEFAULT_TIMEOUT_S, Ranks, wrap
 from .film import (
     FILM_EVAL_BATCHES, FILM_FRAMES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps, task_of,
 )
@@ -238,6 +240,7 @@ def train(
     corpus,
     cfg: TrainConfig,
     should_stop: Callable[[], bool] | None = None,
+    ranks: Ranks | None = None,
 ) -> Iterator[TrainEvent]:
     """Train `model` in place on `corpus.train`, yielding one event per step.
 
@@ -255,13 +258,23 @@ def train(
     early. Recording changes nothing in the training: the weights are bit-identical without it.
     The film's probe_tokens are the corpus tokenizer's display pieces; its task is the corpus's
     ("sort", "copy") or None.
+
+    ranks: this process's place in a distributed run (model.distributed; the process group
+    already started): every rank draws the same global batch and trains on its share through
+    DDP, the loss reported is the mean over the ranks, and only rank 0 records the film.
+    Evaluations run on every rank (the same batches, the same weights: the same numbers), so
+    keep_best and stopping decide alike everywhere.
     """
+    ranks = ranks or Ranks()
+    ranks.check_batch(cfg.batch_size)
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
     block = model.cfg.block_size
     device = model.tok_emb.weight.device
+    trained = wrap(model, ranks, device)  # DDP averages the gradients of the ranks' shares
     opt = make_optimizer(model, cfg)
     step_loss = make_loss_fn(cfg)
+    share = ranks.share(cfg.batch_size)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
     start = time.perf_counter()
     tokens = 0
@@ -271,7 +284,8 @@ def train(
     best_val, best_step, best_state = None, None, None
     frames: list[Frame] = []
     pending: list[Frame] = []  # recorded, not yet handed out with an event
-    if cfg.film_frames:
+    film_frames = cfg.film_frames if ranks.main else 0
+    if film_frames:
         probe_ids = (clip_probe(cfg.probe_ids, block) if cfg.probe_ids
                      else default_probe_ids(corpus, block))
         if not probe_ids or max(probe_ids) >= model.cfg.vocab_size:
@@ -293,29 +307,32 @@ def train(
         pending.append(frames[-1])
     try:
         while step < cfg.steps:
+            stop = 0
             if should_stop is not None and should_stop():
-                reason = "stopped"
-                break
-            if cfg.max_seconds is not None and time.perf_counter() - start > cfg.max_seconds:
-                reason = "time limit"
+                stop = 1
+            elif cfg.max_seconds is not None and time.perf_counter() - start > cfg.max_seconds:
+                stop = 2
+            stop = ranks.largest(stop)  # the ranks stop together (one alone would leave the others waiting)
+            if stop:
+                reason = "stopped" if stop == 1 else "time limit"
                 break
             lr = cfg.lr_at(step)
             for group in opt.param_groups:
                 group["lr"] = lr
-            x, y = corpus.train.get_batch(cfg.batch_size, block, g)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = corpus.train.get_batch(cfg.batch_size, block, g)  # the global batch, on every rank
+            x, y = x[share].to(device, non_blocking=True), y[share].to(device, non_blocking=True)
             with autocast, _sdpa_context(cfg.sdpa):
-                loss = step_loss(model, x, y)
+                loss = step_loss(trained, x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             step += 1
-            tokens += x.numel()
+            tokens += x.numel() * ranks.world
             elapsed = time.perf_counter() - start
             ev = TrainEvent(
-                step=step, total_steps=cfg.steps, train_loss=loss.item(), val_loss=None, eval_train_loss=None,
+                step=step, total_steps=cfg.steps, train_loss=ranks.mean(loss).item(), val_loss=None, eval_train_loss=None,
                 lr=lr, tokens_per_s=tokens / elapsed, elapsed=elapsed,
             )
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
@@ -327,7 +344,7 @@ def train(
             ev.best_val_loss, ev.best_step = best_val, best_step
             if cfg.probe_every and cfg.probe_ids and step % cfg.probe_every == 0:
                 ev.probe_attention = probe(model, cfg.probe_ids)
-            if cfg.film_frames and step in film_at and step < cfg.steps:  # the last frame: on the final model
+            if film_frames and step in film_at and step < cfg.steps:  # the last frame: on the final model
                 frames.append(record(step))
                 pending.append(frames[-1])
             if pending:
@@ -347,7 +364,7 @@ def train(
         kept_step = best_step
     tr = evaluate(model, corpus.train, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 2)
     film = None
-    if cfg.film_frames:
+    if film_frames:
         if frames[-1].step == step:  # stopped right after a frame (or before the first step): the final model's
             frames.pop()
         frames.append(record(step))
@@ -417,7 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end with the weights of the lowest validation loss seen at an evaluation, if the final ones are worse")
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batches")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX; always on with CUDA)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to train: auto = CUDA when there is a GPU; under torchrun each process takes its "
+                        "LOCAL_RANK's GPU")
+    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help="under torchrun: how long a process waits for the others before giving up")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--film", type=int, default=FILM_FRAMES, metavar="N",
                    help=f"record a training film of N frames (0 = none; at most {MAX_FILM_FRAMES}) into the checkpoint")
@@ -430,14 +452,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .checkpoint import save_checkpoint
-    from .corpora import build_corpus, read_text_file
-    from .presets import PRESETS
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        ranks = distributed.from_env()
+        device = pick_device(args.device, ranks)
+        distributed.start(ranks, device, args.dist_timeout)
+    except distributed.DistributedError as exc:
+        print(f"cannot train: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _main(parser, args, argv, ranks, device)
+    except distributed.DistributedError as exc:
+        print(f"rank {ranks.rank}: cannot train: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a collective that failed: another process died or stopped answering
+        if not ranks.active:
+            raise
+        print(f"rank {ranks.rank}: the distributed run stopped ({str(exc).splitlines()[0][:200]}); "
+              "no checkpoint was written", file=sys.stderr)
+        return 1
+    finally:
+        distributed.stop()
+
+
+def pick_device(name: str, ranks: distributed.Ranks) -> torch.device:
+    """--device: "auto" is CUDA when there is a GPU; under torchrun each process takes its LOCAL_RANK's."""
+    cuda = torch.cuda.is_available()
+    if name == "cuda" and not cuda:
+        raise distributed.DistributedError("--device cuda, but this machine has no CUDA GPU")
+    if name == "cpu" or not cuda:
+        return torch.device("cpu")
+    index = ranks.local_rank if ranks.active else 0
+    if index >= torch.cuda.device_count():
+        raise distributed.DistributedError(f"process {ranks.rank} wants GPU {index}, but this machine has "
+                                           f"{torch.cuda.device_count()}")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) -> int:
+    from .checkpoint import save_checkpoint
+    from .corpora import build_corpus, read_text_file
+    from .presets import PRESETS
+
+    say = print if ranks.main else (lambda *a, **k: None)  # only rank 0 speaks
     if args.preset:
         if args.preset not in PRESETS:
             print(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
@@ -485,15 +546,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"--film: {exc}", file=sys.stderr)
         return 2
-    torch.manual_seed(tcfg.seed)
-    model = DecoderLM(mcfg)
-    print(json.dumps({"corpus": corpus.name, "params": model.n_params(), "model": mcfg.to_dict()}))
+    if device.type == "cuda":
+        tcfg = replace(tcfg, bf16=True)  # CUDA trains under bfloat16 autocast
+    torch.manual_seed(tcfg.seed)  # every rank builds the same initial weights
+    model = DecoderLM(mcfg).to(device)
+    say(json.dumps({"corpus": corpus.name, "params": model.n_params(), "model": mcfg.to_dict(),
+                    "device": str(device), "bf16": tcfg.bf16, "processes": ranks.world}))
     last = None
-    for ev in train(model, corpus, tcfg):
+    for ev in train(model, corpus, tcfg, ranks=ranks):
         last = ev
         if ev.done or ev.val_loss is not None or not args.quiet:
-            print(json.dumps(ev.log_dict()), flush=True)
-    if args.out:
+            say(json.dumps(ev.log_dict()), flush=True)
+    model.to("cpu")
+    if args.out and ranks.main:  # one writer; written whole or not at all (atomic_write)
         meta = {
             "corpus": corpus.name,
             "command": "python -m model.train " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -509,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         path = save_checkpoint(args.out, model, corpus.tokenizer, meta, film=last.film)
         path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-        print(f"saved {path}")
+        say(f"saved {path}")
     return 0
 
 

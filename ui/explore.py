@@ -22,7 +22,7 @@ from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.models import ModelEntry
 from lab.session import Session
 
-from .common import gpu, handler, message_plot, named
+from .common import handler, message_plot, named
 
 LEGIBLE_PX = 9  # the smallest tick label worth reading on a screen
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
@@ -137,8 +137,7 @@ def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, l
     return session, session.tokens(), session.status(), attention_figure(session, layer, head, view)
 
 
-@gpu
-@handler(rate="generate")
+@handler(rate="generate")  # no ZeroGPU decorator: generation runs on the CPU (it never touches CUDA)
 def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_new, layer, head, view,
              request: gr.Request = None):
     """Up to `max_new` more tokens (the text goes on; a new model, prompt or seed starts it again),

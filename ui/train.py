@@ -12,7 +12,7 @@ import numpy as np
 
 import viz
 from lab.export import model_stem
-from lab.limits import TRAIN_CORPORA
+from lab.limits import TRAIN_CORPORA, TRAIN_MAX_SECONDS
 from lab.session import Session, TrainingRun, removed_note
 
 from .common import file_path, gpu, handler, named
@@ -67,7 +67,21 @@ def progress_html(run: TrainingRun | None = None) -> str:
             f'<span style="font-size:var(--text-sm)">{html.escape(text)}</span></div>')
 
 
-@gpu(duration=200)
+def gpu_seconds(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
+                activation, dropout, steps, *rest, **kw) -> int:
+    """The GPU time a training asks ZeroGPU for: its steps at a cautious pace, plus start-up and the
+    film, never past the run's wall-clock limit (a visitor's quota is spent by what is asked)."""
+    try:
+        n = int(steps)
+    except (TypeError, ValueError):
+        n = 0
+    return int(min(TRAIN_MAX_SECONDS + 20, 20 + GPU_SECONDS_PER_STEP * max(0, n)))
+
+
+GPU_SECONDS_PER_STEP = 0.05  # the Train tab's largest model runs well under this on a GPU (bench/RESULTS.md)
+
+
+@gpu(duration=gpu_seconds)
 @handler(exclusive=False, rate="train")  # a run takes minutes: Explore stays usable meanwhile
 def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
                 activation, dropout, steps, lr, seed, keep_best=True, probe=None, request: gr.Request = None):
