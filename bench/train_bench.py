@@ -14,6 +14,10 @@ to the shared Tiny Shakespeare next to the checkout (../shared/data/tinyshakespe
 
 from __future__ import annotations
 
+import time
+
+PROCESS_START = time.perf_counter()  # before torch is imported: start-up counts in the wall clock
+
 import argparse
 import os
 import resource
@@ -57,6 +61,11 @@ def main() -> None:
                    help="lr 1e-3 -> 1e-4 after 100 warm-up steps: wsd (hold, then linear over the last 30%%) or cosine")
     p.add_argument("--seed", type=int, default=1337, help="seed for initialisation and batches")
     p.add_argument("--eval-batches", type=int, default=50, help="batches for the final train/val loss")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train (cuda: bf16 as asked)")
+    p.add_argument("--target", type=float, default=None, metavar="LOSS",
+                   help="also report the wall clock from the process start to the first whole-held-out "
+                        "validation loss <= LOSS, checked every --check-every iterations (check time excluded)")
+    p.add_argument("--check-every", type=int, default=250)
     args = p.parse_args()
     if args.compile == "none":
         args.compile = None
@@ -65,7 +74,8 @@ def main() -> None:
     text = args.text.read_text(encoding="utf-8")
     corpus = build_corpus("text", "char", seed=args.seed, text=text)
     torch.manual_seed(args.seed)
-    model = DecoderLM(bench_config(corpus.tokenizer.vocab_size))
+    device = torch.device(args.device)
+    model = DecoderLM(bench_config(corpus.tokenizer.vocab_size)).to(device)
     cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
                       betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
                       seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
@@ -77,10 +87,21 @@ def main() -> None:
     batch_ms = (time.perf_counter() - t0) / 200 * 1000
     load_before = os.getloadavg()[0]
     times, last, prev = [], None, time.perf_counter()
+    checking, reached, checks_s = 0.0, None, []
     for ev in train(model, corpus, cfg):
         now = time.perf_counter()
         if not ev.done:
             times.append(now - prev)
+        if args.target is not None and not ev.done and reached is None and ev.step % args.check_every == 0:
+            c0 = time.perf_counter()
+            model.eval()
+            loss = stream_loss(model, corpus.val, 64)
+            model.train()
+            checking += time.perf_counter() - c0
+            checks_s.append((ev.step, round(loss, 4)))
+            if loss <= args.target:
+                reached = (ev.step, round(now - PROCESS_START - checking + (time.perf_counter() - c0), 2))
+            now = time.perf_counter()
         prev, last = now, ev
     warm = times[10:] or times
     med = statistics.median(warm)
@@ -108,6 +129,11 @@ def main() -> None:
         params=sum(p.numel() for p in model.parameters()),
         torch=torch.__version__,
         loadavg_1m_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+        device=str(device),
+        target=args.target,
+        target_reached_at=None if reached is None else {"step": reached[0], "wall_s_from_process_start": reached[1]},
+        target_checks=checks_s,
+        process_wall_s=round(time.perf_counter() - PROCESS_START, 1),
     )
 
 

@@ -50,6 +50,7 @@ def test_the_train_tab_trains_on_cuda_and_steps_on_the_cpu(monkeypatch):
 
 
 def test_zerogpu_asks_for_time_in_proportion_to_the_run():
+    pytest.importorskip("gradio")
     from ui.train import gpu_seconds
 
     short, long = gpu_seconds(None, "sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 100), \
