@@ -331,15 +331,7 @@ def comparison(session: Session, model_name, prompt_a, prompt_b) -> Export:
     layer and head (null where masked), and both next-token distributions."""
     c = probing.compare(session, model_name, prompt_a, prompt_b)
     columns = c.columns()
-    L, H = c.roles_a.shape
-    rows = []
-    for layer in range(L):
-        for head in range(H):
-            row = [layer, head]
-            for r in c.roles_a.roles:
-                a, b = float(c.roles_a.scores[r.key][layer, head]), float(c.roles_b.scores[r.key][layer, head])
-                row += [_number(a), _number(b), _number(b - a)]
-            rows.append(row)
+    rows = c.rows(digits=None)  # full precision, None where undefined
     n = c.common
     diff = [[[[None if c.causal and k > q else _number(m[h, q, k]) for k in range(n)] for q in range(n)]
              for h in range(m.shape[0])] for m in c.diff]

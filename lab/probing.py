@@ -505,8 +505,12 @@ class Comparison:
     def kl_bits(self) -> float:
         return kl_bits(np.log(np.maximum(self.probs_a, 1e-300)), np.log(np.maximum(self.probs_b, 1e-300)))
 
-    def rows(self) -> list[list]:
-        """The table of `/compare`: layer, head, then score A, score B and B − A per score."""
+    def rows(self, digits: int | None = 4) -> list[list]:
+        """The table of `/compare`: layer, head, then score A, score B and B − A per score (rounded to
+        `digits`; None: full precision); None where a score is undefined."""
+        def value(x: float):
+            return None if not np.isfinite(x) else (x if digits is None else round(x, digits))
+
         L, H = self.roles_a.shape
         out = []
         for layer in range(L):
@@ -514,8 +518,7 @@ class Comparison:
                 row = [layer, head]
                 for r in self.roles_a.roles:
                     a, b = float(self.roles_a.scores[r.key][layer, head]), float(self.roles_b.scores[r.key][layer, head])
-                    row += [None if np.isnan(a) else round(a, 4), None if np.isnan(b) else round(b, 4),
-                            None if np.isnan(a) or np.isnan(b) else round(b - a, 4)]
+                    row += [value(a), value(b), value(b - a)]
                 out.append(row)
         return out
 

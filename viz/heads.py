@@ -29,7 +29,6 @@ import numpy as np
 from ._common import (
     DIVERGING,
     FONT,
-    GRID_GREY,
     MILLI,
     PRESENTATION_FONT_PX,
     ROW_OUTLINE,
@@ -54,7 +53,7 @@ from .attention import (
     causal_mask,
 )
 from .payload import FigureSpec
-from .sampling import ADJ_COLOUR, MAX_HEIGHT_PX, RAW_COLOUR
+from .sampling import ADJ_COLOUR, MAX_HEIGHT_PX, RAW_COLOUR, bar_layout
 
 # A cell that reaches its role's threshold (or the model's final token in the logit lens): a thin
 # white line on a black one, inset in the cell. It reads on every Viridis and diverging colour and
@@ -690,31 +689,13 @@ def compare_distributions(
     height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
     margin.update(l=int(min(320, max(60, label_em * font + 14))), r=20)
     peak = max(1e-9, float(before[idx].max()), float(after[idx].max()))
-    layout = {
-        "template": "none",
-        "font": {**FONT, "size": font},
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "barmode": "group",
-        "bargap": 0.25,
-        "height": height,
-        "margin": margin,
-        "title": {"text": _title_text(title, f"Next-token probabilities: {name_a} vs {name_b}"), "x": 0.01,
-                  "xanchor": "left", "y": 1, "yanchor": "top", "yref": "container", "pad": {"t": 8},
-                  "font": {"size": title_font}},
-        "xaxis": {"title": {"text": f"probability (labels: rank {name_a}→{name_b})", "standoff": 4},
-                  "tickfont": {"size": font}, "range": [0, peak * 1.05], "showgrid": True, "gridcolor": GRID_GREY,
-                  "zeroline": False},
-        "yaxis": {"tickmode": "array", "tickvals": rows.tolist(), "ticktext": labels_y, "tickfont": {"size": font},
-                  "autorange": "reversed", "showgrid": False, "ticks": ""},
-        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "xanchor": "left",
-                   "font": {"size": font - 1}, "traceorder": "normal"},
-        "hoverlabel": hover_label(18 if presentation else 12),
-        "showlegend": True,
-        "hovermode": "closest",
-        "meta": {"viz": "compare_distributions", "ids": ids, "ranks_before": [int(rank_a[i]) for i in ids],
-                 "ranks_after": [int(rank_b[i]) for i in ids], "labels": [name_a, name_b]},
-    }
+    layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
+                        title=_title_text(title, f"Next-token probabilities: {name_a} vs {name_b}"),
+                        x_title=f"probability (labels: rank {name_a}→{name_b})", x_max=peak, rows=rows.tolist(),
+                        ticktext=labels_y, presentation=presentation, legend=True,
+                        meta={"viz": "compare_distributions", "ids": ids,
+                              "ranks_before": [int(rank_a[i]) for i in ids],
+                              "ranks_after": [int(rank_b[i]) for i in ids], "labels": [name_a, name_b]})
     return FigureSpec(data, layout)
 
 

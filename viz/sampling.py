@@ -35,6 +35,34 @@ def _check_probs(name: str, probs: np.ndarray, n: int) -> np.ndarray:
     return probs
 
 
+def bar_layout(*, font: float, title_font: float, height: int, margin: dict, title: str, x_title: str, x_max: float,
+               rows: list, ticktext: list[str], presentation: bool, legend: bool, meta: dict) -> dict:
+    """The layout of a horizontal bar chart of token probabilities (one row per token, most likely
+    on top, a legend above the bars): the next-token chart and the before / after comparisons."""
+    return {
+        "template": "none",
+        "font": {**FONT, "size": font},
+        "paper_bgcolor": TRANSPARENT,
+        "plot_bgcolor": TRANSPARENT,
+        "barmode": "group",
+        "bargap": 0.25,
+        "height": height,
+        "margin": margin,
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": 1, "yanchor": "top", "yref": "container",
+                  "pad": {"t": 8}, "font": {"size": title_font}},
+        "xaxis": {"title": {"text": x_title, "standoff": 4}, "tickfont": {"size": font}, "range": [0, x_max * 1.05],
+                  "showgrid": True, "gridcolor": GRID_GREY, "zeroline": False},
+        "yaxis": {"tickmode": "array", "tickvals": rows, "ticktext": ticktext, "tickfont": {"size": font},
+                  "autorange": "reversed", "showgrid": False, "ticks": ""},
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "xanchor": "left",
+                   "font": {"size": font - 1}, "traceorder": "normal"},
+        "hoverlabel": hover_label(18 if presentation else 12),
+        "showlegend": legend,
+        "hovermode": "closest",
+        "meta": meta,
+    }
+
+
 def probabilities(
     pieces: Sequence[str],
     probs: np.ndarray,
@@ -109,27 +137,10 @@ def probabilities(
                  for trace, colour in zip(data[:2], (RAW_COLOUR, ADJ_COLOUR), strict=True)]
     height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
     margin.update(l=int(min(300, max(60, label_em * font + 14))), r=20)
-    layout = {
-        "template": "none",
-        "font": {**FONT, "size": font},
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "barmode": "group",
-        "bargap": 0.25,
-        "height": height,
-        "margin": margin,
-        "title": {"text": esc(title) if title else DEFAULT_TITLE, "x": 0.01, "xanchor": "left", "y": 1,
-                  "yanchor": "top", "yref": "container", "pad": {"t": 8}, "font": {"size": title_font}},
-        "xaxis": {"title": {"text": "probability", "standoff": 4}, "tickfont": {"size": font},
-                  "range": [0, max(1e-9, float(rank_by[ids].max()), float(probs[ids].max())) * 1.05],
-                  "showgrid": True, "gridcolor": GRID_GREY, "zeroline": False},
-        "yaxis": {"tickmode": "array", "tickvals": rows.tolist(), "ticktext": ticktext, "tickfont": {"size": font},
-                  "autorange": "reversed", "showgrid": False, "ticks": ""},
-        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "xanchor": "left",
-                   "font": {"size": font - 1}, "traceorder": "normal"},
-        "hoverlabel": hover_label(18 if presentation else 12),
-        "showlegend": adjusted is not None,
-        "hovermode": "closest",
-        "meta": {"viz": "probabilities", "ids": [int(i) for i in ids], "chosen": None if chosen is None else int(chosen)},
-    }
+    layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
+                        title=esc(title) if title else DEFAULT_TITLE, x_title="probability",
+                        x_max=max(1e-9, float(rank_by[ids].max()), float(probs[ids].max())), rows=rows.tolist(),
+                        ticktext=ticktext, presentation=presentation, legend=adjusted is not None,
+                        meta={"viz": "probabilities", "ids": [int(i) for i in ids],
+                              "chosen": None if chosen is None else int(chosen)})
     return FigureSpec(data, layout)
