@@ -1,0 +1,51 @@
+"""Issue 16's race: wall clock from process start to a whole-held-out validation loss <= 1.89 (Tiny
+Shakespeare, the train_bench model), the default against fp32 eager, back to back, each in a fresh
+process with an empty torch.compile cache (cold). Prints both runs' JSON lines and one line of ratios.
+
+    python -m bench.train_race                    # CPU, all cores
+    python -m bench.train_race --device cuda      # on a GPU
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from bench.common import emit, parser
+
+VARIANTS = {"default": [], "fp32_eager": ["--no-bf16", "--compile", "none"]}
+
+
+def main() -> None:
+    p = parser("train_race", __doc__)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--target", type=float, default=1.89)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--text", default=None)
+    args = p.parse_args()
+    runs = {}
+    for name, flags in VARIANTS.items():
+        cmd = [sys.executable, "-m", "bench.train_bench", "--device", args.device, "--target", str(args.target),
+               "--iters", str(args.iters), *(["--text", args.text] if args.text else []), *flags]
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-cold-")}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        runs[name] = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+        print(json.dumps(runs[name]))
+    d, e = runs["default"], runs["fp32_eager"]
+
+    def wall(r):
+        return r["target_reached_at"]["wall_s_from_process_start"] if r["target_reached_at"] else None
+
+    emit("train_race", device=args.device, target=args.target, default_compile=d["compile"], default_bf16=d["bf16"],
+         ms_per_iter={"default": d["ms_per_iter_median"], "fp32_eager": e["ms_per_iter_median"]},
+         per_iter_ratio=round(d["ms_per_iter_median"] / e["ms_per_iter_median"], 3),
+         wall_to_target_s={"default": wall(d), "fp32_eager": wall(e)},
+         wall_ratio=round(wall(d) / wall(e), 3) if wall(d) and wall(e) else None,
+         val_loss={"default": d["val_loss"], "fp32_eager": e["val_loss"]})
+
+
+if __name__ == "__main__":
+    main()
