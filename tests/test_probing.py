@@ -457,3 +457,24 @@ def test_compare_refusals(a, b, fragment):
 def test_role_formulas_are_stated():
     for key in probing.SCORE_ROLES:
         assert ROLES[key].formula and ROLES[key].meaning
+
+
+def test_the_learn_tabs_worked_example_holds():
+    """Learn section 16 quotes these numbers ("attention is not explanation"): they must stay true."""
+    s = Session()
+    s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
+    s.select(11)
+    assert float(s.attention().weights[1][0, 11, 9]) == pytest.approx(0.756, abs=5e-4)
+    probing.set_ablation(s, ["L1H0"], "zero", False)
+    assert probing.effect(s).kl_bits < 0.001  # the bright cell does nothing for this token
+    t = Session()
+    t.step(GRAMMAR, GRAMMAR_PROMPT + " asked", GREEDY)
+    t.undo()  # the text ends at "asked": the tools read the prediction after it
+    her, him = t.entry.tokenizer.encode("her")[0], t.entry.tokenizer.encode("him")[0]
+    probing.set_ablation(t, ["L1H0"], "zero", False)
+    e = probing.effect(t)
+    assert e.before[her] == pytest.approx(0.996, abs=5e-4)
+    assert [e.after[her], e.after[him], e.kl_bits] == pytest.approx([0.526, 0.473, 0.893], abs=1.5e-3)
+    probing.set_ablation(t, ["L1H0", "L0H3"], "zero", False)
+    e = probing.effect(t)
+    assert [e.after[him], e.kl_bits] == pytest.approx([0.690, 1.654], abs=1.5e-3)
