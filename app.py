@@ -27,12 +27,12 @@ from lab.models import DEFAULT_MODEL
 from lab.session import Session
 from ui.common import RAW
 from ui.explore import (
-    attention_figure, generate, probs_figure, redraw, reset, select_model, set_display, step, step_picture, undo,
+    attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
 )
 from ui.explore_tab import build_explore_tab
 from ui.http import RefuseMalformedCalls
 from ui.positional import PE_FORMULAS, positional
-from ui.share import open_link
+from ui.share import page_load
 from ui.train import stop_training, train_model, upload_model
 from ui.film_tab import build_film_section
 from ui.train_tab import build_train_tab
@@ -77,9 +77,8 @@ def build_demo() -> gr.Blocks:
 
         # The page tells the server its window size once, so that figures are laid out for it.
         # Then a link's parameters (?model=…&prompt=…&steps=…) set the page up (ui/share.py).
-        demo.load(set_display, explore["display_inputs"], explore["display_outputs"], api_name=False,
-                  js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }",
-                  **RAW).then(open_link, explore["state_outputs"][0], explore["state_outputs"], api_name=False, **RAW)
+        demo.load(page_load, explore["display_inputs"], explore["state_outputs"], api_name=False,
+                  js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }", **RAW)
         pe_tab.select(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name="positional", **RAW)
         # The positional figures are drawn when their tab is shown, never while it is hidden: a plot
         # drawn hidden is laid out at the wrong width (clipped colour bars) until the window resizes.

@@ -127,6 +127,7 @@
   // The head tools under the text follow it once it has stayed the same for a moment: quick
   // Steps (or held arrow keys) never wait behind them (ui/heads_tab.py, "refresh_tools").
   let toolsTimer = null;
+  lab.toolsSig = "#last"; // the page opens with no text: nothing to ask for until there is one
   const scheduleTools = (sig) => {
     if (sig === lab.toolsSig) return;
     clearTimeout(toolsTimer);

@@ -213,10 +213,13 @@ def shift_head(session, model_name, head, delta, request: gr.Request = None):
 
 @handler
 def set_display(session, colour, presentation, screen, layer, head, view, request: gr.Request = None):
-    """Colour mode, large fonts or the window's size changed: draw the figures again for them.
+    """Colour mode, large fonts or the window's size changed: draw the figures again for them."""
+    return redisplay(session, colour, presentation, screen, layer, head, view)
 
-    On the page's first load (screen given) a narrow window gets one head instead of a grid.
-    """
+
+def redisplay(session: Session, colour, presentation, screen, layer, head, view):
+    """`set_display`'s work (attention, chart, head): on the page's first load (screen given) a narrow
+    window gets one head instead of a grid."""
     was_narrow = session.display.narrow
     session.set_display(colour, presentation, screen)
     if session.display.narrow and not was_narrow and head == "all" and session.model_name is None:

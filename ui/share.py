@@ -17,7 +17,9 @@ from lab.checks import UserError, check_sampling
 from lab.session import Session, View
 
 from .common import file_path, handler
-from .explore import attention_figure, attention_spec, first_view, head_choices, layer_choices, probs_figure
+from .explore import (
+    attention_figure, attention_spec, first_view, head_choices, layer_choices, probs_figure, redisplay,
+)
 
 SAVED = "Saved: the file below holds this session; “Open session” (here, or on any copy of the app) brings it back."
 
@@ -63,9 +65,19 @@ def open_session(session, upload, request: gr.Request = None):
 
 
 @handler
-def open_link(session, request: gr.Request = None):
-    """The page was opened with link parameters (?model=…&prompt=…&steps=…): set it up so."""
+def page_load(session, colour, presentation, screen, layer, head, view, request: gr.Request = None):
+    """The page loaded: it tells its window size (figures are laid out for it; a narrow window gets
+    one head), and link parameters (?model=…&prompt=…&steps=…) set it up. One answer, so nothing of
+    the load is still on its way when a person clicks or leaves (see explore_tab: `state_outputs`)."""
+    attention, probs, head = redisplay(session, colour, presentation, screen, layer, head, view)
     params = dict(request.query_params) if request is not None else {}
+    if not params:
+        return (session, *[gr.skip()] * 6, probs, attention, gr.skip(), head, *[gr.skip()] * 8)
+    return open_link(session, params)
+
+
+def open_link(session: Session, params: dict):
+    """Set the page up as the link parameters ask."""
     link = links.read_link(session, params)
     if not link.given and not link.notes:
         return (session, *[gr.skip()] * 18)
