@@ -47,9 +47,10 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
             film_loss = gr.Plot(show_label=False, elem_id="film_loss")
             film_scores = gr.Plot(show_label=False, elem_id="film_scores")
     phases = gr.Markdown(elem_id="film_phases")
-    with gr.Row(equal_height=True):
-        page_btn = gr.Button("Save this film as a web page", elem_id="film_page_btn", scale=1)
-        page_file = gr.File(label="Film page (opens offline)", elem_id="film_page", interactive=False, scale=2)
+    with gr.Row():
+        page_btn = gr.Button("Save this film as a web page", elem_id="film_page_btn", scale=1, min_width=200)
+        page_file = gr.File(label="Film page (opens offline)", elem_id="film_page", interactive=False, scale=2,
+                            height=90)
     timer = gr.Timer(0.7, active=False)
     playing = gr.State(False)
 

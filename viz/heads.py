@@ -55,6 +55,8 @@ from .attention import (
 from .payload import FigureSpec
 from .sampling import ADJ_COLOUR, MAX_HEIGHT_PX, RAW_COLOUR, bar_layout
 
+EXPORT_BAR_PX = 30  # bottom margin of the overview figures: the page's PNG / SVG buttons sit there
+
 # A cell that reaches its role's threshold (or the model's final token in the logit lens): a thin
 # white line on a black one, inset in the cell. It reads on every Viridis and diverging colour and
 # on light and dark pages, and stays apart from the selected head's magenta outline (ROW_OUTLINE).
@@ -203,7 +205,7 @@ def _score_maps(
     nrows = math.ceil(n / ncols)
     laid = width_px or 1000
     legend = _wrap(legend, fonts.sub, laid - 20)
-    margin = {"l": left, "r": 12, "b": 4,
+    margin = {"l": left, "r": 12, "b": EXPORT_BAR_PX,  # room for the page's PNG / SVG buttons (assets/explore.js)
               "t": math.ceil(8 + fonts.title * 1.25 + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1))
                                                        if legend else 0) + 6)}
     title_px = fonts.panel_title * 1.5 + 4  # a panel's title, above it
@@ -565,7 +567,7 @@ def logit_lens(
     note = _wrap([f"bold, outlined = the model's final top token '{esc(pieces[final])}'",
                   f"first in the top {top}: {safe_labels[first]}" if first is not None
                   else f"in no row's top {top}"], sub_px, laid - 20, "; ")
-    margin = {"l": left, "r": right, "b": 8,
+    margin = {"l": left, "r": right, "b": EXPORT_BAR_PX,
               "t": math.ceil(8 + title_px * 1.25 + sub_px * (1.6 + 1.3 * (note.count("<br>") + 1)) + 6
                              + tick * 1.4 + 6)}
     height = math.ceil(margin["t"] + margin["b"] + n_rows * cell_h)
