@@ -229,6 +229,8 @@
   // modebar's camera button with gd._context.toImageButtonOptions set. PNG at scale 2. Nothing is
   // fetched. File name: layout.meta.filename when the server set one, else the title's text, else
   // the plot's (or its block's) element id; only [A-Za-z0-9._-], at most 100 characters.
+  // Like plotly's own tool bar they show while the pointer is over the figure (or a key focuses them;
+  // always on touch screens), so they never cover the figure in a screenshot or on a projector.
   (() => {
     const BAR = "lab-export";
     if (!document.getElementById("lab-export-style")) {
@@ -236,8 +238,9 @@
       style.id = "lab-export-style";
       style.textContent = `
         .${BAR} { position: absolute; left: 4px; bottom: 4px; z-index: 20; display: flex; gap: 4px;
-                  opacity: 0.8; transition: opacity 0.15s; }
+                  opacity: 0; transition: opacity 0.15s; }
         .js-plotly-plot:hover > .${BAR}, .${BAR}:focus-within { opacity: 1; }
+        @media (hover: none) { .${BAR} { opacity: 0.9; } }
         .js-plotly-plot > .${BAR} > button { all: unset; box-sizing: border-box; cursor: pointer; padding: 3px 7px;
                   font: 600 11px/1.2 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; letter-spacing: 0.02em;
                   border: 1px solid #9aa3b2; border-radius: 4px; background: rgba(255, 255, 255, 0.92); color: #374151; }
