@@ -64,11 +64,11 @@ def read_link(session: Session, params: dict) -> Link:
         return v
 
     prompt = take("prompt", prompt_check, None)
-    seed = take("seed", lambda v: check_int("seed", _number(v), *SEED_RANGE), 0)
-    temperature = take("temperature", lambda v: check_float("temperature", _number(v), *TEMPERATURE_RANGE), 0.8)
-    steps = take("steps", lambda v: check_int("steps", _number(v), 0, MAX_NEW_TOKENS), 0)
-    layer = take("layer", lambda v: check_int("layer", _number(v), 0, cfg.n_layers - 1), None)
-    head = take("head", lambda v: "all" if v == "all" else check_int("head", _number(v), 0, cfg.n_heads - 1), None)
+    seed = take("seed", lambda v: check_int("seed", v, *SEED_RANGE), 0)  # check_int reads numbers as text too
+    temperature = take("temperature", lambda v: check_float("temperature", _float(v), *TEMPERATURE_RANGE), 0.8)
+    steps = take("steps", lambda v: check_int("steps", v, 0, MAX_NEW_TOKENS), 0)
+    layer = take("layer", lambda v: check_int("layer", v, 0, cfg.n_layers - 1), None)
+    head = take("head", lambda v: "all" if v == "all" else check_int("head", v, 0, cfg.n_heads - 1), None)
     view = take("view", lambda v: check_choice("view", v, ATTENTION_VIEWS), "weights")
     notes += [f"Ignored the link's {item}." for item in ignored]
     fv = session.entry_for(model).first_view
@@ -80,12 +80,11 @@ def read_link(session: Session, params: dict) -> Link:
                 given=any(k in PARAMS for k in params))
 
 
-def _number(v):
+def _float(v):
     """A number as a URL carries it (text), or as the API sends it."""
     if isinstance(v, str):
-        v = v.strip()
         try:
-            return int(v) if v.lstrip("-").isdigit() else float(v)
+            return float(v.strip())
         except ValueError:
             raise UserError("not a number") from None
     return v

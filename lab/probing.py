@@ -23,7 +23,7 @@ import torch
 
 from model.corpora import FEMALE_NAMES, MALE_NAMES
 from model.generate import Decoder, Sampling, generate
-from model.heads import ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_score, task_targets
+from model.heads import ROLE_ORDER, ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_score, task_targets
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
 
 from .checks import UserError, check_choice, check_int
@@ -151,8 +151,7 @@ class HeadRoles:
 
     def _ranked(self) -> list[Role]:
         # the task's own role first (the most specific), then the general ones in model.heads' order
-        return [r for r in self.roles if r.key == "match"] + [ROLES[k] for k in ("induction", "previous_token",
-                                                                               "self_attention", "first_token")]
+        return [r for r in self.roles if r.key == "match"] + [ROLES[k] for k in ROLE_ORDER]
 
     def badge(self, layer: int, head: int) -> str:
         """The head's strongest role and score, e.g. "previous-token 0.92" ('' when none)."""
@@ -197,8 +196,7 @@ def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[
     scores = head_scores(weights, ids)
     task = task_of(entry)
     if task:
-        pieces = [entry.tokenizer.piece(i) for i in ids]
-        q, k = task_targets(task, pieces, GRAMMAR_NAMES)
+        q, k = task_targets(task, tokens, GRAMMAR_NAMES)
         scores["match"] = task_score(task, np.stack(weights), q, k)
     return HeadRoles(roles_for(entry), scores, list(tokens))
 
@@ -230,13 +228,15 @@ def _forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention |
                            return_residuals=residuals)
 
 
-def _window_intervention(session: Session) -> Intervention | None:
-    """The session's intervention in window positions; refuses settings that do not fit this text."""
-    iv = session.probe.intervention()
-    if iv is None:
+def _window_intervention(session: Session, settings: ProbeSettings | None = None) -> Intervention | None:
+    """The session's intervention (or `settings`') in window positions; refuses settings that do not
+    fit this text."""
+    settings = session.probe if settings is None else settings
+    iv = settings.intervention()
+    if iv is None or session.decoder is None:
         return None
     d = session.decoder
-    e = session.probe.edit
+    e = settings.edit
     if e is not None and not (d.start <= e.query < len(d.ids) and (e.key is None or d.start <= e.key)):
         raise UserError("The edited attention row is no longer in the text shown; set the edit again.")
     iv = iv.within(d.start, 0, len(d.window))
@@ -388,7 +388,7 @@ def set_ablation(session: Session, heads, mode, keep_only) -> ProbeSettings:
     if keep_only and not chosen:
         raise UserError("“Keep only these” needs at least one head to keep.")
     new = ProbeSettings(chosen, mode, keep_only, session.probe.edit)
-    _check_settings(session, new)
+    _window_intervention(session, new)  # refused here, before anything changes
     session.probe = new
     return new
 
@@ -416,20 +416,9 @@ def set_edit(session: Session, layer, head, query, key) -> ProbeSettings:
         k = check_int("key position", key, 0, limit)
     edit = AttentionEdit(layer, head, d.start + query, None if k is None else d.start + k)
     new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only, edit)
-    _check_settings(session, new)
+    _window_intervention(session, new)  # refused here, before anything changes
     session.probe = new
     return new
-
-
-def _check_settings(session: Session, settings: ProbeSettings) -> None:
-    iv = settings.intervention()
-    if iv is None or session.decoder is None:
-        return
-    d = session.decoder
-    try:
-        iv.within(d.start, 0, len(d.window)).validate(session.entry.model.cfg, len(d.window))
-    except ValueError as exc:
-        raise UserError(f"These settings cannot run: {exc}.") from None
 
 
 def clear(session: Session) -> None:

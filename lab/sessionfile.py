@@ -200,9 +200,9 @@ def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list) 
                 made = [s.token_id for s in scratch.generate(name, prompt, sampling, len(tokens), force=tokens)]
                 if made != tokens:  # a text ended by <EOS> cannot go on
                     raise ValueError("the text ended early")
-        except ValueError as exc:
-            if isinstance(exc, UserError) and "memory" in str(exc).lower():
-                raise
+        except UserError:
+            raise  # already a sentence (a word the model does not know, the server's memory…)
+        except ValueError as exc:  # the engine's: a token these settings could not have produced
             raise _bad(f"action {i + 1} cannot be replayed on this model ({str(exc)[:120].rstrip('.')})") from None
 
 

@@ -128,7 +128,7 @@ def test_trained_and_uploaded_models_get_their_tasks_role(tmp_path):
     for key in roles.scores:
         np.testing.assert_allclose(again.scores[key], roles.scores[key], atol=1e-6)
     probing.set_ablation(other, ["L0H1"], "zero", False)
-    assert probing.effect(other).kl_bits >= 0
+    assert probing.effect(other).kl_bits > 0  # the uploaded model's heads can be ablated too
 
 
 def test_roles_are_recomputed_at_every_step():

@@ -73,17 +73,20 @@ def lens_figure(session: Session):
 
 
 def effect_views(session: Session):
-    """The before/after chart and its sentence, for the selected token (a message without settings)."""
+    """The before/after chart, its sentence and its numbers (for the API), for the selected token,
+    from one computation of the effect (a message and {"active": false} without settings)."""
     if probing.selected(session) is None:
-        return message_plot(NO_TEXT), ""
+        return message_plot(NO_TEXT), "", {"active": False}
     if not session.probe.active:
-        return message_plot(NO_SETTINGS), ""
+        return message_plot(NO_SETTINGS), "", {"active": False}
     e = probing.effect(session)
     title = f"After “{e.token}” (position {e.index}): KL(before ‖ after) = {e.kl_bits:.3f} bits"
     fig = viz.compare_distributions(e.pieces, e.before, e.after, labels=("model as trained", "with the change"),
                                     title=title, presentation=session.display.presentation)
     fig = named(fig, model_stem(session.model_name), f"pos{e.index}", "ablation-effect")
-    return viz.to_gradio_plot(fig), html.escape(e.summary(), quote=False)
+    data = {"active": True, "what": e.what, "index": e.index, "token": e.token, "kl_bits": e.kl_bits,
+            "moves": [vars(m) for m in e.moves]}
+    return viz.to_gradio_plot(fig), html.escape(e.summary(), quote=False), data
 
 
 def probe_views(session: Session, layer, head):
@@ -92,7 +95,7 @@ def probe_views(session: Session, layer, head):
     of all."""
     tool = session.display.tool
     roles_fig, note = roles_figure(session, layer, head) if tool == "roles" else (gr.skip(), gr.skip())
-    effect_fig, effect_md = effect_views(session) if tool == "ablate" else (gr.skip(), gr.skip())
+    effect_fig, effect_md, _ = effect_views(session) if tool == "ablate" else (gr.skip(), gr.skip(), None)
     lens = lens_figure(session) if tool == "lens" else gr.skip()
     edit_head, current = probing.edit_state(session)
     choices = probing.key_choices(session)
@@ -165,25 +168,16 @@ def logit_lens(session, index, request: gr.Request = None):
 def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.Request = None):
     """Ablate these heads (zero / mean / uniform; or all others with keep_only) and show the effect."""
     probing.set_ablation(session, heads or [], mode, keep_only)
-    fig, md = effect_views(session)
+    fig, md, data = effect_views(session)
     roles = roles_figure(session, layer, head)[0] if session.display.tool == "roles" else gr.skip()
-    return fig, md, roles, effect_data(session)
-
-
-def effect_data(session: Session) -> dict:
-    if probing.selected(session) is None or not session.probe.active:
-        return {"active": False}
-    e = probing.effect(session)
-    return {"active": True, "what": e.what, "index": e.index, "token": e.token, "kl_bits": e.kl_bits,
-            "moves": [vars(m) for m in e.moves]}
+    return fig, md, roles, data
 
 
 @handler
 def edit_attention(session, head, key, request: gr.Request = None):
     """Replace the selected token's row of one head ("L1H0"): only `key` (a position), "uniform", or "off"."""
     probing.edit_selected(session, head, key)
-    fig, md = effect_views(session)
-    return fig, md, effect_data(session)
+    return effect_views(session)
 
 
 @handler

@@ -99,7 +99,13 @@ function labConfig(name) {
 """
 
 
-def _page(title: str, body: str, scripts: str) -> str:
+def _page(title: str, body: str, data_id: str, data, program: str) -> str:
+    """The HTML page: `body`, then `data` as JSON in <script id=data_id>, the figure's file name,
+    the shared drawing helpers and `program` (the page's own script)."""
+    scripts = (
+        f"<script type=\"application/json\" id=\"{data_id}\">{_script_json(data)}</script>\n"
+        f"<script type=\"application/json\" id=\"figure-name\">{_script_json(_slug(title))}</script>\n"
+        "<script>\n" + _DRAW_JS + program + "</script>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
@@ -127,18 +133,14 @@ def standalone_html(figure: Figure, *, title: str, note: str = "") -> str:
     body = (f"<h1>{html.escape(title)}</h1>\n"
             + (f"<p class=\"note\">{html.escape(note)}</p>\n" if note else "")
             + "<div id=\"figure\" class=\"figure\"></div>")
-    scripts = (
-        f"<script type=\"application/json\" id=\"figure-data\">{_script_json(spec)}</script>\n"
-        f"<script type=\"application/json\" id=\"figure-name\">{_script_json(_slug(title))}</script>\n"
-        "<script>\n" + _DRAW_JS + """
+    return _page(title, body, "figure-data", spec, """
 (function () {
   var spec = JSON.parse(document.getElementById("figure-data").textContent);
   var name = JSON.parse(document.getElementById("figure-name").textContent);
   var div = document.getElementById("figure");
   Plotly.newPlot(div, spec.data, labLayout(spec.layout, div), labConfig(name));
 })();
-</script>""")
-    return _page(title, body, scripts)
+""")
 
 
 def _layout_patch(base: dict, layout: dict) -> dict:
@@ -209,10 +211,7 @@ def film_html(frames: Sequence[Figure], *, title: str, steps: list[int], caption
         "  <span id=\"step-label\" aria-live=\"polite\"></span>\n"
         "</div>\n<p id=\"caption\"></p>\n<div id=\"figure\" class=\"figure\"></div>"
     )
-    scripts = (
-        f"<script type=\"application/json\" id=\"film-data\">{_script_json(payload)}</script>\n"
-        f"<script type=\"application/json\" id=\"figure-name\">{_script_json(_slug(title))}</script>\n"
-        "<script>\n" + _DRAW_JS + """
+    return _page(title, body, "film-data", payload, """
 (function () {
   var film = JSON.parse(document.getElementById("film-data").textContent);
   var name = JSON.parse(document.getElementById("figure-name").textContent);
@@ -266,5 +265,4 @@ def film_html(frames: Sequence[Figure], *, title: str, steps: list[int], caption
                     drawn: function () { return current; }, playing: function () { return timer !== null; }};
   show(0);
 })();
-</script>""")
-    return _page(title, body, scripts)
+""")
