@@ -6,9 +6,12 @@ weights, no bias, dropout 0, AdamW lr 1e-3 -> 1e-4 (warm-up, hold, linear decay 
 val_loss is the loss over the whole held-out 10 % (model.evaluation.stream_loss). The text defaults
 to the shared Tiny Shakespeare next to the checkout (../shared/data/tinyshakespeare.txt).
 
-    python -m bench.train_bench        # default: all cores, bf16, sdpa math, fused AdamW, wsd; compiled (max-autotune)
-                                       # only from COMPILE_PAYS_AFTER iterations on, so 2000 iterations run eager
-    python -m bench.train_bench --no-bf16 --compile none --sdpa auto --adamw loop --schedule cosine  # the first loop
+    python -m bench.train_bench        # default: all cores, bf16, the hand-written step (model/fastpath.py: flat fp32
+                                       # master weights, one bf16 copy, fused AdamW), wsd; compiled (max-autotune,
+                                       # autograd) only from COMPILE_PAYS_AFTER iterations on
+    python -m bench.train_bench --no-bf16 --compile none --backward autograd  # the plain fp32 eager loop
+    python -m bench.train_bench --no-bf16 --compile none --sdpa auto --adamw loop --schedule cosine --backward autograd
+                                       # the first loop
     python -m bench.train_bench --iters 200 --threads 2 --compile default           # variants to compare
     python -m bench.train_bench --text PATH --iters 200
 """
@@ -32,7 +35,10 @@ from bench.common import emit, parser
 from model.config import ModelConfig
 from model.corpora import build_corpus
 from model.evaluation import stream_loss
-from model.train import ADAMW_IMPLS, COMPILE_MODES, SCHEDULES, SDPA_BACKENDS, TrainConfig, train
+from model.train import (
+    ADAMW_IMPLS, BACKWARDS, COMPILE_MODES, SCHEDULES, SDPA_BACKENDS, TrainConfig, manual_step_blocker, train,
+    uses_manual_step,
+)
 from model.transformer import DecoderLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +69,10 @@ def main() -> None:
                         f"'auto' = max-autotune-no-cudagraphs from {COMPILE_PAYS_AFTER:,} iterations on, where its "
                         "cold compile pays for itself, else eager)")
     p.add_argument("--adamw", default="fused", choices=list(ADAMW_IMPLS), help="AdamW implementation")
-    p.add_argument("--sdpa", default="math", choices=list(SDPA_BACKENDS), help="attention kernel while training")
+    p.add_argument("--sdpa", default="math", choices=list(SDPA_BACKENDS), help="attention kernel while training (autograd)")
+    p.add_argument("--backward", default="auto", choices=list(BACKWARDS),
+                   help="training step: autograd on the module, the hand-written step (manual), or manual where it "
+                        "can run (auto: not with --compile or on CUDA)")
     p.add_argument("--schedule", default="wsd", choices=list(SCHEDULES),
                    help="lr 1e-3 -> 1e-4 after 100 warm-up steps: wsd (hold, then linear over the last 30%%) or cosine")
     p.add_argument("--seed", type=int, default=1337, help="seed for initialisation and batches")
@@ -88,7 +97,8 @@ def main() -> None:
     cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
                       betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
                       seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
-                      compile=args.compile, sdpa=args.sdpa)
+                      compile=args.compile, sdpa=args.sdpa, backward=args.backward)
+    manual = uses_manual_step(model, cfg)
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     for _ in range(200):
@@ -123,7 +133,9 @@ def main() -> None:
         bf16=args.bf16,
         compile=args.compile,
         adamw=args.adamw,
-        sdpa=args.sdpa,
+        sdpa=None if manual else args.sdpa,
+        backward="manual" if manual else "autograd",
+        backward_why_not_manual=None if manual else manual_step_blocker(model, cfg),
         schedule=args.schedule,
         ms_per_iter_median=round(1000 * med, 2),
         ms_per_iter_p10=round(1000 * sorted(warm)[len(warm) // 10], 2),

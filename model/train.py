@@ -32,6 +32,7 @@ from .distributed import DEFAULT_TIMEOUT_S, Ranks, wrap
 from .film import (
     FILM_EVAL_BATCHES, FILM_FRAMES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps, task_of,
 )
+from .fastpath import ManualStep, unsupported
 from .transformer import DecoderLM
 
 
@@ -39,6 +40,7 @@ ADAMW_IMPLS = ("fused", "foreach", "loop")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "math", "flash")
 SCHEDULES = ("cosine", "wsd", "constant")
+BACKWARDS = ("autograd", "manual", "auto")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class TrainConfig:
     adamw: str = "fused"  # AdamW kernel: "fused" (one kernel for all params), "foreach" or "loop"
     compile: str | None = None  # torch.compile the forward+loss (and its backward): a mode name or "default"
     sdpa: str = "auto"  # attention kernel while training: "auto" (torch's choice), "math" or "flash"
+    backward: str = "autograd"  # "autograd"; "manual": model/fastpath's hand-written step on flat weights (CPU, one
+    # process, no compile, the models it handles); "auto": manual where it can run, else autograd
     probe_every: int = 0  # capture attention on probe_ids every N steps (0 = never)
     probe_ids: tuple[int, ...] = field(default_factory=tuple)
     keep_best: bool = False  # end with the weights of the lowest validation loss seen (at an evaluation)
@@ -101,6 +105,8 @@ class TrainConfig:
             raise ValueError(f"adamw must be one of {', '.join(ADAMW_IMPLS)}, got {self.adamw!r}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be None or one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {self.backward!r}")
         if self.sdpa not in SDPA_BACKENDS:
             raise ValueError(f"sdpa must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa!r}")
         if not (isinstance(self.probe_ids, tuple) and all(_is_int(i) and i >= 0 for i in self.probe_ids)):
@@ -235,6 +241,27 @@ def make_loss_fn(cfg: TrainConfig) -> Callable[[DecoderLM, torch.Tensor, torch.T
     return torch.compile(loss_fn, mode=mode, dynamic=False)
 
 
+def manual_step_blocker(model: DecoderLM, cfg: TrainConfig, ranks: Ranks | None = None) -> str | None:
+    """Why this run cannot take the hand-written training step (model.fastpath), or None when it can."""
+    if cfg.compile is not None:
+        return "torch.compile compiles the autograd step"
+    if ranks is not None and ranks.world > 1:
+        return "several processes (DDP averages gradients through autograd's hooks)"
+    if model.tok_emb.weight.device.type != "cpu":
+        return "a CUDA device (the hand-written step is measured and tested on the CPU only)"
+    return unsupported(model)
+
+
+def uses_manual_step(model: DecoderLM, cfg: TrainConfig, ranks: Ranks | None = None) -> bool:
+    """Whether `train` takes the hand-written step for this run (cfg.backward "manual", or "auto" where it can)."""
+    if cfg.backward == "autograd":
+        return False
+    why = manual_step_blocker(model, cfg, ranks)
+    if why is not None and cfg.backward == "manual":
+        raise ValueError(f"backward='manual' cannot train this run: {why}; use 'auto' or 'autograd'")
+    return why is None
+
+
 def train(
     model: DecoderLM,
     corpus,
@@ -271,9 +298,16 @@ def train(
     g = torch.Generator().manual_seed(cfg.seed)
     block = model.cfg.block_size
     device = model.tok_emb.weight.device
-    trained = wrap(model, ranks, device)  # DDP averages the gradients of the ranks' shares
-    opt = make_optimizer(model, cfg)
-    step_loss = make_loss_fn(cfg)
+    manual = None
+    if uses_manual_step(model, cfg, ranks):
+        # one hand-written step on flat weights (model/fastpath.py): the same loss and gradients with a fifth
+        # of the operations; the model's parameters become views of its fp32 master weights until the end
+        manual = ManualStep(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, bf16=cfg.bf16)
+        trained, opt, step_loss = model, manual.optimizer, None
+    else:
+        trained = wrap(model, ranks, device)  # DDP averages the gradients of the ranks' shares
+        opt = make_optimizer(model, cfg)
+        step_loss = make_loss_fn(cfg)
     share = ranks.share(cfg.batch_size)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
     start = time.perf_counter()
@@ -321,13 +355,16 @@ def train(
                 group["lr"] = lr
             x, y = corpus.train.get_batch(cfg.batch_size, block, g)  # the global batch, on every rank
             x, y = x[share].to(device, non_blocking=True), y[share].to(device, non_blocking=True)
-            with autocast, _sdpa_context(cfg.sdpa):
-                loss = step_loss(trained, x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            if manual is not None:
+                loss = manual.step(x, y, cfg.grad_clip)  # forward, backward, clipping and AdamW
+            else:
+                with autocast, _sdpa_context(cfg.sdpa):
+                    loss = step_loss(trained, x, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
             step += 1
             tokens += x.numel() * ranks.world
             elapsed = time.perf_counter() - start
@@ -351,6 +388,8 @@ def train(
                 ev.frame = pending.pop(0)
             yield ev
     finally:
+        if manual is not None:
+            manual.release()  # every parameter its own storage again, as before the run
         model.eval()
     elapsed = time.perf_counter() - start
     # The same batches as every evaluation during the run, so the losses compare exactly.
@@ -435,6 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batches")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX; always on with CUDA)")
+    p.add_argument("--backward", default="auto", choices=BACKWARDS,
+                   help="training step: auto = the hand-written step of model/fastpath.py where it can run (CPU, one "
+                        "process, pre-norm or no norm, no rope, gelu/relu, no dropout), else autograd; manual = "
+                        "refuse when it cannot; autograd = always the module's forward and loss.backward()")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where to train: auto = CUDA when there is a GPU; under torchrun each process takes its "
                         "LOCAL_RANK's GPU")
@@ -517,6 +560,7 @@ def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) ->
             for k in ("steps", "lr", "seed", "max_seconds", "bf16", "schedule", "decay_frac", "keep_best")
             if getattr(args, k) != parser.get_default(k)
         }
+        overrides["backward"] = args.backward
         tcfg = TrainConfig(**{**asdict(tcfg), **overrides})
     else:
         text = read_text_file(args.text) if args.text else None
@@ -530,7 +574,7 @@ def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) ->
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
             weight_decay=args.weight_decay, eval_every=args.eval_every, seed=args.seed,
             max_seconds=args.max_seconds, bf16=args.bf16, schedule=args.schedule, decay_frac=args.decay_frac,
-            keep_best=args.keep_best,
+            keep_best=args.keep_best, backward=args.backward,
         )
     probe_ids: list[int] = []
     probe_text = args.probe if args.probe is not None else (PRESETS[args.preset].probe if args.preset else None)
@@ -550,8 +594,14 @@ def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) ->
         tcfg = replace(tcfg, bf16=True)  # CUDA trains under bfloat16 autocast
     torch.manual_seed(tcfg.seed)  # every rank builds the same initial weights
     model = DecoderLM(mcfg).to(device)
+    try:
+        manual = uses_manual_step(model, tcfg, ranks)
+    except ValueError as exc:  # --backward manual on a run it cannot take
+        print(f"--backward: {exc}", file=sys.stderr)
+        return 2
     say(json.dumps({"corpus": corpus.name, "params": model.n_params(), "model": mcfg.to_dict(),
-                    "device": str(device), "bf16": tcfg.bf16, "processes": ranks.world}))
+                    "device": str(device), "bf16": tcfg.bf16, "processes": ranks.world,
+                    "backward": "manual" if manual else "autograd"}))
     last = None
     for ev in train(model, corpus, tcfg, ranks=ranks):
         last = ev

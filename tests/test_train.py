@@ -65,6 +65,7 @@ INVALID = {
     "adamw": ["sgd"],
     "compile": ["fast"],
     "sdpa": ["cudnn"],
+    "backward": ["fast", None, True],
     "probe_every": [-1, 0.5],
     "probe_ids": [[1, 2], (1, -2), (1.5,)],
     "keep_best": ["yes", 1, None],

@@ -1,0 +1,259 @@
+"""A training step with a hand-written backward pass over flat weight buffers.
+
+On a 2-vCPU machine a small model's training step is bounded less by its matrix products than by
+the number of operations it dispatches: autograd records ~1,500 aten calls per step of the
+benchmark model (views, casts, per-parameter gradient clipping and optimizer bookkeeping), each
+costing microseconds. `ManualStep` computes the same loss and gradients with about a fifth of
+them:
+
+* the backward pass is written out by hand (matrix products, `native_layer_norm_backward`,
+  `gelu_backward`, `_softmax_backward_data`), each weight gradient written straight into one flat
+  gradient buffer;
+* all weights live in flat buffers, one per optimizer group (decayed matrices, undecayed vectors):
+  fp32 master weights that the model's own parameters become views of, and, with bf16, one
+  bfloat16 copy the step computes with (mixed precision with master weights: the update is made in
+  fp32, the products run on the CPU's bf16 units, and refreshing the copy is one `copy_`);
+* gradient clipping is one norm over the flat gradients and AdamW one fused kernel per group.
+
+It covers the models the benchmark and the Train tab use (pre-norm or no norm, learned / sinusoidal
+/ no positions, GELU or ReLU, causal mask, no dropout, biases and weight tying either way);
+`unsupported()` says why any other model is left to autograd. In float64 the loss and every
+gradient equal autograd's on the same weights (tests/test_fastpath.py), so the hand-written
+backward is the model's own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .transformer import DecoderLM
+
+
+def unsupported(model: DecoderLM) -> str | None:
+    """Why `ManualStep` cannot train this model (None when it can)."""
+    cfg = model.cfg
+    if cfg.norm not in ("pre", "none"):
+        return f"norm={cfg.norm!r} (it handles pre-norm and no norm)"
+    if cfg.pos_encoding == "rope":
+        return "rotary positions (it handles learned, sinusoidal and none)"
+    if cfg.activation not in ("gelu", "relu"):
+        return f"activation={cfg.activation!r} (it handles gelu and relu)"
+    if cfg.mask != "causal":
+        return "a bidirectional mask"
+    if cfg.dropout:
+        return "dropout > 0"
+    return None
+
+
+class ManualStep:
+    """Forward, hand-written backward, gradient clipping and AdamW for one model, on flat buffers.
+
+    After construction the model's parameters are views of fp32 master buffers (the model keeps
+    working as before: evaluation, checkpoints and films read the same weights); `optimizer` is the
+    AdamW over those buffers, whose param_groups' "lr" the caller sets each step as usual.
+    """
+
+    def __init__(self, model: DecoderLM, lr: float, weight_decay: float, betas: tuple[float, float],
+                 bf16: bool = False) -> None:
+        why = unsupported(model)
+        if why is not None:
+            raise ValueError(f"the hand-written training step does not handle {why}")
+        self.model = model
+        self.cfg = model.cfg
+        self.dtype = torch.bfloat16 if bf16 else model.tok_emb.weight.dtype
+        device = model.tok_emb.weight.device
+        named = list(model.named_parameters())  # tied weights appear once
+        groups = ([(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2])
+        self.compute: dict[str, torch.Tensor] = {}  # parameter name -> the weight the step computes with
+        self.grad: dict[str, torch.Tensor] = {}  # parameter name -> its slice of the gradient buffer
+        self._buffers = []  # (master Parameter, compute buffer or None, gradient buffer, its fp32 copy or None)
+        param_groups = []
+        for params, decay in zip(groups, (weight_decay, 0.0)):
+            if not params:
+                continue
+            n = sum(p.numel() for _, p in params)
+            master = torch.empty(n, dtype=model.tok_emb.weight.dtype, device=device)
+            low = None if self.dtype == master.dtype else torch.empty(n, dtype=self.dtype, device=device)
+            grad = torch.zeros(n, dtype=self.dtype, device=device)
+            grad32 = None if grad.dtype == master.dtype else torch.empty(n, dtype=master.dtype, device=device)
+            offset = 0
+            for name, p in params:
+                k = p.numel()
+                master[offset:offset + k].copy_(p.detach().reshape(-1))
+                p.data = master[offset:offset + k].view_as(p)  # the module's parameter is now a view
+                self.compute[name] = (p.data if low is None else low[offset:offset + k].view_as(p))
+                self.grad[name] = grad[offset:offset + k].view_as(p)
+                offset += k
+            if low is not None:
+                low.copy_(master)
+            flat = torch.nn.Parameter(master)
+            self._buffers.append((flat, low, grad, grad32))
+            param_groups.append({"params": [flat], "weight_decay": decay})
+        fused = device.type in ("cpu", "cuda")
+        self.optimizer = torch.optim.AdamW(param_groups, lr=lr, betas=betas, fused=fused)
+        T = self.cfg.block_size
+        self._mask = torch.full((T, T), float("-inf"), device=device).triu(1).to(self.dtype)
+        self._pe = model.pe_table.to(self.dtype) if self.cfg.pos_encoding == "sinusoidal" else None
+        self._eps = {name: m.eps for name, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)}
+        self._head = "tok_emb.weight" if self.cfg.tie_weights else "head.weight"
+
+    # ------------------------------------------------------------------ the step
+    def step(self, x: torch.Tensor, y: torch.Tensor, grad_clip: float | None) -> torch.Tensor:
+        """One training step on batch (x, y); returns the batch's loss (a 0-d fp32 tensor)."""
+        loss = self.forward_backward(x, y)
+        grads = []
+        for flat, _, g, g32 in self._buffers:
+            flat.grad = g if g32 is None else g32.copy_(g)  # the optimizer's gradient (fp32 for fp32 masters)
+            grads.append(flat.grad)
+        if grad_clip:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            coef = torch.clamp(grad_clip / (norm + 1e-6), max=1.0)  # as torch.nn.utils.clip_grad_norm_
+            for g in grads:
+                g.mul_(coef)
+        self.optimizer.step()
+        for flat, low, _, _ in self._buffers:
+            if low is not None:
+                low.copy_(flat.detach())
+        return loss
+
+    def release(self) -> None:
+        """Give every parameter of the model its own storage again (the flat buffers are left behind)."""
+        for p in self.model.parameters():
+            p.data = p.data.clone()
+        self._buffers = []
+
+    @torch.no_grad()
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of (x, y) (targets -100 ignored), its gradients left in self.grad."""
+        cfg, W, G = self.cfg, self.compute, self.grad
+        B, T = x.shape
+        C, H = cfg.d_model, cfg.n_heads
+        hd = C // H
+        N = B * T
+        scale = 1.0 / math.sqrt(hd)
+        mask = self._mask[:T, :T]
+        norm = cfg.norm == "pre"
+
+        def linear(inp, name):
+            out = inp @ W[name + ".weight"].t()
+            return out.add_(W[name + ".bias"]) if name + ".bias" in W else out
+
+        def residual(h, inp, name):  # h + linear(inp): the addition rides on the matrix product
+            out = torch.addmm(h, inp, W[name + ".weight"].t())
+            return out.add_(W[name + ".bias"]) if name + ".bias" in W else out
+
+        def layer_norm(inp, name):
+            if not norm:
+                return inp, None, None
+            return torch.native_layer_norm(inp, (C,), W[name + ".weight"], W.get(name + ".bias"), self._eps[name])
+
+        # ---------------------------------------------------------------- forward
+        h = W["tok_emb.weight"][x.reshape(-1)]  # (N, C): the residual stream, one row per token
+        if cfg.pos_encoding == "learned":
+            h = (h.view(B, T, C) + W["pos_emb.weight"][:T]).view(N, C)
+        elif cfg.pos_encoding == "sinusoidal":
+            h = (h.view(B, T, C) + self._pe[:T]).view(N, C)
+        saved = []
+        for i, block in enumerate(self.model.blocks):
+            p = f"blocks.{i}."
+            a1, m1, r1 = layer_norm(h, p + "norm1")
+            # one copy puts q, k and v head-major: (3, B*H, T, hd)
+            q, k, v = linear(a1, p + "attn.qkv").view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4).reshape(3, B * H, T, hd)
+            w = torch.softmax(torch.baddbmm(mask, q, k.transpose(1, 2), alpha=scale), dim=-1)  # (BH, T, T)
+            o = torch.bmm(w, v).view(B, H, T, hd).transpose(1, 2).reshape(N, C)
+            h_in, h = h, residual(h, o, p + "attn.proj") if block.attn.proj is not None else h + o
+            s = dict(h_in=h_in, a1=a1, m1=m1, r1=r1, q=q, k=k, v=v, w=w, o=o, h_mid=h)
+            if block.ffn is not None:
+                a2, m2, r2 = layer_norm(h, p + "norm2")
+                u = linear(a2, p + "ffn.up")
+                g = F.gelu(u) if cfg.activation == "gelu" else torch.relu(u)
+                h = residual(h, g, p + "ffn.down")
+                s.update(a2=a2, m2=m2, r2=r2, u=u, g=g)
+            saved.append(s)
+        af, mf, rf = layer_norm(h, "norm_f") if norm else (h, None, None)
+        logits = af @ W[self._head].t()
+        if "head.bias" in W:
+            logits = logits.add_(W["head.bias"])
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the loss in fp32 at least
+        logp = torch.log_softmax(logits, dim=-1)
+        target = y.reshape(-1)
+        loss = F.nll_loss(logp, target, ignore_index=-100)
+
+        # ---------------------------------------------------------------- backward
+        valid = target != -100
+        count = valid.sum().clamp(min=1)
+        dlogits = logp.exp_()  # softmax: d(mean CE)/d logits = (p - onehot) / count on the counted rows
+        dlogits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), dlogits.new_full((N, 1), -1.0))
+        dlogits.mul_((valid.to(dlogits.dtype) / count).unsqueeze(1))
+        dlogits = dlogits.to(self.dtype)
+
+        tied = cfg.tie_weights
+        head_grad = torch.empty_like(G["tok_emb.weight"]) if tied else G["head.weight"]
+        torch.mm(dlogits.t(), af, out=head_grad)
+        if "head.bias" in G:
+            torch.sum(dlogits, 0, out=G["head.bias"])
+        dh = dlogits @ W[self._head]
+        if norm:
+            dh = self._norm_backward(dh, h, mf, rf, "norm_f")
+
+        for i in reversed(range(len(saved))):
+            s, p, block = saved[i], f"blocks.{i}.", self.model.blocks[i]
+            if block.ffn is not None:
+                self._weight_grads(dh, s["g"], p + "ffn.down")
+                dg = dh @ W[p + "ffn.down.weight"]
+                du = (torch.ops.aten.gelu_backward(dg, s["u"]) if cfg.activation == "gelu"
+                      else torch.ops.aten.threshold_backward(dg, s["g"], 0))
+                self._weight_grads(du, s["a2"], p + "ffn.up")
+                da2 = du @ W[p + "ffn.up.weight"]
+                dh.add_(self._norm_backward(da2, s["h_mid"], s["m2"], s["r2"], p + "norm2") if norm else da2)
+            # attention: dh is the gradient of the residual after it, which is also att's gradient
+            if block.attn.proj is not None:
+                self._weight_grads(dh, s["o"], p + "attn.proj")
+                do = dh @ W[p + "attn.proj.weight"]
+            else:
+                do = dh
+            do = do.view(B, T, H, hd).transpose(1, 2).reshape(B * H, T, hd)
+            dqkv = torch.empty(3, B * H, T, hd, dtype=self.dtype, device=x.device)
+            torch.bmm(s["w"].transpose(1, 2), do, out=dqkv[2])  # dV = Wᵀ dO
+            # dW = dO Vᵀ, times the score scale: the softmax backward is linear in dW, so dS comes out scaled
+            # and dQ = dS K, dK = dSᵀ Q need no scaling of their own
+            dw = torch.baddbmm(torch.empty_like(s["w"]), do, s["v"].transpose(1, 2), beta=0, alpha=scale)
+            ds = torch._softmax_backward_data(dw, s["w"], -1, s["w"].dtype)
+            torch.bmm(ds, s["k"], out=dqkv[0])
+            torch.bmm(ds.transpose(1, 2), s["q"], out=dqkv[1])
+            dqkv = dqkv.view(3, B, H, T, hd).permute(1, 3, 0, 2, 4).reshape(N, 3 * C)
+            self._weight_grads(dqkv, s["a1"], p + "attn.qkv")
+            da1 = dqkv @ W[p + "attn.qkv.weight"]
+            dh.add_(self._norm_backward(da1, s["h_in"], s["m1"], s["r1"], p + "norm1") if norm else da1)
+
+        if cfg.pos_encoding == "learned":
+            torch.sum(dh.view(B, T, C), 0, out=G["pos_emb.weight"][:T])
+            G["pos_emb.weight"][T:].zero_()
+        emb = G["tok_emb.weight"]
+        if tied:
+            emb.copy_(head_grad)
+        else:
+            emb.zero_()
+        emb.index_add_(0, x.reshape(-1), dh)
+        return loss.detach()
+
+    # ------------------------------------------------------------------ helpers
+    def _weight_grads(self, dout: torch.Tensor, inp: torch.Tensor, name: str) -> None:
+        """dW = doutᵀ inp and db = sum(dout) of linear `name`, written into the gradient buffer."""
+        torch.mm(dout.t(), inp, out=self.grad[name + ".weight"])
+        if name + ".bias" in self.grad:
+            torch.sum(dout, 0, out=self.grad[name + ".bias"])
+
+    def _norm_backward(self, dout, inp, mean, rstd, name) -> torch.Tensor:
+        W, G = self.compute, self.grad
+        has_bias = name + ".bias" in W
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            dout, inp, (self.cfg.d_model,), mean, rstd, W[name + ".weight"], W.get(name + ".bias"),
+            (True, True, has_bias))
+        G[name + ".weight"].copy_(dw)
+        if has_bias:
+            G[name + ".bias"].copy_(db)
+        return dx

@@ -1,0 +1,206 @@
+"""model.fastpath: the hand-written training step against autograd on the same model.
+
+The reference is the plain one: `model.train.loss_fn` (the module's own forward) and `loss.backward()`.
+In float64 the loss and every gradient must agree to rounding; in fp32 whole training runs must agree step by
+step; in bf16 the run must learn as well as fp32 does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.config import ModelConfig
+from model.corpora import build_corpus
+from model.fastpath import ManualStep, unsupported
+from model.train import TrainConfig, loss_fn, manual_step_blocker, train, uses_manual_step
+from model.transformer import DecoderLM
+
+VARIANTS = [
+    {},
+    {"bias": False, "tie_weights": True},
+    {"pos_encoding": "sinusoidal", "activation": "relu", "head_bias": True},
+    {"pos_encoding": "none", "norm": "none", "attn_out_proj": False},
+    {"d_ff": 0, "tie_weights": True},
+    {"n_heads": 1, "d_model": 12, "bias": False},
+]
+
+
+def _model(dtype=torch.float64, seed=0, **kw) -> DecoderLM:
+    torch.manual_seed(seed)
+    base = dict(vocab_size=13, block_size=10, n_layers=2, n_heads=2, d_model=16, dropout=0.0)
+    return DecoderLM(ModelConfig(**{**base, **kw})).to(dtype)
+
+
+def _batch(seed=1, B=3, T=9, V=13):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, V, (B, T), generator=g)
+    y = torch.randint(0, V, (B, T), generator=g)
+    y[0, :4] = -100  # ignored targets, as the task corpora have for their prompts
+    return x, y
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
+def test_loss_and_every_gradient_equal_autograd_in_float64(kw):
+    model = _model(**kw)
+    reference = copy.deepcopy(model)
+    x, y = _batch()
+    loss = loss_fn(reference, x, y)
+    loss.backward()
+    step = ManualStep(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
+    manual = step.forward_backward(x, y)
+    assert abs(manual.item() - loss.item()) < 1e-12
+    grads = dict(reference.named_parameters())
+    assert set(step.grad) == set(grads)  # every parameter, tied ones once
+    for name, p in grads.items():
+        scale = p.grad.abs().max().item()
+        assert scale > 0 or name.startswith("pos_emb"), name  # the check is not vacuous
+        torch.testing.assert_close(step.grad[name], p.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_shorter_batches_leave_the_unused_positions_without_gradient():
+    model = _model()
+    x, y = _batch(T=4)
+    step = ManualStep(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
+    step.forward_backward(x, y)
+    assert step.grad["pos_emb.weight"][4:].abs().max() == 0
+    assert step.grad["pos_emb.weight"][:4].abs().max() > 0
+
+
+def test_the_model_keeps_its_parameters_as_views_of_the_master_weights_until_released():
+    model = _model(torch.float32)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    step = ManualStep(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), bf16=True)
+    assert all(a is b for a, b in zip(params, model.parameters()))  # the same Parameter objects
+    for p, b in zip(params, before):
+        assert torch.equal(p, b) and p.dtype == torch.float32
+    step.step(*_batch(), grad_clip=1.0)
+    assert all(not torch.equal(p, b) for p, b in zip(params, before))  # the step moved the module's weights
+    storages = {p.untyped_storage().data_ptr() for p in params}
+    assert len(storages) == 2  # one buffer of matrices (decayed), one of vectors
+    step.release()
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params)
+
+
+def _train(corpus, model, **kw):
+    base = dict(steps=40, batch_size=8, lr=3e-3, warmup=5, eval_every=10, eval_batches=2, grad_clip=0.5,
+                sdpa="math")
+    return list(train(model, corpus, TrainConfig(**{**base, **kw})))
+
+
+@pytest.fixture(scope="module")
+def grammar():
+    return build_corpus("grammar")
+
+
+def _grammar_model(corpus, **kw):
+    torch.manual_seed(0)
+    base = dict(vocab_size=corpus.tokenizer.vocab_size, block_size=32, n_layers=2, n_heads=2, d_model=32,
+                dropout=0.0)
+    return DecoderLM(ModelConfig(**{**base, **kw}))
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_weights": True, "bias": False, "pos_encoding": "sinusoidal"}])
+def test_fp32_training_equals_the_autograd_loop_at_every_step(grammar, kw):
+    a, m = _grammar_model(grammar, **kw), _grammar_model(grammar, **kw)
+    ev_a = _train(grammar, a, backward="autograd")
+    ev_m = _train(grammar, m, backward="manual")
+    assert len(ev_a) == len(ev_m) == 41
+    for ea, em in zip(ev_a, ev_m):
+        assert abs(ea.train_loss - em.train_loss) < 1e-5, ea.step
+        if ea.val_loss is not None:
+            assert abs(ea.val_loss - em.val_loss) < 1e-5
+    assert ev_a[-1].train_loss < ev_a[0].train_loss - 0.5  # it learned, so the comparison means something
+    for (name, pa), pm in zip(a.named_parameters(), m.parameters()):
+        torch.testing.assert_close(pm, pa, rtol=1e-4, atol=2e-5, msg=name)
+
+
+def test_gradient_clipping_and_weight_decay_take_effect_as_in_the_autograd_loop(grammar):
+    # a clip far below the gradient norm and a large weight decay: a wrong norm or decay group would show. In
+    # float64, because Adam turns fp32 rounding in a near-zero gradient into a full-size step of either sign
+    results = []
+    for backward in ("autograd", "manual"):
+        model = _grammar_model(grammar).double()
+        _train(grammar, model, backward=backward, steps=10, grad_clip=0.01, weight_decay=0.5, lr=0.05)
+        results.append(model.state_dict())
+    for name in results[0]:
+        torch.testing.assert_close(results[1][name], results[0][name], rtol=1e-9, atol=1e-10, msg=name)
+    start = _grammar_model(grammar).double().state_dict()
+    assert all(not torch.equal(results[1][k], start[k]) for k in start)  # every weight moved
+
+
+def test_bf16_learns_as_well_as_fp32_and_keeps_fp32_weights(grammar):
+    fp32, bf16 = _grammar_model(grammar), _grammar_model(grammar)
+    ev32 = _train(grammar, fp32, backward="autograd", steps=150, eval_every=50)
+    ev16 = _train(grammar, bf16, backward="manual", bf16=True, steps=150, eval_every=50)
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())
+    assert ev16[-1].val_loss < ev16[0].train_loss - 1.0
+    assert abs(ev16[-1].val_loss - ev32[-1].val_loss) < 0.05
+
+
+def test_a_model_trained_by_hand_saves_and_loads(grammar, tmp_path):
+    model = _grammar_model(grammar)
+    _train(grammar, model, backward="manual", bf16=True, steps=5)
+    path = save_checkpoint(tmp_path / "m", model, grammar.tokenizer, {"corpus": "grammar"})
+    loaded = load_checkpoint(path).model
+    for (name, p), q in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_keep_best_and_the_film_work_with_the_manual_step(grammar):
+    model = _grammar_model(grammar)
+    events = _train(grammar, model, backward="manual", steps=30, keep_best=True, film_frames=4)
+    last = events[-1]
+    assert last.film is not None and len(last.film.frames) == 4
+    assert last.val_loss == min(e.val_loss for e in events if e.val_loss is not None)
+    # recording a film changes nothing in the training, on this path too
+    plain = _grammar_model(grammar)
+    _train(grammar, plain, backward="manual", steps=30, keep_best=True)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"pos_encoding": "rope"}, "rotary"),
+    ({"norm": "post"}, "norm='post'"),
+    ({"activation": "swiglu"}, "swiglu"),
+    ({"mask": "bidirectional"}, "bidirectional"),
+    ({"dropout": 0.1}, "dropout"),
+])
+def test_models_it_does_not_handle_are_named_and_left_to_autograd(grammar, kw, why):
+    model = _grammar_model(grammar, **kw)
+    assert why in unsupported(model)
+    with pytest.raises(ValueError, match="does not handle"):
+        ManualStep(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
+    assert not uses_manual_step(model, TrainConfig(backward="auto"))
+    with pytest.raises(ValueError, match=r"^backward='manual' cannot train this run: .*" + why):
+        _train(grammar, model, backward="manual", steps=2)
+    events = _train(grammar, model, backward="auto", steps=2)  # auto: the autograd loop, as before
+    assert events[-1].done and events[-1].step == 2
+
+
+def test_compile_keeps_the_autograd_step(grammar):
+    model = _grammar_model(grammar)
+    cfg = TrainConfig(backward="auto", compile="default")
+    assert "torch.compile" in manual_step_blocker(model, cfg)
+    assert not uses_manual_step(model, cfg)
+    assert uses_manual_step(model, TrainConfig(backward="auto"))
+    assert not uses_manual_step(model, TrainConfig())  # the config's default is the autograd loop
+
+
+def test_cli_takes_the_hand_written_step_by_default_and_refuses_it_clearly(capsys):
+    from model.train import main
+
+    assert main(["--corpus", "sort", "--steps", "3", "--eval-every", "0", "--film", "0", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["backward"] == "manual"
+    assert main(["--corpus", "sort", "--steps", "3", "--film", "0", "--quiet", "--backward", "autograd"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["backward"] == "autograd"
+    assert main(["--corpus", "sort", "--steps", "3", "--film", "0", "--pos", "rope", "--backward", "manual"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("--backward: backward='manual' cannot train this run: rotary positions")
+    assert "Traceback" not in err
