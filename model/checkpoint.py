@@ -85,7 +85,9 @@ class Checkpoint:
 
 
 def _state_for_saving(model: DecoderLM) -> dict[str, torch.Tensor]:
-    state = {k: v.detach().contiguous().float() for k, v in model.state_dict().items()}
+    # clone: a model in training by the hand-written step holds its weights as views of one buffer, and a
+    # safetensors file wants every tensor in storage of its own
+    state = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     if model.cfg.tie_weights:
         state.pop("head.weight")  # the same tensor as tok_emb.weight
     return state

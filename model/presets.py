@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .config import ModelConfig
 from .corpora import Corpus
 from .film import FILM_FRAMES, task_of
@@ -114,6 +116,25 @@ PRESETS: dict[str, Preset] = {
 TAB_TEXT_BLOCK = 64
 TAB_BATCH_SIZE = 16
 TAB_EVAL_BATCHES = 4
+# The tab trains with the hand-written step (model/fastpath.py) and, on CPUs with AMX tiles, in bf16 once the
+# matrices are big enough to pay for the copy: d_model x tokens per step >= BF16_PAYS_FROM. Measured here
+# (bench/RESULTS.md, issue 16; 1 thread, film on): the tab's sort model (13 K) 3.9 ms/step fp32 vs 4.2 bf16;
+# sort at d_model 128 (27 K) 9.0 vs 7.9; grammar at d_model 48 (49 K) 13.9 vs 11.6 and 96 (98 K) 31-39 vs 21.9.
+BF16_PAYS_FROM = 20_000
+
+
+def amx_available() -> bool:
+    """Whether this CPU has AMX tiles (where bf16 matrix products run several times faster than fp32)."""
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)  # torch's own probe (private, so guarded)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # a build without the probe's support: assume no AMX
+        return False
+
+
+def tab_bf16(mcfg: ModelConfig, batch_size: int = TAB_BATCH_SIZE) -> bool:
+    """Whether a Train-tab run of this model trains in bf16 (see BF16_PAYS_FROM)."""
+    return amx_available() and mcfg.d_model * batch_size * mcfg.block_size >= BF16_PAYS_FROM
 
 # The built-in model whose recipe is the Train tab's default for each corpus ("text", your own
 # text: the character model of real text).
@@ -176,7 +197,8 @@ def train_tab_recipe(
     Warm-up is a tenth of the run (at most 50 steps) and the model is evaluated ten times,
     so a short run still shows a validation curve. `keep_best`: end with the weights of the
     lowest validation loss seen (TrainConfig.keep_best). `film_frames` (0 = none) and `probe_ids`
-    (empty = a held-out example of the corpus): the run's training film (model/film.py).
+    (empty = a held-out example of the corpus): the run's training film (model/film.py). The step is the
+    hand-written one where the model allows (backward="auto"), in bf16 where `tab_bf16` says it pays.
     """
     block = TAB_TEXT_BLOCK if corpus.kind == "text" else int(corpus.train.x.shape[1])
     mcfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
@@ -184,5 +206,6 @@ def train_tab_recipe(
                        dropout=dropout)
     tcfg = TrainConfig(steps=steps, batch_size=TAB_BATCH_SIZE, lr=lr, warmup=min(50, steps // 10),
                        eval_every=max(10, steps // 10), eval_batches=TAB_EVAL_BATCHES, seed=seed,
-                       max_seconds=max_seconds, keep_best=keep_best, film_frames=film_frames, probe_ids=tuple(probe_ids))
+                       max_seconds=max_seconds, keep_best=keep_best, film_frames=film_frames, probe_ids=tuple(probe_ids),
+                       backward="auto", bf16=tab_bf16(mcfg))
     return mcfg, tcfg

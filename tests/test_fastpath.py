@@ -204,3 +204,19 @@ def test_cli_takes_the_hand_written_step_by_default_and_refuses_it_clearly(capsy
     err = capsys.readouterr().err
     assert err.startswith("--backward: backward='manual' cannot train this run: rotary positions")
     assert "Traceback" not in err
+
+
+def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays():
+    from model.presets import BF16_PAYS_FROM, amx_available, train_tab_recipe
+
+    sort = build_corpus("sort")
+    arch = dict(layers=2, heads=4, d_ff=256, pos_encoding="learned", norm="pre", activation="gelu", dropout=0.0,
+                steps=10, lr=3e-3, seed=0, max_seconds=None)
+    mcfg, tcfg = train_tab_recipe(sort, d_model=64, **arch)
+    assert tcfg.backward == "auto" and uses_manual_step(DecoderLM(mcfg), tcfg)
+    assert mcfg.d_model * tcfg.batch_size * mcfg.block_size < BF16_PAYS_FROM and not tcfg.bf16  # measured: fp32 wins
+    big, tbig = train_tab_recipe(sort, d_model=128, **arch)
+    assert big.d_model * tbig.batch_size * big.block_size >= BF16_PAYS_FROM and tbig.bf16 == amx_available()
+    _, with_dropout = train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})
+    assert not uses_manual_step(DecoderLM(train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})[0]),
+                                with_dropout)  # dropout: the autograd loop, as before
