@@ -65,33 +65,35 @@ class ManualStep:
         self.cfg = model.cfg
         self.dtype = torch.bfloat16 if bf16 else model.tok_emb.weight.dtype
         device = model.tok_emb.weight.device
-        named = list(model.named_parameters())  # tied weights appear once
-        groups = ([(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2])
+        # decayed matrices first, then undecayed vectors (AdamW's two groups), each a slice of the same buffers
+        named = sorted(model.named_parameters(), key=lambda item: item[1].dim() < 2)  # tied weights appear once
+        n_decay = sum(p.numel() for _, p in named if p.dim() >= 2)
+        n = sum(p.numel() for _, p in named)
+        master = torch.empty(n, dtype=model.tok_emb.weight.dtype, device=device)
+        self._low = None if self.dtype == master.dtype else torch.empty(n, dtype=self.dtype, device=device)
+        self._grad = torch.zeros(n, dtype=self.dtype, device=device)  # the backward writes here
+        self._grad32 = None if self.dtype == master.dtype else torch.empty(n, dtype=master.dtype, device=device)
         self.compute: dict[str, torch.Tensor] = {}  # parameter name -> the weight the step computes with
         self.grad: dict[str, torch.Tensor] = {}  # parameter name -> its slice of the gradient buffer
-        self._buffers = []  # (master Parameter, compute buffer or None, gradient buffer, its fp32 copy or None)
+        offset = 0
+        for name, p in named:
+            k = p.numel()
+            master[offset:offset + k].copy_(p.detach().reshape(-1))
+            p.data = master[offset:offset + k].view_as(p)  # the module's parameter is now a view
+            self.compute[name] = p.data if self._low is None else self._low[offset:offset + k].view_as(p)
+            self.grad[name] = self._grad[offset:offset + k].view_as(p)
+            offset += k
+        if self._low is not None:
+            self._low.copy_(master)
+        self._master = master
+        optimizer_grad = self._grad if self._grad32 is None else self._grad32
+        self._flat = []  # (the optimizer's Parameter over a slice of the master buffer, its gradient slice)
         param_groups = []
-        for params, decay in zip(groups, (weight_decay, 0.0)):
-            if not params:
-                continue
-            n = sum(p.numel() for _, p in params)
-            master = torch.empty(n, dtype=model.tok_emb.weight.dtype, device=device)
-            low = None if self.dtype == master.dtype else torch.empty(n, dtype=self.dtype, device=device)
-            grad = torch.zeros(n, dtype=self.dtype, device=device)
-            grad32 = None if grad.dtype == master.dtype else torch.empty(n, dtype=master.dtype, device=device)
-            offset = 0
-            for name, p in params:
-                k = p.numel()
-                master[offset:offset + k].copy_(p.detach().reshape(-1))
-                p.data = master[offset:offset + k].view_as(p)  # the module's parameter is now a view
-                self.compute[name] = (p.data if low is None else low[offset:offset + k].view_as(p))
-                self.grad[name] = grad[offset:offset + k].view_as(p)
-                offset += k
-            if low is not None:
-                low.copy_(master)
-            flat = torch.nn.Parameter(master)
-            self._buffers.append((flat, low, grad, grad32))
-            param_groups.append({"params": [flat], "weight_decay": decay})
+        for lo, hi, decay in ((0, n_decay, weight_decay), (n_decay, n, 0.0)):
+            if hi > lo:
+                flat = torch.nn.Parameter(master[lo:hi])  # shares the master buffer's storage
+                self._flat.append((flat, optimizer_grad[lo:hi]))
+                param_groups.append({"params": [flat], "weight_decay": decay})
         fused = device.type in ("cpu", "cuda")
         self.optimizer = torch.optim.AdamW(param_groups, lr=lr, betas=betas, fused=fused)
         T = self.cfg.block_size
@@ -104,26 +106,25 @@ class ManualStep:
     def step(self, x: torch.Tensor, y: torch.Tensor, grad_clip: float | None) -> torch.Tensor:
         """One training step on batch (x, y); returns the batch's loss (a 0-d fp32 tensor)."""
         loss = self.forward_backward(x, y)
-        grads = []
-        for flat, _, g, g32 in self._buffers:
-            flat.grad = g if g32 is None else g32.copy_(g)  # the optimizer's gradient (fp32 for fp32 masters)
-            grads.append(flat.grad)
+        grad = self._grad if self._grad32 is None else self._grad32.copy_(self._grad)  # fp32 for fp32 masters
         if grad_clip:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-            coef = torch.clamp(grad_clip / (norm + 1e-6), max=1.0)  # as torch.nn.utils.clip_grad_norm_
-            for g in grads:
-                g.mul_(coef)
+            # as torch.nn.utils.clip_grad_norm_, except that a coefficient of 1 skips the multiplication (on the
+            # CPU reading the norm costs nothing; the model trains the same)
+            coef = grad_clip / (float(torch.linalg.vector_norm(grad)) + 1e-6)
+            if coef < 1.0:
+                grad.mul_(coef)
+        for flat, g in self._flat:
+            flat.grad = g
         self.optimizer.step()
-        for flat, low, _, _ in self._buffers:
-            if low is not None:
-                low.copy_(flat.detach())
+        if self._low is not None:
+            self._low.copy_(self._master)
         return loss
 
     def release(self) -> None:
         """Give every parameter of the model its own storage again (the flat buffers are left behind)."""
         for p in self.model.parameters():
             p.data = p.data.clone()
-        self._buffers = []
+        self._flat = []
 
     @torch.no_grad()
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -183,11 +184,13 @@ class ManualStep:
         loss = F.nll_loss(logp, target, ignore_index=-100)
 
         # ---------------------------------------------------------------- backward
-        valid = target != -100
-        count = valid.sum().clamp(min=1)
         dlogits = logp.exp_()  # softmax: d(mean CE)/d logits = (p - onehot) / count on the counted rows
-        dlogits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), dlogits.new_full((N, 1), -1.0))
-        dlogits.mul_((valid.to(dlogits.dtype) / count).unsqueeze(1))
+        if bool((target < 0).any()):  # ignored targets (-100: the prompts of the task corpora)
+            valid = target != -100
+            dlogits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), dlogits.new_full((N, 1), -1.0))
+            dlogits.mul_((valid.to(dlogits.dtype) / valid.sum().clamp(min=1)).unsqueeze(1))
+        else:
+            dlogits.scatter_add_(1, target.unsqueeze(1), dlogits.new_full((N, 1), -1.0)).mul_(1.0 / N)
         dlogits = dlogits.to(self.dtype)
 
         tied = cfg.tie_weights
