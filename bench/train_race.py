@@ -28,11 +28,13 @@ def main() -> None:
     p.add_argument("--target", type=float, default=1.89)
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--text", default=None)
+    p.add_argument("--check-every", type=int, default=250, help="iterations between checks of the held-out loss")
     args = p.parse_args()
     runs = {}
     for name, flags in VARIANTS.items():
         cmd = [sys.executable, "-m", "bench.train_bench", "--device", args.device, "--target", str(args.target),
-               "--iters", str(args.iters), *(["--text", args.text] if args.text else []), *flags]
+               "--iters", str(args.iters), "--check-every", str(args.check_every),
+               *(["--text", args.text] if args.text else []), *flags]
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-cold-")}
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
         runs[name] = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])

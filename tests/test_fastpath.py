@@ -222,3 +222,22 @@ def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays()
     _, with_dropout = train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})
     assert not uses_manual_step(DecoderLM(train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})[0]),
                                 with_dropout)  # dropout: the autograd loop, as before
+
+
+def test_the_training_race_reports_both_ratios(tmp_path):
+    """`python -m bench.train_race`, shortened: three fresh processes, the default on the hand-written step."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = tmp_path / "t.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300, encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "bench.train_race", "--iters", "20", "--check-every", "10",
+                          "--target", "9", "--text", str(text)],
+                         capture_output=True, text=True, timeout=600, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    race = json.loads(out.stdout.strip().splitlines()[-1])
+    assert race["default_backward"] == "manual" and race["default_bf16"] is True and race["default_compile"] is None
+    assert set(race["ms_per_iter"]) == {"default", "fp32_eager", "fp32_manual"}
+    assert 0 < race["per_iter_ratio"] < 5 and 0 < race["wall_ratio"] < 5
+    assert all(s > 0 for s in race["wall_to_target_s"].values())
