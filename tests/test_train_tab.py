@@ -185,6 +185,12 @@ def test_overfitting_hint_in_plain_words():
     assert TrainingRun("r", val_steps=[60], val_loss=[2.6]).overfitting() == ""
 
 
+needs_real_text = pytest.mark.skipif(not SHAKESPEARE.exists(), reason="overfitting needs real text: "
+                                     "../shared/data/tinyshakespeare.txt (the fallback repeats itself, so its "
+                                     "held-out part is its training part)")
+
+
+@needs_real_text
 def test_an_overfitting_run_is_told_so_and_keeps_the_best_weights():
     s = Session()
     progress = overfit_run(s, keep_best=True)
@@ -210,6 +216,7 @@ def test_an_overfitting_run_is_told_so_and_keeps_the_best_weights():
     assert figure["layout"]["shapes"][0]["x0"] == best_step
 
 
+@needs_real_text
 def test_without_keep_best_the_last_weights_stay():
     s = Session()
     done = overfit_run(s, keep_best=False)[-1]
