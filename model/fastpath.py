@@ -9,11 +9,16 @@ them:
 * the backward pass is written out by hand (matrix products, `native_layer_norm_backward`,
   `gelu_backward`, `_softmax_backward_data`), each weight gradient written straight into one flat
   gradient buffer;
-* all weights live in flat buffers, one per optimizer group (decayed matrices, undecayed vectors):
-  fp32 master weights that the model's own parameters become views of, and, with bf16, one
-  bfloat16 copy the step computes with (mixed precision with master weights: the update is made in
-  fp32, the products run on the CPU's bf16 units, and refreshing the copy is one `copy_`);
-* gradient clipping is one norm over the flat gradients and AdamW one fused kernel per group.
+* all weights live in one flat fp32 master buffer that the model's own parameters become views of
+  (decayed matrices first, then undecayed vectors: AdamW's two groups are two slices of it), and,
+  with bf16, one bfloat16 copy the step computes with (mixed precision with master weights: the
+  update is made in fp32, the products run on the CPU's bf16 units, refreshing the copy is one
+  `copy_`);
+* gradient clipping is one norm over the flat gradient and AdamW one fused kernel per group.
+
+Attention is written as `baddbmm` with an additive causal mask, softmax and `bmm` (the score
+scale rides on `baddbmm`'s alpha, forward and backward): the math kernel of
+`scaled_dot_product_attention` upcasts bf16 and checks for fully masked rows on every call.
 
 It covers the models the benchmark and the Train tab use (pre-norm or no norm, learned / sinusoidal
 / no positions, GELU or ReLU, causal mask, no dropout, biases and weight tying either way);
@@ -51,9 +56,10 @@ def unsupported(model: DecoderLM) -> str | None:
 class ManualStep:
     """Forward, hand-written backward, gradient clipping and AdamW for one model, on flat buffers.
 
-    After construction the model's parameters are views of fp32 master buffers (the model keeps
-    working as before: evaluation, checkpoints and films read the same weights); `optimizer` is the
-    AdamW over those buffers, whose param_groups' "lr" the caller sets each step as usual.
+    After construction the model's parameters are views of the fp32 master buffer (the model keeps
+    working as before: evaluation, checkpoints and films read the same weights) until `release()`;
+    `optimizer` is the AdamW over its two slices, whose param_groups' "lr" the caller sets each step
+    as usual.
     """
 
     def __init__(self, model: DecoderLM, lr: float, weight_decay: float, betas: tuple[float, float],
