@@ -200,8 +200,8 @@ class ManualStep:
         dlogits = dlogits.to(self.dtype)
 
         tied = cfg.tie_weights
-        head_grad = torch.empty_like(G["tok_emb.weight"]) if tied else G["head.weight"]
-        torch.mm(dlogits.t(), af, out=head_grad)
+        # tied: the head's gradient is the embedding's first part (its rows' lookups are added at the end)
+        torch.mm(dlogits.t(), af, out=G[self._head])
         if "head.bias" in G:
             torch.sum(dlogits, 0, out=G["head.bias"])
         dh = dlogits @ W[self._head]
@@ -240,11 +240,10 @@ class ManualStep:
 
         if cfg.pos_encoding == "learned":
             torch.sum(dh.view(B, T, C), 0, out=G["pos_emb.weight"][:T])
-            G["pos_emb.weight"][T:].zero_()
+            if T < cfg.block_size:
+                G["pos_emb.weight"][T:].zero_()
         emb = G["tok_emb.weight"]
-        if tied:
-            emb.copy_(head_grad)
-        else:
+        if not tied:
             emb.zero_()
         emb.index_add_(0, x.reshape(-1), dh)
         return loss.detach()
