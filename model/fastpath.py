@@ -190,16 +190,14 @@ class ManualStep:
         loss = F.nll_loss(logp, target, ignore_index=-100)
 
         # ---------------------------------------------------------------- backward
-        dlogits = logp.exp_()  # softmax: d(mean CE)/d logits = (p - onehot) / count on the counted rows
-        if bool((target < 0).any()):  # ignored targets (-100: the prompts of the task corpora)
-            valid = target != -100
-            dlogits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), dlogits.new_full((N, 1), -1.0))
-            dlogits.mul_((valid.to(dlogits.dtype) / valid.sum().clamp(min=1)).unsqueeze(1))
-        else:
-            dlogits.scatter_add_(1, target.unsqueeze(1), dlogits.new_full((N, 1), -1.0)).mul_(1.0 / N)
+        # d(mean CE)/d logits = (softmax - onehot) / count on the counted rows, 0 on ignored ones (-100: the
+        # prompts of the task corpora)
+        valid = target != -100
+        dlogits = logp.exp_()
+        dlogits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), dlogits.new_full((N, 1), -1.0))
+        dlogits.mul_((valid.to(dlogits.dtype) / valid.sum().clamp(min=1)).unsqueeze(1))
         dlogits = dlogits.to(self.dtype)
 
-        tied = cfg.tie_weights
         # tied: the head's gradient is the embedding's first part (its rows' lookups are added at the end)
         torch.mm(dlogits.t(), af, out=G[self._head])
         if "head.bias" in G:
@@ -243,7 +241,7 @@ class ManualStep:
             if T < cfg.block_size:
                 G["pos_emb.weight"][T:].zero_()
         emb = G["tok_emb.weight"]
-        if not tied:
+        if not cfg.tie_weights:
             emb.zero_()
         emb.index_add_(0, x.reshape(-1), dh)
         return loss.detach()

@@ -59,7 +59,8 @@ class TrainConfig:
     eval_batches: int = 8
     seed: int = 0
     max_seconds: float | None = None
-    bf16: bool = False  # autocast matmuls to bfloat16 (fast on CPUs with AVX512-BF16 / AMX)
+    bf16: bool = False  # matrix products in bfloat16 (fast on CPUs with AMX): autocast on the autograd step, a bf16
+    # copy of the fp32 master weights on the hand-written one
     adamw: str = "fused"  # AdamW kernel: "fused" (one kernel for all params), "foreach" or "loop"
     compile: str | None = None  # torch.compile the forward+loss (and its backward): a mode name or "default"
     sdpa: str = "auto"  # attention kernel while training: "auto" (torch's choice), "math" or "flash"
@@ -247,8 +248,9 @@ def manual_step_blocker(model: DecoderLM, cfg: TrainConfig, ranks: Ranks | None 
         return "torch.compile compiles the autograd step"
     if ranks is not None and ranks.world > 1:
         return "several processes (DDP averages gradients through autograd's hooks)"
-    if model.tok_emb.weight.device.type != "cpu":
-        return "a CUDA device (the hand-written step is measured and tested on the CPU only)"
+    device = model.tok_emb.weight.device.type
+    if device != "cpu":
+        return f"the {device} device (the hand-written step is measured and tested on the CPU only)"
     return unsupported(model)
 
 
@@ -298,13 +300,13 @@ def train(
     g = torch.Generator().manual_seed(cfg.seed)
     block = model.cfg.block_size
     device = model.tok_emb.weight.device
-    manual = None
     if uses_manual_step(model, cfg, ranks):
         # one hand-written step on flat weights (model/fastpath.py): the same loss and gradients with a fifth
         # of the operations; the model's parameters become views of its fp32 master weights until the end
         manual = ManualStep(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, bf16=cfg.bf16)
-        trained, opt, step_loss = model, manual.optimizer, None
+        opt = manual.optimizer
     else:
+        manual = None
         trained = wrap(model, ranks, device)  # DDP averages the gradients of the ranks' shares
         opt = make_optimizer(model, cfg)
         step_loss = make_loss_fn(cfg)
@@ -473,7 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end with the weights of the lowest validation loss seen at an evaluation, if the final ones are worse")
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batches")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (fast on CPUs with AMX; always on with CUDA)")
+    p.add_argument("--bf16", action="store_true",
+                   help="matrix products in bfloat16 (fast on CPUs with AMX; always on with CUDA): a bf16 copy of the "
+                        "fp32 weights on the hand-written step, autocast on autograd's")
     p.add_argument("--backward", default="auto", choices=BACKWARDS,
                    help="training step: auto = the hand-written step of model/fastpath.py where it can run (CPU, one "
                         "process, pre-norm or no norm, no rope, gelu/relu, no dropout), else autograd; manual = "

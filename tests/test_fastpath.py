@@ -17,7 +17,7 @@ from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import ModelConfig
 from model.corpora import build_corpus
 from model.fastpath import ManualStep, unsupported
-from model.train import TrainConfig, loss_fn, manual_step_blocker, train, uses_manual_step
+from model.train import TrainConfig, evaluate, loss_fn, manual_step_blocker, train, uses_manual_step
 from model.transformer import DecoderLM
 
 VARIANTS = [
@@ -155,14 +155,18 @@ def test_a_model_trained_by_hand_saves_and_loads(grammar, tmp_path):
 
 
 def test_keep_best_and_the_film_work_with_the_manual_step(grammar):
+    # a learning rate too high to hold: validation is best at step 30 of 40, so keep_best has to bring weights back
+    run = dict(backward="manual", steps=40, keep_best=True, lr=0.1, schedule="constant", eval_every=10)
     model = _grammar_model(grammar)
-    events = _train(grammar, model, backward="manual", steps=30, keep_best=True, film_frames=4)
+    events = _train(grammar, model, film_frames=4, **run)
     last = events[-1]
     assert last.film is not None and len(last.film.frames) == 4
+    assert last.kept_step < last.step and last.end_val_loss > last.val_loss
     assert last.val_loss == min(e.val_loss for e in events if e.val_loss is not None)
+    assert evaluate(model, grammar.val, 2, 8, 32, 1) == pytest.approx(last.val_loss, abs=1e-6)  # the kept weights
     # recording a film changes nothing in the training, on this path too
     plain = _grammar_model(grammar)
-    _train(grammar, plain, backward="manual", steps=30, keep_best=True)
+    _train(grammar, plain, **run)
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.equal(p, q)
 
@@ -219,9 +223,8 @@ def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays()
     assert mcfg.d_model * tcfg.batch_size * mcfg.block_size < BF16_PAYS_FROM and not tcfg.bf16  # measured: fp32 wins
     big, tbig = train_tab_recipe(sort, d_model=128, **arch)
     assert big.d_model * tbig.batch_size * big.block_size >= BF16_PAYS_FROM and tbig.bf16 == amx_available()
-    _, with_dropout = train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})
-    assert not uses_manual_step(DecoderLM(train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})[0]),
-                                with_dropout)  # dropout: the autograd loop, as before
+    dropout_model, with_dropout = train_tab_recipe(sort, d_model=64, **{**arch, "dropout": 0.1})
+    assert not uses_manual_step(DecoderLM(dropout_model), with_dropout)  # dropout: the autograd loop, as before
 
 
 def test_the_training_race_reports_both_ratios(tmp_path):
