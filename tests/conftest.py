@@ -31,6 +31,21 @@ def safetensors_join(header: dict, body: bytes) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + body
 
 
+@pytest.fixture
+def train_sort():
+    """Train a small sort model in a lab Session, as the Train tab does; returns a function giving the run's last
+    progress (its `run.name` and its `download` file)."""
+
+    def run(session, layers: int = 1, steps: int = 20):
+        for progress in session.train("sort", "", None, "char", layers, 2, 32, 64, "learned", "pre", "gelu", 0.0,
+                                      steps, 3e-3, 0):
+            pass
+        assert progress.done
+        return progress
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
     server = AppServer({"DECODER_LAB_TRAIN_SECONDS": "60"}, tmp_path_factory.mktemp("app")).start()

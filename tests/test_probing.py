@@ -112,11 +112,10 @@ def test_copy_induction_head_is_labelled_once_the_copy_starts():
     assert "induction" in roles.label(0, 1) or "copy match" in roles.label(0, 1)
 
 
-def test_trained_and_uploaded_models_get_their_tasks_role(tmp_path):
+def test_trained_and_uploaded_models_get_their_tasks_role(tmp_path, train_sort):
     """A model trained in the app on the sort task, and the same model uploaded from its file."""
     s = Session()
-    for progress in s.train("sort", "", None, "char", 2, 2, 32, 64, "learned", "pre", "gelu", 0.0, 30, 3e-3, 0):
-        pass
+    progress = train_sort(s, layers=2, steps=30)
     name = progress.run.name
     s.step(name, "503124=", GREEDY)
     roles = probing.head_roles(s)

@@ -79,11 +79,9 @@ def test_a_session_without_a_text_keeps_model_and_prompt(tmp_path):
     assert opened.model == SORT and opened.prompt == "503124=" and t.tokens() == []
 
 
-def test_an_own_model_travels_inside_the_file(tmp_path):
+def test_an_own_model_travels_inside_the_file(tmp_path, train_sort):
     s = Session()
-    for progress in s.train("sort", "", None, "char", 1, 2, 32, 64, "learned", "pre", "gelu", 0.0, 20, 3e-3, 0):
-        pass
-    name = progress.run.name
+    name = train_sort(s).run.name
     s.step(name, "503124=", HOT)
     list(s.generate(name, "503124=", HOT, 4))
     path = save(s, tmp_path, model=name, prompt="503124=", view=View(0, 1, "weights"))
