@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,20 +157,32 @@ def test_a_model_trained_by_hand_saves_and_loads(grammar, tmp_path):
         assert torch.equal(p, q), name
 
 
-def test_keep_best_and_the_film_work_with_the_manual_step(grammar):
-    # a learning rate too high to hold: validation is best at step 30 of 40, so keep_best has to bring weights back
-    run = dict(backward="manual", steps=40, keep_best=True, lr=0.1, schedule="constant", eval_every=10)
-    model = _grammar_model(grammar)
-    events = _train(grammar, model, film_frames=4, **run)
+SHAKESPEARE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.mark.skipif(not SHAKESPEARE.exists(), reason="needs ../shared/data/tinyshakespeare.txt")
+def test_keep_best_and_the_film_work_with_the_manual_step():
+    # 1.5 k characters of real text: a 2-layer model memorises them, validation is best at step 60 of 300 (2.55,
+    # against 3.36 at the end), so keep_best has to bring weights back
+    corpus = build_corpus("text", "char", seed=0, text=SHAKESPEARE.read_text(encoding="utf-8")[:1500])
+
+    def model():
+        torch.manual_seed(0)
+        return DecoderLM(ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=64, n_layers=2, n_heads=4,
+                                     d_model=64, dropout=0.0))
+
+    run = dict(backward="manual", steps=300, keep_best=True, warmup=30, eval_every=30, batch_size=16, eval_batches=4)
+    kept = model()
+    events = _train(corpus, kept, film_frames=4, **run)
     last = events[-1]
     assert last.film is not None and len(last.film.frames) == 4
-    assert last.kept_step < last.step and last.end_val_loss > last.val_loss
+    assert last.kept_step < last.step and last.end_val_loss > last.val_loss + 0.3
     assert last.val_loss == min(e.val_loss for e in events if e.val_loss is not None)
-    assert evaluate(model, grammar.val, 2, 8, 32, 1) == pytest.approx(last.val_loss, abs=1e-6)  # the kept weights
+    assert evaluate(kept, corpus.val, 4, 16, 64, 1) == pytest.approx(last.val_loss, abs=1e-6)  # the kept weights
     # recording a film changes nothing in the training, on this path too
-    plain = _grammar_model(grammar)
-    _train(grammar, plain, **run)
-    for p, q in zip(model.parameters(), plain.parameters()):
+    plain = model()
+    _train(corpus, plain, **run)
+    for p, q in zip(kept.parameters(), plain.parameters()):
         assert torch.equal(p, q)
 
 
@@ -229,10 +244,6 @@ def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays()
 
 def test_the_training_race_reports_both_ratios(tmp_path):
     """`python -m bench.train_race`, shortened: three fresh processes, the default on the hand-written step."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     text = tmp_path / "t.txt"
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300, encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "bench.train_race", "--iters", "20", "--check-every", "10",
