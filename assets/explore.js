@@ -314,6 +314,5 @@
     new MutationObserver(queue).observe(document.body, { childList: true, subtree: true });
     queue();
     lab.exportName = exportName;
-    lab.exportFigure = exportFigure;
   })();
 }

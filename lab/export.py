@@ -212,10 +212,7 @@ def head_roles(session: Session) -> Export:
     _need_text(session)
     roles = probing.head_roles(session)
     columns = roles.columns()
-    rows = []
-    for row in roles.rows():  # the page's table, its rounded scores replaced by the computed ones
-        layer, head = row[0], row[1]
-        rows.append([layer, head, *(_number(roles.scores[r.key][layer, head]) for r in roles.roles), row[-1]])
+    rows = roles.rows(digits=None)  # the page's table at full precision
     data = {**_text_json(session, "head_roles"), "columns": columns, "rows": rows,
             "roles": [_role_json(r) for r in roles.roles],
             "thresholds": {r.key: r.threshold for r in roles.roles},

@@ -172,14 +172,15 @@ class HeadRoles:
     def columns(self) -> list[str]:
         return ["layer", "head", *(r.key for r in self.roles), "role"]
 
-    def rows(self) -> list[list]:
-        """The table of `/head_roles`: layer, head, one column per score (None where undefined), role."""
+    def rows(self, digits: int | None = 4) -> list[list]:
+        """The table of `/head_roles`: layer, head, one column per score (rounded to `digits`; None: full
+        precision; None where undefined), role."""
         L, H = self.shape
         out = []
         for layer in range(L):
             for head in range(H):
-                values = [None if np.isnan(v := float(self.scores[r.key][layer, head])) else round(v, 4)
-                          for r in self.roles]
+                values = [None if np.isnan(v := float(self.scores[r.key][layer, head]))
+                          else (v if digits is None else round(v, digits)) for r in self.roles]
                 found = self.strongest(layer, head)
                 out.append([layer, head, *values, "" if found is None else found[0].name])
         return out

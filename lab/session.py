@@ -796,10 +796,15 @@ class Session:
         if self.run is not None:
             self.run.stop.set()
 
+    @staticmethod
+    def checkpoint_data(entry: ModelEntry) -> bytes:
+        """The model as the bytes of one .safetensors file: weights, tokenizer, meta with its examples, film."""
+        return checkpoint_bytes(entry.model, entry.tokenizer, {**entry.meta, "examples": list(entry.examples)},
+                                film=entry.film)
+
     def _save_for_download(self, entry: ModelEntry) -> Path | None:
         """The model as one file to download, within the server's disk budget (None if refused)."""
-        meta = {**entry.meta, "examples": list(entry.examples)}
-        data = checkpoint_bytes(entry.model, entry.tokenizer, meta, film=entry.film)
+        data = self.checkpoint_data(entry)
         try:
             return self.save_file(entry.name, ".safetensors", data)
         except UserError:

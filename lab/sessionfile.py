@@ -27,12 +27,8 @@ from model.generate import Sampling
 
 from . import files, probing
 from .budget import MODEL_BUDGET
-from .checks import UserError, check_choice, check_float, check_int, check_sampling
-from .limits import (
-    COLOUR_MODES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE, TOP_K_RANGE,
-    TOP_P_RANGE, UPLOAD_MAX_MB,
-)
-from .limits import MAX_LOG
+from .checks import UserError, check_choice, check_sampling
+from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
 from .session import HEAD_TOOLS, Session, View
 
 FORMAT = "decoder-lab-session"
@@ -66,11 +62,7 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
     if entry.builtin:
         model = {"builtin": entry.name, "sha256": builtin_checksum(session, entry.name)}
     else:
-        from model.checkpoint import checkpoint_bytes  # only own models need their weights written
-
-        data = checkpoint_bytes(entry.model, entry.tokenizer, {**entry.meta, "examples": list(entry.examples)},
-                                film=entry.film)
-        model = {"name": entry.name, "checkpoint": base64.b64encode(data).decode("ascii")}
+        model = {"name": entry.name, "checkpoint": base64.b64encode(Session.checkpoint_data(entry)).decode("ascii")}
     probe = session.probe
     e = probe.edit
     doc = {
@@ -145,8 +137,7 @@ def _sampling(values, seed: int) -> Sampling:
         raise _bad("an action's sampling settings are not [temperature, top-k, top-p]")
     t, k, p = values
     try:
-        return Sampling(check_float("temperature", t, *TEMPERATURE_RANGE), check_int("top-k", k, *TOP_K_RANGE),
-                        check_float("top-p", p, *TOP_P_RANGE), seed)
+        return check_sampling(t, k, p, seed)
     except UserError as exc:
         raise _bad(f"an action's {exc}".rstrip(".")) from None
 

@@ -160,4 +160,4 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                                   "explore_group": explore_group,
                                   "default_model": DEFAULT_MODEL, "layer_choices": layer_choices(cfg.n_layers)})
     return {"model": model_dd, "state_outputs": state_outputs, "screen": screen, "display_inputs": display_inputs,
-            "display_outputs": [attn_plot, probs_plot, head], "no_probs": NO_PROBS}
+            "no_probs": NO_PROBS}

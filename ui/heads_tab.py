@@ -11,6 +11,7 @@ from __future__ import annotations
 import gradio as gr
 
 from lab.probing import ABLATION_MODES, MAX_REGENERATE
+from lab.session import HEAD_TOOLS
 
 from .common import RAW, api_example, message_plot
 from .heads import (
@@ -108,7 +109,7 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
     query = gr.Number(None, visible=False)
     refresh_btn.click(refresh, [ses, layer, head, query], views, api_name=False, show_progress="hidden",
                       js="(...a) => { a[3] = window.decoderLab ? window.decoderLab.query : null; return a; }", **group)
-    for tid, tab in (("roles", tab_roles), ("lens", tab_lens), ("ablate", tab_ablate), ("compare", tab_compare)):
+    for tid, tab in zip(HEAD_TOOLS, (tab_roles, tab_lens, tab_ablate, tab_compare)):  # HEAD_TOOLS' order
         tab.select(show_tool, [ses, gr.State(tid), layer, head], views, api_name=False, show_progress="hidden",
                    **group)
     for control in (layer, head):  # the overview outlines the head shown
