@@ -46,6 +46,17 @@ def train_sort():
     return run
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the shared app server carries the end of the server's log in its report
+    (CI shows only the report: the log is what says why a page waited)."""
+    outcome = yield
+    report = outcome.get_result()
+    server = getattr(item, "funcargs", {}).get("app_server")
+    if report.when == "call" and report.failed and server is not None:
+        report.sections.append(("app server log (last 4,000 characters)", server.output()[-4000:]))
+
+
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
     server = AppServer({"DECODER_LAB_TRAIN_SECONDS": "60"}, tmp_path_factory.mktemp("app")).start()

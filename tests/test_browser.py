@@ -128,6 +128,16 @@ class Page:
     def tab(self, name: str) -> None:
         self.page.get_by_role("tab", name=name).click()
 
+    def wait_training_end(self, timeout: float = 150_000) -> str:
+        """Wait until the Train tab's run has ended (finished, stopped, hit the time limit) or was refused; the
+        status, or the refusal's message. The limit covers a run queued behind another and the server's own
+        time limit, so a run that ends the wrong way fails on its message rather than on this wait."""
+        self.page.wait_for_function(
+            "() => /^Training (finished|stopped|hit)/.test(document.querySelector('#train_status textarea').value)"
+            " || document.querySelector('.toast-body') !== null", timeout=timeout)
+        toasts = self.page.eval_on_selector_all(".toast-body", "els => els.map(e => e.innerText)")
+        return " ".join(toasts) or self.page.locator("#train_status textarea").input_value()
+
 
 def hex_rgb(color: str) -> tuple[int, int, int]:
     color = color.lstrip("#")
@@ -404,9 +414,8 @@ def test_hostile_text_is_shown_as_text(app_page):
     p.page.fill("#pasted textarea", (ALERT_PROMPT + " the cat sat on the mat. ") * 60)
     p.set_slider("steps", 10)
     p.click("train_btn")
-    p.page.wait_for_function(
-        "() => document.querySelector('#train_status textarea').value.includes('finished')", timeout=60_000
-    )
+    status = p.wait_training_end()
+    assert "finished after 10 steps" in status, status
     p.tab("Explore")
     p.set_prompt(ALERT_PROMPT)
     p.click("step")
