@@ -91,6 +91,6 @@ def train_page(app_server, browser):
 
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     p = Page(context, app_server.url)
-    p.tab("Train")
+    p.open_train_tab()
     yield p
     context.close()

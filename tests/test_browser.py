@@ -128,6 +128,25 @@ class Page:
     def tab(self, name: str) -> None:
         self.page.get_by_role("tab", name=name).click()
 
+    def open_train_tab(self) -> None:
+        """Show the Train tab and wait for its answer (the film's figures, drawn when the tab is shown): an answer
+        arriving later redraws the tab and can undo what was typed into its form at that moment."""
+        self.tab("Train")
+        self.page.wait_for_selector("#film_attention .js-plotly-plot", timeout=60_000)
+
+    def fill_text(self, elem: str, text: str) -> None:
+        """Type `text` into a textbox and wait until it holds it; typed again if a redraw undid it (as set_slider)."""
+        box = self.page.locator(f"#{elem} textarea")
+        held = f"n => document.querySelector('#{elem} textarea').value.length === n"
+        for _ in range(5):
+            box.fill(text)
+            try:
+                self.page.wait_for_function(held, arg=len(text), timeout=2_000)
+                return
+            except Exception:  # noqa: BLE001 - typed while the page redrew: type it again
+                continue
+        raise AssertionError(f"the textbox #{elem} did not keep the text typed into it")
+
     def wait_training_end(self, timeout: float = 150_000) -> str:
         """Wait until the Train tab's run has ended (finished, stopped, hit the time limit) or was refused; the
         status, or the refusal's message. The limit covers a run queued behind another and the server's own
@@ -318,7 +337,7 @@ def test_positional_encoding_tab(app_page, shots):
 
 def test_train_stop_then_explore_the_new_model(app_page, shots):
     p = app_page
-    p.tab("Train")
+    p.open_train_tab()
     p.set_slider("steps", 2000)
     p.click("train_btn")
 
@@ -354,7 +373,7 @@ def test_corrupt_upload_shows_error_and_app_keeps_working(app_page, tmp_path):
     p = app_page
     bad = tmp_path / "broken.safetensors"
     bad.write_bytes(b"\x80\x04\x95" + os.urandom(300))
-    p.tab("Train")
+    p.open_train_tab()
     p.page.locator("#upload input[type=file]").set_input_files(str(bad))
     assert "safetensors" in p.toast_text().lower()
     p.close_toasts()
@@ -405,14 +424,16 @@ def test_bad_prompts_get_clear_messages(app_page):
 def test_hostile_text_is_shown_as_text(app_page):
     """A model that knows '<', '>' and '=' is asked to show an HTML payload: it must stay text."""
     p = app_page
-    p.tab("Train")
+    p.open_train_tab()
     p.choose("corpus", "text")
     # picking a corpus sets the form to its recipe: wait for it before changing the steps
     p.page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '1000'",
                              timeout=10_000)
     p.page.get_by_role("button", name="Your own text").click()
-    p.page.fill("#pasted textarea", (ALERT_PROMPT + " the cat sat on the mat. ") * 60)
+    text = (ALERT_PROMPT + " the cat sat on the mat. ") * 60
+    p.fill_text("pasted", text)
     p.set_slider("steps", 10)
+    assert p.page.locator("#pasted textarea").input_value() == text
     p.click("train_btn")
     status = p.wait_training_end()
     assert "finished after 10 steps" in status, status

@@ -104,7 +104,7 @@ def test_web_pages_of_a_view_and_a_film_open_offline(app_server, browser, tmp_pa
         share_section(p)
         p.click("view_page")
         view = download_from(p, "session_file", tmp_path)
-        p.tab("Train")
+        p.open_train_tab()
         p.page.locator("#film_page_btn").click()
         film = download_from(p, "film_page", tmp_path, timeout=60_000)
     finally:
