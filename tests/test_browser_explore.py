@@ -25,9 +25,11 @@ GRAMMAR = "grammar (built-in)"
 PLOT = "document.querySelector('#attention .js-plotly-plot')"
 
 
-def open_page(app_server, browser, width=1366, height=900, scheme="light") -> tuple:
+def open_page(app_server, browser, width=1366, height=900, scheme="light", query: str = "") -> tuple:
+    """A new browser context on the app (its address + `query`, e.g. "?__theme=dark"): opened at that address
+    directly, since navigating a loaded page aborts its requests still on their way (console errors)."""
     context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
-    return context, Page(context, app_server.url)
+    return context, Page(context, app_server.url + query)
 
 
 @pytest.fixture
@@ -237,10 +239,8 @@ def test_labels_at_64_tokens_and_a_focus_beyond(page):
 
 
 def test_colours_dark_mode_and_presentation(app_server, browser, shots):
-    context, p = open_page(app_server, browser, scheme="dark")
+    context, p = open_page(app_server, browser, scheme="dark", query="?__theme=dark")
     try:
-        p.page.goto(p.url + "?__theme=dark", wait_until="load")
-        p.page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
         step(p, 13)
         bg = p.page.evaluate(f"() => {PLOT}._fullLayout.paper_bgcolor")
         assert bg in ("rgba(0, 0, 0, 0)", "rgba(0,0,0,0)", "transparent"), bg
