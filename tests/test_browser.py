@@ -129,23 +129,10 @@ class Page:
         self.page.get_by_role("tab", name=name).click()
 
     def open_train_tab(self) -> None:
-        """Show the Train tab and wait for its answer (the film's figures, drawn when the tab is shown): an answer
-        arriving later redraws the tab and can undo what was typed into its form at that moment."""
+        """Show the Train tab and wait for its answer (the film's figures, drawn when the tab is shown), so that
+        nothing of the tab is still on its way while a test fills its form."""
         self.tab("Train")
         self.page.wait_for_selector("#film_attention .js-plotly-plot", timeout=60_000)
-
-    def fill_text(self, elem: str, text: str) -> None:
-        """Type `text` into a textbox and wait until it holds it; typed again if a redraw undid it (as set_slider)."""
-        box = self.page.locator(f"#{elem} textarea")
-        held = f"n => document.querySelector('#{elem} textarea').value.length === n"
-        for _ in range(5):
-            box.fill(text)
-            try:
-                self.page.wait_for_function(held, arg=len(text), timeout=2_000)
-                return
-            except Exception:  # noqa: BLE001 - typed while the page redrew: type it again
-                continue
-        raise AssertionError(f"the textbox #{elem} did not keep the text typed into it")
 
     def wait_training_end(self, timeout: float = 150_000) -> str:
         """Wait until the Train tab's run has ended (finished, stopped, hit the time limit) or was refused; the
@@ -431,9 +418,9 @@ def test_hostile_text_is_shown_as_text(app_page):
                              timeout=10_000)
     p.page.get_by_role("button", name="Your own text").click()
     text = (ALERT_PROMPT + " the cat sat on the mat. ") * 60
-    p.fill_text("pasted", text)
+    p.page.fill("#pasted textarea", text)
     p.set_slider("steps", 10)
-    assert p.page.locator("#pasted textarea").input_value() == text
+    assert p.page.locator("#pasted textarea").input_value() == text  # still there when Train is clicked
     p.click("train_btn")
     status = p.wait_training_end()
     assert "finished after 10 steps" in status, status
