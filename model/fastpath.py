@@ -50,7 +50,38 @@ def unsupported(model: DecoderLM) -> str | None:
         return "a bidirectional mask"
     if cfg.dropout:
         return "dropout > 0"
+    if not hasattr(torch, "_fused_adamw_"):
+        return "this torch build, which has no fused AdamW kernel"
     return None
+
+
+class FlatAdamW:
+    """AdamW over slices of a flat weight buffer, each with its gradient slice and weight decay.
+
+    It calls the fused kernel that `torch.optim.AdamW(fused=True)` runs (`torch._fused_adamw_`) with the same
+    arguments, so the update is the same bit for bit (tests/test_fastpath.py), minus torch.optim's per-step
+    bookkeeping and, above all, minus the import of torch's compiler stack that the first use of any
+    torch.optim optimizer triggers (`torch._dynamo`: 1.2 s on a 2-vCPU box, paid by every run and by the app's
+    first training). `param_groups` holds one dict per slice whose "lr" the caller sets before each step, as
+    with torch.optim.
+    """
+
+    def __init__(self, slices: list[tuple[torch.Tensor, torch.Tensor, float]], lr: float,
+                 betas: tuple[float, float], eps: float = 1e-8) -> None:
+        self._slices = slices
+        self._betas, self._eps = betas, eps
+        self.param_groups = [{"lr": lr, "weight_decay": decay} for _, _, decay in slices]
+        # as torch.optim initialises a fused AdamW: a float32 step count and zeroed moments per parameter
+        self._state = [(torch.zeros((), dtype=torch.float32, device=w.device), torch.zeros_like(w), torch.zeros_like(w))
+                       for w, _, _ in slices]
+
+    def step(self) -> None:
+        beta1, beta2 = self._betas
+        for (w, g, _), (count, exp_avg, exp_avg_sq), group in zip(self._slices, self._state, self.param_groups):
+            count.add_(1)
+            torch._fused_adamw_([w], [g], [exp_avg], [exp_avg_sq], [], [count], lr=group["lr"], beta1=beta1,
+                                beta2=beta2, weight_decay=group["weight_decay"], eps=self._eps, amsgrad=False,
+                                maximize=False, grad_scale=None, found_inf=None)
 
 
 class ManualStep:
@@ -93,15 +124,10 @@ class ManualStep:
             self._low.copy_(master)
         self._master = master
         optimizer_grad = self._grad if self._grad32 is None else self._grad32
-        self._flat = []  # (the optimizer's Parameter over a slice of the master buffer, its gradient slice)
-        param_groups = []
-        for lo, hi, decay in ((0, n_decay, weight_decay), (n_decay, n, 0.0)):
-            if hi > lo:
-                flat = torch.nn.Parameter(master[lo:hi])  # shares the master buffer's storage
-                self._flat.append((flat, optimizer_grad[lo:hi]))
-                param_groups.append({"params": [flat], "weight_decay": decay})
-        fused = device.type in ("cpu", "cuda")
-        self.optimizer = torch.optim.AdamW(param_groups, lr=lr, betas=betas, fused=fused)
+        # AdamW's two groups: decayed matrices, then undecayed vectors, each a slice of the master buffer
+        self.optimizer = FlatAdamW([(master[lo:hi], optimizer_grad[lo:hi], decay)
+                                    for lo, hi, decay in ((0, n_decay, weight_decay), (n_decay, n, 0.0)) if hi > lo],
+                                   lr=lr, betas=betas)
         T = self.cfg.block_size
         self._mask = torch.full((T, T), float("-inf"), device=device).triu(1).to(self.dtype)
         self._pe = model.pe_table.to(self.dtype) if self.cfg.pos_encoding == "sinusoidal" else None
@@ -120,8 +146,6 @@ class ManualStep:
             coef = grad_clip / (math.sqrt(float(torch.dot(grad, grad))) + 1e-6)
             if coef < 1.0:
                 grad.mul_(coef)
-        for flat, g in self._flat:
-            flat.grad = g
         self.optimizer.step()
         if self._low is not None:
             self._low.copy_(self._master)
@@ -131,7 +155,6 @@ class ManualStep:
         """Give every parameter of the model its own storage again (the flat buffers are left behind)."""
         for p in self.model.parameters():
             p.data = p.data.clone()
-        self._flat = []
 
     @torch.no_grad()
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
