@@ -22,8 +22,8 @@ import tempfile
 
 from bench.common import emit, parser
 
-# fp32_eager is the plain loop (autograd on the module, math attention, fused AdamW); fp32_manual shows how much of
-# the default's lead is the hand-written step and how much is bf16
+# the fp32_eager variants are the plain loop (autograd on the module, fused AdamW), on the math attention kernel and on
+# the one PyTorch picks; fp32_manual shows how much of the default's lead is the hand-written step and how much is bf16
 FP32_EAGER = ["--no-bf16", "--compile", "none", "--backward", "autograd"]
 VARIANTS = {"default": [], "fp32_eager": [*FP32_EAGER, "--sdpa", "math"],
             "fp32_eager_sdpa_auto": [*FP32_EAGER, "--sdpa", "auto"],
@@ -69,6 +69,7 @@ def main() -> None:
          ratios_vs={name: {"per_iter": ratio(ms["default"], ms[name]), "wall": ratio(walls["default"], walls[name])}
                     for name in BASELINES},
          val_loss={name: r["val_loss"] for name, r in runs.items()})
+
 
 if __name__ == "__main__":
     main()

@@ -61,8 +61,8 @@ class FlatAdamW:
     It calls the fused kernel that `torch.optim.AdamW(fused=True)` runs (`torch._fused_adamw_`) with the same
     arguments, so the update is the same bit for bit (tests/test_fastpath.py), minus torch.optim's per-step
     bookkeeping and, above all, minus the import of torch's compiler stack that the first use of any
-    torch.optim optimizer triggers (`torch._dynamo`: 1.2 s on a 2-vCPU box, paid by every run and by the app's
-    first training). `param_groups` holds one dict per slice whose "lr" the caller sets before each step, as
+    torch.optim optimizer triggers (`torch._dynamo`: about a second on a 2-vCPU box, paid by every run and by the
+    app's first training). `param_groups` holds one dict per slice whose "lr" the caller sets before each step, as
     with torch.optim.
     """
 
