@@ -65,7 +65,7 @@ def main() -> None:
          default_backward=d["backward"], ms_per_iter=ms,
          per_iter_ratio=ratio(ms["default"], ms[fastest_iter]), per_iter_baseline=fastest_iter,
          wall_to_target_s=walls,
-         wall_ratio=ratio(walls["default"], walls[fastest_wall]) if fastest_wall else None, wall_baseline=fastest_wall,
+         wall_ratio=ratio(walls["default"], walls.get(fastest_wall)), wall_baseline=fastest_wall,
          ratios_vs={name: {"per_iter": ratio(ms["default"], ms[name]), "wall": ratio(walls["default"], walls[name])}
                     for name in BASELINES},
          val_loss={name: r["val_loss"] for name, r in runs.items()})

@@ -68,7 +68,7 @@ class FlatAdamW:
 
     def __init__(self, slices: list[tuple[torch.Tensor, torch.Tensor, float]], lr: float,
                  betas: tuple[float, float], eps: float = 1e-8) -> None:
-        self._slices = slices
+        self._tensors = [(w, g) for w, g, _ in slices]  # the decay lives in param_groups only
         self._betas, self._eps = betas, eps
         self.param_groups = [{"lr": lr, "weight_decay": decay} for _, _, decay in slices]
         # as torch.optim initialises a fused AdamW: a float32 step count and zeroed moments per parameter
@@ -77,7 +77,7 @@ class FlatAdamW:
 
     def step(self) -> None:
         beta1, beta2 = self._betas
-        for (w, g, _), (count, exp_avg, exp_avg_sq), group in zip(self._slices, self._state, self.param_groups):
+        for (w, g), (count, exp_avg, exp_avg_sq), group in zip(self._tensors, self._state, self.param_groups):
             count.add_(1)
             torch._fused_adamw_([w], [g], [exp_avg], [exp_avg_sq], [], [count], lr=group["lr"], beta1=beta1,
                                 beta2=beta2, weight_decay=group["weight_decay"], eps=self._eps, amsgrad=False,
