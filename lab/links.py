@@ -19,6 +19,9 @@ from .models import DEFAULT_MODEL
 from .session import Session, View
 
 PARAMS = ("model", "prompt", "seed", "temperature", "steps", "layer", "head", "view")
+# Gradio reads its own parameters from the same query string (`?__theme=dark` sets the page's theme): they
+# are Gradio's business, neither unknown nor the app's to check
+GRADIO_PREFIX = "__"
 MAX_SHOWN = 40  # characters of a refused value quoted in the notice
 
 
@@ -43,7 +46,8 @@ def _quote(value) -> str:
 def read_link(session: Session, params: dict) -> Link:
     """The link's parameters checked one by one; the ones that do not fit are left out, with a note."""
     params = {str(k)[:40]: v for k, v in (params or {}).items()}
-    notes = [f"Ignored the unknown link parameter {_quote(k)}." for k in params if k not in PARAMS]
+    notes = [f"Ignored the unknown link parameter {_quote(k)}." for k in params
+             if k not in PARAMS and not k.startswith(GRADIO_PREFIX)]
     ignored = []
 
     def take(name, check, default):

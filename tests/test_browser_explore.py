@@ -110,6 +110,26 @@ def test_phone_shows_one_head_at_full_width_and_moves_between_heads(app_server, 
         context.close()
 
 
+@pytest.mark.parametrize("size", [(1366, 900), (1280, 720), (390, 844)])
+def test_dropdown_values_stay_clear_of_their_caret(app_server, browser, size):
+    """Gradio draws a dropdown's caret over the right end of its input: the text box must end where the caret
+    begins, and a value too long for it ends with an ellipsis ("colour: weight" lost its "t" under the caret)."""
+    context, p = open_page(app_server, browser, *size)
+    try:
+        boxes = p.page.evaluate("""() => [...document.querySelectorAll('.secondary-wrap > input[role="combobox"]')]
+            .filter(e => e.offsetParent !== null).map(e => {
+              const r = e.getBoundingClientRect(), s = getComputedStyle(e);
+              const icon = e.parentElement.querySelector('.icon-wrap').getBoundingClientRect();
+              return {label: e.getAttribute('aria-label'), textEnd: r.right - parseFloat(s.paddingRight),
+                      caret: icon.left, overflow: s.textOverflow}; })""")
+        assert {b["label"] for b in boxes} >= {"Model", "Example prompts", "Colour"}, boxes
+        for b in boxes:
+            assert b["textEnd"] <= b["caret"] + 0.5, f"{b['label']}: the value runs under the caret at {size}: {b}"
+            assert b["overflow"] == "ellipsis", b
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize("name", list(BUILTIN_MODELS))
 def test_every_builtin_opens_on_its_first_view_with_examples(page, name):
     p = page

@@ -48,6 +48,14 @@ def test_bad_parameters_are_left_out_with_a_notice(params, kept, fragment):
     assert all(len(n) < 200 for n in link.notes)
 
 
+def test_gradios_own_parameters_are_not_called_unknown():
+    """`?__theme=dark` is how Gradio opens a page dark: a link with it is not a link with a mistake in it."""
+    link = links.read_link(Session(), {"__theme": "dark", "prompt": P, "colour": "red"})
+    assert link.prompt == P and link.given
+    assert [n for n in link.notes if "__theme" in n] == [] and any("'colour'" in n for n in link.notes)
+    assert links.read_link(Session(), {"__theme": "dark"}).notes == []
+
+
 def test_an_unknown_prompt_word_stops_with_a_note():
     s = Session()
     link = links.open_link(s, links.read_link(s, {"prompt": "zebra crossing", "steps": "3"}))

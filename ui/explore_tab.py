@@ -59,15 +59,15 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
             caption = gr.Markdown(caption0, elem_id="caption")
             with gr.Row(elem_id="view_controls"):
                 layer = gr.Dropdown(layer_choices(cfg.n_layers), value=layer0, label="Layer", show_label=False, container=False,
-                                    elem_id="layer", min_width=90, scale=1)
+                                    elem_id="layer", min_width=86, scale=1)
                 prev_head = gr.Button("◀", elem_id="prev_head", min_width=36, scale=0)
                 head = gr.Dropdown(head_choices(cfg.n_heads), value=head0, label="Head", show_label=False, container=False,
-                                   elem_id="head", min_width=100, scale=1)
+                                   elem_id="head", min_width=96, scale=1)
                 next_head = gr.Button("▶", elem_id="next_head", min_width=36, scale=0)
                 view = gr.Radio(list(ATTENTION_VIEWS), value=view0, label="View", show_label=False, container=False,
                                 elem_id="view", min_width=270, scale=2)
                 colour = gr.Dropdown([(COLOUR_LABELS.get(c, c), c) for c in COLOUR_MODES], value="linear",
-                                     label="Colour", show_label=False, container=False, elem_id="colour", min_width=120, scale=1)
+                                     label="Colour", show_label=False, container=False, elem_id="colour", min_width=140, scale=1)
             attn_plot = gr.Plot(message_plot(NO_TEXT), show_label=False, elem_id="attention")
         with gr.Column(scale=5, min_width=300, elem_id="text_col"):
             tokens = gr.HighlightedText(label="Text: click a token to see where it looks (grey edge = prompt, "
