@@ -69,7 +69,9 @@ def main() -> None:
                         f"'auto' = max-autotune-no-cudagraphs from {COMPILE_PAYS_AFTER:,} iterations on, where its "
                         "cold compile pays for itself, else eager)")
     p.add_argument("--adamw", default="fused", choices=list(ADAMW_IMPLS), help="AdamW implementation")
-    p.add_argument("--sdpa", default="math", choices=list(SDPA_BACKENDS), help="attention kernel while training (autograd)")
+    p.add_argument("--sdpa", default="auto", choices=list(SDPA_BACKENDS),
+                   help="attention kernel while training (autograd; default: the one PyTorch picks, as in a plain loop "
+                        "and in model.train)")
     p.add_argument("--backward", default="auto", choices=list(BACKWARDS),
                    help="training step: autograd on the module, the hand-written step (manual), or manual where it "
                         "can run (auto: not with --compile or on CUDA)")

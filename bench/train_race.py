@@ -2,9 +2,9 @@
 Shakespeare, the train_bench model), the default against fp32 eager, back to back, each in a fresh
 process with an empty torch.compile cache (cold). Prints every run's JSON line and one line of ratios.
 
-fp32 eager runs twice: with the math attention kernel (train_bench's --sdpa default) and with the
-kernel PyTorch picks itself (--sdpa auto: flash attention on the CPU, what a plain loop calling
-scaled_dot_product_attention gets). Which is faster depends on the CPU, so the ratios are taken
+fp32 eager runs twice: with the math attention kernel (--sdpa math, what earlier races used) and with
+the kernel PyTorch picks itself (--sdpa auto, train_bench's default: flash attention on the CPU, what a
+plain loop calling scaled_dot_product_attention gets). Which is faster depends on the CPU, so the ratios are taken
 against the faster of the two (per iteration and in wall clock alike), and against each in
 ratios_vs.
 
