@@ -14,8 +14,16 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from lab.server import CHROMIUM, CHROMIUM_ARGS, AppServer
+
+# Property tests draw the same examples on every run (seeded from each test's own code), so a run that passes
+# passes again and a failure can be replayed: a test that fails only on some runs is a failing test. To search
+# new examples instead, run with HYPOTHESIS_PROFILE=explore (or pytest's --hypothesis-profile=explore).
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def safetensors_split(data: bytes) -> tuple[dict, bytes]:

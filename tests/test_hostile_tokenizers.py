@@ -434,7 +434,8 @@ def mutated_docs(draw):
         elif op == "add" and isinstance(node, list):
             node.append(draw(json_values))
         elif op == "swap ids":
-            vocab = doc["model"]["vocab"] if isinstance(doc.get("model"), dict) else None
+            model = doc.get("model")
+            vocab = model.get("vocab") if isinstance(model, dict) else None  # a mutation may have removed either
             if isinstance(vocab, dict) and len(vocab) > 1:
                 a, b = draw(st.lists(st.sampled_from(sorted(vocab)), min_size=2, max_size=2, unique=True))
                 vocab[a], vocab[b] = vocab[b], vocab[a]

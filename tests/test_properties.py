@@ -35,7 +35,7 @@ GRAMMAR = "grammar (built-in)"
 SORT = "sort digits (built-in)"
 MODELS = list(BUILTINS.names)
 LEAKS = ("Traceback", 'File "', "/work", "/tmp", "Something went wrong")
-SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False, database=None)
+SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck))  # seeding: the profile in conftest.py
 
 # --------------------------------------------------------------------------------- helpers
 
