@@ -113,19 +113,27 @@ def test_phone_shows_one_head_at_full_width_and_moves_between_heads(app_server, 
 @pytest.mark.parametrize("size", [(1366, 900), (1280, 720), (390, 844)])
 def test_dropdown_values_stay_clear_of_their_caret(app_server, browser, size):
     """Gradio draws a dropdown's caret over the right end of its input: the text box must end where the caret
-    begins, and a value too long for it ends with an ellipsis ("colour: weight" lost its "t" under the caret)."""
+    begins, and a value too long for it ends with an ellipsis ("colour: weight" lost its "t" under the caret). The
+    short values above the attention ("layer 1", "head 0", "colour: weight") fit whole, even at 1280 px."""
     context, p = open_page(app_server, browser, *size)
     try:
         boxes = p.page.evaluate("""() => [...document.querySelectorAll('.secondary-wrap > input[role="combobox"]')]
             .filter(e => e.offsetParent !== null).map(e => {
               const r = e.getBoundingClientRect(), s = getComputedStyle(e);
               const icon = e.parentElement.querySelector('.icon-wrap').getBoundingClientRect();
+              const ctx = document.createElement('canvas').getContext('2d'); ctx.font = s.font;
               return {label: e.getAttribute('aria-label'), textEnd: r.right - parseFloat(s.paddingRight),
-                      caret: icon.left, overflow: s.textOverflow}; })""")
+                      caret: icon.left, overflow: s.textOverflow, value: e.value,
+                      room: e.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight),
+                      text: ctx.measureText(e.value).width}; })""")
         assert {b["label"] for b in boxes} >= {"Model", "Example prompts", "Colour"}, boxes
         for b in boxes:
             assert b["textEnd"] <= b["caret"] + 0.5, f"{b['label']}: the value runs under the caret at {size}: {b}"
             assert b["overflow"] == "ellipsis", b
+        short = {b["label"]: b for b in boxes if b["label"] in ("Layer", "Head", "Colour")}
+        assert [short[k]["value"] for k in ("Layer", "Head", "Colour")] == ["layer 1", "head 0", "colour: weight"]
+        for b in short.values():
+            assert b["text"] <= b["room"], f"{b['label']}: {b['value']!r} does not fit whole at {size}: {b}"
     finally:
         context.close()
 
