@@ -229,3 +229,35 @@ def test_text_preset_reads_its_text_from_the_command_line(capsys):
     assert "needs --text" in capsys.readouterr().err
     assert main(["--preset", "sort", "--text", str(SHAKESPEARE_TEXT), "--steps", "1"]) == 2
     assert "leave out --text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_remade_initial_weights_and_frame_zero_match_the_shipped_film(name):
+    """What re-making a built-in reproduces on any CPU: the initial weights (drawn from the recorded seed,
+    bit for bit) and so the film's frame 0 (the probe's attention under them, up to float rounding).
+    Later frames and the final weights depend on the CPU's kernels and thread count, so they are not
+    compared here: README says so."""
+    import torch
+
+    from model.train import probe
+    from model.transformer import DecoderLM
+
+    ck = checkpoint(name)
+    if ck.film is None:
+        pytest.skip(f"{name} carries no film")
+    args = command_args(name)
+    cfg = PRESETS[args.preset].model_config(ck.tokenizer.vocab_size)
+    assert cfg == ck.model.cfg  # the preset still builds this very architecture
+    made = []
+    for _ in range(2):
+        torch.manual_seed(train_seed(name))
+        made.append(DecoderLM(cfg))
+    for (key, a), b in zip(made[0].state_dict().items(), made[1].state_dict().values()):
+        assert torch.equal(a, b), key
+    frame0 = ck.film.frames[0]
+    assert frame0.step == 0
+    again = probe(made[0], tuple(ck.film.probe_ids))
+    assert len(again) == len(frame0.attention)
+    for layer, (shipped, now) in enumerate(zip(frame0.attention, again)):
+        assert shipped.shape == now.shape, layer
+        assert abs(shipped - now).max() < 1e-5, (layer, abs(shipped - now).max())
