@@ -616,8 +616,8 @@ def edit_selected(session: Session, head, key) -> ProbeSettings:
     """`set_edit` for the selected token, with the head as a label ("L1H0") and the key as the page
     sends it (a position as text, "uniform" or "off")."""
     _need_text(session)
-    if isinstance(key, str) and key.strip().isdigit():
-        key = int(key)
+    if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
+        key = int(key)  # anything else that is text (“²”, “3.5”) is left to set_edit's check, which names it
     if key is None or key == "off":
         return set_edit(session, None, None, None, None)
     cfg = session.entry.model.cfg

@@ -116,6 +116,23 @@ def test_ablate_refusals_change_nothing(client, args, pattern):
     assert data["what"] == "L1H1 mean-ablated"
 
 
+def test_a_bad_layer_or_head_shown_refuses_before_the_settings_change(client):
+    """/ablate and /clear_changes check the layer and head shown first: a refusal keeps the settings."""
+    client.predict(["L1H1"], "mean", False, 1, 0, api_name="/ablate")
+    for call, pattern in [(lambda: client.predict(["L1H1", "L2H2"], "mean", False, 3, 0, api_name="/ablate"), "layer"),
+                          (lambda: client.predict(["L0H0"], "zero", False, 0, 99, api_name="/ablate"), "head"),
+                          (lambda: client.predict(0, 99, api_name="/clear_changes"), "head"),
+                          (lambda: client.predict(7, 0, api_name="/clear_changes"), "layer")]:
+        with pytest.raises(AppError) as info:
+            call()
+        assert_clean_error(info.value, pattern)
+    with pytest.raises(AppError) as info:
+        client.predict("L0H0", "²", api_name="/edit_attention")
+    assert_clean_error(info.value, "key position must be a whole number")
+    _, data = client.predict(*GREEDY, 1, api_name="/regenerate")  # reads the settings without setting them
+    assert data["what"] == "L1H1 mean-ablated"  # still the first setting: nothing above changed it
+
+
 def test_edit_attention_and_its_refusals(client):
     client.predict(11, api_name="/logit_lens")  # selects "he" as the query
     _, summary, data = client.predict("L1H0", "0", api_name="/edit_attention")

@@ -88,3 +88,69 @@ def test_the_text_stays_viewable_when_its_model_leaves_the_list():
     assert first not in s.models
     out = app.undo(s, 0, "all", "weights")
     assert out[1] and out[4].plot
+
+
+# ------------------------------------------------------------------------- the head tools
+
+HEAD_GOOD = {  # ui.heads handlers and good arguments for a session with a text on the grammar model
+    "ablate": dict(heads=["L1H1", "L2H2"], mode="mean", keep_only=False, layer=0, head=0),
+    "clear_settings": dict(layer=0, head=0),
+    "edit_attention": dict(head="L0H0", key="0"),
+    "refresh": dict(layer=0, head="all", query=3),
+    "show_tool": dict(tool="ablate", layer=0, head=0),
+}
+HEAD_JUNK = {  # beside JUNK: values of the right kind that are out of range for this model
+    "heads": [["L1H1", "L9H0"], ["L1H1", "L0H7"], ["L0H0", "²"]], "mode": ["MEAN", ""], "layer": [3, "²"],
+    "head": [4, 99, "² "], "key": ["²", "13", "-1", "3.5"], "tool": ["film"],
+}
+
+
+@pytest.fixture
+def probed_session():
+    """A text on the grammar model with heads ablated and a row edited: the state a refusal must keep."""
+    from lab import probing
+
+    s = Session()
+    app.step(s, GRAMMAR, P, 1.0, 0, 1.0, 3, 0, "all", "weights")
+    probing.set_ablation(s, ["L0H1"], "zero", False)
+    s.select(5)
+    probing.set_edit(s, 1, 0, 5, 2)
+    return s
+
+
+def head_snapshot(s: Session):
+    return (snapshot(s), s.probe, s.query, s.display)
+
+
+HEAD_CASES = [(name, arg, junk) for name, good in HEAD_GOOD.items() for arg in good
+              for junk in JUNK + HEAD_JUNK.get(arg, [])
+              if arg != "query"  # a token not in the text selects the last one (the page sends none after a Step)
+              and not (arg in ("layer", "head") and junk is None)  # None: no layer / head / token given
+              and not (arg == "key" and junk is None)  # None: no edit (as "off")
+              and not (arg == "heads" and (junk is None or junk == [1]))]  # None: no heads; [1]: refused below
+
+
+@pytest.mark.parametrize("name,arg,junk", HEAD_CASES, ids=[f"{n}-{a}-{i}" for i, (n, a, _) in enumerate(HEAD_CASES)])
+def test_a_refused_head_tool_call_changes_nothing(probed_session, name, arg, junk):
+    """Every argument of the head tools (layer and head shown, heads, mode, key, tool) is checked
+    before a head setting changes: a refusal leaves the ablation, the edit and the view as they were."""
+    from ui import heads
+
+    s = probed_session
+    before = head_snapshot(s)
+    args = {**HEAD_GOOD[name], arg: junk}
+    with pytest.raises(gr.Error) as info:
+        getattr(heads, name)(s, *args.values())
+    msg = info.value.message
+    assert msg and "Something went wrong" not in msg and "invalid literal" not in msg, msg
+    assert head_snapshot(s) == before, f"{name}({arg}={junk!r}) was refused and still changed the session"
+
+
+def test_the_head_tools_accept_what_the_page_sends(probed_session):
+    """The cases above fail for their bad value alone: the good values go through."""
+    from ui import heads
+
+    s = probed_session
+    for name, good in HEAD_GOOD.items():
+        getattr(heads, name)(s, *good.values())
+    assert s.probe.heads == () and s.probe.edit is not None  # ablate, clear, then edit (in that order)
