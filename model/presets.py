@@ -173,6 +173,18 @@ def train_tab_defaults(corpus_name: str, limits: dict[str, tuple[float, float]] 
     return form
 
 
+def example_length(corpus: Corpus) -> int:
+    """The tokens of one whole example of a task corpus: its input row and the last target (<EOS>)."""
+    return int(corpus.train.x.shape[1]) + 1
+
+
+def tab_example_block(corpus: Corpus) -> int:
+    """The context of a Train-tab model of a task corpus (sort, copy, toy): its built-in model's, and never
+    shorter than one whole example, so a generated answer keeps its prompt's first token in view."""
+    preset = PRESETS.get(TAB_CORPUS_PRESETS.get(corpus.name, ""))
+    return max(example_length(corpus), preset.model["block_size"] if preset is not None else 0)
+
+
 def train_tab_recipe(
     corpus: Corpus,
     *,
@@ -194,13 +206,14 @@ def train_tab_recipe(
 ) -> tuple[ModelConfig, TrainConfig]:
     """The model and training configs of a Train-tab run on `corpus`.
 
+    The context is TAB_TEXT_BLOCK for text, else `tab_example_block` (every example fits whole).
     Warm-up is a tenth of the run (at most 50 steps) and the model is evaluated ten times,
     so a short run still shows a validation curve. `keep_best`: end with the weights of the
     lowest validation loss seen (TrainConfig.keep_best). `film_frames` (0 = none) and `probe_ids`
     (empty = a held-out example of the corpus): the run's training film (model/film.py). The step is the
     hand-written one where the model allows (backward="auto"), in bf16 where `tab_bf16` says it pays.
     """
-    block = TAB_TEXT_BLOCK if corpus.kind == "text" else int(corpus.train.x.shape[1])
+    block = TAB_TEXT_BLOCK if corpus.kind == "text" else tab_example_block(corpus)
     mcfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
                        d_model=d_model, d_ff=d_ff, pos_encoding=pos_encoding, norm=norm, activation=activation,
                        dropout=dropout)

@@ -18,8 +18,10 @@ import app
 import viz
 from lab.limits import MAX_USER_MODELS, TRAIN_CORPORA, TRAIN_LIMITS
 from lab.models import BUILTINS
+from lab.checks import check_sampling
 from lab.session import Session, TrainingRun, removed_note
-from model.presets import PRESETS, TAB_CORPUS_PRESETS, train_tab_defaults
+from model.corpora import build_corpus
+from model.presets import PRESETS, TAB_CORPUS_PRESETS, train_tab_defaults, train_tab_recipe
 from model.train import evaluate, well_above_best
 from ui.train import RECIPE_KEYS, corpus_defaults, loss_figure, progress_html, upload_refused
 
@@ -66,6 +68,48 @@ def test_the_recipe_of_each_corpus_is_its_built_in_models():
     assert (text["tokenizer"], text["layers"], text["d_model"], text["steps"]) == ("char", 4, 128, 1000)
     with pytest.raises(ValueError, match="no Train-tab recipe"):
         train_tab_defaults("nope")
+
+
+@pytest.mark.parametrize("corpus_name", list(TRAIN_CORPORA))
+def test_every_recipe_fits_its_corpus_examples_and_probe(corpus_name):
+    """The context of every corpus's recipe holds each of its examples whole (input and answer, <EOS> included),
+    the film's default probe and every example prompt: no token falls off the front."""
+    form = Session.train_defaults(corpus_name)
+    own = corpus_name in ("grammar", "text")
+    corpus = build_corpus(corpus_name, form["tokenizer"] if own else None, text=SMALL_TEXT if corpus_name == "text"
+                          else None)
+    mcfg, _ = train_tab_recipe(corpus, max_seconds=None, seed=0,
+                               **{k: v for k, v in form.items() if k != "tokenizer"})
+    block = mcfg.block_size
+    if corpus.kind == "examples":
+        for split in (corpus.train, corpus.val):
+            whole = split.x.shape[1] + 1  # the input row and its last target, <EOS>
+            assert whole <= block, (corpus_name, whole, block)
+        preset_block = PRESETS[TAB_CORPUS_PRESETS[corpus_name]].model["block_size"]
+        assert block == max(preset_block, corpus.train.x.shape[1] + 1)  # the built-in model's context
+    probe = Session._probe_ids(corpus, corpus_name, None, block)
+    held_out = corpus.val.x[0] if corpus.val.x.dim() == 2 else corpus.val.x
+    assert probe == held_out[:len(probe)].tolist() and len(probe) <= block  # the example from its first token
+    if corpus.kind == "examples":
+        assert len(probe) == corpus.val.x.shape[1]  # the whole held-out example
+    for prompt in corpus.sample_prompts:
+        assert len(corpus.tokenizer.encode(prompt)) <= block
+    assert {"copy": 20, "sort": 16, "toy": 20}.get(corpus_name, block) == block
+
+
+def test_a_tab_trained_copy_model_keeps_a_whole_example_in_view():
+    """Explore on a copy model trained with the tab's recipe: a whole example (prompt, copy, <EOS>) stays in
+    the window, its first letter included."""
+    s = Session()
+    form = Session.train_defaults("copy")
+    for p in s.train("copy", "", None, form["tokenizer"], 1, 1, 16, 32, "learned", "pre", "gelu", 0.0, 10,
+                     form["lr"], 0):
+        pass
+    entry = s.entry_for(p.run.name)
+    example = "abcdefgh|abcdefgh"
+    s.step(p.run.name, example, check_sampling(1.0, 0, 1.0, 0), force=entry.tokenizer.eos_id)
+    assert s.decoder.start == 0 and len(s.decoder.window) == len(example) + 1
+    assert [t for t, _ in s.tokens()][0] == "a" and "oldest token was dropped" not in s.status()
 
 
 def test_the_tab_starts_as_the_recipe_of_its_first_corpus():
