@@ -57,6 +57,16 @@ __all__ = [
 Clock = Callable[[], float]
 
 
+def monotonic() -> float:
+    """The rate limiter's clock when none is given (time.monotonic). In-process tests replace this
+    function (`monkeypatch.setattr(lab.budget, "monotonic", fake)`) to drive `LIMITER` themselves."""
+    return time.monotonic()
+
+
+def _module_clock() -> float:
+    return monotonic()  # looked up at each call, so a replaced `monotonic` takes effect at once
+
+
 @runtime_checkable
 class Tenant(Protocol):
     """What the budgets read and ask of a session (lab.session.Session implements it)."""
@@ -127,7 +137,7 @@ class RateLimiter:
     a forgotten bucket starts full again, which only gives back what a client that stopped had)."""
 
     def __init__(self, rates: dict[str, tuple[int, int, float]] | None = None, *, max_keys: int = RATE_MAX_KEYS,
-                 clock: Clock = time.monotonic):
+                 clock: Clock = _module_clock):
         self.rates = {a: Rate(*r) for a, r in (RATE_LIMITS if rates is None else rates).items()}
         self.max_keys = max_keys
         self.clock = clock

@@ -206,6 +206,21 @@ def test_the_limiter_is_thread_safe():
     assert len(ok) == 50
 
 
+def test_the_server_s_limiter_runs_on_the_module_clock_a_test_can_drive(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(budget, "monotonic", clock)
+    rate = budget.LIMITER.rates["generate"]
+    me = "203.0.113.77"
+    for _ in range(rate.burst):  # however long these calls take, the clock stands still
+        budget.LIMITER.check(me, "generate")
+    with pytest.raises(UserError, match="Slow down"):
+        budget.LIMITER.check(me, "generate")
+    clock.advance(rate.window_s / rate.count)  # exactly one token later
+    budget.LIMITER.check(me, "generate")
+    with pytest.raises(UserError, match="Slow down"):
+        budget.LIMITER.check(me, "generate")
+
+
 @pytest.mark.parametrize("host,xff,proxy,key", [
     ("1.2.3.4", None, False, "1.2.3.4"),
     ("1.2.3.4", "5.6.7.8", False, "1.2.3.4"),  # no proxy: a forged header changes nothing
