@@ -100,11 +100,19 @@ class ModelEntry:
     @property
     def summary(self) -> str:
         c = self.model.cfg
+        norm = "no norm" if c.norm == "none" else f"{c.norm}-norm"
+        # without a feed-forward layer (d_ff 0) there is no activation to name
+        ff = f"{c.activation} feed-forward" if c.ff_dim else "no feed-forward layer"
         return (
-            f"{self.name}: {c.n_layers} layers × {c.n_heads} heads, d_model {c.d_model}, context {c.block_size}, "
-            f"{c.pos_encoding} positions, {c.norm}-norm, {c.activation}, {self.tokenizer.kind} tokenizer "
-            f"({self.tokenizer.vocab_size} tokens), {self.model.n_params():,} parameters"
+            f"{self.name}: {counted(c.n_layers, 'layer')} × {counted(c.n_heads, 'head')}, d_model {c.d_model}, "
+            f"context {c.block_size}, {c.pos_encoding} positions, {norm}, {ff}, {self.tokenizer.kind} tokenizer "
+            f"({counted(self.tokenizer.vocab_size, 'token')}), {counted(self.model.n_params(), 'parameter')}"
         )
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 layer", "2 layers", "1,234 parameters": a count with its noun in agreement."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def usable_examples(candidates) -> tuple[str, ...]:

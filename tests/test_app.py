@@ -10,6 +10,7 @@ import functools
 import html
 import json
 import pickle
+import re
 import time
 import urllib.error
 import urllib.request
@@ -161,6 +162,31 @@ def test_select_model_and_positional(client):
     assert "**sinusoidal**" in info
 
 
+def test_the_readme_decodes_a_returned_attention_figure_as_written(client):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    expr = re.search(r"`(viz\.attention_panels\(json\.loads\(.*?\)\))`", readme).group(1)
+    tokens, _, _, attention = step(client, temperature=0.0)
+    seen = eval(expr, {"viz": viz, "json": json, "attention": attention})  # noqa: S307 - our README's own line
+    assert seen.shape == (4, P_LEN + 1, P_LEN + 1)
+    np.testing.assert_array_equal(viz.attention_panels(attention), seen)  # the returned value itself works too
+    ck = grammar_checkpoint()
+    ids = ck.tokenizer.encode(P) + [ck.tokenizer.encode(w)[0] for w in generated(tokens)]
+    with torch.inference_mode():
+        out = ck.model(torch.tensor([ids]), return_attention=True)
+    assert np.nanmax(np.abs(seen - out.attentions[0][0].numpy())) <= QUANT
+    with pytest.raises(TypeError, match="figure's JSON"):
+        viz.attention_panels({"tokens": tokens})
+
+
+def test_a_model_without_norm_or_feed_forward_is_described_in_plain_words(client):
+    _, summary, *_ = client.predict("article toy (built-in)", api_name="/select_model")
+    assert summary.startswith("article toy (built-in): 1 layer × 1 head, d_model 4")
+    assert "no norm" in summary and "no feed-forward layer" in summary
+    assert "none-norm" not in summary and "gelu" not in summary and "layers" not in summary
+    _, summary, *_ = client.predict(SORT, api_name="/select_model")
+    assert "2 layers × 4 heads" in summary and "pre-norm, gelu feed-forward" in summary
+
+
 def test_prompt_longer_than_context_is_cropped_with_notice(client):
     tokens, status, _, attn = step(client, model=SORT, prompt="0123456789" * 3, temperature=0.0)
     assert "The prompt has 30 tokens but the model's context is 16; it keeps the last 16." in status
@@ -243,7 +269,7 @@ def test_train_use_stop_and_isolation(app_server, tmp_path):
     assert status.startswith("Training finished after 30 steps") and f"'{name}' is now in the Explore" in status
     assert json.loads(loss["plot"])["data"]
     tokens, st, _, attn = step(a, model=name, prompt="503124=", temperature=0.0)
-    assert "my sort model: 1 layers × 2 heads, d_model 32" in st and len(tokens) == 8
+    assert "my sort model: 1 layer × 2 heads, d_model 32" in st and len(tokens) == 8
     assert panels(attn).shape == (2, 8, 8)
     assert panels(a.predict(0, "all", "all layers", api_name="/undo")[3]).shape == (2, 7, 7)
     # the other session cannot use it

@@ -23,7 +23,7 @@ import torch
 import app
 import viz
 from lab.limits import MAX_NEW_TOKENS
-from lab.models import BUILTINS, DEFAULT_MODEL
+from lab.models import BUILTINS, DEFAULT_MODEL, counted
 from lab.session import Session
 
 GRAMMAR = "grammar (built-in)"
@@ -299,7 +299,7 @@ def test_select_model_each_builtin(name):
     cfg = entry.model.cfg
     _, tokens, summary, _, _, layer_u, head_u, view_u, caption, examples_u, prompt_u = app.select_model(ws, name)
     assert tokens == [] and ws.decoder is None
-    assert summary == entry.summary and f"{cfg.n_layers} layers × {cfg.n_heads} heads" in summary
+    assert summary == entry.summary and f"{counted(cfg.n_layers, 'layer')} × {counted(cfg.n_heads, 'head')}" in summary
     assert [c[1] for c in layer_u["choices"]] == list(range(cfg.n_layers))
     assert [c[1] for c in head_u["choices"]] == ["all"] + list(range(cfg.n_heads))
     fv = entry.first_view  # every built-in opens on the head worth seeing, with its caption
@@ -440,7 +440,7 @@ def test_trained_model_is_private_and_builtins_stay_unchanged():
     assert download["value"].endswith("my-sort-model.safetensors")
     out = do_step(mine, model=name, prompt="503124=", temperature=0.0)
     assert panels(out[4]).shape == (2, 8, 8)
-    assert "my sort model: 1 layers × 2 heads, d_model 32" in out[2]
+    assert "my sort model: 1 layer × 2 heads, d_model 32" in out[2]
     with raises_user_error(r"^Unknown model 'my sort model'"):
         do_step(other, model=name, prompt="503124=")
     for _ in range(3):

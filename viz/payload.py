@@ -170,16 +170,18 @@ def decode_array(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
-def attention_panels(fig: Figure) -> np.ndarray:
+def attention_panels(fig: Figure | dict) -> np.ndarray:
     """The values a viewer of an attention figure sees: (panels, T, T) float64, NaN where masked.
 
+    fig: a figure, the figure's JSON already parsed (``json.loads(result["plot"])`` of what the
+    app's API returns), or that returned ``{"type": "plotly", "plot": <JSON>}`` value itself.
     These are the coloured values: the weights themselves for colour="linear", the row-normalised
     or log10 values for colour="row" / "log" (``layout.meta.colour`` says which).
 
     Decodes the JSON actually sent (tiles, integer milli-units) back to floats. Tiles overlap by a
     cell to hide seams; overlapping cells must agree.
     """
-    spec = json.loads(plot_json(fig))
+    spec = _figure_dict(fig)
     meta = spec["layout"]["meta"]
     panels = meta["panels"]  # a list of {xaxis, yaxis, layer, head} (older figures: a count)
     t, unit = int(meta["T"]), float(meta["unit"])
@@ -198,3 +200,15 @@ def attention_panels(fig: Figure) -> np.ndarray:
             raise AssertionError(f"overlapping tiles disagree in panel {panel} near row {r0}, col {c0}")
         region[...] = np.where(np.isfinite(z), z, region)
     return out
+
+
+def _figure_dict(fig: Figure | dict) -> dict:
+    """A figure as the plain dict plotly.js reads ({"data": [...], "layout": {...}})."""
+    if isinstance(fig, dict):
+        if isinstance(fig.get("plot"), str):  # a gr.Plot value, as gradio_client returns it
+            return json.loads(fig["plot"])
+        if isinstance(fig.get("data"), list) and isinstance(fig.get("layout"), dict):
+            return fig
+        raise TypeError("expected a figure's JSON (a dict with 'data' and 'layout') or a gr.Plot value "
+                        f"(a dict with 'plot'), got a dict with keys {sorted(map(str, fig))[:6]}")
+    return json.loads(plot_json(fig))
