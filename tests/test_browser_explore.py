@@ -59,6 +59,11 @@ def probs_title(p: Page) -> str:
     return p.page.evaluate("() => document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || ''")
 
 
+def probs_labels(p: Page) -> list[str]:
+    """The probability chart's row labels, as drawn."""
+    return p.page.evaluate("() => [...document.querySelectorAll('#probs .ytick text')].map(t => t.textContent)")
+
+
 def box(p: Page, selector: str) -> dict:
     return p.page.evaluate("s => { const r = document.querySelector(s).getBoundingClientRect();"
                            " return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width}; }",
@@ -193,12 +198,14 @@ def test_clicking_a_token_links_the_three_views(page, shots):
     p.page.wait_for_function("i => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
                              ".includes('position ' + i)", arg=i, timeout=10_000)
     assert "Typed" in probs_title(p)
+    assert "he  ◀ typed" in probs_labels(p) and not any("chosen" in t for t in probs_labels(p))  # nothing was drawn
     p.page.screenshot(path=str(shots / "explore-linked.png"))  # the README's first picture
     # clicking the generated token shows the distribution it was drawn from
     p.page.locator("#tokens .textfield .token").nth(12).click()
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
                              ".includes('position 12')", timeout=10_000)
     assert "drawn from" in probs_title(p)
+    assert any(t.endswith("◀ chosen") for t in probs_labels(p)) and not any("typed" in t for t in probs_labels(p))
     # hovering a cell names layer, head, query and key
     hover = p.page.evaluate(f"() => {PLOT}._fullData.map(t => [t.hovertemplate || '', String(t.meta || '')])")
     assert hover and all("query" in t and "key" in t and "%{meta}" in t for t, _ in hover)

@@ -392,6 +392,14 @@ def test_probabilities_chosen_outside_top_and_escaping():
     assert spec["data"][0]["hovertext"][0] == '"&lt;b&gt;" (id 0)'
 
 
+def test_probabilities_label_a_typed_token_as_typed_not_chosen():
+    pieces, probs = ["a", "b", "c"], np.array([0.6, 0.3, 0.1])
+    typed = sent(probabilities(pieces, probs, chosen=1, typed=True))["layout"]["yaxis"]["ticktext"]
+    assert typed[1] == "<b>b  ◀ typed</b>" and not any("chosen" in t for t in typed)
+    drawn = sent(probabilities(pieces, probs, chosen=1))["layout"]["yaxis"]["ticktext"]
+    assert drawn[1] == "<b>b  ◀ chosen</b>" and not any("typed" in t for t in drawn)
+
+
 # ----------------------------------------------------------------------------- loss
 
 

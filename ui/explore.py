@@ -84,7 +84,7 @@ def probs_figure(session: Session, index=None):
     else:
         title = f"“{piece}” (position {p.index}) was drawn from this"
     fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
-                            presentation=presentation)
+                            presentation=presentation, typed=p.typed)
     return viz.to_gradio_plot(named(fig, model_stem(session.model_name), f"pos{p.index}", "probabilities"))
 
 

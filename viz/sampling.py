@@ -72,13 +72,15 @@ def probabilities(
     top: int = 15,
     title: str | None = None,
     presentation: bool = False,
+    typed: bool = False,
 ) -> FigureSpec:
     """Horizontal bars of the `top` most likely next tokens (ranked by `adjusted` when given).
 
     probs: the model's softmax over the vocabulary. adjusted: the distribution after temperature /
     top-k / top-p, drawn next to it. chosen: vocabulary id of the sampled token; its bars take the
     one highlight colour (`CHOSEN_COLOUR`) and its label is marked "◀ chosen"; it is added as an
-    extra row when outside the top. pieces: display strings (whitespace already made visible by the
+    extra row when outside the top. typed: the token at `chosen` was typed in the prompt, not
+    sampled: its label reads "◀ typed" instead. pieces: display strings (whitespace already made visible by the
     caller). title: the chart's title, e.g. which step or token the distribution belongs to (plain
     text, escaped; default "Next-token probabilities"). presentation: large fonts (≥ 16 px).
     The chart is at most `MAX_HEIGHT_PX` tall: rows that would not fit at a legible size are left
@@ -108,7 +110,8 @@ def probabilities(
     rows = np.arange(len(ids), dtype=np.int32)
     is_chosen = ids == (-1 if chosen is None else int(chosen))
     labels = [short_token(pieces[i], 16) for i in ids]
-    ticktext = [f"<b>{lab}  ◀ chosen</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]
+    mark = "◀ typed" if typed else "◀ chosen"
+    ticktext = [f"<b>{lab}  {mark}</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]
     hover_names = [f'"{esc(pieces[i])}" (id {i})' for i in ids]
     label_em = max(text_width_em(pieces[i][:16]) + (6.5 if c else 0) for i, c in zip(ids, is_chosen, strict=True))
 
