@@ -45,8 +45,8 @@ from typing import Callable, Generic, Iterator, Protocol, TypeVar, runtime_check
 from . import files
 from .checks import UserError
 from .limits import (
-    BEHIND_PROXY, IDLE_S, MAX_SESSIONS, MEMORY_MAX_BYTES, RATE_LIMITS, RATE_MAX_KEYS, RUN_FILES_MAX_BYTES,
-    RUN_FILES_SESSION_MAX_BYTES, STATE_TTL_S,
+    BEHIND_PROXY, CLIENT_FILES_BYTES, CLIENT_MEMORY_BYTES, CLIENT_SESSIONS, IDLE_S, MAX_SESSIONS, MEMORY_MAX_BYTES,
+    RATE_LIMITS, RATE_MAX_KEYS, RUN_FILES_MAX_BYTES, RUN_FILES_SESSION_MAX_BYTES, STATE_TTL_S,
 )
 
 __all__ = [
@@ -73,6 +73,8 @@ class Tenant(Protocol):
 
     touched: float  # time.monotonic() of its last action (the start or end of one)
     closed: bool
+    # Optionally `client: str | None`, the address it counts against (`client_key`; `SessionStore`
+    # sets it when it admits the session). Without one it counts for no client's share.
     run_dir: Path | None  # its folder under files.RUNS, if it saved anything
 
     @property
@@ -95,6 +97,10 @@ class Tenant(Protocol):
 
 def _idle(owner, now: float, idle_s: float) -> bool:
     return not owner.busy and now - owner.touched >= idle_s
+
+
+def _client(owner) -> str | None:
+    return getattr(owner, "client", None)
 
 
 def _mb(nbytes: float) -> str:
@@ -219,15 +225,18 @@ class SessionStore(Generic[T]):
 
     `resolve(hash, client, given)` returns the session kept for `hash`; for a new hash it keeps
     `given` (the fresh session gradio's gr.State made; `factory()` if that one is closed), after
-    `limiter.check(client, "session")`. At `max_sessions`, the least recently used idle session is
-    closed to make room; if none is idle the new one is refused. Sessions idle for `ttl_s` are
-    closed (swept at most once a second).
+    `limiter.check(client, "session")`, and sets its `client`. One client holds at most
+    `client_sessions`: past that its own least recently used idle session is closed to make room,
+    or the new one is refused if all of its sessions are in use. At `max_sessions`, the least
+    recently used idle session is closed to make room; if none is idle the new one is refused.
+    Sessions idle for `ttl_s` are closed (swept at most once a second).
     """
 
-    def __init__(self, factory: Callable[[], T], *, max_sessions: int = MAX_SESSIONS, idle_s: float = IDLE_S,
-                 ttl_s: float = STATE_TTL_S, limiter: RateLimiter | None = None, clock: Clock = time.monotonic):
+    def __init__(self, factory: Callable[[], T], *, max_sessions: int = MAX_SESSIONS,
+                 client_sessions: int = CLIENT_SESSIONS, idle_s: float = IDLE_S, ttl_s: float = STATE_TTL_S,
+                 limiter: RateLimiter | None = None, clock: Clock = time.monotonic):
         self.factory = factory
-        self.max_sessions, self.idle_s, self.ttl_s = max_sessions, idle_s, ttl_s
+        self.max_sessions, self.client_sessions, self.idle_s, self.ttl_s = max_sessions, client_sessions, idle_s, ttl_s
         self.limiter = limiter
         self.clock = clock
         self._sessions: OrderedDict[str, T] = OrderedDict()  # most recently resolved last
@@ -271,6 +280,16 @@ class SessionStore(Generic[T]):
                 self._sessions.pop(session_hash, None)
                 if self.limiter is not None:
                     self.limiter.check(client, "session")
+                if client is not None:
+                    own = [(s.touched, h) for h, s in self._sessions.items() if _client(s) == client]
+                    if len(own) >= self.client_sessions:
+                        idle = [x for x in own if _idle(self._sessions[x[1]], now, self.idle_s)]
+                        if not idle:
+                            raise UserError(
+                                f"Your address already has {len(own)} sessions of this app in use; one address may "
+                                f"hold {self.client_sessions} (the server is shared). Close tabs you no longer "
+                                "use, or try again in a few minutes.")
+                        to_close.append(self._sessions.pop(min(idle)[1]))
                 while len(self._sessions) >= self.max_sessions:
                     idle = [(s.touched, h) for h, s in self._sessions.items() if _idle(s, now, self.idle_s)]
                     if not idle:
@@ -279,6 +298,7 @@ class SessionStore(Generic[T]):
                     to_close.append(self._sessions.pop(min(idle)[1]))
                 session = self.factory() if given.closed or any(s is given for s in self._sessions.values()) \
                     else given
+                session.client = client
                 self._sessions[session_hash] = session
                 return session
         finally:
@@ -307,11 +327,12 @@ class _Held:
 
 
 class ModelBudget:
-    """Bytes held by sessions (their own models and their texts), for the whole server, at most `limit_bytes`."""
+    """Bytes held by sessions (their own models and their texts): at most `limit_bytes` for the whole
+    server and `client_limit_bytes` for the sessions of one client."""
 
-    def __init__(self, limit_bytes: int = MEMORY_MAX_BYTES, *, idle_s: float = IDLE_S,
-                 clock: Clock = time.monotonic):
-        self.limit_bytes, self.idle_s, self.clock = limit_bytes, idle_s, clock
+    def __init__(self, limit_bytes: int = MEMORY_MAX_BYTES, client_limit_bytes: int = CLIENT_MEMORY_BYTES, *,
+                 idle_s: float = IDLE_S, clock: Clock = time.monotonic):
+        self.limit_bytes, self.client_limit_bytes, self.idle_s, self.clock = limit_bytes, client_limit_bytes, idle_s, clock
         self._held: dict[int, _Held] = {}
         self._lock = threading.RLock()  # a drop_own_models may call release() back
 
@@ -343,9 +364,11 @@ class ModelBudget:
     def hold(self, owner, nbytes: int) -> None:
         """`owner` will hold `nbytes` of own models in all (after the change it is about to make).
 
-        More than before needs room: the least recently used idle sessions' models go first
-        (`drop_own_models`), never `owner`'s or a busy or recently active session's. If that
-        cannot make room, raise UserError and take nothing from anyone. Less always succeeds.
+        More than before needs room: first within the owner's client's share (its other idle
+        sessions' models go, least recently used first), then within the server's bound (any
+        client's idle sessions, least recently used first), via `drop_own_models`; never `owner`'s
+        or a busy or recently active session's. If that cannot make room, raise UserError and take
+        nothing from anyone. Less always succeeds.
         """
         nbytes = int(nbytes)
         if nbytes < 0:
@@ -354,39 +377,52 @@ class ModelBudget:
             live = self._live()
             mine = self._get(owner)
             before = 0 if mine is None else mine.nbytes
+            client = _client(owner)
             if nbytes > before:
                 if nbytes > self.limit_bytes:
                     raise UserError(f"Your models would take {_mb(nbytes)} of memory; the server allows "
                                     f"{_mb(self.limit_bytes)} for everyone's own models together.")
-                total = sum(h.nbytes for _, h in live)
-                need = total - before + nbytes - self.limit_bytes
+                if client is not None:
+                    ours = [(o, h) for o, h in live if _client(o) == client]
+                    need = sum(h.nbytes for _, h in ours) - before + nbytes - self.client_limit_bytes
+                    if need > 0:
+                        self._make_room(owner, ours, need, UserError(
+                            f"The sessions from your address would hold {_mb(need + self.client_limit_bytes)} of "
+                            f"models and texts; one address may hold {_mb(self.client_limit_bytes)} (the server is "
+                            "shared). Reset texts or remove models you no longer use, or try again in a few minutes."))
+                        live = self._live()
+                need = sum(h.nbytes for _, h in live) - before + nbytes - self.limit_bytes
                 if need > 0:
-                    now = self.clock()
-                    idle = sorted(((o.touched, id(o), o, h) for o, h in live
-                                   if o is not owner and h.nbytes > 0 and _idle(o, now, self.idle_s)),
-                                  key=lambda x: x[:2])
-                    if sum(h.nbytes for *_, h in idle) < need:
-                        raise UserError(
-                            "The server is full right now: the memory for people's models and texts is in use by "
-                            "people who are using them. Try again in a few minutes.")
-                    reason = ("Your own models and text were removed to make room for other people after more than "
-                              f"{_after(self.idle_s)} without activity. Train or upload them again "
-                              "(a downloaded file loads back).")
-                    for _, _, o, h in idle:
-                        if need <= 0:
-                            break
-                        freed = h.nbytes
-                        if o.drop_own_models(reason):
-                            self._held.pop(id(o), None)
-                            need -= freed
-                    if need > 0:  # sessions became busy meanwhile
-                        raise UserError("The server is full right now; try again in a minute.")
+                    self._make_room(owner, live, need, UserError(
+                        "The server is full right now: the memory for people's models and texts is in use by "
+                        "people who are using them. Try again in a few minutes."))
             if nbytes == 0:
                 self._held.pop(id(owner), None)
             elif mine is not None:
                 mine.nbytes = nbytes
             else:
                 self._held[id(owner)] = _Held(owner, nbytes)
+
+    def _make_room(self, owner, candidates: list[tuple[object, _Held]], need: int, refusal: UserError) -> None:
+        """Drop the models of idle sessions among `candidates` (never `owner`), least recently used
+        first, until `need` bytes are free; raise `refusal` first if they cannot free that much."""
+        now = self.clock()
+        idle = sorted(((o.touched, id(o), o, h) for o, h in candidates
+                       if o is not owner and h.nbytes > 0 and _idle(o, now, self.idle_s)), key=lambda x: x[:2])
+        if sum(h.nbytes for *_, h in idle) < need:
+            raise refusal
+        reason = ("Your own models and text were removed to make room for other people after more than "
+                  f"{_after(self.idle_s)} without activity. Train or upload them again "
+                  "(a downloaded file loads back).")
+        for _, _, o, h in idle:
+            if need <= 0:
+                break
+            freed = h.nbytes
+            if o.drop_own_models(reason):
+                self._held.pop(id(o), None)
+                need -= freed
+        if need > 0:  # sessions became busy meanwhile
+            raise UserError("The server is full right now; try again in a minute.")
 
     def release(self, owner) -> None:
         """`owner` holds nothing any more (it closed, or dropped its models)."""
@@ -413,12 +449,13 @@ def _folder(path: Path) -> tuple[int, float]:
 
 
 class DiskBudget:
-    """Bytes of model files under `files.RUNS` (read at each call): at most `limit_bytes` in all and
-    `session_limit_bytes` per session."""
+    """Bytes of model files under `files.RUNS` (read at each call): at most `limit_bytes` in all,
+    `client_limit_bytes` for the sessions of one client and `session_limit_bytes` per session."""
 
     def __init__(self, limit_bytes: int = RUN_FILES_MAX_BYTES, session_limit_bytes: int = RUN_FILES_SESSION_MAX_BYTES,
-                 *, idle_s: float = IDLE_S, clock: Clock = time.monotonic):
+                 client_limit_bytes: int = CLIENT_FILES_BYTES, *, idle_s: float = IDLE_S, clock: Clock = time.monotonic):
         self.limit_bytes, self.session_limit_bytes = limit_bytes, session_limit_bytes
+        self.client_limit_bytes = client_limit_bytes
         self.idle_s, self.clock = idle_s, clock
         self._owners: weakref.WeakSet = weakref.WeakSet()
         self._lock = threading.RLock()
@@ -448,10 +485,11 @@ class DiskBudget:
         """Make room for `owner` to write `nbytes` more under its folder, then hold the budget while
         the body writes (so two saves cannot both take the last room).
 
-        First the owner's own oldest files go if it would pass its per-session bound; then, if the
-        server would pass its bound, folders of sessions that are gone (oldest first), then folders
-        of idle sessions (least recently used first, via `drop_files`). If that cannot make room,
-        raise UserError before deleting anything of anyone else.
+        First the owner's own oldest files go if it would pass its per-session bound; then, if its
+        client would pass its share, the folders of that client's other idle sessions (least
+        recently used first, via `drop_files`); then, if the server would pass its bound, folders of
+        sessions that are gone (oldest first), then folders of idle sessions (least recently used
+        first). If that cannot make room, raise UserError before deleting anything of anyone else.
         """
         nbytes = int(nbytes)
         with self._lock:
@@ -464,10 +502,38 @@ class DiskBudget:
             if own is not None and own in folders:
                 self._trim_own(own, self.session_limit_bytes - nbytes)
                 folders[own] = _folder(own)
+            if _client(owner) is not None:
+                self._client_room(owner, own, folders, nbytes)
             need = sum(size for size, _ in folders.values()) + nbytes - self.limit_bytes
             if need > 0:
                 self._free(owner, own, folders, need)
             yield
+
+    def _client_room(self, owner, own: Path | None, folders: dict[Path, tuple[int, float]], nbytes: int) -> None:
+        """Keep the owner's client within its share: its other idle sessions' folders go first (the
+        folders they held are taken out of `folders`), or raise UserError deleting nothing."""
+        client, now = _client(owner), self.clock()
+        ours = [(o, Path(o.run_dir).resolve()) for o in list(self._owners)
+                if not o.closed and o is not owner and _client(o) == client and o.run_dir is not None]
+        ours = [(o, p) for o, p in ours if p in folders and p != own]
+        used = (folders[own][0] if own in folders else 0) + sum(folders[p][0] for _, p in ours)
+        need = used + nbytes - self.client_limit_bytes
+        if need <= 0:
+            return
+        idle = sorted(((o.touched, str(p), p, o) for o, p in ours if _idle(o, now, self.idle_s)), key=lambda x: x[:2])
+        if sum(folders[p][0] for *_, p, _ in idle) < need:
+            raise UserError(f"The files of the sessions from your address would take {_mb(used + nbytes)}; one "
+                            f"address may keep {_mb(self.client_limit_bytes)} (the server is shared). Try again "
+                            "in a few minutes.")
+        reason = ("Your model files were deleted to make room for newer files from your address after a while "
+                  "without activity; your models are still here: train again to download one.")
+        for _, _, p, o in idle:
+            if need <= 0:
+                return
+            if o.drop_files(reason):
+                need -= folders.pop(p)[0]
+        if need > 0:
+            raise UserError("The disk for files from your address is full right now; try again in a minute.")
 
     def _trim_own(self, own: Path, keep: int) -> None:
         """Delete the oldest files of the owner's folder until it holds at most `keep` bytes."""

@@ -100,6 +100,15 @@ RUN_FILES_SESSION_MAX_BYTES = MAX_USER_MODELS * CHECKPOINT_LIMITS.max_file_bytes
 __all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSIONS", "MEMORY_MAX_BYTES",
             "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
 
+# ------------------------------------------------ Per-address shares (lab/budget.py, ui/http.py)
+# What one address may hold of each shared resource, counted when work is admitted. Generous enough for
+# a class of thirty behind one school address; small enough that one address leaves the rest to others.
+CLIENT_SESSIONS = int(os.environ.get("DECODER_LAB_CLIENT_SESSIONS", str(max(1, MAX_SESSIONS // 8))))
+CLIENT_MEMORY_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_MEMORY_MB", str(MEMORY_MAX_BYTES // 4 // 2**20))) * 2**20
+CLIENT_FILES_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_FILES_MB", str(RUN_FILES_MAX_BYTES // 4 // 2**20))) * 2**20
+CLIENT_QUEUE = int(os.environ.get("DECODER_LAB_CLIENT_QUEUE", str(max(1, QUEUE_SIZE // 4))))  # calls waiting or running
+__all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE"]
+
 
 MAX_LOG = 4 * MAX_NEW_TOKENS  # actions (Step, Generate, Undo) a text's log keeps: a session file replays them
 

@@ -52,6 +52,7 @@ class Fake:
         self.clock, self.name = clock, name
         self.touched = clock()
         self.closed = False
+        self.client: str | None = None  # SessionStore sets it; the budgets count it for that client's share
         self.run_dir = run_dir
         self.is_busy = False
         self.models: dict[str, int] = {}  # name → bytes
@@ -266,7 +267,7 @@ def test_a_kept_session_survives_gradio_dropping_its_state():
 
 def test_new_sessions_are_rate_limited_per_client_and_kept_ones_still_answer():
     clock = Clock()
-    store, _ = make_store(clock)
+    store, _ = make_store(clock, client_sessions=10_000)  # the rate alone (tests/test_shares.py: the share)
     mine = store.resolve("person", "1.1.1.1", Fake(clock))
     refused = 0
     for i in range(320):
