@@ -29,7 +29,7 @@ import torch
 
 from model.checkpoint import atomic_write, checkpoint_bytes, load_checkpoint
 from model.corpora import Stopped, build_corpus, read_text_file
-from model.film import FILM_FRAMES, MAX_PROBE_TOKENS, Film, default_probe
+from model.film import FILM_FRAMES, MAX_PROBE_TOKENS, Film, default_probe, task_of
 from model.generate import Decoder, Sampling, Step, generate
 from model.presets import train_tab_defaults, train_tab_recipe
 from model.train import train, well_above_best
@@ -467,6 +467,7 @@ class Session:
         self.reset()
         if entry is not self.entry:
             self.probe = ProbeSettings()
+        self.entry = entry  # the head tools (and a session saved now) are about this model from here on
         return entry
 
     def step(self, model_name, prompt, sampling: Sampling, force: int | None = None) -> Step:
@@ -518,8 +519,11 @@ class Session:
         return undone
 
     def reset(self) -> None:
+        """The text goes; the heads chosen to ablate stay for the next text on this model, an edited row
+        (positions of the text that went) does not."""
         self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
         self.query, self._roles, self.log = None, None, []
+        self.probe = dataclasses.replace(self.probe, edit=None)
         self._hold()  # less memory: always granted
 
     # ----------------------------------------------------------------------- read-outs
@@ -615,11 +619,15 @@ class Session:
         own = scratch.models.get(name)
         if own is not None:
             nbytes = scratch._model_bytes[name]
-            kept = self._kept_after_adding(own.name)
-            self._hold(kept, nbytes, text=scratch._text_bytes())
-            if own.name in self.models:  # a second copy gets a name of its own
-                own.name = self._unique_name(own.name)
-            self._add_model(own)
+            new_name = self._unique_name(own.name)  # a second copy gets a name of its own
+            kept = self._kept_after_adding(new_name)
+            self._hold(kept, nbytes, text=scratch._text_bytes())  # the only step that may refuse
+            own.name = new_name
+            self._model_bytes[new_name] = nbytes
+            self.models[new_name] = own
+            for gone in [n for n in self.models if n != new_name and n not in kept]:  # the oldest, to make room
+                del self.models[gone]
+                self._model_bytes.pop(gone, None)
         else:
             self._hold(text=scratch._text_bytes())
         for attr in ("entry", "decoder", "prompt", "notices", "last_step", "drawn", "query", "probe", "log"):
@@ -732,7 +740,7 @@ class Session:
         probe = list(tcfg.probe_ids)
         # the film grows frame by frame while the model trains: the film section can show it meanwhile
         entry.film = Film(probe, [corpus.tokenizer.piece(i) for i in probe], [], tcfg.steps,
-                          task=corpus_name if corpus_name in ("sort", "copy") else None)
+                          task=task_of(corpus_name))
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
             removed = self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
             run = self.run = TrainingRun(name, stop=stop, total_steps=tcfg.steps, max_seconds=tcfg.max_seconds,

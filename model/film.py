@@ -33,14 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .heads import MATCH_THRESHOLD, ROLES, head_scores, ideal_keys_copy, ideal_keys_sort, task_match
+from .corpora import FEMALE_NAMES, MALE_NAMES
+from .heads import MATCH_THRESHOLD, ROLES, TASK_ROLES, Role, head_scores, task_score, task_targets
 
 FILM_FRAMES = 40  # default number of frames of a run
 MAX_FILM_FRAMES = 100
 MAX_PROBE_TOKENS = 32  # the probe prompt is cut to its last 32 tokens (and to the model's block size)
 FILM_EVAL_BATCHES = 2  # batches per loss of a frame (at most the run's eval_batches): a frame must stay cheap
-TASKS = ("sort", "copy")  # corpora whose right attention is known: their films get the "match" score
-TASK_SEPARATORS = {"sort": "=", "copy": "|"}
+# corpora whose right attention is known: their films get the task's "match" score (model.heads.TASK_ROLES:
+# sort match, copy match, pronoun → name)
+TASKS = ("sort", "copy", "grammar")
+NAME_GENDERS = {**{n: "f" for n in FEMALE_NAMES}, **{n: "m" for n in MALE_NAMES}}  # the grammar corpus's names
 MAX_PIECE_CHARS = 200  # a stored display piece longer than this is refused
 PHASE_WINDOW_FRAC = 0.05  # a phase window spans ~5 % of the run ...
 PHASE_WINDOW_FRAMES = 2  # ... or 2 frames, whichever is larger
@@ -98,6 +101,7 @@ class Phase:
     after: float  # ... and at its end
     loss_before: float  # the loss (validation where measured, else train) at the window's start ...
     loss_after: float  # ... and at its end
+    task: str | None = None  # the film's task, which names its "match" score
 
     def sentence(self) -> str:
         thr = score_threshold(self.score)
@@ -111,7 +115,8 @@ class Phase:
         elif thr is not None and self.after < thr <= self.before:
             what = f"stops following {role}" if noun is None else f"stops being {_article(noun)} {noun}"
         else:
-            name = "task-match" if self.score == "match" else ROLES[self.score].name
+            name = TASK_ROLES[self.task].name if self.score == "match" and self.task in TASK_ROLES else (
+                "task-match" if self.score == "match" else ROLES[self.score].name)
             what = (f": its {name} score {'rises' if self.after > self.before else 'falls'} "
                     f"from {self.before:.2f} to {self.after:.2f}")
             return f"{who}{what} around step {self.step}, {loss}"
@@ -130,6 +135,14 @@ def _article(noun: str) -> str:
     return "an" if noun[0] in "aeiou" else "a"
 
 
+def _spread(series: np.ndarray) -> np.ndarray:
+    """Highest minus lowest over the first axis (frames), NaN frames left out; -1 where every frame is NaN."""
+    ok = np.isfinite(series)
+    top = np.where(ok, series, -np.inf).max(axis=0)
+    low = np.where(ok, series, np.inf).min(axis=0)
+    return np.where(ok.any(axis=0), top - low, -1.0)
+
+
 def score_threshold(score: str) -> float | None:
     """The threshold from which a head plays the role of `score` (None: no role, as entropy)."""
     if score == "match":
@@ -143,7 +156,7 @@ class Film:
     probe_tokens: list[str]  # display pieces of the probe
     frames: list[Frame]  # in step order
     total_steps: int  # the steps the run was set to take (the last frame is the last step run)
-    task: str | None = None  # "sort" | "copy" | None (enables the task-match score)
+    task: str | None = None  # one of TASKS or None (enables the task's own "match" score)
     kept_step: int | None = None  # when keep_best brought earlier weights back: their step
 
     def steps(self) -> np.ndarray:
@@ -166,18 +179,52 @@ class Film:
         """The (queries, keys) of the task's ideal attention on the probe, or None without a task."""
         if self.task not in TASKS:
             return None
-        ideal = ideal_keys_sort if self.task == "sort" else ideal_keys_copy
-        return ideal(self.probe_tokens, sep=TASK_SEPARATORS[self.task])
+        return task_targets(self.task, self.probe_tokens, NAME_GENDERS)
+
+    def role(self, score: str) -> Role:
+        """The role a score of this film stands for (its name, formula and threshold): one of
+        model.heads.ROLES, or for "match" the task's own (TASK_ROLES: sort match, copy match, pronoun → name)."""
+        if score == "match":
+            if self.task not in TASK_ROLES:
+                raise ValueError("this film has no task, so no match score")
+            return TASK_ROLES[self.task]
+        return ROLES[score]
 
     def scores(self) -> dict[str, np.ndarray]:
         """Score name -> (F, L, H) float array (NaN where undefined): the keys of model.heads.ROLES,
-        plus "match" (the task-match score) when the film has a task."""
+        plus "match" (the task's own score, `model.heads.task_score`) when the film has a task."""
         per_frame = [head_scores(f.attention, self.probe_ids) for f in self.frames]
         out = {k: np.stack([s[k] for s in per_frame]).astype(np.float64) for k in ROLES}
         keys = self.match_keys()
         if keys is not None:
-            out["match"] = np.stack([task_match(np.stack(f.attention), *keys) for f in self.frames]).astype(np.float64)
+            out["match"] = np.stack([task_score(self.task, np.stack(f.attention), *keys)
+                                     for f in self.frames]).astype(np.float64)
         return out
+
+    def largest_change(self) -> tuple[str, int, int, float] | None:
+        """(score, layer, head, change): the head and score whose curve moves most over the film.
+
+        The change of a head's score is its range over the frames (highest minus lowest, NaN frames
+        left out). Only the scores of a role are compared (those with a threshold: every one lies in
+        [0, 1]; entropy, in bits, is not a role). Ties go to the first in score order, then layer, then
+        head. None when the film has no frames or no role score is defined anywhere.
+        """
+        best = None
+        for key, s in (self.scores().items() if self.frames else ()):
+            if score_threshold(key) is None:
+                continue
+            spread = _spread(s)  # (L, H)
+            layer, head = np.unravel_index(int(np.argmax(spread)), spread.shape)
+            if spread[layer, head] >= 0 and (best is None or spread[layer, head] > best[3] + 1e-12):
+                best = (key, int(layer), int(head), float(spread[layer, head]))
+        return best
+
+    def head_of_largest_change(self, score: str, layer: int) -> int | None:
+        """The head of `layer` whose `score` moves most over the film (as `largest_change`), or None when
+        the score is undefined for every head of that layer."""
+        spread = _spread(self.scores()[score][:, layer, :])  # (H,)
+        head = int(np.argmax(spread))
+        return head if spread[head] >= 0 else None
 
     def phase_window(self) -> float:
         """The window of `phases`, in steps: PHASE_WINDOW_FRAC of the run (at least 1 step)."""
@@ -232,7 +279,7 @@ class Film:
                 k = next(k for k in range(i + 1, j + 1)
                          if (series[k] >= half if rising else series[k] <= half))
                 found.append((rel, Phase(layer, head, key, int(steps[k]), float(series[i]), float(series[j]),
-                                         float(losses[i]), float(losses[j]))))
+                                         float(losses[i]), float(losses[j]), self.task)))
         found.sort(key=lambda x: (-x[0], x[1].step, x[1].layer, x[1].head))
         return [p for _, p in found]
 

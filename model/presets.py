@@ -5,8 +5,8 @@ Each shipped checkpoint in assets/ is made from one of the presets by the CLI
 text from `--text PATH`), and tests hold it to its quality bar. The CLI records each one's training
 film too (`--film`, default FILM_FRAMES frames, on the preset's `probe` or, when that is None, a
 held-out example: the first validation example of sort/copy/toy, the start of the validation text
-of grammar/shakespeare); the sort and copy films carry their task (`Preset.task`), which adds the
-task-match score.
+of grammar/shakespeare); the sort, copy and grammar films carry their task (`Preset.task`), which
+adds the task's own score (sort match, copy match, pronoun → name).
 `train_tab_defaults` fills the Train tab's form with the recipe of a corpus's built-in model
 (its tokenizer, architecture, steps and learning rate), and `train_tab_recipe` turns the form
 (already checked by the lab layer) into the same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
@@ -42,7 +42,7 @@ class Preset:
 
     @property
     def task(self) -> str | None:
-        """The task of its film ("sort", "copy": the right attention is known, so the match score is shown)."""
+        """The task of its film ("sort", "copy", "grammar": the right attention is known, so its score is shown)."""
         return task_of(self.corpus)
 
 

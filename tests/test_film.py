@@ -17,7 +17,7 @@ from model.film import (
     FILM_FRAMES, MAX_FILM_FRAMES, MAX_PROBE_TOKENS, MIN_PHASE_CHANGE, Film, Frame, Phase, default_probe_ids,
     film_from_tensors, film_to_tensors, frame_steps,
 )
-from model.heads import head_scores
+from model.heads import TASK_ROLES, head_scores, task_score
 from model.train import TrainConfig, evaluate, main, probe, train
 from model.transformer import DecoderLM
 
@@ -199,7 +199,7 @@ def test_probe_is_cut_to_its_last_tokens(sort_corpus):
     model = tiny_model(text, block_size=64)
     film = list(train(model, text, quick(steps=2)))[-1].film
     assert film.probe_ids == [int(i) for i in text.val.x[:MAX_PROBE_TOKENS]]
-    assert film.task is None
+    assert film.task == "grammar"  # its pronoun → name score is known
     with pytest.raises(ValueError, match="probe"):
         list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=2, probe_ids=(99,))))
 
@@ -530,6 +530,68 @@ def test_match_score_and_its_phase_for_the_sort_task():
     assert (p.score, p.step) == ("match", 300)
     assert "starts to follow the task's ideal pattern around step 300" in p.sentence()
     assert film.loss_at(300) == 1.0  # no validation loss: the train loss
+
+
+def _brute_largest_change(film: Film) -> tuple[str, int, int, float]:
+    """The plain loop: every role score (one with a threshold), every head, highest minus lowest over the frames."""
+    best = None
+    for key, s in film.scores().items():
+        if key == "entropy":
+            continue
+        L, H = s.shape[1:]
+        for layer in range(L):
+            for head in range(H):
+                series = [v for v in s[:, layer, head] if math.isfinite(v)]
+                if series and (best is None or max(series) - min(series) > best[3] + 1e-12):
+                    best = (key, layer, head, max(series) - min(series))
+    return best
+
+
+def test_largest_change_is_the_head_and_score_that_move_most():
+    film = _synthetic_film(400)  # only layer 1 · head 0 changes: it becomes a previous-token head
+    key, layer, head, change = film.largest_change()
+    assert (key, layer, head) == ("previous_token", 1, 0)
+    assert change == pytest.approx(_brute_largest_change(film)[3])
+    assert film.head_of_largest_change("previous_token", 1) == 0
+    T = 8
+    for fr in film.frames:  # layer 0 · head 1 now moves further: from its previous token to itself
+        fr.attention[0][1] = _previous(T) if fr.step < 700 else np.eye(T, dtype=np.float32)
+    found = film.largest_change()
+    assert found[1:3] == (0, 1) and found[3] == pytest.approx(1.0)  # both its scores move by 1: the first wins
+    assert found[:3] == ("previous_token", 0, 1) == _brute_largest_change(film)[:3]
+    assert film.head_of_largest_change("self_attention", 0) == 1
+    assert film.head_of_largest_change("previous_token", 1) == 0  # per layer and score
+    assert Film([0], ["a"], [], 10).largest_change() is None
+
+
+@pytest.mark.parametrize("name", ["grammar", "sort", "copy", "toy", "shakespeare"])
+def test_each_shipped_film_opens_where_it_changes_most(name):
+    film = load_checkpoint(f"assets/{name}.safetensors").film
+    found = film.largest_change()
+    assert found[:3] == _brute_largest_change(film)[:3]
+    assert found[3] == pytest.approx(_brute_largest_change(film)[3])
+    if name == "copy":  # the copying heads are in layer 0 (learned positions let them read i − 9 directly)
+        assert found[0] == "match" and found[1] == 0 and found[3] > 0.8
+    if name == "grammar":  # its own task role: pronoun → name, in the head the Explore tab opens on
+        assert film.task == "grammar" and film.role("match").name == "pronoun → name"
+        assert found[:3] == ("match", 1, 0)
+
+
+def test_the_grammar_film_scores_pronoun_to_name():
+    tokens = "tom met anna . she saw him".split()  # she (4) → anna (2), him (6) → tom (0)
+    T = len(tokens)
+    a = np.tile(_uniform(T), (1, 2, 1, 1))[0]  # (2, T, T): head 0 uniform
+    a[1] = _previous(T)
+    a[1, 4], a[1, 6] = 0, 0
+    a[1, 4, 2], a[1, 6, 0] = 1, 1  # head 1 links each pronoun to its name
+    film = Film(list(range(T)), tokens, [Frame(0, [a], 1.0, None)], 10, task="grammar")
+    assert film.match_keys()[0].tolist() == [4, 6] and film.match_keys()[1].tolist() == [2, 0]
+    sc = film.scores()["match"][0, 0]
+    assert sc[1] == 1.0 and sc[0] == pytest.approx(max(1 / 5, 1 / 7))  # the larger of its two links
+    np.testing.assert_allclose(sc, task_score("grammar", a[None], [4, 6], [2, 0])[0])
+    assert film.role("match") == TASK_ROLES["grammar"]
+    with pytest.raises(ValueError, match="no task"):
+        Film([0], ["a"], [], 10).role("match")
 
 
 def test_film_helpers():

@@ -97,9 +97,39 @@ def test_builtins_carry_their_film_and_the_player_wraps_around():
     n = len(film.frames)
     assert next_frame(s, "copy / induction (built-in)", n - 1)["value"] == 0
     assert next_frame(s, "copy / induction (built-in)", 3)["value"] == 4
-    slider, layer, score = open_film(s, "copy / induction (built-in)", "induction")
-    assert slider["maximum"] == n - 1 and score["value"] == "induction"
-    assert ("task match", "match") in score["choices"]
+    slider, layer, score = open_film(s, "copy / induction (built-in)")
+    assert slider["maximum"] == n - 1 and slider["value"] == n - 1
+    assert ("copy match", "match") in score["choices"]
+
+
+@pytest.mark.parametrize("name", list(BUILTIN_MODELS))
+def test_each_film_opens_on_the_head_and_score_that_change_most(name):
+    """The layer and score a film opens on are those of the head whose score moves most over its frames
+    (recomputed here from the frames); that head is drawn thick and badged; a task model offers its own role."""
+    s = Session()
+    film = s.film(name)
+    _, layer, score = open_film(s, name)
+    scores = film.scores()
+    spread = {}  # each head's highest minus lowest score over the frames, NaN frames left out (-1: never defined)
+    for k, v in scores.items():
+        if k != "entropy":
+            ok = np.isfinite(v)
+            spread[k] = np.where(ok.any(axis=0), np.where(ok, v, -9).max(axis=0) - np.where(ok, v, 9).min(axis=0), -1)
+    best = max(float(v.max()) for v in spread.values())
+    chosen = spread[score["value"]][layer["value"]]
+    assert chosen.max() == pytest.approx(best)
+    head = int(np.argmax(chosen))
+    if name.startswith("copy"):
+        assert layer["value"] == 0 and score["value"] == "match"  # the copying heads are in layer 0
+    if name.startswith("grammar"):  # the default model: its own task role, the pronoun head of Explore's first view
+        assert ("pronoun → name", "match") in score["choices"] and (layer["value"], score["value"]) == (1, "match")
+        assert head == 0
+    attention, _, curves, _, _ = film_frame(s, name, len(film.frames) - 1, layer["value"], score["value"])
+    assert json.loads(curves.plot)["layout"]["meta"]["highlight"] == [layer["value"], head]
+    title = json.loads(attention.plot)["layout"]["annotations"]
+    role = film.role(score["value"]).name
+    value = scores[score["value"]][-1, layer["value"], head]
+    assert any(f"head {head} · {role} {value:.2f}" in a.get("text", "") for a in title)
 
 
 def test_the_copy_model_film_names_its_induction_phase():

@@ -14,7 +14,6 @@ import viz
 from lab.checks import UserError, check_choice, check_int
 from lab.export import model_stem
 from lab.limits import HEAD_ROLES as ROLES
-from lab.limits import MATCH_FORMULA
 from lab.session import Session
 
 from .common import handler, message_plot, named
@@ -29,20 +28,26 @@ def plain(text: str) -> str:
 
 
 def score_names(film) -> list[str]:
-    """The scores a film offers (keys of model.heads.ROLES): the head roles, and the task match
-    for the sort and copy tasks."""
+    """The scores a film offers (keys of model.heads.ROLES): the head roles, and the model's own task
+    role ("match": sort match, copy match, pronoun → name) where its corpus has one."""
     names = list(ROLES)
-    return names + [MATCH] if film is not None and film.task in ("sort", "copy") else names
+    return names + [MATCH] if film is not None and film.match_keys() is not None else names
 
 
-def score_choices(names: list[str]) -> list[tuple[str, str]]:
-    return [(ROLES[n].name if n in ROLES else "task match", n) for n in names]
+def score_choices(names: list[str], film=None) -> list[tuple[str, str]]:
+    """The score menu: (what a learner reads, score key); the task role under its own name."""
+    return [(film.role(n).name if film is not None else ROLES[n].name, n) for n in names]
 
 
-def _formula(score: str) -> tuple[str, float | None]:
-    if score == MATCH:
-        return MATCH_FORMULA, None
-    return ROLES[score].formula, ROLES[score].threshold
+def opening(film) -> tuple[int, str]:
+    """(layer, score) a film opens on: those of the head whose score changes most over the film
+    (`Film.largest_change`, from its frames); the last layer and previous-token for a film without one."""
+    found = film.largest_change() if film is not None and film.frames else None
+    if found is None:
+        layers = len(film.frames[0].attention) if film is not None and film.frames else 1
+        return layers - 1, "previous_token"
+    score, layer, _, _ = found
+    return layer, score
 
 
 def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
@@ -53,22 +58,26 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
         return note, note, note, "", NO_FILM
     n = len(film.frames)
     i = check_int("frame", frame, 0, max(0, n - 1)) if frame is not None else n - 1
-    fr = film.frames[min(i, n - 1)]
+    fr = film.frames[i]
     n_layers = len(fr.attention)
     layer = check_int("layer", layer, 0, n_layers - 1)
     score = check_choice("score", score, score_names(film))
     large = session.display.presentation
     steps = film.steps()
+    scores = film.scores()[score]
+    role = film.role(score)
+    top = film.head_of_largest_change(score, layer)  # the head of this layer whose curve moves most
+    value = np.nan if top is None else scores[i, layer, top]
+    badges = {} if np.isnan(value) else {top: f"{role.name} {value:.2f}"}
     attention = viz.attention_view(
         fr.attention, None, film.probe_tokens, layer=layer, head=None, view="weights", causal=True,
         overview_max_tokens=48, width_px=min(session.display.plot_width, 760),
         max_height_px=max(420, session.display.screen_height - 120),
-        presentation=large, title_prefix=f"Step {fr.step} of {film.total_steps} · ")
-    scores = film.scores()[score]
+        presentation=large, title_prefix=f"Step {fr.step} of {film.total_steps} · ", badges=badges)
     phases = film.phases()
-    formula, threshold = _formula(score)
-    shown = ROLES[score].name if score in ROLES else "task match"
-    curves = viz.score_curves(steps, scores, score=shown, formula=formula, threshold=threshold, marker_step=fr.step,
+    highlight = None if top is None else (layer, top)
+    curves = viz.score_curves(steps, scores, score=role.name, formula=role.formula, threshold=role.threshold,
+                              marker_step=fr.step, highlight=highlight,
                               phases=[(p.layer, p.head, p.step) for p in phases if p.score == score],
                               presentation=large, height_px=460 if large else 400, total_steps=film.total_steps)
     train_loss = np.array([f.train_loss for f in film.frames], dtype=np.float32)
@@ -94,16 +103,16 @@ def show_film(session, model_name, frame, layer, score, request: gr.Request = No
 
 
 @handler
-def open_film(session, model_name, score, request: gr.Request = None):
-    """A model was picked for the film: the slider spans its frames and starts at the last."""
+def open_film(session, model_name, request: gr.Request = None):
+    """A model was picked for the film: the slider spans its frames and starts at the last; the layer
+    and score are those whose change over the film is largest (`opening`)."""
     film = session.film(model_name)
     n = len(film.frames) if film is not None else 1
     layers = len(film.frames[0].attention) if film is not None and film.frames else 1
-    names = score_names(film)
-    score = score if score in names else names[0]
+    layer, score = opening(film)
     return (gr.update(minimum=0, maximum=max(0, n - 1), value=max(0, n - 1), step=1),
-            gr.update(choices=[(f"layer {i}", i) for i in range(layers)], value=layers - 1),
-            gr.update(choices=score_choices(names), value=score))
+            gr.update(choices=[(f"layer {i}", i) for i in range(layers)], value=layer),
+            gr.update(choices=score_choices(score_names(film), film), value=score))
 
 
 @handler(exclusive=False)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import gradio as gr
 
 from lab.limits import CONCURRENCY
-from lab.limits import HEAD_ROLES as ROLES
 from lab.models import DEFAULT_MODEL
 from lab.session import Session
 
 from .common import RAW
-from .film import MATCH, follow_model, next_frame, open_film, save_film_page, score_choices, show_film
+from .film import follow_model, next_frame, open_film, opening, save_film_page, score_choices, score_names, show_film
 
 INTRO = ("### Training film\nWatch attention form while a model learns. Each frame is the attention of every head "
          "on the probe prompt at one training step (denser early, where most changes), with the loss and each "
@@ -28,14 +27,14 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
     film = first.film(DEFAULT_MODEL)
     n = len(film.frames) if film is not None else 1
     layers = len(film.frames[0].attention) if film is not None and film.frames else 1
-    names = list(ROLES) + ([MATCH] if film is not None and film.task in ("sort", "copy") else [])
+    first_layer, first_score = opening(film)  # where the default model's film changes most
     gr.Markdown(INTRO, elem_id="film_intro")
     with gr.Row(equal_height=True):
         film_model = gr.Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Film of", elem_id="film_model",
                                  scale=2)
-        film_layer = gr.Dropdown([(f"layer {i}", i) for i in range(layers)], value=layers - 1, label="Layer",
+        film_layer = gr.Dropdown([(f"layer {i}", i) for i in range(layers)], value=first_layer, label="Layer",
                                  elem_id="film_layer", scale=1)
-        film_score = gr.Dropdown(score_choices(names), value="previous_token", label="Head score",
+        film_score = gr.Dropdown(score_choices(score_names(film), film), value=first_score, label="Head score",
                                  elem_id="film_score", scale=2)
         play = gr.Button("▶ Play / ❚❚ Pause", elem_id="film_play", scale=1)
     frame = gr.Slider(0, max(1, n - 1), value=n - 1, step=1, label="Frame (drag to scrub through training)",
@@ -61,8 +60,11 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
     gr.Button(visible=False).click(show_film, frame_inputs, frame_outputs, api_name="film", **group)
     for control in (frame, film_layer, film_score):
         control.change(show_film, frame_inputs, frame_outputs, api_name=False, trigger_mode="always_last", **group)
-    film_model.change(open_film, [ses, film_model, film_score], [frame, film_layer, film_score], api_name=False,
+    film_model.change(open_film, [ses, film_model], [frame, film_layer, film_score], api_name=False,
                       **RAW).then(show_film, frame_inputs, frame_outputs, api_name=False, **group)
+    # a saved page is one model's film at one layer: it leaves the box when either changes
+    for control in (film_model, film_layer):
+        control.change(lambda: None, None, page_file, api_name=False, queue=False, show_progress="hidden")
     # The film follows Explore's model: a model trained here is shown as soon as its run ends.
     model_dd.change(follow_model, [ses, model_dd], film_model, api_name=False, **RAW)
     film_model.focus(follow_model, [ses, film_model], film_model, api_name=False, **RAW)  # a run's model, mid-run
