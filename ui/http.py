@@ -8,17 +8,23 @@ import re
 from pathlib import Path
 
 import gradio as gr
-from gradio.utils import get_upload_folder
+from gradio.utils import get_type_hints, get_upload_folder
 
 log = logging.getLogger("decoder_lab")
 
 
 class RefuseMalformedCalls:
-    """ASGI middleware: a call to an unknown endpoint, or with the wrong number of values or a
-    non-finite number, gets a 4xx and a plain message before gradio's routes see it (they answer
-    such calls with HTTP 500 or an empty error)."""
+    """ASGI middleware: a call to an unknown endpoint or a page-only function with no server side,
+    with the wrong number of values, a non-finite number or no fitting event data, gets a 4xx and a
+    plain message before gradio's routes see it (they answer such calls with HTTP 500 or an empty
+    error). The direct routes (/run/<name>, /api/<name>) run only what the page itself runs there, the
+    functions outside the queue, and their refusals come back as 400 with the handler's sentence."""
 
-    CALL = re.compile(r"^/gradio_api/(?:(queue/join)|(?:call|run)/(?:v2/)?([^/]+))/?$")
+    # queue/join and call/<name> go through the queue; run/<name> and api/<name> answer in the reply
+    CALL = re.compile(r"^/gradio_api/(?:(queue/join)|call/(?:v2/)?([^/]+)|(?:run|api)/([^/]+))/?$")
+    FIELDS = {"session_hash": str, "event_id": str, "oauth_token": str, "trigger_id": int,
+              "simple_format": bool, "batched": bool}  # gradio's own check of these answers a list, not a sentence
+    KINDS = {str: "text", int: "a whole number", bool: "true or false"}
     MAX_BODY = 16 * 2**20  # the largest valid call: 1.2 M characters of pasted text, JSON-escaped (≤ 12 B each)
 
     def __init__(self, app, blocks: gr.Blocks):
@@ -35,10 +41,13 @@ class RefuseMalformedCalls:
             more = message.get("more_body", False)
             if len(body) > self.MAX_BODY:
                 return await self.refuse(send, 413, "The request is too large.")
-        problem = self.problem(match.group(2), body)
+        direct = match.group(3) is not None
+        problem = self.problem(match.group(2) or match.group(3), body, direct)
         if problem:
             log.info("refused HTTP call %s: %s", scope["path"][:80], problem[1])
             return await self.refuse(send, *problem)
+        if direct:
+            send = self.refusals_as_400(send)
         sent = False
 
         async def replay():
@@ -50,7 +59,7 @@ class RefuseMalformedCalls:
 
         await self.app(scope, replay, send)
 
-    def problem(self, api_name: str | None, body: bytes) -> tuple[int, str] | None:
+    def problem(self, api_name: str | None, body: bytes, direct: bool = False) -> tuple[int, str] | None:
         def finite_only(token):
             raise ValueError(token)
 
@@ -60,8 +69,12 @@ class RefuseMalformedCalls:
             return 400, "The request is not valid JSON with finite numbers."
         if not isinstance(payload, dict):
             return 400, "The request must be a JSON object."
+        for key, kind in self.FIELDS.items():
+            value = payload.get(key)
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                return 400, f"{key} must be {self.KINDS[kind]}."
         fns, index = self.blocks.fns, payload.get("fn_index")
-        if index is not None or api_name is None:  # the page's own calls name a function by index
+        if api_name is None or (direct and index is not None):  # the page's own calls name a function by index
             fn = fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
             if fn is None:
                 return 404, "There is no such function."
@@ -69,11 +82,22 @@ class RefuseMalformedCalls:
             fn = next((f for f in fns.values() if f.api_name == api_name), None)
             if fn is None:
                 return 404, f"There is no API endpoint named {api_name[:40]!r}."
-            if isinstance(payload.get("data"), dict):  # /call/v2: values by name, checked by gradio
-                return None
+        if fn.fn is None:
+            return 404, "This function runs in the page alone: the server has nothing to run for it."
+        if direct and fn.queue:  # the queue is where concurrency limits and admission apply: no way around it
+            where = (f"POST /gradio_api/call/{fn.api_name} (as gradio_client does)" if fn.api_visibility != "private"
+                     else "POST /gradio_api/queue/join (as the page does)")
+            return 404, f"This function runs in the queue, not in a direct call: use {where}."
+        if direct and not self.utf8(payload):  # a direct reply that echoes it would fail to encode (a bare 500)
+            return 400, "The request holds text that is not valid Unicode (a lone surrogate)."
+        if fn.collects_event_data and not self.event_data_fits(fn, payload.get("event_data")):
+            return 400, "This event needs the details the page sends with it (such as which item was clicked)."
+        if not direct and api_name is not None and isinstance(payload.get("data"), dict):
+            return None  # /call/v2: values by name, checked by gradio
         data = payload.get("data")
         api_inputs = [b for b in fn.inputs if not getattr(b, "skip_api", False)]
-        counts = {len(fn.inputs), len(api_inputs)}
+        # only /call/<name> fills in the values the API leaves out (the session); every other route needs all
+        counts = {len(fn.inputs), len(api_inputs)} if api_name is not None and not direct else {len(fn.inputs)}
         if not isinstance(data, list) or len(data) not in counts:
             got = len(data) if isinstance(data, list) else "none"
             return 400, f"This call needs {min(counts)} values; it sent {got}."
@@ -86,6 +110,28 @@ class RefuseMalformedCalls:
             elif self.holds_file(value):  # gradio would try to move it into its cache, whatever the input
                 return 400, f"{name}: a file is not a value this argument takes."
         return None
+
+    def event_data_fits(self, fn, data) -> bool:
+        """Whether `data` makes the event object the handler asks for (gradio's own attempt fails with an
+        empty error); no file in it."""
+        hints = get_type_hints(fn.fn).values()
+        kinds = [h for h in hints if isinstance(h, type) and issubclass(h, gr.EventData)]
+        try:
+            for kind in kinds:
+                kind(None, data)
+        except Exception:  # any exception: the class reads keys, indexes and attributes of what was sent
+            return False
+        return not self.holds_file(data)
+
+    @staticmethod
+    def utf8(payload) -> bool:
+        """Whether every string in the parsed request can be written as UTF-8 (JSON's \\ud800 escapes
+        parse to lone surrogates, which cannot)."""
+        try:
+            json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
 
     @classmethod
     def holds_file(cls, value, depth: int = 0) -> bool:
@@ -117,6 +163,39 @@ class RefuseMalformedCalls:
             return Path(value["path"]).resolve().is_relative_to(upload_dir)
         except (OSError, ValueError, RuntimeError):
             return False
+
+    @staticmethod
+    def refusals_as_400(send):
+        """`send` for a direct route, where gradio answers every error with HTTP 500: a handler's refusal
+        (a sentence) becomes a 400 with the same body, the generic message of a fault stays a 500, and an
+        empty error gets a sentence."""
+        start, chunks = None, []
+
+        async def wrapped(message):
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] == 500:
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                return await send(message)
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            status, raw = 500, b"".join(chunks)
+            try:
+                error = json.loads(raw).get("error")
+            except (ValueError, AttributeError):
+                error = None
+            if isinstance(error, str) and error.strip() and not error.startswith("Something went wrong"):
+                status = 400
+            elif not (isinstance(error, str) and error.strip()):
+                error = "The server could not run this call."
+                raw = json.dumps({"error": error, "detail": error}).encode()
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            await send({**start, "status": status, "headers": [*headers, (b"content-length", str(len(raw)).encode())]})
+            await send({"type": "http.response.body", "body": raw})
+
+        return wrapped
 
     @staticmethod
     async def refuse(send, status: int, message: str):
