@@ -72,6 +72,17 @@
     return drawn;
   }
 
+  // The text strip scrolls when it holds more lines than it shows (a short window): keep the
+  // query token in sight there, without scrolling the page itself.
+  function keepInStrip(el) {
+    const strip = el.closest(".textfield");
+    if (!strip || strip.scrollHeight <= strip.clientHeight) return;
+    const top = el.getBoundingClientRect().top - strip.getBoundingClientRect().top + strip.scrollTop;
+    if (top < strip.scrollTop || top + el.offsetHeight > strip.scrollTop + strip.clientHeight) {
+      strip.scrollTop = Math.max(0, top - (strip.clientHeight - el.offsetHeight) / 2);
+    }
+  }
+
   function shadeText(shade, q, els) {
     const note = document.querySelector("#shade_note");
     els.forEach((el) => {
@@ -100,6 +111,7 @@
       }
     });
     els[q].classList.add("lab-query");
+    keepInStrip(els[q]);
     const text = els[q].querySelector(".text");
     if (note) {
       note.innerHTML = `<span class="lab-note">Shading: where <b>“${esc(text ? text.textContent : "")}”</b> ` +

@@ -80,6 +80,24 @@ def colour_of(value: float, cmin: float, cmax: float, scale) -> np.ndarray:
     raise AssertionError(frac)
 
 
+def assert_readable_labels(layout: dict, toks: list[str], least: float = viz.READABLE_TICK_PX) -> int:
+    """Every labelled axis shows a subset of the tokens at a readable size: every k-th position, always the
+    newest, each label the token at its position (the others are named on hover). Returns k."""
+    t, strides = len(toks), set()
+    for key, ax in layout.items():
+        if not (key.startswith(("xaxis", "yaxis")) and isinstance(ax, dict)) or key == "xaxis" and "tickvals" not in ax:
+            continue
+        ax = axis(layout, key)
+        vals = list(ax["tickvals"])
+        assert ax["tickfont"]["size"] >= least, (key, ax["tickfont"]["size"])
+        step = vals[1] - vals[0] if len(vals) > 1 else 1
+        assert vals == list(range((t - 1) % step, t, step)) and vals[-1] == t - 1, (key, vals)
+        assert ax["ticktext"] == [toks[i] for i in vals], key
+        strides.add(step)
+    assert len(strides) == 1, strides  # the panels share one labelling
+    return strides.pop()
+
+
 def assert_labels_fit(layout: dict, width_px: int, t: int, shown: int | None = None) -> None:
     """Tick labels do not overlap: one label pitch (cell size × stride) holds font × 1.25 px."""
     shown = t if shown is None else shown
@@ -192,15 +210,14 @@ def test_every_figure_has_a_transparent_background_and_grey_text():
 # ----------------------------------------------------------------------------- labels at every length
 
 
-@pytest.mark.parametrize("width_px", [720, 1000, 1200])
-def test_single_head_labels_every_token_up_to_64(width_px):
+@pytest.mark.parametrize(("width_px", "every"), [(720, 2), (1000, 1), (1200, 1)])
+def test_single_head_labels_every_token_up_to_64(width_px, every):
+    """Every token while its cell holds a readable label; on a narrower figure every other one, still readable."""
     t = 64
     toks = [f"w{i}" for i in range(t)]
     fig = attention_head(softmax_attention(1, t)[0][0], toks, 0, 0, mask=causal_mask(t), width_px=width_px)
     lay = layout_of(fig)
-    for name in ("xaxis", "yaxis"):
-        ax = axis(lay, name)
-        assert ax["tickvals"] == list(range(t)) and ax["ticktext"] == toks
+    assert assert_readable_labels(lay, toks) == every
     assert lay["xaxis"]["range"] == [-0.5, t - 0.5] and lay["yaxis"]["range"] == [t - 0.5, -0.5]
     assert_labels_fit(lay, width_px, t)
     w, h = panel_px(lay, width_px)
@@ -212,7 +229,7 @@ def test_single_head_at_64_through_attention_view_default_width():
     w, s = softmax_attention(2, t)
     lay = layout_of(attention_view(w[None], s[None], tokens(t), layer=0, head=1, view="weights", causal=True,
                                    overview_max_tokens=48))
-    assert axis(lay, "yaxis")["tickvals"] == list(range(t))
+    assert assert_readable_labels(lay, tokens(t)) == 2  # 720 px: 8.9 px cells, a readable label every other one
     assert_labels_fit(lay, 720, t)
 
 
@@ -249,15 +266,37 @@ def test_long_text_opens_on_the_last_positions_with_everything_sent(head, shown)
     assert lay["xaxis"]["range"] == [first - 0.5, t - 0.5]
     assert lay["yaxis"]["range"] == [t - 0.5, first - 0.5]  # position 0 would be on top, as ever
     assert lay["meta"]["offset"] == first and lay["meta"]["T"] == t
-    # every label and every value is sent: panning and double-click (autorange) show the rest
-    for name in ("xaxis", "yaxis"):
-        assert axis(lay, name)["tickvals"] == list(range(t)) and axis(lay, name)["ticktext"] == toks
+    # labels for the whole text and every value are sent: panning and double-click (autorange) show the rest
+    assert assert_readable_labels(lay, toks) == (2 if head is not None else 1)
     assert len(lay["xaxis"]["categoryarray"]) == t
     seen = attention_panels(fig)
     expect = w if head is None else w[[head]]
     assert seen.shape == expect.shape and np.abs(np.nan_to_num(seen) - expect).max() <= STEP
     assert f"showing the last {shown} of {t} positions; drag to pan, double-click for all" in lay["title"]["subtitle"]["text"]
     assert_labels_fit(lay, 720 if head is not None else 1200, t, shown)
+
+
+@pytest.mark.parametrize("presentation", [False, True])
+@pytest.mark.parametrize(("view", "layers", "t", "head", "width", "max_h"), [
+    ("all layers", 3, 13, None, 716, 355),  # the Explore page at 1280×720: every layer × head
+    ("all layers", 4, 48, None, 1200, 860),  # the longest text the overview draws, on a large screen
+    ("weights", 4, 58, 3, 716, 355),  # one head at 58 tokens on a projector
+    ("weights", 2, 40, None, 716, 420),  # a frame of the training film: one layer's heads
+])
+def test_small_cells_label_fewer_tokens_at_a_readable_size(view, layers, t, head, width, max_h, presentation):
+    """Where cells are too small for every label, the figure labels every k-th token (always the newest) at a
+    readable size (9 px, 16 px with large fonts) rather than shrinking the labels; the labels never overlap."""
+    w, s = softmax_attention(4, t)
+    toks = [f"t{i}" for i in range(t)]
+    lay = layout_of(attention_view(np.stack([w] * layers), np.stack([s] * layers), toks, layer=layers - 1, head=head,
+                                   view=view, causal=True, overview_max_tokens=48, width_px=width, max_height_px=max_h,
+                                   presentation=presentation, title_prefix="Step 3 of 9 · " if max_h == 420 else None))
+    every = assert_readable_labels(lay, toks, 16 if presentation else viz.READABLE_TICK_PX)
+    assert every > 1  # these cells are small: a readable label for each token would not fit
+    assert lay["meta"]["label_px"] == axis(lay, "yaxis")["tickfont"]["size"] and lay["meta"]["label_step"] == every
+    shown = t if view == "all layers" else min(t, viz.HEAD_LABEL_LIMIT if head is not None else viz.GRID_LABEL_LIMIT)
+    assert_labels_fit(lay, width, t, shown)
+    assert lay["height"] <= max_h
 
 
 def test_short_text_shows_everything_without_a_focus_note():

@@ -27,7 +27,7 @@ receives the JSON without plotly's "/" escaping (see viz.payload). Measured payl
 build / render timings are kept in bench/RESULTS.md.
 """
 
-from ._common import COLOUR_KEY, DIVERGING, MASKED_HINT, ROW_OUTLINE, SEQUENTIAL
+from ._common import COLOUR_KEY, DIVERGING, MASKED_HINT, READABLE_TICK_PX, ROW_OUTLINE, SEQUENTIAL
 from .attention import (
     ATTENTION_VIEWS,
     COLOUR_MODES,
@@ -61,6 +61,7 @@ __all__ = [
     "HEAD_LABEL_LIMIT",
     "MASKED_HINT",
     "OVERVIEW_MAX_T",
+    "READABLE_TICK_PX",
     "ROW_OUTLINE",
     "SEQUENTIAL",
     "Figure",

@@ -57,6 +57,7 @@ def hover_label(size: float) -> dict:
 
 
 PRESENTATION_FONT_PX = 16  # the smallest tick label in presentation mode (projecting in class)
+READABLE_TICK_PX = 9  # the smallest token tick label on a screen: below it, fewer tokens are labelled
 GREY = "#d4d4d4"  # kept for callers of the old name; masked cells are hatched now (see hatch_image)
 TOKEN_TICK_CHARS = 12  # longer tokens are shortened in tick labels (hover keeps the full text)
 

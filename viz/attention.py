@@ -16,7 +16,9 @@ Conventions shared by all three figures
   the background is transparent so the figures sit on light and dark pages;
 * every token is labelled up to `HEAD_LABEL_LIMIT` positions (one head) or `GRID_LABEL_LIMIT`
   (several panels); longer texts open on the last positions (all data and labels are sent, so
-  panning and double-click show the rest), and the tick font is sized to the laid-out cells;
+  panning and double-click show the rest), and the tick font is sized to the laid-out cells. Where a
+  cell is too small for a readable label (`READABLE_TICK_PX`, 16 px with large fonts), every k-th
+  token is labelled instead, always the newest (hover names every cell);
 * ``layout.meta`` holds what a page script needs to outline a query row itself: T, the first
   position shown (offset), and each panel's axes, layer and head.
 
@@ -47,6 +49,7 @@ from ._common import (
     MILLI_FORMAT,
     MILLI_SEPARATORS,
     PRESENTATION_FONT_PX,
+    READABLE_TICK_PX,
     ROW_OUTLINE,
     SEQUENTIAL,
     TOKEN_TICK_CHARS,
@@ -317,8 +320,8 @@ class _Fonts:
     goal_cell: float  # px per cell a grid tries to give every token label
 
 
-_NORMAL = _Fonts(tick_min=7, tick_max=12, title=14, sub=11, axis_title=11, panel_title=11, hover=12, colorbar=10,
-                 cb_thick=12, gap=12, goal_cell=16)
+_NORMAL = _Fonts(tick_min=READABLE_TICK_PX, tick_max=12, title=14, sub=11, axis_title=11, panel_title=11, hover=12,
+                 colorbar=10, cb_thick=12, gap=12, goal_cell=16)
 _PRESENTING = _Fonts(tick_min=PRESENTATION_FONT_PX, tick_max=20, title=22, sub=16, axis_title=17, panel_title=17,
                      hover=18, colorbar=16, cb_thick=18, gap=18, goal_cell=PRESENTATION_FONT_PX * 1.25)
 _LINE = 1.25  # label pitch / font size: labels closer than this overlap
