@@ -51,6 +51,7 @@ from .limits import (
 
 __all__ = [
     "Tenant", "Rate", "RateLimiter", "client_key", "SessionStore", "ModelBudget", "DiskBudget", "model_bytes",
+    "charge", "replay_cost",
     "LIMITER", "MODEL_BUDGET", "DISK_BUDGET",
 ]
 
@@ -128,7 +129,11 @@ _SLOW_DOWN = {
     "generate": "Generate was pressed too often from your address",
     "train": "too many trainings were started from your address",
     "upload": "too many models were uploaded from your address",
+    "import": "too many session files were opened from your address",
+    "export": "too many files were made from your address",
+    "replay": "too many Steps were replayed (session files and links) from your address",
 }
+_UNITS = {"replay": "Steps to replay (a Step, an Undo or a generated token each)"}
 
 
 def _after(seconds: float) -> str:
@@ -153,24 +158,28 @@ class RateLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def check(self, client: str | None, action: str) -> None:
-        """Take one `action` for `client`, or raise UserError("Slow down: …") changing nothing.
+    def check(self, client: str | None, action: str, cost: int = 1) -> None:
+        """Take `cost` tokens of `action` for `client`, or raise UserError("Slow down: …") changing nothing.
 
-        `client` None (a direct call, no request) is not limited.
+        `client` None (a direct call, no request) is not limited. A cost over the bucket's `burst`
+        can never be paid: refused at once, saying the bound.
         """
         rate = self.rates[action]  # an unknown action is a programming error: KeyError
         if client is None:
             return
+        if cost > rate.burst:
+            raise UserError(f"This would take {cost:,} {_UNITS.get(action, action)}; one address may take at most "
+                            f"{rate.burst:,} at once (the server is shared).")
         key = (client, action)
         with self._lock:
             now = self.clock()
             tokens, at = self._buckets.pop(key, (float(rate.burst), now))
             tokens = min(float(rate.burst), tokens + max(0.0, now - at) * rate.per_s)
-            if tokens >= 1.0:
-                tokens -= 1.0
+            if tokens >= cost:
+                tokens -= cost
                 refused = None
             else:
-                refused = (1.0 - tokens) / rate.per_s
+                refused = (cost - tokens) / rate.per_s
             self._buckets[key] = (tokens, now)  # most recently used last
             while len(self._buckets) > self.max_keys:
                 self._buckets.popitem(last=False)
@@ -587,6 +596,23 @@ class DiskBudget:
                 need -= size
         if need > 0:
             raise UserError("The server's disk for trained models is full right now; try again in a minute.")
+
+
+def replay_cost(actions) -> int:
+    """What replaying a session file's actions costs, in Steps: one per Step and Undo, one per token
+    a Generate makes (what is not a list of actions costs nothing: the file is refused for it later)."""
+    if not isinstance(actions, list):
+        return 0
+    cost = 0
+    for a in actions:
+        tokens = a.get("tokens") if isinstance(a, dict) and a.get("do") == "generate" else None
+        cost += len(tokens) if isinstance(tokens, list) and tokens else 1
+    return cost
+
+
+def charge(owner, action: str, cost: int = 1) -> None:
+    """Take `cost` of `action` from the share of the client `owner` (a session) counts against."""
+    LIMITER.check(_client(owner), action, cost)
 
 
 # The server's own guards (one process, one of each).

@@ -1,12 +1,16 @@
 """Files a session makes (trained models to download), where they live and when they go.
 
-Each session gets one folder under the system's temp directory; it is deleted when the
-session closes, and folders left by sessions that never closed (a killed server) are swept
-once they are older than `RUN_FILES_MAX_AGE_S`.
+Each session gets one folder under `RUNS`, inside gradio's own file cache: a file a handler returns
+from there is served as it is, where a file from anywhere else would be copied into the cache
+(5-8 MB a web page) and kept there for an hour, outside every budget. So the disk budget
+(lab.budget.DiskBudget) counts every byte a download takes. A folder is deleted when its session
+closes, and folders left by sessions that never closed (a killed server) are swept once they are
+older than `RUN_FILES_MAX_AGE_S`.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -15,7 +19,9 @@ from pathlib import Path
 
 from .limits import RUN_FILES_MAX_AGE_S
 
-RUNS = Path(tempfile.gettempdir()) / "decoder-lab-runs"
+# gradio's cache folder, as gradio.utils.get_upload_folder() finds it (lab/ does not import gradio)
+GRADIO_CACHE = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
+RUNS = GRADIO_CACHE / "decoder-lab-runs"
 
 
 def new_session_dir() -> Path:

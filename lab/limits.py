@@ -81,6 +81,11 @@ RATE_LIMITS = {
     "generate": (20, 30, 60.0),
     "train": (5, 10, 600.0),
     "upload": (5, 10, 600.0),
+    "import": (5, 10, 600.0),  # session files opened
+    "export": (20, 30, 60.0),  # files made: session files, numbers, web pages
+    # CPU of replays, in Steps (a Step, an Undo or a generated token each): a session file or a link's steps
+    # are paid before the replay starts; two of the longest session files at once, then one per 10 min
+    "replay": (2 * 4 * 256, 4 * 256, 600.0),
 }
 # DECODER_LAB_RATE_SCALE multiplies every burst and count (a test suite calls from one address all along)
 _RATE_SCALE = max(1, int(os.environ.get("DECODER_LAB_RATE_SCALE", "1")))
@@ -151,7 +156,8 @@ def limits_table() -> list[str]:
 
 
 # ------------------------------------------------ Server-wide budgets: their README rows
-_RATE_WHAT = {"session": "new sessions", "generate": "Generate", "train": "trainings", "upload": "uploads"}
+_RATE_WHAT = {"session": "new sessions", "generate": "Generate", "train": "trainings", "upload": "uploads",
+              "import": "session files opened", "export": "files made", "replay": "Steps replayed"}
 
 
 def _window(seconds: float) -> str:

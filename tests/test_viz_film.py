@@ -12,7 +12,7 @@ import pytest
 import viz
 from viz import attention_view, causal_mask, decode_array, payload_bytes, plot_json, score_curves
 from viz.film import HEAD_DASHES, PHASE_SYMBOL, THRESHOLD_LINE
-from viz.training import FRAME_LINE, PHASE_LINE
+from viz.training import FRAME_LINE, LOG_RATIO, PHASE_LINE
 
 INDUCTION = "mean over queries i whose token occurred earlier, at latest position j < i−1, of A[i, j+1]"
 
@@ -242,11 +242,84 @@ def test_loss_curve_marker_and_phase_lines():
     phase = [s for s in shapes if s["line"] == PHASE_LINE]
     assert [s["x0"] for s in phase] == [340, 360, 800] and all(s["line"]["dash"] == "dot" for s in phase)
     labels = {a["text"]: a for a in lay["annotations"][1:]}
-    assert set(labels) == {"L1H2", "L0&lt;H0&gt;", "L2H3"}
-    assert [labels[t]["x"] for t in ("L1H2", "L0&lt;H0&gt;", "L2H3")] == [340, 360, 800]
-    # 20 steps apart is a few pixels: the second label goes on a row below, the far one stays up
-    assert labels["L0&lt;H0&gt;"]["yshift"] < labels["L1H2"]["yshift"] == labels["L2H3"]["yshift"]
+    # 20 steps apart is a few pixels: one label for both, right of the later line; the far one on its own
+    assert set(labels) == {"L1H2<br>L0&lt;H0&gt;", "L2H3"}
+    assert [labels[t]["x"] for t in ("L1H2<br>L0&lt;H0&gt;", "L2H3")] == [360, 800]
+    assert all(a["xanchor"] == "left" and a["yshift"] == labels["L2H3"]["yshift"] for a in labels.values())
     assert lay["meta"]["marker_step"] == 1000
+
+
+def _label_boxes(lay: dict, span: float, plot_px: float, char_px: float) -> list[tuple[float, float, float, float]]:
+    """(left, right, top, bottom) in px of each phase label, from the annotation as plotly places it: x at the
+    step, shifted, anchored on its left or right side; a line per <br>."""
+    boxes = []
+    for a in lay.get("annotations", []):
+        if "kept" in a["text"]:
+            continue
+        lines = a["text"].split("<br>")
+        w = max(len(t) for t in lines) * char_px
+        x = (a["x"] * plot_px if a["xref"] == "paper" else a["x"] / span * plot_px) + a["xshift"]
+        left, right = (x, x + w) if a["xanchor"] == "left" else (x - w, x)
+        top = -a["yshift"]
+        boxes.append((left, right, top, top + len(lines) * a["font"]["size"] * 1.2, a["xref"] == "paper"))
+    return boxes
+
+
+@pytest.mark.parametrize("plot_px", [200, 260, 560, 900])
+@pytest.mark.parametrize("seed", range(6))
+def test_phase_labels_never_overlap_and_no_line_crosses_one(plot_px, seed):
+    """Phases at random steps (some on the same step, some a few steps apart, 16 heads at most): every label
+    box is clear of every other and of every phase line, and lies inside the plot."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 17))
+    heads = rng.choice(16, size=n, replace=False)
+    steps = np.sort(rng.choice([63, 64, 84, 120, 258, 900, 1400, 1490, 1500], size=n))
+    phases = [(int(s), f"L{h // 4}H{h % 4}") for s, h in zip(steps, heads)]
+    fig = viz.loss_curve(np.arange(0, 1501, 50), np.linspace(3, 0.1, 31), total_steps=1500, phase_steps=phases,
+                         plot_px=plot_px)
+    lay = spec_of(fig)["layout"]
+    char_px = 0.62 * lay["annotations"][0]["font"]["size"]
+    boxes = _label_boxes(lay, 1500, plot_px, char_px)
+    lines = [s["x0"] / 1500 * plot_px for s in lay["shapes"] if s["line"] == PHASE_LINE]
+    assert len(lines) == n and 1 <= len(boxes) <= n
+    named = [t for a in lay["annotations"] for t in a["text"].replace("<br>", ", ").replace(": ", ", ").split(", ")]
+    for _, label in phases:  # every head is named once: "L1H2", or "L1: H0, H2" for several of a layer
+        layer, head = label[1:].split("H")
+        assert label in named or (f"L{layer}" in named and f"H{head}" in named)
+    for i, (l1, r1, t1, b1, edge) in enumerate(boxes):
+        assert -1e-6 <= l1 and r1 <= plot_px + 1e-6, "inside the plot"
+        # no phase line crosses a label, unless its lines span the whole axis (then it sits at the right edge)
+        assert edge or all(not (l1 < x < r1) for x in lines), "a phase line crosses a label"
+        assert not edge or plot_px < 500
+        for l2, r2, t2, b2, _ in boxes[i + 1:]:
+            apart = r1 <= l2 or r2 <= l1  # side by side ...
+            stacked = b1 <= t2 or b2 <= t1  # ... or one under the other
+            assert apart or stacked
+
+
+def test_a_loss_spanning_orders_of_magnitude_gets_a_log_axis():
+    steps = np.arange(0, 1501, 50)
+    falls = 2.8 * np.exp(-steps / 60) + 1e-3  # 2.8 → 0.001: a linear axis would show a flat line at 0
+    lay = spec_of(viz.loss_curve(steps, falls, steps, falls * 1.1, total_steps=1500))["layout"]
+    y = lay["yaxis"]
+    assert y["type"] == "log" and y["title"]["text"] == "loss (log scale)" and lay["meta"]["log_y"] is True
+    lowest, highest = float(falls.min()), float((falls * 1.1).max())
+    assert y["range"][0] == np.floor(np.log10(lowest)) and 10 ** y["range"][1] >= highest  # every point shown
+    assert y["exponentformat"] == "power"
+    # within the ratio: linear from 0; and the choice can be forced either way
+    mild = 2.0 / np.sqrt(steps + 10)
+    assert mild.max() / mild.min() < LOG_RATIO
+    lin = spec_of(viz.loss_curve(steps, mild, total_steps=1500))["layout"]["yaxis"]
+    assert lin.get("type", "linear") == "linear" and lin["range"][0] == 0 and lin["title"]["text"] == "loss"
+    forced = spec_of(viz.loss_curve(steps, mild, total_steps=1500, log_y=True))["layout"]["yaxis"]
+    assert forced["type"] == "log"
+    off = spec_of(viz.loss_curve(steps, falls, total_steps=1500, log_y=False))["layout"]["yaxis"]
+    assert off.get("type", "linear") == "linear"
+    # a log axis needs a positive loss; an empty curve stays linear
+    assert spec_of(viz.loss_curve(steps, np.zeros(steps.size), log_y=True))["layout"]["yaxis"].get("type") != "log"
+    assert spec_of(viz.loss_curve(np.zeros(0), np.zeros(0)))["layout"]["yaxis"].get("type") != "log"
+    with pytest.raises(ValueError, match="plot_px"):
+        viz.loss_curve(steps, falls, plot_px=10)
 
 
 def test_loss_curve_unchanged_without_the_film_arguments():

@@ -1,8 +1,9 @@
 """What every handler of the wiring shares: errors as messages, one action per session, API values.
 
 `handler` wraps each event handler: it finds the server's own session for the tab (see
-lab.budget.SessionStore), checks the client's rate for costly actions, holds the session for the
-whole action, and turns every error into a message for the person.
+lab.budget.SessionStore), checks the client's rate for costly actions (unless the door of
+ui/shares.py took that token when the call joined the queue), holds the session for the whole
+action, and turns every error into a message for the person.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from lab.budget import LIMITER, client_key
 from lab.checks import UserError
 from lab.export import slug
 from lab.session import SESSIONS, Session
+
+from .shares import CHARGED
 
 log = logging.getLogger("decoder_lab")
 
@@ -49,7 +52,7 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
             host = request.client.host if request.client else None
             client = client_key(host, request.headers.get("x-forwarded-for"))
             args[0] = SESSIONS.resolve(request.session_hash, client, args[0])
-            if rate is not None:
+            if rate is not None and request.headers.get(CHARGED.decode()) != rate:
                 LIMITER.check(client, rate)
         return args
 
@@ -82,7 +85,9 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
         except Exception as exc:
             raise message(exc) from None
 
-    return functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
+    out = functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
+    out.exclusive, out.rate = exclusive, rate  # what the door (ui/shares.py) admits a call by
+    return out
 
 
 # Every event hands its inputs to the handler as they were sent (`preprocess=False`): gradio's own

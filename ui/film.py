@@ -50,6 +50,13 @@ def opening(film) -> tuple[int, str]:
     return layer, score
 
 
+def loss_plot_px(display) -> int:
+    """The width of the film's loss plot (its axes, less the margins): beside the attention on a wide
+    page, the page's width on a phone. Kept a little short, so phase labels laid out for it never meet."""
+    figure = display.width - 64 if display.narrow else display.width * 0.45
+    return int(max(160, figure - (90 if display.presentation else 70)))
+
+
 def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     """(attention, loss, scores, phases markdown, caption) of one frame of the model's film."""
     film = session.film(model_name)
@@ -85,7 +92,7 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     loss = viz.loss_curve(steps.astype(np.float32), train_loss, np.array([s for s, _ in val], dtype=np.float32),
                           np.array([v for _, v in val], dtype=np.float32), total_steps=film.total_steps,
                           marker_step=fr.step, phase_steps=[(p.step, f"L{p.layer}H{p.head}") for p in phases],
-                          presentation=large)
+                          presentation=large, plot_px=loss_plot_px(session.display))
     lines = "\n".join(f"- {p.sentence()}" for p in phases) or "- No head changed its role sharply in this run."
     caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · train loss {fr.train_loss:.2f}"
                + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")

@@ -10,6 +10,8 @@ from pathlib import Path
 import gradio as gr
 from gradio.utils import get_type_hints, get_upload_folder
 
+from .shares import Door, without_charge
+
 log = logging.getLogger("decoder_lab")
 
 
@@ -29,8 +31,11 @@ class RefuseMalformedCalls:
 
     def __init__(self, app, blocks: gr.Blocks):
         self.app, self.blocks = app, blocks
+        self.door = Door(blocks)  # each address's share of the queue, its rates, its session's turn
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope = without_charge(scope)
         match = self.CALL.match(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
@@ -57,7 +62,11 @@ class RefuseMalformedCalls:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        async with self.door.admit(scope, match.group(2), body) as refused:
+            if refused:
+                log.info("refused HTTP call %s at the door: %s", scope["path"][:80], refused[1])
+                return await self.refuse(send, *refused)
+            await self.app(scope, replay, send)
 
     def problem(self, api_name: str | None, body: bytes, direct: bool = False) -> tuple[int, str] | None:
         def finite_only(token):

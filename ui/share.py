@@ -13,6 +13,7 @@ import gradio as gr
 import viz
 
 from lab import export, links, sessionfile
+from lab.budget import charge, replay_cost
 from lab.checks import UserError, check_sampling
 from lab.session import Session, View
 
@@ -45,7 +46,7 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
             gr.update(value=" ".join(html.escape(n, quote=False) for n in notes), visible=bool(notes)))
 
 
-@handler
+@handler(rate="export")
 def save_session(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
                  request: gr.Request = None):
     """The session as a file to download (`lab.sessionfile`)."""
@@ -57,10 +58,13 @@ def save_session(session, model_name, prompt, temperature, top_k, top_p, seed, l
     return str(path), f"{SAVED} ({len(data) / 1024:.1f} KB)"
 
 
-@handler
+@handler(rate="import")
 def open_session(session, upload, request: gr.Request = None):
-    """A session file chosen: the page shows exactly what was saved."""
-    opened = sessionfile.open_session(session, file_path(upload, ".json"))
+    """A session file chosen: the page shows exactly what was saved. Its replay is paid first, from
+    the address's share of replays (refused with a sentence before any of it runs)."""
+    path = file_path(upload, ".json")
+    charge(session, "replay", replay_cost(sessionfile.read_session_file(path).get("actions")))
+    opened = sessionfile.open_session(session, path)
     return explore_state(session, opened.model, opened.prompt, opened.view, opened.sampling, opened.notes)
 
 
@@ -82,6 +86,7 @@ def open_link(session: Session, params: dict):
     if not link.given and not link.notes:
         return (session, *[gr.skip()] * 18)
     if link.prompt is not None and link.steps:
+        charge(session, "replay", link.steps)  # a link's steps are paid before they run, as a file's
         session.reset()
         links.open_link(session, link)
     return explore_state(session, link.model, link.prompt, link.view, link.sampling,
@@ -108,7 +113,7 @@ NUMBERS = {  # what the numbers download offers: label → the lab.export functi
 }
 
 
-@handler
+@handler(rate="export")
 def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Request = None):
     """The numbers behind a view as CSV or JSON (`lab.export`), to download."""
     if what not in NUMBERS.values():
@@ -127,7 +132,7 @@ def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Requ
     return str(path)
 
 
-@handler
+@handler(rate="export")
 def save_view_page(session, layer, head, view, request: gr.Request = None):
     """The attention view shown, as one web page that opens offline (plotly.js inside)."""
     spec = attention_spec(session, layer, head, view)

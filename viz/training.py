@@ -5,6 +5,8 @@ shown, and `PHASE_LINE`, the dotted lines at the steps where a head's score chan
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +20,13 @@ VAL_COLOUR = "#e4572e"
 FRAME_LINE = {"color": TEXT_GREY, "width": 2}
 # a phase change (the step where a head's score moved most): a dotted mid-grey line
 PHASE_LINE = {"color": TEXT_GREY, "width": 1, "dash": "dot"}
-_ASSUMED_PLOT_PX = 600  # width a step axis is assumed to get when keeping phase labels apart
+ASSUMED_PLOT_PX = 560  # width a step axis is assumed to get when keeping phase labels apart (callers may say)
+LABEL_GAP_PX = 6  # the least room between a phase label and another label or line
+LABEL_PAD_PX = 4  # a label's width beyond its characters
+CHAR_EM = 0.62  # a label character's width, in font sizes (the app's sans-serif: digits and capitals)
+LINE_EM = 1.3  # a label line's height, in font sizes
+LOG_RATIO = 30  # a loss whose highest value is more than this many times its lowest gets a log axis
+_HEAD_NAME = re.compile(r"L(\d+)H(\d+)")
 
 
 def _check_step(name: str, value) -> int | float | None:
@@ -30,19 +38,80 @@ def _check_step(name: str, value) -> int | float | None:
     return int(value) if float(value).is_integer() else float(value)
 
 
-def phase_rows(steps: list[float], span: float, label_px: list[float], plot_px: float = _ASSUMED_PLOT_PX) -> list[int]:
-    """A text row (0, 1, 2, …) for each label at `steps` so that labels closer than their width
-    on a `plot_px`-wide axis spanning `span` steps go on different rows (greedy, in step order)."""
-    ends: list[float] = []  # per row: the x (in px) where its last label ends
-    rows = []
-    for step, width in zip(steps, label_px, strict=True):
-        x = step / span * plot_px if span > 0 else 0.0
-        row = next((r for r, end in enumerate(ends) if x >= end + 4), len(ends))
-        if row == len(ends):
-            ends.append(0.0)
-        ends[row] = x + width
-        rows.append(row)
-    return rows
+def _grouped(labels: list[str]) -> list[str]:
+    """The lines of one phase label: head names "L1H2" grouped by layer ("L1: H0, H2"; one head: "L1H2"),
+    other labels as they are."""
+    heads: dict[int, list[int]] = {}
+    other = []
+    for label in labels:
+        m = _HEAD_NAME.fullmatch(label)
+        if m:
+            heads.setdefault(int(m[1]), []).append(int(m[2]))
+        elif label not in other:
+            other.append(label)
+    lines = [f"L{layer}H{hs[0]}" if len(set(hs)) == 1 else f"L{layer}: " + ", ".join(f"H{h}" for h in sorted(set(hs)))
+             for layer, hs in sorted(heads.items())]
+    return lines + other
+
+
+def phase_labels(phases: Sequence[tuple[float, str]], span: float, char_px: float,
+                 plot_px: float = ASSUMED_PLOT_PX) -> list[dict]:
+    """Where the labels of phase lines go on a `plot_px`-wide step axis spanning `span` steps, so that none
+    overlaps another and no phase line crosses one.
+
+    Phases (step, label), in step order, whose labels would touch are one cluster: its label (its heads
+    grouped by layer, one line per layer) sits just right of its last line, and the next cluster's first
+    line lies past the label's end. The last label, when it would run past the plot's right edge, sits
+    left of its cluster's first line instead (the cluster before joining it while that gap is too
+    narrow), on a row below a label it would meet; one that fits on neither side (one cluster spanning
+    the whole axis: a narrow plot, many heads) ends at the plot's right edge, where its own lines may
+    cross it. Returns per cluster: steps (its lines), lines (its text), x (the step
+    the label is anchored to; None at the edge), side ("left": the label starts at x, "right": it ends
+    there, "edge"), left and right (its extent in px from the axis start), row (0 = the top).
+    """
+    def px(step: float) -> float:
+        return step / span * plot_px if span > 0 else 0.0
+
+    def width(lines: list[str]) -> float:
+        return max(len(t) for t in lines) * char_px + LABEL_PAD_PX
+
+    clusters: list[dict] = []
+    for step, label in phases:
+        last = clusters[-1] if clusters else None
+        if last is not None and px(step) < px(last["steps"][-1]) + LABEL_GAP_PX + width(_grouped(last["labels"])):
+            last["steps"].append(step)
+            last["labels"].append(label)
+        else:
+            clusters.append({"steps": [step], "labels": [label]})
+    # Only the last cluster can lack room on its right (each other one has its label's width before the
+    # next line). It then goes left of its first line; where that gap is too narrow too, the cluster
+    # before it joins it, until the gap is wide enough (or none is left).
+    last = clusters[-1] if clusters else None
+    while (last is not None and px(last["steps"][-1]) + LABEL_GAP_PX / 2 + width(_grouped(last["labels"])) > plot_px
+           and len(clusters) > 1
+           and px(last["steps"][0]) - px(clusters[-2]["steps"][-1]) < LABEL_GAP_PX + width(_grouped(last["labels"]))):
+        before = clusters.pop(-2)
+        last["steps"], last["labels"] = before["steps"] + last["steps"], before["labels"] + last["labels"]
+    placed: list[dict] = []
+    for c in clusters:
+        lines = _grouped(c["labels"])
+        w = width(lines)
+        start, end = px(c["steps"][-1]) + LABEL_GAP_PX / 2, px(c["steps"][0]) - LABEL_GAP_PX / 2
+        if start + w <= plot_px:
+            item = dict(steps=c["steps"], lines=lines, x=c["steps"][-1], side="left", left=start, right=start + w)
+        elif end - w >= 0:
+            item = dict(steps=c["steps"], lines=lines, x=c["steps"][0], side="right", left=end - w, right=end)
+        else:  # one cluster spanning the whole axis (a narrow plot, many heads): against the plot's right edge
+            item = dict(steps=c["steps"], lines=lines, x=None, side="edge", left=plot_px - w, right=plot_px)
+        # a row below every earlier label this one would meet (only the last, left of its lines, can meet one)
+        taken = {p["row"] + k for p in placed for k in range(len(p["lines"]))
+                 if p["left"] < item["right"] and item["left"] < p["right"]}
+        row = 0
+        while any(r in taken for r in range(row, row + len(lines))):
+            row += 1
+        item["row"] = row
+        placed.append(item)
+    return placed
 
 
 def _series(name: str, x: np.ndarray | None, y: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +135,8 @@ def loss_curve(
     marker_step: int | None = None,
     phase_steps: Sequence[tuple[int, str]] = (),
     presentation: bool = False,
+    plot_px: float = ASSUMED_PLOT_PX,
+    log_y: bool | None = None,
 ) -> FigureSpec:
     """Train (line) and validation (line + markers) cross-entropy loss against the training step.
 
@@ -75,10 +146,16 @@ def loss_curve(
     so far (the first steps', as a rule), so it stays still while the loss falls. `kept_step`: a
     dotted line at the step whose weights the model kept (the best validation loss).
 
+    log_y: a log-scale loss axis, titled "loss (log scale)"; None (the default) chooses it when the
+    highest loss is more than LOG_RATIO times the lowest (a linear axis would squeeze the rest of the
+    run into its bottom few pixels). Its bottom is the power of ten below the lowest loss, so it moves
+    only when the loss falls past one.
+
     Training film (keyword-only): `marker_step` draws a solid vertical line (`FRAME_LINE`) at the
     frame shown; `phase_steps`, (step, label) pairs such as (340, "L1H2"), draw a dotted vertical
-    line (`PHASE_LINE`) at each step, its short label (escaped) at the top of the plot, labels that
-    would overlap put on rows below. presentation: large fonts (tick labels ≥ 16 px).
+    line (`PHASE_LINE`) at each step and their labels (escaped) at the top of the plot, placed by
+    `phase_labels` for a plot `plot_px` wide so that none overlaps another or is crossed by a line.
+    presentation: large fonts (tick labels ≥ 16 px).
     """
     steps, train = _series("train", steps, train)
     if (val_steps is None) != (val is None):
@@ -107,6 +184,13 @@ def loss_curve(
     losses = np.concatenate([train, val])
     losses = losses[np.isfinite(losses)]
     top = float(losses.max()) * 1.05 if losses.size and losses.max() > 0 else 1.0
+    positive = losses[losses > 0]
+    if log_y is None:
+        log_y = bool(positive.size) and float(positive.max()) > LOG_RATIO * float(positive.min())
+    log_y = bool(log_y) and positive.size > 0  # a log axis needs a positive loss
+    if isinstance(plot_px, bool) or not isinstance(plot_px, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(plot_px) or plot_px < 50:
+        raise ValueError(f"plot_px must be a width in pixels ≥ 50, got {plot_px!r}")
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
     label_px = 15 if presentation else 11
@@ -121,8 +205,11 @@ def loss_curve(
         "title": {"text": "Loss (cross-entropy, nats)", "x": 0.01, "xanchor": "left", "font": {"size": title_px}},
         "xaxis": {"title": {"text": "step"}, "showgrid": True, "gridcolor": GRID_GREY, "zeroline": False,
                   "rangemode": "tozero", "tickfont": axis_font},
-        "yaxis": {"title": {"text": "loss"}, "showgrid": True, "gridcolor": GRID_GREY, "zeroline": False,
-                  "range": [0, top], "tickfont": axis_font},
+        "yaxis": {"title": {"text": "loss (log scale)" if log_y else "loss"}, "showgrid": True,
+                  "gridcolor": GRID_GREY, "zeroline": False, "tickfont": axis_font,
+                  **({"type": "log", "exponentformat": "power",  # 10⁻⁴, not plotly's SI "100µ"
+                      "range": [math.floor(math.log10(float(positive.min()))), math.log10(top)]}
+                     if log_y else {"range": [0, top]})},
         "legend": {"orientation": "h", "x": 1, "y": 1.0, "xanchor": "right", "yanchor": "bottom",
                    "font": {"size": tick}},
         "showlegend": True,
@@ -143,13 +230,18 @@ def loss_curve(
         span = float(total_steps) if total_steps is not None else max(
             [float(steps.max()) if steps.size else 0.0, float(val_steps.max()) if val_steps.size else 0.0,
              *(p[0] for p in phases)])
-        rows = phase_rows([p[0] for p in phases], span, [len(p[1]) * 0.6 * label_px + 6 for p in phases])
-        for (step, label), row in zip(phases, rows, strict=True):
+        for step, _ in phases:
             shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
                            "line": PHASE_LINE})
-            annotations.append({"x": step, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left",
-                                "yanchor": "top", "xshift": 2, "yshift": -2 - row * label_px * 1.3,
-                                "text": esc(label), "showarrow": False,
+        for item in phase_labels(phases, span, CHAR_EM * label_px, plot_px):
+            side = item["side"]
+            edge = side == "edge"
+            annotations.append({"x": 1 if edge else item["x"], "y": 1, "xref": "paper" if edge else "x",
+                                "yref": "paper", "xanchor": "right" if edge else side,
+                                "yanchor": "top", "align": "left" if side == "left" else "right",
+                                "xshift": {"left": LABEL_GAP_PX / 2, "right": -LABEL_GAP_PX / 2}.get(side, 0),
+                                "yshift": -2 - item["row"] * label_px * LINE_EM,
+                                "text": "<br>".join(esc(t) for t in item["lines"]), "showarrow": False,
                                 "font": {"size": label_px, "color": TEXT_GREY}})
     if marker_step is not None:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": marker_step, "x1": marker_step,
@@ -162,6 +254,7 @@ def loss_curve(
         layout["xaxis"].setdefault("range", [0, 1])
         layout["yaxis"]["range"] = [0, 1]
         layout["annotations"] = [empty_note("waiting for first step")]
-    meta = {"viz": "loss", "marker_step": marker_step, "phase_steps": [[s_, lab] for s_, lab in phases]}
+    meta = {"viz": "loss", "marker_step": marker_step, "phase_steps": [[s_, lab] for s_, lab in phases],
+            "log_y": log_y}
     layout["meta"] = meta
     return FigureSpec(data, layout)
