@@ -578,10 +578,11 @@ def ablated(session: Session) -> list[tuple[int, int]]:
     return sorted(session.probe.intervention().ablated_heads(session.entry.model.cfg))
 
 
-def badges(session: Session, layer: int) -> dict[int, str]:
-    """What each head of `layer` is on this text (its strongest role) and what the person changed
-    in it (ablated, row edited), for the attention panels' titles."""
-    roles = head_roles(session)
+def badges(session: Session, layer: int, roles: HeadRoles | None = None) -> dict[int, str]:
+    """What each head of `layer` is on this text (its strongest role, from `roles`, default the
+    model as trained) and what the person changed in it (ablated, row edited), for the attention
+    panels' titles."""
+    roles = head_roles(session) if roles is None else roles
     out = roles.badges(layer) if roles is not None else {}
     for layer_, h in ablated(session):
         if layer_ == layer:
@@ -625,3 +626,17 @@ def edit_selected(session: Session, head, key) -> ProbeSettings:
         raise UserError("Choose the head whose row to edit, e.g. L1H0.")
     ((layer, h),) = parse_heads([head], cfg.n_layers, cfg.n_heads)
     return set_edit(session, layer, h, selected(session), key)
+
+
+def changed_attention(session: Session) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """The attention of the text shown under the person's settings (heads ablated, a row edited):
+    per layer (H, T, T) weights (the ones that multiplied the values) and scores, from the engine's
+    forward with the change. None without settings, or when they no longer fit the text."""
+    if session.decoder is None or not session.probe.active:
+        return None
+    try:
+        iv = _window_intervention(session)
+    except UserError:
+        return None
+    out = _forward(session.entry, session.decoder.window, iv, attention=True)
+    return [a[0].float().numpy() for a in out.attentions], [s[0].float().numpy() for s in out.scores]

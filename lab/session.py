@@ -30,7 +30,7 @@ import torch
 from model.checkpoint import atomic_write, checkpoint_bytes, load_checkpoint
 from model.corpora import Stopped, build_corpus, read_text_file
 from model.film import FILM_FRAMES, MAX_PROBE_TOKENS, Film, default_probe, task_of
-from model.generate import Decoder, Sampling, Step, generate
+from model.generate import Decoder, Sampling, Step, adjust_probs, generate
 from model.presets import train_tab_defaults, train_tab_recipe
 from model.train import train, well_above_best
 from model.transformer import DecoderLM
@@ -116,7 +116,8 @@ class Probabilities:
 
     index: the token's position in the window. typed: the token came from the prompt, so nothing
     was sampled: probs is what the model predicted there (from the tokens before it) and
-    adjusted is None.
+    adjusted is None. resampled: adjusted is under other sampling settings than the token was
+    drawn with (the ones asked for), not the distribution it was drawn from.
     """
 
     pieces: list[str]
@@ -125,6 +126,7 @@ class Probabilities:
     chosen: int
     index: int = -1
     typed: bool = False
+    resampled: bool = False
 
 
 @dataclass
@@ -194,6 +196,9 @@ BUSY_WAIT_S = 10.0  # how long an action waits for the same session's previous o
 _STOP_REASONS = {"finished": "finished", "stopped": "stopped by you", "time limit": "hit the time limit"}
 
 
+LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
+
+
 def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
     """A prompt's token ids for this model and any notices; refuses empty, long or unknown input."""
     if not isinstance(prompt, str):
@@ -208,10 +213,13 @@ def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
         shown = ", ".join(repr(u if len(u) <= 20 else u[:19] + "…") for u in enc.unknown[:8])
         shown += " …" if len(enc.unknown) > 8 else ""
         unit = "words" if tokenizer.kind == "word" else "characters"
-        raise UserError(
-            f"This model does not know these {unit}: {shown}. "
-            f"Its vocabulary has {tokenizer.vocab_size} tokens; try one of the example prompts."
-        )
+        if tokenizer.vocab_size <= LISTED_VOCABULARY:
+            known = ", ".join(tokenizer.piece(i) for i in range(tokenizer.vocab_size) if i != tokenizer.unk_id)
+            see = f": {known}."
+        else:
+            see = "; open “Vocabulary” (under the text) to see them all, or try one of the example prompts."
+        raise UserError(f"This model does not know these {unit}: {shown}. "
+                        f"Its vocabulary has {tokenizer.vocab_size} tokens{see}")
     ids = enc.ids
     if not ids:
         raise UserError("The prompt has no tokens for this model.")
@@ -547,8 +555,9 @@ class Session:
         return Attention(d.attention, d.scores, [p for p, _ in self.tokens()],
                          causal=self.entry.model.cfg.mask == "causal")
 
-    def probabilities(self, index=None) -> Probabilities | None:
-        """The distribution the token at window position `index` (default: the last) was drawn from.
+    def probabilities(self, index=None, sampling: Sampling | None = None) -> Probabilities | None:
+        """The distribution the token at window position `index` (default: the last) was drawn from;
+        with `sampling`, a generated token's adjusted distribution is the one these settings give.
 
         A generated token: the distribution kept when it was sampled. A prompt token: what the
         model predicts there from the tokens before it (nothing was sampled). None for the first
@@ -564,7 +573,13 @@ class Session:
         pieces = [tok.piece(i) for i in range(tok.vocab_size)]
         if pos >= d.prompt_len:
             s = self.drawn[pos - d.prompt_len]
-            return Probabilities(pieces, s.probs, s.adjusted, s.token_id, index=index)
+            adjusted = s.adjusted
+            if sampling is not None:  # log(probs) are the logits up to a constant, which softmax ignores
+                adjusted = adjust_probs(torch.log(torch.from_numpy(s.probs)), sampling).numpy()
+                if np.allclose(adjusted, s.adjusted, rtol=0, atol=1e-6):  # the settings it was drawn with
+                    adjusted = s.adjusted
+            return Probabilities(pieces, s.probs, adjusted, s.token_id, index=index,
+                                 resampled=adjusted is not s.adjusted)
         if pos == 0:
             return None
         context = d.ids[max(0, pos - d.block_size):pos]

@@ -187,6 +187,17 @@ def test_a_model_without_norm_or_feed_forward_is_described_in_plain_words(client
     assert "2 layers × 4 heads" in summary and "pre-norm, gelu feed-forward" in summary
 
 
+def test_an_unknown_word_names_it_and_says_how_to_see_the_vocabulary(client):
+    with pytest.raises(AppError) as info:  # a small vocabulary is listed whole
+        step(client, model="article toy (built-in)", prompt="how is zebra")
+    assert_clean_error(info.value, r"^This model does not know these words: 'zebra'\. Its vocabulary has 8 tokens: "
+                                   r"how, is, living, in, amsterdam, exciting, (<|&lt;)EOS(>|&gt;)\.$")
+    with pytest.raises(AppError) as info:  # a large one: where to see it
+        step(client, prompt="anna found the zebra")
+    assert_clean_error(info.value, r"^This model does not know these words: 'zebra'\. Its vocabulary has 97 tokens; "
+                                   r"open “Vocabulary” \(under the text\) to see them all")
+
+
 def test_prompt_longer_than_context_is_cropped_with_notice(client):
     tokens, status, _, attn = step(client, model=SORT, prompt="0123456789" * 3, temperature=0.0)
     assert "The prompt has 30 tokens but the model's context is 16; it keeps the last 16." in status

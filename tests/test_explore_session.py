@@ -72,6 +72,27 @@ def test_every_token_keeps_the_distribution_it_was_drawn_from():
     assert s.probabilities().index == len(d.ids) - 1  # default: the last token
 
 
+def test_the_after_bars_follow_other_sampling_settings_without_generating():
+    s = Session()
+    entry = BUILTINS.get(GRAMMAR)
+    steps = [s.step(GRAMMAR, P, S) for _ in range(2)]
+    ids = list(s.decoder.ids)
+    index = s.decoder.prompt_len  # the first generated token
+    same = s.probabilities(index, Sampling(temperature=1.0))  # the settings it was drawn with (any seed)
+    assert not same.resampled and same.adjusted is steps[0].adjusted
+    for other in (Sampling(temperature=2.0), Sampling(temperature=0.5, top_k=3), Sampling(top_p=0.5),
+                  Sampling(temperature=0.0)):
+        p = s.probabilities(index, other)
+        assert p.resampled and p.chosen == steps[0].token_id
+        np.testing.assert_array_equal(p.probs, steps[0].probs)  # the model's own bars never move
+        with torch.inference_mode():  # the adjusted bars are what the sampler makes of the model's logits
+            logits = entry.model(torch.tensor([ids[:index]])).logits[0, -1]
+        np.testing.assert_allclose(p.adjusted, adjust_probs(logits, other).numpy(), atol=1e-5)
+    assert s.decoder.ids == ids  # nothing was generated
+    typed = s.probabilities(3, Sampling(temperature=2.0))  # a typed token was not sampled: no after bars
+    assert typed.typed and typed.adjusted is None and not typed.resampled
+
+
 def test_a_typed_token_shows_what_the_model_predicted_there():
     s = Session()
     entry = BUILTINS.get(GRAMMAR)

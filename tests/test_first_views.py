@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lab import captions
 from lab.models import BUILTIN_MODELS, BUILTINS, FirstView, ModelEntry
 from lab.session import encode_prompt
 from model import heads
@@ -143,3 +144,47 @@ def test_shakespeare_characters_look_at_the_start_of_their_word():
     assert quoted(v.caption, weight[v.layer, v.head])
     hits = A[v.layer, v.head, queries].argmax(-1) == np.array(keys)
     assert hits.mean() > 0.75  # "most of its weight": the separator is the row's largest weight almost always
+
+
+# ------------------------------------------------------------------ the caption shown on the page
+
+
+@pytest.mark.parametrize("name", list(BUILTIN_MODELS))
+def test_a_builtin_caption_is_shown_only_where_its_claim_holds(name):
+    """The caption above the attention (lab.captions) is the built-in's own line on its first example,
+    at its own head, and a sentence read off the numbers drawn anywhere else."""
+    v, entry = view(name), BUILTINS.get(name)
+    A, t, d = decode(name, BUILTIN_MODELS[name].examples[0])
+    weights, window = list(A), list(d.window)
+    assert captions.claim_holds(entry, weights, t, window)
+    assert captions.caption(entry, weights, None, t, window, v.layer, v.head, v.view) == v.caption
+    # the second example: the caption's numbers are not its numbers
+    A2, t2, d2 = decode(name, BUILTIN_MODELS[name].examples[1])
+    assert not captions.claim_holds(entry, list(A2), t2, list(d2.window))
+    said = captions.caption(entry, list(A2), None, t2, list(d2.window), v.layer, v.head, v.view)
+    row = A2[v.layer, v.head, -1]
+    k = int(row.argmax())
+    assert said != v.caption and f"({row[k]:.2f}) on “{t2[k]}” (position {k})" in said
+    # another head of the first example
+    other = (v.head + 1) % entry.model.cfg.n_heads
+    if other != v.head:
+        said = captions.caption(entry, weights, None, t, window, v.layer, other, v.view)
+        row = A[v.layer, other, -1]
+        assert said.startswith(f"Layer {v.layer}, head {other}:") and f"({row.max():.2f})" in said
+    # a change of the heads (the head tools) is named, and the built-in line is not claimed under it
+    said = captions.caption(entry, weights, None, t, window, v.layer, v.head, v.view, change="L0H0 ablated (zero)")
+    assert said.startswith("With L0H0 ablated (zero): ")
+
+
+def test_a_caption_whose_numbers_change_as_the_text_grows_gives_way():
+    name = "shakespeare (built-in)"  # the mean over the text's characters moves with every new character
+    entry, v = BUILTINS.get(name), view(name)
+    A, t, d = decode(name, BUILTIN_MODELS[name].examples[0], 4)
+    assert not captions.claim_holds(entry, list(A), t, list(d.window))
+    name = "copy / induction (built-in)"  # each copied letter so far looks where the caption says
+    entry = BUILTINS.get(name)
+    for n in (3, 16):
+        A, t, d = decode(name, BUILTIN_MODELS[name].examples[0], n)
+        assert captions.claim_holds(entry, list(A), t, list(d.window))
+    own = ModelEntry("mine", entry.model, entry.tokenizer, {})
+    assert not captions.claim_holds(own, list(A), t, list(d.window))

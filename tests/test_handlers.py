@@ -305,7 +305,9 @@ def test_select_model_each_builtin(name):
     fv = entry.first_view  # every built-in opens on the head worth seeing, with its caption
     assert (layer_u["value"], head_u["value"], view_u["value"]) == (fv.layer, fv.head, fv.view)
     assert html.unescape(caption) == fv.caption
-    assert examples_u["choices"] == list(entry.examples) and len(entry.examples) >= 2
+    assert [value for _, value in examples_u["choices"]] == list(entry.examples) and len(entry.examples) >= 2
+    for shown, value in examples_u["choices"]:  # the menu shows each prompt on one line, and sends it whole
+        assert "\n" not in shown and shown.replace(" ⏎ ", "\n") == value
     assert prompt_u["value"] == BUILTINS.get(name).examples[0]
     # the example prompt works with that model
     out = do_step(ws, model=name, prompt=BUILTINS.get(name).examples[0], temperature=0.0)
@@ -478,7 +480,7 @@ def test_an_own_model_offers_examples_from_its_corpus_and_opens_on_layer_0():
     out = app.select_model(ws, name)
     examples, prompt = out[9], out[10]
     assert prompt["value"] == ws.models[name].examples[0] != ""
-    assert examples["choices"] == list(ws.models[name].examples)
+    assert [value for _, value in examples["choices"]] == list(ws.models[name].examples)
     assert (out[5]["value"], out[6]["value"]) == (0, "all") and "Your own model" in out[8]
 
 

@@ -4,6 +4,8 @@ their numbers held against the model computed here, and their refusals (clear, n
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +193,39 @@ def test_tools_before_any_text_say_step_first(app_server):
         with pytest.raises(AppError) as info:
             call()
         assert_clean_error(info.value, "Step first")
+
+
+
+def test_the_attention_drawn_under_a_change_is_the_changed_attention_and_says_so(client):
+    """While heads are ablated or a row edited, the Explore figure draws the attention the model computes under
+    that change (the weights that multiplied the values), names the change in its title, and goes back after
+    Clear all changes."""
+    from test_app import QUANT, panels
+
+    client.predict(["L0H1"], "uniform", False, 0, "all", api_name="/ablate")
+    client.predict("L1H0", "0", api_name="/edit_attention")  # the last token's row in L1H0 looks only at "anna"
+    s = local()
+    probing.set_ablation(s, ["L0H1"], "uniform", False)
+    probing.edit_selected(s, "L1H0", "0")
+    mark = "L0H1 ablated (uniform) · L1H0 row 12 edited"
+    for layer in (0, 1):  # each Step: the text grows as the model as trained continues it
+        _, _, _, attn = client.predict(GRAMMAR, P, *GREEDY, layer, "all", "weights", api_name="/step")
+        s.step(GRAMMAR, P, Sampling(temperature=0.0))
+        spec = json.loads(attn["plot"])
+        assert spec["layout"]["title"]["text"].startswith(mark + " · ") and spec["layout"]["meta"]["change"] == mark
+        seen, want = panels(attn), probing.changed_attention(s)[0][layer]
+        assert np.nanmax(np.abs(seen - want)) <= QUANT
+        T = seen.shape[-1]
+        if layer == 0:  # L0H1 attends uniformly to every token up to each query
+            uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+            np.testing.assert_allclose(np.nan_to_num(seen[1]), uniform, atol=QUANT)
+        else:  # the edited row, and layer 1 differs from the model as trained (it reads layer 0's change)
+            np.testing.assert_array_equal(seen[0, 12, :13], np.eye(13)[0])
+            plain = s.attention().weights[1]
+            assert np.nanmax(np.abs(seen[2:] - plain[2:])) > 0.01
+    client.predict(1, 0, api_name="/clear_changes")
+    _, _, _, attn = client.predict(GRAMMAR, P, *GREEDY, 1, "all", "weights", api_name="/step")
+    s.step(GRAMMAR, P, Sampling(temperature=0.0))
+    spec = json.loads(attn["plot"])
+    assert spec["layout"]["meta"]["change"] == "" and "ablated" not in spec["layout"]["title"]["text"]
+    assert np.nanmax(np.abs(panels(attn) - s.attention().weights[1])) <= QUANT

@@ -9,18 +9,19 @@ itself outlines the query row and shades the text at once (assets/explore.js, fr
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import time
 
 import gradio as gr
 
 import viz
-from lab import probing
+from lab import captions, probing
 from lab.checks import check_sampling
 from lab.export import model_stem
 from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.models import ModelEntry
-from lab.session import Session
+from lab.session import Attention, Session
 
 from .common import handler, message_plot, named
 
@@ -39,19 +40,22 @@ def attention_figure(session: Session, layer, head, view):
 
 def attention_spec(session: Session, layer, head, view):
     """The attention figure itself (None without a text), named for its download."""
-    att = session.attention()
+    att, change = shown_attention(session)
     if att is None:
         return None
     v = session.check_view(None, layer, head, view)
     d = session.display
 
-    badges = probing.badges(session, v.layer)
+    # under a change, the panels' role badges are read off the attention drawn
+    roles = None if not change else probing.compute_head_roles(session.entry, session.decoder.window, att.weights,
+                                                                 att.tokens)
+    badges = probing.badges(session, v.layer, roles=roles)
 
     def draw(max_height: int):
         return viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
                                   causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
                                   max_height_px=max_height, presentation=d.presentation, colour=d.colour,
-                                  badges=badges)
+                                  badges=badges, title_prefix=f"{change} · " if change else None)
 
     # The figure first tries to fit below the page's controls (one screen); when its labels would
     # be too small or thinned there, it may grow to the window's height instead (never taller).
@@ -62,15 +66,61 @@ def attention_spec(session: Session, layer, head, view):
         if taller.layout["meta"]["label_px"] > meta["label_px"] or taller.layout["meta"]["label_step"] < meta["label_step"]:
             spec = taller
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
+        spec.layout.setdefault("meta", {})["change"] = change  # what the head tools changed ('' = nothing)
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
                                                                         causal=att.causal)
     which = "all-layers" if v.view == "all layers" else f"L{v.layer}H{'all' if v.head is None else v.head}"
     return named(spec, model_stem(session.model_name), which, f"attention {v.view}", f"{len(att.tokens)} tokens")
 
 
-def probs_figure(session: Session, index=None):
-    """The distribution the token at window position `index` (default: the last) was drawn from."""
-    p = session.probabilities(index)
+def shown_attention(session: Session) -> tuple[Attention | None, str]:
+    """The attention the figure draws, and the change it is drawn under in a few words ('' for none):
+    the model's own attention on the text, or, while the head tools ablate heads or edit a row, the
+    attention the model computes under that change."""
+    att = session.attention()
+    changed = probing.changed_attention(session) if att is not None else None
+    if changed is None:
+        return att, ""
+    return dataclasses.replace(att, weights=changed[0], scores=changed[1]), change_mark(session)
+
+
+def change_mark(session: Session) -> str:
+    """The head tools' change, short enough for a figure title: "L1H0 ablated (mean) · L1H0 row 11 edited"."""
+    p, parts = session.probe, []
+    if p.heads or p.keep_only:
+        listed = [probing.head_label(*h) for h in p.heads]
+        listed = ", ".join(listed[:3]) + (f" +{len(listed) - 3} more" if len(listed) > 3 else "")
+        if p.keep_only:
+            listed = f"all heads but {listed}" if listed else "all heads"
+        parts.append(f"{listed} ablated ({p.mode})")
+    if p.edit is not None:
+        parts.append(f"{probing.head_label(p.edit.layer, p.edit.head)} row {p.edit.query - session.decoder.start} edited")
+    return " · ".join(parts)
+
+
+def view_caption(session: Session, model_name, layer, head, view) -> str:
+    """The line above the attention, true of what it shows (Markdown: tokens stay text)."""
+    att, change = shown_attention(session)
+    if att is None:  # nothing drawn yet: a built-in's own view says what to look for
+        entry = session.entry_for(model_name)
+        fv = entry.first_view
+        if fv is not None and (layer, head, view) == (fv.layer, fv.head, fv.view):
+            return html.escape(fv.caption, quote=False)
+        if entry.builtin:
+            which = "every layer" if view == "all layers" else \
+                f"layer {layer}, " + ("every head" if head == "all" else f"head {head}")
+            return f"Press Step to see where each token looks in {which}."
+        return OWN_MODEL_CAPTION
+    v = session.check_view(None, layer, head, view)
+    line = captions.caption(session.entry, att.weights, att.scores, att.tokens, session.decoder.window, v.layer, v.head,
+                            v.view, change=change)
+    return html.escape(line, quote=False)
+
+
+def probs_figure(session: Session, index=None, sampling=None):
+    """The distribution the token at window position `index` (default: the last) was drawn from; with
+    `sampling` (the Sampling section's settings), its "after" bars are what those settings make of it."""
+    p = session.probabilities(index, sampling)
     presentation = session.display.presentation
     if p is None:
         tokens = session.tokens()
@@ -81,6 +131,8 @@ def probs_figure(session: Session, index=None):
     piece = piece if len(piece) <= 16 else piece[:15] + "…"  # the figure escapes it
     if p.typed:
         title = f"Typed “{piece}” (position {p.index}): what the model predicted there"
+    elif p.resampled:
+        title = f"“{piece}” (position {p.index}) under the current sampling settings (drawn under others)"
     else:
         title = f"“{piece}” (position {p.index}) was drawn from this"
     fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
@@ -91,6 +143,11 @@ def probs_figure(session: Session, index=None):
 def explore_outputs(session: Session, layer, head, view):
     return (session, session.tokens(), session.status(), probs_figure(session),
             attention_figure(session, layer, head, view))
+
+
+def example_choices(examples) -> list[tuple[str, str]]:
+    """The example menu: each prompt shown on one line (⏎ for a line break), sent whole."""
+    return [(e.replace("\n", " ⏎ "), e) for e in examples]
 
 
 def layer_choices(n_layers: int) -> list[tuple[str, int]]:
@@ -134,7 +191,8 @@ def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, l
                  request: gr.Request = None):
     """`step` without the probability chart, which the page fetches right after the picture."""
     _step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
-    return session, session.tokens(), session.status(), attention_figure(session, layer, head, view)
+    return (session, session.tokens(), session.status(), attention_figure(session, layer, head, view),
+            view_caption(session, model_name, layer, head, view))
 
 
 @handler(rate="generate")  # no ZeroGPU decorator: generation runs on the CPU (it never touches CUDA)
@@ -175,12 +233,50 @@ def redraw(session, layer, head, view, request: gr.Request = None):
 
 
 @handler
-def select_token(session, evt: gr.SelectData, request: gr.Request = None):
-    """A token of the text was clicked: the chart shows the distribution it was drawn from."""
+def redraw_view(session, model_name, layer, head, view, request: gr.Request = None):
+    """The attention and the caption above it, for the view chosen (the page's Layer / Head / View,
+    and after the head tools change the model or the text changed)."""
+    return attention_figure(session, layer, head, view), view_caption(session, model_name, layer, head, view)
+
+
+@handler
+def show_caption(session, model_name, layer, head, view, request: gr.Request = None):
+    return view_caption(session, model_name, layer, head, view)
+
+
+@handler
+def select_token(session, temperature, top_k, top_p, evt: gr.SelectData, request: gr.Request = None):
+    """A token of the text was clicked: the chart shows the distribution it was drawn from (its
+    "after" bars under the Sampling section's settings)."""
+    sampling = check_sampling(temperature, top_k, top_p, 0)
     index = evt.index if isinstance(evt, gr.SelectData) else None
     if index is not None and session.tokens():
         session.select(index)  # the head tools read it at this token
-    return probs_figure(session, index)
+    return probs_figure(session, index, sampling)
+
+
+@handler
+def resample(session, temperature, top_k, top_p, request: gr.Request = None):
+    """Temperature, top-k or top-p moved: the chart's "after" bars for the selected token, at once
+    (nothing is generated)."""
+    sampling = check_sampling(temperature, top_k, top_p, 0)  # the seed plays no part in the distribution
+    if session.decoder is None:
+        return gr.skip()
+    return probs_figure(session, session.query, sampling)
+
+
+def vocabulary_html(entry: ModelEntry) -> str:
+    """Every token the model knows, as its pieces (␣ a space, ⏎ a line break), for the Vocabulary section."""
+    tok = entry.tokenizer
+    unit = {"word": "words", "char": "characters"}.get(tok.kind, "pieces")
+    pieces = "".join(f'<span class="lab-piece">{html.escape(tok.piece(i))}</span> ' for i in range(tok.vocab_size))
+    return (f'<p>{html.escape(entry.name)}: {tok.vocab_size} tokens ({unit}; a prompt may use only these).</p>'
+            f'<div class="lab-cont">{pieces}</div>')
+
+
+@handler
+def show_vocabulary(session, model_name, request: gr.Request = None):
+    return vocabulary_html(session.entry_for(model_name))
 
 
 @handler
@@ -195,7 +291,7 @@ def select_model(session, model_name, request: gr.Request = None):
             gr.update(choices=layer_choices(cfg.n_layers), value=layer),
             gr.update(choices=head_choices(cfg.n_heads), value=head),
             gr.update(value=view), caption,
-            gr.update(choices=examples, value=examples[0] if examples else None),
+            gr.update(choices=example_choices(examples), value=examples[0] if examples else None),
             gr.update(value=examples[0] if examples else ""))
 
 

@@ -19,8 +19,8 @@ from lab.session import Session
 
 from .common import RAW, api_example
 from .explore import (
-    NO_PROBS, NO_TEXT, first_view, head_choices, layer_choices, generate, redraw, reset, select_model, select_token, set_display, shift_head,
-    step, step_picture, undo,
+    NO_PROBS, NO_TEXT, example_choices, first_view, head_choices, layer_choices, generate, redraw_view, resample, reset, select_model,
+    select_token, set_display, shift_head, show_caption, show_vocabulary, step, step_picture, undo, vocabulary_html,
 )
 from .common import message_plot
 from .heads_tab import build_heads_section
@@ -30,6 +30,10 @@ from .explore import probs_figure
 SHORTCUTS = ("**Keys** (outside text boxes): **S** step · **G** generate · **U** undo · "
              "**←/→** move the selected token · **Esc** back to the last token · **Enter** in the prompt steps")
 COLOUR_LABELS = {"linear": "colour: weight", "row": "colour: ÷ row max", "log": "colour: log scale"}
+SAME_EXAMPLE = "(prompt, example) => (prompt === example ? example : null)"
+# the link the server made is relative (it knows not the page's address): the page writes it out whole
+WHOLE_LINK = ("(page) => { const a = new DOMParser().parseFromString(page || '', 'text/html').querySelector('a[href]');"
+              " return a ? new URL(a.getAttribute('href'), window.location.href).href : ''; }")
 
 
 def build_explore_tab(ses: gr.State, first: Session) -> dict:
@@ -41,7 +45,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     with gr.Row(elem_id="topbar", equal_height=True):
         model_dd = gr.Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Model", elem_id="model", scale=2,
                                min_width=160)
-        examples = gr.Dropdown(list(default.examples), value=default.examples[0], label="Example prompts",
+        examples = gr.Dropdown(example_choices(default.examples), value=default.examples[0], label="Example prompts",
                                elem_id="examples", scale=2, min_width=160)
         prompt = gr.Textbox(default.examples[0], label="Prompt (Enter = Step)", elem_id="prompt", scale=4,
                             lines=1, max_lines=3, max_length=MAX_PROMPT_CHARS, min_width=220)
@@ -89,6 +93,8 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                                      elem_id="seed")
                 max_new = gr.Slider(1, MAX_NEW_TOKENS, value=40, step=1, label="Max new tokens (Generate)",
                                     elem_id="max_new")
+            with gr.Accordion("Vocabulary", open=False, elem_id="vocabulary"):
+                vocabulary = gr.HTML(vocabulary_html(default), elem_id="vocabulary_list")
             with gr.Accordion("Save & share", open=False, elem_id="share"):
                 with gr.Row():
                     save_btn = gr.Button("Save session", elem_id="save_session", min_width=120)
@@ -99,6 +105,9 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                 save_msg = gr.Markdown("", elem_id="save_msg")
                 saved = gr.File(label="Your file (session or web page)", elem_id="session_file", interactive=False, height=90)
                 link_html = gr.HTML("", elem_id="share_link")
+                link_text = gr.Textbox("", label="Link (copy button at the top right)", elem_id="share_link_text",
+                                       interactive=False, buttons=["copy"], lines=1, max_lines=4,
+                                       placeholder="“Link to this view” puts the link here.")
                 with gr.Row(equal_height=True):
                     numbers_what = gr.Dropdown(list(NUMBERS.items()), value="weights", label="The numbers of",
                                                elem_id="numbers_what", scale=3)
@@ -118,23 +127,36 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     # In the page a Step draws the attention first and the probability chart right after: the
     # attention is what the click is for. A Step takes milliseconds, so no progress overlay.
     for trigger in (step_btn.click, prompt.submit):
-        trigger(step_picture, step_inputs, [ses, tokens, status, attn_plot], api_visibility="private",
+        trigger(step_picture, step_inputs, [ses, tokens, status, attn_plot, caption], api_visibility="private",
                 show_progress="hidden", **explore_group).then(
             probs_figure, ses, probs_plot, queue=False, api_visibility="private", show_progress="hidden")
     # The API's /step returns everything at once (an invisible button: the same handler logic).
     gr.Button(visible=False).click(step, step_inputs, explore, api_name="step", **explore_group)
+    # the caption above the attention follows what it shows (the API's answers leave it out)
+    caption_after = dict(fn=show_caption, inputs=[ses, model_dd, *views], outputs=caption, queue=False,
+                         api_visibility="private", show_progress="hidden")
     gen_btn.click(generate, [ses, model_dd, prompt, *sampling, max_new, *views], explore, api_name="generate",
                   concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate", show_progress="hidden",
-                  **RAW)
-    undo_btn.click(undo, [ses, *views], explore, api_name="undo", show_progress="hidden", **explore_group)
-    reset_btn.click(reset, [ses, model_dd], explore, api_name="reset", **RAW)
+                  **RAW).then(**caption_after)
+    undo_btn.click(undo, [ses, *views], explore, api_name="undo", show_progress="hidden",
+                   **explore_group).then(**caption_after)
+    reset_btn.click(reset, [ses, model_dd], explore, api_name="reset", **RAW).then(**caption_after).then(
+        None, [prompt, examples], examples, js=SAME_EXAMPLE)
+    redraw_inputs, redraw_outputs = [ses, model_dd, *views], [attn_plot, caption]
     for control in views:
-        control.change(redraw, [ses, *views], attn_plot, api_name=False, show_progress="hidden", **explore_group)
-    tokens.select(select_token, ses, probs_plot, api_name=False, show_progress="hidden", **explore_group)
+        control.change(redraw_view, redraw_inputs, redraw_outputs, api_name=False, show_progress="hidden",
+                       **explore_group)
+    tokens.select(select_token, [ses, temperature, top_k, top_p], probs_plot, api_name=False, show_progress="hidden",
+                  **explore_group)
+    for control in (temperature, top_k, top_p):  # the "after" bars follow the settings at once
+        control.change(resample, [ses, temperature, top_k, top_p], probs_plot, api_name=False, show_progress="hidden",
+                       trigger_mode="always_last", **explore_group)
     model_dd.change(select_model, [ses, model_dd],
                     [ses, tokens, status, probs_plot, attn_plot, layer, head, view, caption, examples, prompt],
                     api_name="select_model", **RAW)
     examples.input(None, examples, prompt, js="(example) => example")  # the page copies it: no round trip
+    prompt.input(None, [prompt, examples], examples, js=SAME_EXAMPLE)  # the menu names the prompt, or nothing
+    model_dd.change(show_vocabulary, [ses, model_dd], vocabulary, api_name=False, queue=False)
     for button, delta in ((prev_head, -1), (next_head, 1)):
         button.click(shift_head, [ses, model_dd, head, gr.Number(delta, visible=False)], head, api_name=False,
                      show_progress="hidden", **RAW)
@@ -151,13 +173,15 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     api_example(open_btn, None)  # no file from the web as the documented example
     save_btn.click(save_session, form, [saved, save_msg], api_name="export_session", **RAW)
     open_btn.upload(open_session, [ses, open_btn], state_outputs, api_name="import_session", **RAW)
-    link_btn.click(make_link, form, link_html, api_name="link", **RAW)
+    link_btn.click(make_link, form, link_html, api_name="link", **RAW).then(
+        None, link_html, link_text, js=WHOLE_LINK, queue=False, api_visibility="private")
     page_btn.click(save_view_page, [ses, *views], saved, api_name="export_page", **RAW)
     numbers_btn.click(export_numbers, [ses, numbers_what, numbers_fmt, model_dd, layer, head], numbers_file,
                       api_name="export_numbers", **RAW)
     with heads_section:
         build_heads_section(ses, {"model": model_dd, "layer": layer, "head": head, "sampling": sampling,
                                   "explore_group": explore_group,
+                                  "redraw": dict(fn=redraw_view, inputs=redraw_inputs, outputs=redraw_outputs),
                                   "default_model": DEFAULT_MODEL, "layer_choices": layer_choices(cfg.n_layers)})
     return {"model": model_dd, "state_outputs": state_outputs, "screen": screen, "display_inputs": display_inputs,
             "no_probs": NO_PROBS}

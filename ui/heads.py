@@ -8,7 +8,9 @@ Generate, Undo, Reset) and of the selected token, so every tool follows the text
 
 from __future__ import annotations
 
+import hashlib
 import html
+import re
 
 import gradio as gr
 
@@ -206,12 +208,13 @@ def regenerate(session, temperature, top_k, top_p, seed, n, request: gr.Request 
     """The text continued twice with the same seed, plainly and with the change, side by side."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     r = probing.regenerate(session, sampling, n)
-    return continuations_html(r), {"normal": r.normal, "changed": r.changed,
+    return continuations_html(r, regeneration_key(session)), {"normal": r.normal, "changed": r.changed,
                                    "first_difference": r.first_difference, "what": r.what}
 
 
-def continuations_html(r: probing.Regeneration) -> str:
-    """The two continuations one above the other, the first differing token marked in both."""
+def continuations_html(r: probing.Regeneration, key: str = "") -> str:
+    """The two continuations one above the other, the first differing token marked in both; `key`
+    (`regeneration_key`) says what they continued."""
     def row(label: str, pieces: list[str]) -> str:
         cells = []
         for i, p in enumerate(pieces):
@@ -222,8 +225,25 @@ def continuations_html(r: probing.Regeneration) -> str:
 
     where = ("the two continuations are the same" if r.first_difference is None
              else f"they part at generated token {r.first_difference + 1}")
-    return (f'<div class="lab-regen"><p>Same seed, same sampling; {where}.</p>'
+    return (f'<div class="lab-regen" data-key="{html.escape(key)}"><p>Same seed, same sampling; {where}.</p>'
             + row("model as trained:", r.normal) + row(f"with {r.what}:", r.changed) + "</div>")
+
+
+def regeneration_key(session: Session) -> str:
+    """A short fingerprint of what a regeneration continued: the model, the text and the head settings."""
+    d = session.decoder
+    what = repr((session.model_name, None if d is None else list(d.ids), session.probe))
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+@handler
+def drop_stale_regeneration(session, shown, request: gr.Request = None):
+    """The regeneration shown goes once its text or its changes are no longer the current ones
+    (after Clear all changes, another ablation or edit, a Step): it would be read as theirs."""
+    if not shown:
+        return gr.skip()
+    made_for = re.search(r'data-key="([0-9a-f]*)"', shown)
+    return gr.skip() if made_for and made_for.group(1) == regeneration_key(session) else ""
 
 
 @handler

@@ -15,8 +15,8 @@ from lab.session import HEAD_TOOLS
 
 from .common import RAW, api_example, message_plot
 from .heads import (
-    NO_SETTINGS, NO_TEXT, REGENERATE_TOKENS, ablate, clear_settings, compare, edit_attention, head_roles_table,
-    show_tool,
+    NO_SETTINGS, NO_TEXT, REGENERATE_TOKENS, ablate, clear_settings, compare, drop_stale_regeneration, edit_attention,
+    head_roles_table, show_tool,
     logit_lens, model_changed, pairs_for, pick_head, pick_pair, refresh, regenerate,
 )
 
@@ -36,7 +36,8 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
     """Lay out the head tools (call inside the Explore tab, under its main row) and bind their events.
 
     ex: the Explore tab's components ("model", "layer", "head", "sampling", "explore_group",
-    "default_model", "layer_choices").
+    "default_model", "layer_choices") and "redraw": the event (fn, inputs, outputs) that draws the
+    attention and its caption again, for after the heads' settings change.
     """
     layer, head, model_dd = ex["layer"], ex["head"], ex["model"]
     with gr.Tabs(elem_id="head_tools"):
@@ -102,13 +103,19 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
     index = gr.Number(None, visible=False)
 
     group = ex["explore_group"]
+    # After a change of the heads' settings: the attention above is drawn again under them (it says so), and a
+    # regeneration made for other settings or another text goes.
+    after_change = dict(**ex["redraw"], api_visibility="private", show_progress="hidden", **group)
+    stale = dict(fn=drop_stale_regeneration, inputs=[ses, regen_html], outputs=regen_html, api_visibility="private",
+                 show_progress="hidden", queue=False)
     views = [roles_plot, roles_note, lens_plot, effect_plot, effect_md, heads, edit_head, edit_key, query_md]
     # The tools follow the text: the page asks for them once the text and the selected token have
     # stayed the same for a moment (assets/explore.js), so quick Steps never queue behind them.
     refresh_btn = gr.Button("refresh", elem_id="refresh_tools", elem_classes="lab-hidden")
     query = gr.Number(None, visible=False)
     refresh_btn.click(refresh, [ses, layer, head, query], views, api_name=False, show_progress="hidden",
-                      js="(...a) => { a[3] = window.decoderLab ? window.decoderLab.query : null; return a; }", **group)
+                      js="(...a) => { a[3] = window.decoderLab ? window.decoderLab.query : null; return a; }",
+                      **group).then(**stale)
     for tid, tab in zip(HEAD_TOOLS, (tab_roles, tab_lens, tab_ablate, tab_compare)):  # HEAD_TOOLS' order
         tab.select(show_tool, [ses, gr.State(tid), layer, head], views, api_name=False, show_progress="hidden",
                    **group)
@@ -117,14 +124,15 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
     settings = [ses, heads, mode, keep_only, layer, head]
     for control in (heads, mode, keep_only):
         control.input(ablate, settings, [effect_plot, effect_md, roles_plot, api[0]], api_name=False,
-                      show_progress="hidden", **group)
+                      show_progress="hidden", **group).then(**after_change).then(**stale)
     gr.Button(visible=False).click(ablate, settings, [effect_plot, effect_md, roles_plot, api[0]], api_name="ablate",
                                    **group)
     edit_key.input(edit_attention, [ses, edit_head, edit_key], [effect_plot, effect_md, api[1]],
-                   api_name="edit_attention", show_progress="hidden", **group)
+                   api_name="edit_attention", show_progress="hidden", **group).then(**after_change).then(**stale)
     edit_head.input(edit_attention, [ses, edit_head, edit_key], [effect_plot, effect_md, api[1]], api_name=False,
-                    show_progress="hidden", **group)
-    clear_btn.click(clear_settings, [ses, layer, head], views, api_name="clear_changes", **group)
+                    show_progress="hidden", **group).then(**after_change).then(**stale)
+    clear_btn.click(clear_settings, [ses, layer, head], views, api_name="clear_changes",
+                    **group).then(**after_change).then(**stale)
     regen_btn.click(regenerate, [ses, *ex["sampling"], regen_n], [regen_html, api[2]], api_name="regenerate", **group)
     gr.Button(visible=False).click(head_roles_table, ses, api[3], api_name="head_roles", **group)
     gr.Button(visible=False).click(logit_lens, [ses, index], [lens_plot, api[4]], api_name="logit_lens", **group)
@@ -137,6 +145,6 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
                    js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.pick : ''; return a; }",
                    show_progress="hidden", **RAW).success(
         ablate, settings, [effect_plot, effect_md, roles_plot, api[0]], api_name=False, show_progress="hidden",
-        **group)
+        **group).then(**after_change).then(**stale)
     model_dd.change(model_changed, [ses, model_dd], [pair, cmp_layer, diff_plot, changes_plot, dist_plot, cmp_notes],
-                    api_name=False, **RAW)
+                    api_name=False, **RAW).then(**stale)

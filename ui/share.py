@@ -19,7 +19,8 @@ from lab.session import Session, View
 
 from .common import file_path, handler
 from .explore import (
-    attention_figure, attention_spec, first_view, head_choices, layer_choices, probs_figure, redisplay,
+    attention_figure, attention_spec, example_choices, head_choices, layer_choices, probs_figure, redisplay,
+    view_caption,
 )
 
 SAVED = "Saved: the file below holds this session; “Open session” (here, or on any copy of the app) brings it back."
@@ -31,12 +32,12 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
     entry = session.entry_for(model)
     cfg = entry.model.cfg
     examples = list(entry.examples)
-    caption = first_view(entry, session.display.narrow)[3]
+    caption = view_caption(session, model, view.layer, "all" if view.head is None else view.head, view.view)
     session.keep_on_select = model  # the model list's change event that follows keeps this text
     has_text = bool(session.tokens())
     return (session, gr.update(choices=session.model_names(), value=model),
             prompt if prompt is not None else (examples[0] if examples else ""),
-            gr.update(choices=examples, value=prompt if prompt in examples else None), caption,
+            gr.update(choices=example_choices(examples), value=prompt if prompt in examples else None), caption,
             session.tokens(), session.status() if has_text else entry.summary, probs_figure(session),
             attention_figure(session, view.layer, view.head, view.view),
             gr.update(choices=layer_choices(cfg.n_layers), value=view.layer),
