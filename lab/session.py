@@ -92,7 +92,16 @@ class Display:
         """Tallest the attention figure may be: what the window leaves below the page's controls."""
         if self.narrow:
             return max(300, min(self.width + 60, self.height - 110))
-        return max(320, self.height - (385 if self.height > SHORT_PX else 365))  # the header line hides when short
+        large = 30 if self.presentation else 0  # large fonts: a taller caption above the figure
+        return max(320, self.height - (385 if self.height > SHORT_PX else 365) - large)  # the header hides when short
+
+    @property
+    def chart_height(self) -> int:
+        """Tallest the next-token chart may be: what the window leaves below the text and its shading note
+        (assets/explore.css keeps the text to a few lines on a short window)."""
+        if self.narrow:
+            return 360
+        return min(360, max(220, self.height - (480 if self.presentation else 455)))
 
 
 @dataclass

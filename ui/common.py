@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 import contextlib
 import functools
+import html
 import inspect
 import logging
 
@@ -65,7 +66,8 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
             return exc
         if isinstance(exc, ValueError):
             log.info("refused %s: %s", fn.__name__, exc)  # one line: a refusal is not a fault
-            return gr.Error(str(exc), print_exception=False)
+            # gradio shows a message as HTML: escaped, "<EOS>" or a typed "<b>" reads as written
+            return gr.Error(html.escape(str(exc), quote=False), print_exception=False)
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error("Something went wrong on the server; the error was logged. Try again or reset.")
 

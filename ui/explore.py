@@ -25,7 +25,6 @@ from lab.session import Attention, Session
 
 from .common import handler, message_plot, named
 
-LEGIBLE_PX = 9  # the smallest tick label worth reading on a screen
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
 NO_PROBS = "Next-token probabilities appear after the first step."
 OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a token to see where it looks. "
@@ -51,20 +50,12 @@ def attention_spec(session: Session, layer, head, view):
                                                                  att.tokens)
     badges = probing.badges(session, v.layer, roles=roles)
 
-    def draw(max_height: int):
-        return viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
-                                  causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
-                                  max_height_px=max_height, presentation=d.presentation, colour=d.colour,
-                                  badges=badges, title_prefix=f"{change} · " if change else None)
-
-    # The figure first tries to fit below the page's controls (one screen); when its labels would
-    # be too small or thinned there, it may grow to the window's height instead (never taller).
-    spec = draw(d.plot_height)
-    meta = spec.layout.get("meta", {}) if isinstance(spec, viz.FigureSpec) else {}
-    if meta.get("label_px", LEGIBLE_PX) < LEGIBLE_PX or meta.get("label_step", 1) > 1:
-        taller = draw(d.screen_height)
-        if taller.layout["meta"]["label_px"] > meta["label_px"] or taller.layout["meta"]["label_step"] < meta["label_step"]:
-            spec = taller
+    # The figure fits below the page's controls (one screen, also at a projector's 1280×720): where
+    # its cells are too small for readable labels, viz labels every k-th token instead.
+    spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
+                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
+                              max_height_px=d.plot_height, presentation=d.presentation, colour=d.colour,
+                              badges=badges, title_prefix=f"{change} · " if change else None)
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
         spec.layout.setdefault("meta", {})["change"] = change  # what the head tools changed ('' = nothing)
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
@@ -136,7 +127,7 @@ def probs_figure(session: Session, index=None, sampling=None):
     else:
         title = f"“{piece}” (position {p.index}) was drawn from this"
     fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
-                            presentation=presentation, typed=p.typed)
+                            presentation=presentation, typed=p.typed, max_height_px=session.display.chart_height)
     return viz.to_gradio_plot(named(fig, model_stem(session.model_name), f"pos{p.index}", "probabilities"))
 
 

@@ -102,7 +102,7 @@ def make_link(session, model_name, prompt, temperature, top_k, top_p, seed, laye
     v = session.check_view(model_name if session.model_name is None else None, layer, head, view)
     query, note = links.link_query(session, model_name, prompt, sampling, v)
     return (f'<a id="share_link_a" href="?{html.escape(query)}" target="_blank">Link to this view</a> '
-            f"(right-click to copy; it opens the app on this model, prompt, seed, steps and view). "
+            f"(copy it from the box below; it opens the app on this model, prompt, seed, steps and view). "
             f"{html.escape(note, quote=False)}")
 
 

@@ -73,6 +73,7 @@ def probabilities(
     title: str | None = None,
     presentation: bool = False,
     typed: bool = False,
+    max_height_px: int = MAX_HEIGHT_PX,
 ) -> FigureSpec:
     """Horizontal bars of the `top` most likely next tokens (ranked by `adjusted` when given).
 
@@ -83,7 +84,7 @@ def probabilities(
     sampled: its label reads "◀ typed" instead. pieces: display strings (whitespace already made visible by the
     caller). title: the chart's title, e.g. which step or token the distribution belongs to (plain
     text, escaped; default "Next-token probabilities"). presentation: large fonts (≥ 16 px).
-    The chart is at most `MAX_HEIGHT_PX` tall: rows that would not fit at a legible size are left
+    The chart is at most `max_height_px` tall: rows that would not fit at a legible size are left
     out (the chosen row always stays).
     """
     pieces = [str(p) for p in pieces]
@@ -99,8 +100,10 @@ def probabilities(
     title_font = 20 if presentation else 13
     series = 2 if adjusted is not None else 1
     pitch = max(font * 1.3, (9 if series == 1 else 8) * series + 6)  # px a row needs
-    margin = {"t": int(title_font * 1.6 + (font * 1.6 if series == 2 else 0) + 10), "b": int(font * 1.4 * 2 + 12)}
-    rows_fit = max(1, int((MAX_HEIGHT_PX - margin["t"] - margin["b"]) // pitch))
+    # the legend's two entries wrap to a second line at large fonts in the page's right column
+    legend_px = font * 1.6 * (2 if presentation else 1) if series == 2 else 0
+    margin = {"t": int(title_font * 1.6 + legend_px + 10), "b": int(font * 1.4 * 2 + 12)}
+    rows_fit = max(1, int((max_height_px - margin["t"] - margin["b"]) // pitch))
     rank_by = adjusted if adjusted is not None else probs
     order = [int(i) for i in np.lexsort((-probs, -rank_by))[:top]]  # ties: by model probability
     if chosen is not None and int(chosen) not in order[:rows_fit]:
@@ -138,7 +141,7 @@ def probabilities(
         data += [{"type": "scatter", "mode": "markers", "x": [None], "y": [None], "name": trace["name"],
                   "marker": {"color": colour, "symbol": "square", "size": 10}, "hoverinfo": "skip"}
                  for trace, colour in zip(data[:2], (RAW_COLOUR, ADJ_COLOUR), strict=True)]
-    height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
+    height = min(max_height_px, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
     margin.update(l=int(min(300, max(60, label_em * font + 14))), r=20)
     layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
                         title=esc(title) if title else DEFAULT_TITLE, x_title="probability",
