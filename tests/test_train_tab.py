@@ -211,6 +211,22 @@ def test_loss_axis_spans_the_whole_run_and_stays_still():
 # ------------------------------------------------------------------------------- overfitting
 
 
+def test_the_tab_draws_a_loss_that_falls_by_orders_of_magnitude_on_a_log_axis():
+    """A run whose loss falls from 2.8 to 0.001 (a task learned: copy, sort) gets a log axis, titled so;
+    one that falls by less than LOG_RATIO keeps the still linear axis from 0."""
+    steps = list(range(1, 301))
+    run = TrainingRun("my copy model", steps=steps, train_loss=[2.8 * np.exp(-s / 30) + 1e-3 for s in steps],
+                      val_steps=steps[::30], val_loss=[2.9 * np.exp(-s / 30) + 1e-3 for s in steps[::30]],
+                      total_steps=300, step=300)
+    y = json.loads(loss_figure(run).plot)["layout"]["yaxis"]
+    assert y["type"] == "log" and y["title"]["text"] == "loss (log scale)"
+    assert 10 ** y["range"][0] <= min(run.train_loss) and 10 ** y["range"][1] >= max(run.val_loss)
+    run.train_loss = [2.0 - s / 300 for s in steps]
+    run.val_loss = [2.1 - s / 300 for s in run.val_steps]
+    y = json.loads(loss_figure(run).plot)["layout"]["yaxis"]
+    assert y.get("type", "linear") == "linear" and y["range"][0] == 0 and y["title"]["text"] == "loss"
+
+
 def test_well_above_best_is_more_than_a_tenth_or_ten_percent():
     assert not well_above_best(2.86, 2.6) and well_above_best(2.87, 2.6)  # 10 % of 2.6 = 0.26
     assert not well_above_best(0.6, 0.5) and well_above_best(0.61, 0.5)  # at least 0.1
