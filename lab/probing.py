@@ -422,6 +422,25 @@ def set_edit(session: Session, layer, head, query, key) -> ProbeSettings:
     return new
 
 
+def restore_edit(session: Session, layer, head, query, key) -> ProbeSettings:
+    """Set an edit as `ProbeSettings` keeps it (query and key positions in the whole text; key None =
+    uniform), as a session file brings it back: also when its row has slid out of the window since it
+    was set (the tools then say so, as they did before the file was saved)."""
+    _need_text(session)
+    d, cfg = session.decoder, session.entry.model.cfg
+    layer = check_int("layer", layer, 0, cfg.n_layers - 1)
+    head = check_int("head", head, 0, cfg.n_heads - 1)
+    query = check_int("query position", query, 0, len(d.ids) - 1)
+    limit = query if cfg.mask == "causal" else len(d.ids) - 1
+    key = None if key is None else check_int("key position", key, 0, limit)
+    new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only,
+                        AttentionEdit(layer, head, query, key))
+    if query >= d.start and (key is None or key >= d.start):
+        _window_intervention(session, new)  # in the window: it must run on this text
+    session.probe = new
+    return new
+
+
 def clear(session: Session) -> None:
     session.probe = ProbeSettings()
 

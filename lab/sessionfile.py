@@ -23,13 +23,16 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
+
 from model.generate import Sampling
+from model.interventions import ABLATION_MODES
 
 from . import files, probing
 from .budget import MODEL_BUDGET
 from .checks import UserError, check_choice, check_sampling
 from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
-from .session import HEAD_TOOLS, Session, View
+from .models import ModelEntry
+from .session import HEAD_TOOLS, Session, View, encode_prompt
 
 FORMAT = "decoder-lab-session"
 VERSION = 1
@@ -42,6 +45,16 @@ def builtin_checksum(session: Session, name: str) -> str:
     if name not in _CHECKSUMS:
         _CHECKSUMS[name] = hashlib.sha256(session.builtins.path(name).read_bytes()).hexdigest()
     return _CHECKSUMS[name]
+
+
+def check_form_prompt(prompt, entry: ModelEntry) -> list[str]:
+    """A file without a text keeps the prompt box as it was: blank, or a prompt the model can read
+    within the limits of typing one (`encode_prompt`'s checks, its notices returned)."""
+    if not isinstance(prompt, str):
+        raise UserError("The prompt must be text.")
+    if not prompt.strip() and len(prompt) <= MAX_PROMPT_CHARS:
+        return []
+    return encode_prompt(prompt, entry)[1]
 
 
 # ------------------------------------------------------------------------------- export
@@ -57,18 +70,21 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
                             "save. Reset and make it again to save it.")
     else:
         entry, seed, log = session.entry_for(model_name), sampling.seed, []
-        if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS:
-            raise UserError("The prompt must be text within the prompt limit.")
+        check_form_prompt(prompt, entry)  # refused here as it would be when the file is opened
     if entry.builtin:
         model = {"builtin": entry.name, "sha256": builtin_checksum(session, entry.name)}
     else:
         model = {"name": entry.name, "checkpoint": base64.b64encode(Session.checkpoint_data(entry)).decode("ascii")}
     probe = session.probe
+    if session.decoder is None:
+        # no text (after Reset): the heads chosen stay for the next text on this model (on another model
+        # they would go); an edited row went with its text
+        probe = dataclasses.replace(probe, edit=None) if session.entry is entry else probing.ProbeSettings()
     e = probe.edit
     doc = {
         "format": FORMAT, "version": VERSION, "model": model, "prompt": prompt, "seed": seed,
         "actions": log,
-        "view": {"layer": view.layer, "head": view.head, "view": view.view, "colour": session.display.colour,
+        "view": {"layer": view.layer, "head": "all" if view.head is None else view.head, "view": view.view, "colour": session.display.colour,
                  "presentation": session.display.presentation, "tool": session.display.tool,
                  "query": session.query},
         "probe": {"heads": [probing.head_label(*h) for h in probe.heads], "mode": probe.mode,
@@ -200,7 +216,9 @@ def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list) 
 def _view(scratch: Session, doc: dict, name: str) -> View:
     v = doc.get("view") if isinstance(doc.get("view"), dict) else {}
     try:
-        view = scratch.check_view(name, v.get("layer", 0), v.get("head", "all"), v.get("view", "weights"))
+        head = v.get("head", "all")
+        view = scratch.check_view(name, v.get("layer", 0), "all" if head is None else head,  # null: all heads
+                                  v.get("view", "weights"))
         colour = check_choice("colour", v.get("colour", "linear"), COLOUR_MODES)
         tool = check_choice("head tool", v.get("tool", "roles"), HEAD_TOOLS)
     except UserError as exc:
@@ -221,32 +239,24 @@ def _view(scratch: Session, doc: dict, name: str) -> View:
     return view
 
 
-def _probe(scratch: Session, doc: dict) -> None:
+def _probe(scratch: Session, doc: dict, name: str) -> None:
     p = doc.get("probe")
     if p is None:
         return
     if not isinstance(p, dict):
         raise _bad("its head settings are not an object")
-    heads, edit = p.get("heads", []), p.get("edit")
-    if not heads and not p.get("keep_only") and edit is None:
-        return
-    if scratch.decoder is None:
-        raise _bad("it ablates heads of a text it does not have")
+    heads, mode, keep_only, edit = p.get("heads", []), p.get("mode", "zero"), p.get("keep_only", False), p.get("edit")
     try:
-        query = scratch.query
-        if heads or p.get("keep_only"):
-            probing.set_ablation(scratch, heads, p.get("mode", "zero"), p.get("keep_only", False))
-        if edit is not None:
+        if not heads and not keep_only:  # no head ablated: only the mode the form shows
+            scratch.probe = dataclasses.replace(scratch.probe, mode=check_choice("ablation mode", mode, ABLATION_MODES))
+        else:
+            if scratch.decoder is None:  # kept after Reset, for the next text on this model
+                scratch.entry = scratch.entry_for(name)
+            probing.set_ablation(scratch, heads, mode, keep_only)
+        if edit is not None and scratch.decoder is not None:  # (without a text: an edit of a text gone, dropped)
             if not isinstance(edit, dict):
                 raise UserError("the edit is not an object")
-            start = scratch.decoder.start
-            q, k = edit.get("query"), edit.get("key")
-            if not (isinstance(q, int) and not isinstance(q, bool)) or not (k is None or isinstance(k, int)):
-                raise UserError("the edit's positions are not whole numbers")
-            scratch.select(q - start)
-            probing.set_edit(scratch, edit.get("layer"), edit.get("head"), q - start,
-                             "uniform" if k is None else k - start)
-            scratch.query = query
+            probing.restore_edit(scratch, edit.get("layer"), edit.get("head"), edit.get("query"), edit.get("key"))
     except UserError as exc:
         raise _bad(f"its head settings do not fit ({str(exc).rstrip('.')})") from None
 
@@ -272,9 +282,15 @@ def open_session(session: Session, path) -> Opened:
         name = _load_model(scratch, model)
         if actions:
             _replay(scratch, name, prompt, seed, actions)
+            notes = []
+        else:
+            try:
+                notes = check_form_prompt(prompt, scratch.entry_for(name))
+            except UserError as exc:
+                raise _bad(f"its prompt cannot be typed here ({str(exc).rstrip('.')})") from None
         view = _view(scratch, doc, name)
-        _probe(scratch, doc)
-        notes = [f"Opened a session of '{name}': {_told(scratch)}."]
+        _probe(scratch, doc, name)
+        notes = [f"Opened a session of '{name}': {_told(scratch)}.", *notes]
         name = session.adopt(scratch, name)
     finally:
         MODEL_BUDGET.release(scratch)

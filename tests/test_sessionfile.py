@@ -208,3 +208,156 @@ def test_a_file_over_the_limit_is_refused_before_reading(tmp_path, monkeypatch):
     monkeypatch.setattr(sessionfile, "MAX_FILE_BYTES", 100)
     with pytest.raises(UserError, match="over the"):
         sessionfile.open_session(Session(), save(busy_session(), tmp_path))
+
+
+# ------------------------------------------------------- every file the app writes opens again
+
+
+def save_through_page(s: Session, model, prompt, layer, head, view="weights") -> str:
+    """"Save session" as the page calls it (the form's values)."""
+    from ui import share
+
+    path, _ = share.save_session(s, model, prompt, *HOT_FORM, layer, head, view)
+    return path
+
+
+HOT_FORM = (1.0, 0, 1.0, 5)
+
+
+def open_through_page(t: Session, path: str):
+    from ui import share
+
+    return share.open_session(t, path)
+
+
+def test_a_session_showing_all_heads_of_a_layer_reopens(tmp_path, train_sort):
+    """Own models open on all heads of layer 0: a file saved so, with a text or without, opens on it."""
+    s = Session()
+    name = train_sort(s, layers=2).run.name
+    t = Session()
+    out = open_through_page(t, save_through_page(s, name, "503124=", 0, "all"))  # no text yet
+    assert out[10]["value"] == "all" and t.tokens() == []
+    s.step(name, "503124=", HOT)
+    t = Session()
+    out = open_through_page(t, save_through_page(s, name, "503124=", 1, "all"))
+    assert (out[9]["value"], out[10]["value"]) == (1, "all") and out[8].plot
+    assert_same_text(s, t)
+    # a file written before "all" was spelt out (head: null) opens too
+    doc = json.loads(open(save_through_page(s, name, "503124=", 0, "all")).read())
+    doc["view"]["head"] = None
+    (tmp_path / "null.json").write_text(json.dumps(doc))
+    assert open_through_page(Session(), str(tmp_path / "null.json"))[10]["value"] == "all"
+
+
+def test_heads_chosen_after_reset_reopen_and_stay_for_the_next_text(tmp_path):
+    s = Session()
+    s.step(SORT, "503124=", HOT)
+    s.select(3)
+    probing.set_edit(s, 0, 1, 3, 1)
+    s.reset()
+    probing.set_ablation(s, ["L1H2"], "mean", False)
+    assert s.probe.edit is None  # the edited row went with its text
+    t = Session()
+    open_through_page(t, save_through_page(s, SORT, "503124=", 0, 2))
+    assert t.probe == s.probe and t.tokens() == []
+    a, b = s.step(SORT, "503124=", HOT), t.step(SORT, "503124=", HOT)
+    assert a.token_id == b.token_id and t.probe.heads == ((1, 2),)
+    np.testing.assert_array_equal(probing.effect(s).after, probing.effect(t).after)
+
+
+def test_head_settings_of_another_model_are_not_saved_with_this_one(tmp_path):
+    s = Session()
+    s.step(GRAMMAR, P, HOT)
+    s.reset()
+    probing.set_ablation(s, ["L2H3"], "zero", False)  # the grammar model has layer 2; sort does not
+    s.select_model(SORT)
+    assert s.probe == probing.ProbeSettings()
+    t = Session()
+    open_through_page(t, save_through_page(s, SORT, "503124=", 0, 2))
+    assert t.probe == probing.ProbeSettings()
+
+
+def test_an_edit_whose_row_slid_out_of_the_window_reopens(tmp_path):
+    """The sort model keeps 16 tokens: after 19 the edited row's key has left the window; the file
+    keeps the edit, and the opened session says what the saved one said."""
+    s = Session()
+    s.step(SORT, "503124=", HOT)
+    s.step(SORT, "503124=", HOT)
+    s.select(8)
+    probing.set_edit(s, 0, 1, 8, 1)
+    list(s.generate(SORT, "503124=", HOT, 10, force=[5] * 10))  # the tokens forced: no <EOS> ends it early
+    assert len(s.decoder.ids) == 19 and s.decoder.start > 1  # the key (position 1) is out of the window
+    with pytest.raises(UserError, match="no longer in the text shown") as said:
+        probing.effect(s)
+    t = Session()
+    open_through_page(t, save_through_page(s, SORT, "503124=", 0, 1))
+    assert t.probe == s.probe and t.probe.edit is not None
+    assert_same_text(s, t)
+    with pytest.raises(UserError) as again:
+        probing.effect(t)
+    assert str(again.value) == str(said.value)
+
+
+def page_snapshot(t: Session):
+    return (t.tokens(), list(t.models), t.probe, t.query, t.display, list(t.log), t.prompt, t.model_name,
+            None if t.decoder is None else list(t.decoder.ids))
+
+
+@pytest.mark.parametrize("path, value, fragment", [
+    (["view", "head"], "everything", "view settings"), (["probe", "heads"], ["L9H9"], "head settings"),
+    (["actions"], [{"do": "undo"}], "undoes a token"), (["model", "sha256"], "0" * 64, "another version"),
+])
+def test_a_refused_file_leaves_the_page_as_it_was(tmp_path, path, value, fragment):
+    """Through the page's handler: the refusal is a sentence, and the session (text, models, head settings,
+    view) is exactly as before."""
+    import gradio as gr
+
+    good = json.loads(open(save(busy_session(), tmp_path, "good.json")).read())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_mutate(good, path, value)))
+    t = busy_session()
+    before = page_snapshot(t)
+    with pytest.raises(gr.Error, match=fragment):
+        open_through_page(t, str(bad))
+    assert page_snapshot(t) == before
+
+
+# ------------------------------------------------------- a file without a text: the prompt box
+
+
+def _form_file(tmp_path, prompt) -> str:
+    doc = json.loads(sessionfile.export_session(Session(), SORT, "503124=", HOT, View(0, 2, "weights")))
+    assert doc["actions"] == []
+    doc["prompt"] = prompt
+    path = tmp_path / "form.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("prompt, fragment", [
+    ("1" * 2001, "2,001 characters; the limit is 2,000"),
+    ("7" * 10_000_000, "10,000,000 characters"),
+    ("503124=zebra", "does not know these characters"),
+], ids=["2001-characters", "10-MB", "unknown-characters"])
+def test_a_file_without_a_text_keeps_the_limits_of_typing(tmp_path, prompt, fragment):
+    t = busy_session()
+    before = page_snapshot(t)
+    with pytest.raises(UserError, match=fragment) as info:
+        sessionfile.open_session(t, _form_file(tmp_path, prompt))
+    assert prompt[:50] not in str(info.value) and len(str(info.value)) < 400  # not echoed back
+    assert page_snapshot(t) == before
+
+
+def test_a_file_without_a_text_opens_with_a_readable_or_blank_prompt(tmp_path):
+    for prompt in ("503124=", "", "   "):
+        assert sessionfile.open_session(Session(), _form_file(tmp_path, prompt)).prompt == prompt
+    long = "5" * 40  # more tokens than the sort model's context of 16: typed, it keeps the last 16 and says so
+    notes = sessionfile.open_session(Session(), _form_file(tmp_path, long)).notes
+    assert any("context is 16" in n for n in notes)
+
+
+def test_save_refuses_a_prompt_box_it_could_not_open_again():
+    with pytest.raises(UserError, match="does not know"):
+        sessionfile.export_session(Session(), SORT, "hello", HOT, View(0, 2, "weights"))
+    with pytest.raises(UserError, match="2,001 characters"):
+        sessionfile.export_session(Session(), SORT, "1" * 2001, HOT, View(0, 2, "weights"))

@@ -32,16 +32,17 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
     entry = session.entry_for(model)
     cfg = entry.model.cfg
     examples = list(entry.examples)
-    caption = view_caption(session, model, view.layer, "all" if view.head is None else view.head, view.view)
+    head = "all" if view.head is None else view.head  # as the Head menu and the figure name all heads
+    caption = view_caption(session, model, view.layer, head, view.view)
     session.keep_on_select = model  # the model list's change event that follows keeps this text
     has_text = bool(session.tokens())
     return (session, gr.update(choices=session.model_names(), value=model),
             prompt if prompt is not None else (examples[0] if examples else ""),
             gr.update(choices=example_choices(examples), value=prompt if prompt in examples else None), caption,
             session.tokens(), session.status() if has_text else entry.summary, probs_figure(session),
-            attention_figure(session, view.layer, view.head, view.view),
+            attention_figure(session, view.layer, head, view.view),
             gr.update(choices=layer_choices(cfg.n_layers), value=view.layer),
-            gr.update(choices=head_choices(cfg.n_heads), value=view.head), view.view,
+            gr.update(choices=head_choices(cfg.n_heads), value=head), view.view,
             session.display.colour, session.display.presentation,
             sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed,
             gr.update(value=" ".join(html.escape(n, quote=False) for n in notes), visible=bool(notes)))
