@@ -184,6 +184,20 @@ def test_formula_is_the_subtitle_escaped_and_unbroken_at_comparisons():
     assert "j\u00a0&lt;\u00a0i−1" in sub  # never wrapped inside "j < i−1"
 
 
+@pytest.mark.parametrize("width", [240, 326, 600])
+def test_the_formula_wraps_to_the_figure_width(width):
+    """On a phone the formula's lines stay inside the figure: each at most as many characters as fit."""
+    steps, scores = film()
+    lay = spec_of(score_curves(steps, scores, score="induction", formula=INDUCTION, threshold=0.4,
+                               width_px=width))["layout"]
+    lines = lay["title"]["subtitle"]["text"].replace("&lt;", "<").split("<br>")
+    size = lay["title"]["subtitle"]["font"]["size"]
+    assert all(len(t) * size * 0.6 <= width - 30 for t in lines), lines
+    assert " ".join(lines).replace("\u00a0", " ") == INDUCTION
+    with pytest.raises(ValueError, match="width_px"):
+        score_curves(steps, scores, score="induction", formula=INDUCTION, threshold=0.4, width_px=50)
+
+
 def test_presentation_fonts_are_large():
     steps, scores = film()
     normal = spec_of(score_curves(steps, scores, score="induction", formula=INDUCTION, threshold=0.4))["layout"]

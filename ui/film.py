@@ -50,11 +50,15 @@ def opening(film) -> tuple[int, str]:
     return layer, score
 
 
+def film_figure_px(display) -> int:
+    """The width of the film's loss and score figures: beside the attention on a wide page, the page's
+    width on a phone. Kept a little short, so what is laid out for it fits."""
+    return int(max(240, display.width - 64 if display.narrow else display.width * 0.45))
+
+
 def loss_plot_px(display) -> int:
-    """The width of the film's loss plot (its axes, less the margins): beside the attention on a wide
-    page, the page's width on a phone. Kept a little short, so phase labels laid out for it never meet."""
-    figure = display.width - 64 if display.narrow else display.width * 0.45
-    return int(max(160, figure - (90 if display.presentation else 70)))
+    """The width of the film's loss plot (the figure less its margins), for its phase labels."""
+    return film_figure_px(display) - (90 if display.presentation else 70)
 
 
 def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
@@ -86,7 +90,8 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     curves = viz.score_curves(steps, scores, score=role.name, formula=role.formula, threshold=role.threshold,
                               marker_step=fr.step, highlight=highlight,
                               phases=[(p.layer, p.head, p.step) for p in phases if p.score == score],
-                              presentation=large, height_px=460 if large else 400, total_steps=film.total_steps)
+                              presentation=large, height_px=460 if large else 400, total_steps=film.total_steps,
+                              width_px=film_figure_px(session.display))
     train_loss = np.array([f.train_loss for f in film.frames], dtype=np.float32)
     val = [(f.step, f.val_loss) for f in film.frames if f.val_loss is not None]
     loss = viz.loss_curve(steps.astype(np.float32), train_loss, np.array([s for s, _ in val], dtype=np.float32),

@@ -32,6 +32,7 @@ PHASE_SYMBOL = "diamond"
 THRESHOLD_LINE = {"color": TEXT_GREY, "width": 1.5, "dash": "dash"}
 _UNIT_PAD = 0.03
 _ENTRY_PX, _ENTRY_PX_PRESENTING = 40, 56  # legend text width ("L0 H0")
+_CHAR_EM = 0.6  # a subtitle character's width, in font sizes (the app's sans-serif, with room to spare)
 _LAID_OUT_PX = 720  # the width the legend's rows are counted for  # a [0, 1] score axis runs from -0.03 to 1.03, so lines at 0 and 1 are not clipped
 
 
@@ -88,6 +89,7 @@ def score_curves(
     presentation: bool = False,
     height_px: int = 320,
     total_steps: int | None = None,
+    width_px: int | None = None,
 ) -> FigureSpec:
     """One head score of every head against the training step: one line per (layer, head).
 
@@ -102,7 +104,8 @@ def score_curves(
     the head's colour on its curve at that step (the frame's value there, or interpolated between
     frames). highlight: (layer, head) drawn thicker, the other lines faded. presentation: large
     fonts (tick labels ≥ 16 px). height_px: the figure's height. total_steps: the x axis spans
-    0 … total_steps (a run still training) instead of 0 … steps[-1].
+    0 … total_steps (a run still training) instead of 0 … steps[-1]. width_px: the width the figure
+    gets, if known (a phone's): the formula is wrapped to fit it.
 
     Hover reads "layer 1 · head 2 · step 340 · induction 0.62". layout.meta carries the heads'
     order, names and colours, the marker step and the phases (for a page or a test).
@@ -218,6 +221,10 @@ def score_curves(
         annotations.append(empty_note("no frames recorded yet"))
 
     wrap = 70 if presentation else 110
+    if width_px is not None:
+        if isinstance(width_px, bool) or not isinstance(width_px, (int, np.integer)) or width_px < 120:
+            raise ValueError(f"width_px must be a whole number of pixels ≥ 120, got {width_px!r}")
+        wrap = max(20, min(wrap, int((width_px - 30) / (sub_px * _CHAR_EM))))
     # "j < i−1" stays on one line: the spaces around a comparison do not break
     sub_lines = textwrap.wrap(re.sub(r" ([<>≤≥=≠]) ", "\u00a0\\1\u00a0", str(formula)), wrap) or [""]
     subtitle = "<br>".join(esc(line) for line in sub_lines)
