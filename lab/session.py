@@ -861,6 +861,10 @@ class Session:
 
         try:  # the file stays where gradio put it (its cache sweeps it): a path may name someone else's file
             ck = load_checkpoint(path, before_build=reserve)
+        except UserError as exc:  # the memory budget's refusal in `reserve`: the file itself was read fine
+            MODEL_BUDGET.hold(self, held_before)
+            raise UserError(f"This model was refused because the server's memory budget is full (the file is "
+                            f"not damaged): {str(exc).rstrip('.')}.") from None
         except ValueError as exc:
             MODEL_BUDGET.hold(self, held_before)  # a reservation for a file that failed later is given back
             raise UserError(upload_refusal(str(exc))) from None

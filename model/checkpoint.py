@@ -68,7 +68,8 @@ class Limits:
         }
         for name, (value, limit) in bounds.items():
             if value > limit:
-                raise ValueError(f"{name}={value} is above this app's limit of {limit}")
+                shown = f"{value:,}" if value < 10**15 else "a number far too large"
+                raise ValueError(f"{name} is {shown}, above this app's limit of {limit:,}")
         if cfg.n_params() > self.max_params:
             raise ValueError(f"the model would have {cfg.n_params():,} parameters; the limit is {self.max_params:,}")
 
@@ -225,7 +226,7 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
         cfg_dict = json.loads(meta_raw["config"])
         tok_dict = json.loads(meta_raw["tokenizer"])
         meta = json.loads(meta_raw.get("meta", "{}"))
-    except (KeyError, TypeError, json.JSONDecodeError, RecursionError):
+    except (KeyError, TypeError, ValueError, RecursionError):  # ValueError: also a number of over 4,300 digits
         raise ValueError("checkpoint metadata must hold 'config' and 'tokenizer' as JSON") from None
     film_meta = None
     if "film" in meta_raw:

@@ -8,6 +8,7 @@ a shape error deep inside a forward pass.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +71,9 @@ class ModelConfig:
             )
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
+        if not 0.0 <= _real("dropout", self.dropout, "in [0, 1)") < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {_short(self.dropout)}")
-        if not isinstance(self.pe_base, (int, float)) or not float(self.pe_base) > 1.0:
+        if not _real("pe_base", self.pe_base, "a number > 1") > 1.0:
             raise ValueError(f"pe_base must be a number > 1, got {_short(self.pe_base)}")
         for name in ("bias", "head_bias", "tie_weights", "attn_out_proj"):
             if not isinstance(getattr(self, name), bool):
@@ -136,8 +137,24 @@ class ModelConfig:
 
 def _short(value: Any, limit: int = 40) -> str:
     """A value for an error message, cut to `limit` characters (configs come from uploaded files)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**limit:
+        return "a number far too large"  # (repr of a huge int is slow, and refused past 4,300 digits)
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _real(name: str, value: Any, rule: str) -> float:
+    """A finite number (an int or a float, not a bool) as a float; anything else is a ValueError that says
+    `name` must be `rule`, also a whole number too large for a float (which `float()` cannot convert)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be {rule}, got {_short(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be {rule}, got a number far too large") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be {rule}, got {_short(value)}")
+    return number
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:

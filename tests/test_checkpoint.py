@@ -276,6 +276,24 @@ def test_config_with_bad_values(good, changes):
     refused(edit_config(good, **changes))
 
 
+@pytest.mark.parametrize("field, literal, fragment", [
+    ("pe_base", "1" + "0" * 400, "pe_base must be a number > 1, got a number far too large"),
+    ("dropout", "1" + "0" * 400, "dropout must be in [0, 1), got a number far too large"),
+    ("dropout", "-1" + "0" * 400, "dropout must be in [0, 1), got a number far too large"),
+    ("pe_base", "Infinity", "pe_base must be a number > 1, got inf"),
+    ("vocab_size", "1" + "0" * 400, "vocab_size is a number far too large, above this app's limit"),
+    ("pe_base", "1" + "0" * 5000, "must hold 'config' and 'tokenizer' as JSON"),  # past Python's 4,300 digits
+], ids=["pe_base-400-digits", "dropout-400-digits", "dropout-minus-400-digits", "pe_base-inf", "vocab-400-digits",
+        "pe_base-5000-digits"])
+def test_config_numbers_too_large_for_a_float_are_refused_with_a_sentence(good, field, literal, fragment):
+    """A 400-digit number is valid JSON but no float: the refusal names the field, never OverflowError's text."""
+    header, body = split(good)
+    cfg = json.loads(header["__metadata__"]["config"])
+    header["__metadata__"]["config"] = json.dumps({**cfg, field: 0}).replace(f'"{field}": 0', f'"{field}": {literal}')
+    msg = refused(join(header, body), fragment)
+    assert len(msg) < 300 and "too large to convert" not in msg
+
+
 @pytest.mark.parametrize(
     "changes, fragment",
     [

@@ -154,3 +154,63 @@ def test_the_head_tools_accept_what_the_page_sends(probed_session):
     for name, good in HEAD_GOOD.items():
         getattr(heads, name)(s, *good.values())
     assert s.probe.heads == () and s.probe.edit is not None  # ablate, clear, then edit (in that order)
+
+
+# ------------------------------------------------------------------ uploads and imports: a sentence
+
+
+def _checkpoint_with(field: str, literal: str) -> bytes:
+    """The sort built-in's file with one config number written as `literal` (JSON text)."""
+    import json
+
+    from conftest import safetensors_join, safetensors_split
+    from lab.models import BUILTINS
+
+    header, body = safetensors_split(BUILTINS.path("sort digits (built-in)").read_bytes())
+    cfg = json.loads(header["__metadata__"]["config"])
+    header["__metadata__"]["config"] = json.dumps({**cfg, field: 0}).replace(f'"{field}": 0', f'"{field}": {literal}')
+    return safetensors_join(header, body)
+
+
+@pytest.mark.parametrize("field", ["pe_base", "dropout"])
+def test_a_config_number_of_400_digits_is_refused_with_a_sentence_on_upload_and_import(tmp_path, field):
+    import base64
+    import json
+
+    from lab import sessionfile
+    from lab.session import View
+    from model.generate import Sampling
+    from ui import share, train
+
+    data = _checkpoint_with(field, "1" + "0" * 400)
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(data)
+    s = Session()
+    with pytest.raises(gr.Error) as info:
+        train.upload_model(s, str(path))
+    assert f"{field} must be" in info.value.message and "Something went wrong" not in info.value.message
+    assert not s.models
+    # the same checkpoint inside a session file
+    doc = json.loads(sessionfile.export_session(Session(), "sort digits (built-in)", "503124=", Sampling(),
+                                                View(0, 2, "weights")))
+    doc["model"] = {"name": "big", "checkpoint": base64.b64encode(data).decode("ascii")}
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    with pytest.raises(gr.Error) as info:
+        share.open_session(s, str(tmp_path / "s.json"))
+    assert f"{field} must be" in info.value.message and "Something went wrong" not in info.value.message
+    assert not s.models
+
+
+def test_an_upload_refused_by_the_memory_budget_says_so(tmp_path, monkeypatch):
+    """The file is fine; the server's memory budget is what refuses it (not "part of it is damaged")."""
+    from lab import budget, session as session_mod
+    from lab.models import BUILTINS
+    from ui import train
+
+    monkeypatch.setattr(session_mod, "MODEL_BUDGET", budget.ModelBudget(limit_bytes=1000, client_limit_bytes=1000))
+    s = Session()
+    with pytest.raises(gr.Error) as info:
+        train.upload_model(s, str(BUILTINS.path("sort digits (built-in)")))
+    msg = info.value.message
+    assert "memory budget is full" in msg and "part of it is damaged" not in msg, msg
+    assert not s.models and session_mod.MODEL_BUDGET.held(s) == 0
