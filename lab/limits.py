@@ -176,4 +176,7 @@ def budget_rows() -> list[str]:
         f"{RUN_FILES_MAX_BYTES // mb:,} MB of disk (≤ {RUN_FILES_SESSION_MAX_BYTES // mb} MB per session), "
         f"≤ {MAX_SESSIONS} sessions; when full, the least recently used idle session's go first, and a session "
         f"that acted in the last {_num(IDLE_S / 60)} min loses nothing |",
+        f"| one address's share | ≤ {CLIENT_SESSIONS} sessions, ≤ {CLIENT_MEMORY_BYTES // mb:,} MB of own models and "
+        f"texts, ≤ {CLIENT_FILES_BYTES // mb:,} MB of files, ≤ {CLIENT_QUEUE} calls waiting or running; past it, "
+        "the address's own idle sessions make room, never another address's |",
     ]
