@@ -73,7 +73,8 @@ def test_a_message_with_angle_brackets_shows_whole(app_server, browser):
 FIT = """([w, h]) => {
   const box = (e) => { const r = e.getBoundingClientRect();
                        return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; };
-  const inside = (b, o) => b.top >= o.top - 1 && b.bottom <= o.bottom + 1 && b.left >= o.left - 1 && b.right <= o.right + 1;
+  const inside = (b, o) => b.top >= o.top - 1 && b.bottom <= o.bottom + 1
+                           && b.left >= o.left - 1 && b.right <= o.right + 1;
   const screen = {top: 0, bottom: h, left: 0, right: w};
   const gd = document.querySelector('#attention .js-plotly-plot');
   const out = {scrolled: window.scrollY, off: [], clipped: [], panels: gd._fullLayout.meta.panels.length};
@@ -132,7 +133,8 @@ def test_every_opening_view_fits_one_projector_screen(app_server, browser, shots
         if large:
             p.page.locator("#presentation input").check()
             p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
-            assert p.page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('#caption p')).fontSize)") >= 18
+            caption_px = "() => parseFloat(getComputedStyle(document.querySelector('#caption p')).fontSize)"
+            assert p.page.evaluate(caption_px) >= 18
         for name in BUILTIN_MODELS:
             if name != GRAMMAR:
                 p.choose("model", name)
@@ -140,7 +142,7 @@ def test_every_opening_view_fits_one_projector_screen(app_server, browser, shots
                                          arg=BUILTIN_MODELS[name].examples[0], timeout=20_000)
             fit = step_and_measure(p, first_view_size(name), 1)
             assert fit == {"scrolled": 0, "off": [], "clipped": [], "panels": 1}, (name, large, fit)
-            p.page.screenshot(path=str(shots / f"fit-{1280}x{720}-{'large' if large else 'normal'}-{name.split()[0]}.png"))
+            p.page.screenshot(path=str(shots / f"fit-1280x720-{'large' if large else 'normal'}-{name.split()[0]}.png"))
         # an own model opens on all heads of layer 0
         p.tab("Train")
         p.page.locator("#upload input[type=file]").set_input_files(own_model)

@@ -299,6 +299,25 @@ def test_small_cells_label_fewer_tokens_at_a_readable_size(view, layers, t, head
     assert lay["height"] <= max_h
 
 
+@pytest.mark.parametrize("prefix", [None, "L1H0 ablated (mean) · "])
+def test_a_title_wider_than_a_phone_breaks_into_lines_and_keeps_every_word(prefix):
+    """The title is the only place that says which head and score are shown: on a phone it wraps, whole."""
+    t = 13
+    w, s = softmax_attention(4, t)
+    kw = dict(layer=0, head=0, view="weights", causal=True, overview_max_tokens=48, badges={0: "pronoun → name 0.76"},
+              title_prefix=prefix)
+    wide = layout_of(attention_view(w[None], s[None], tokens(t), width_px=720, **kw))
+    phone = layout_of(attention_view(w[None], s[None], tokens(t), width_px=326, max_height_px=386, **kw))
+    whole = (prefix or "") + "Layer 0, head 0: attention weights · pronoun → name 0.76"
+    assert wide["title"]["text"] == whole
+    lines = phone["title"]["text"].split("<br>")
+    assert len(lines) >= 2 and " ".join(lines) == whole
+    assert all(viz.attention.text_width_em(line) * phone["title"]["font"]["size"] <= 326 - 20 for line in lines)
+    extra = phone["title"]["font"]["size"] * 1.25 * (len(lines) - 1)
+    assert phone["margin"]["t"] >= wide["margin"]["t"] + extra - 1  # room above the panels for every line
+    assert phone["height"] <= 386
+
+
 def test_short_text_shows_everything_without_a_focus_note():
     t = 64
     w, _ = softmax_attention(1, t)

@@ -369,7 +369,7 @@ def _labels_for(cell: float, fonts: _Fonts, label_em: float) -> _Labels:
 
 def _geometry(n: int, ncols: int, visible: int, *, fonts: _Fonts, label_em: float, cb_em: float, width_px: int,
               max_height_px: int | None, show_scale: bool, sub_lines: int, panel_titles: bool,
-              row_title_lines: int) -> _Geometry:
+              row_title_lines: int, title_lines: int = 1) -> _Geometry:
     """Margins, panel size and tick labels for n square panels in `ncols` columns, `visible`
     positions across each, laid out for `width_px` and (if given) at most `max_height_px` tall.
     Margins depend on the label font, which depends on the panel size: iterated to a fixed point,
@@ -386,7 +386,8 @@ def _geometry(n: int, ncols: int, visible: int, *, fonts: _Fonts, label_em: floa
             "r": math.ceil(10 + fonts.cb_thick + 6 + cb_em * fonts.colorbar + fonts.axis_title * 1.4 + 10)
             if show_scale and not below else 14,
             # title 8 px from the top; plotly.js puts a subtitle 1.6 em below the title's box
-            "t": math.ceil(8 + fonts.title * 1.25 + (fonts.sub * (1.6 + 1.3 * sub_lines) if sub_lines else 0) + 8
+            "t": math.ceil(8 + fonts.title * 1.25 * title_lines
+                           + (fonts.sub * (1.6 + 1.3 * sub_lines) if sub_lines else 0) + 8
                            + (fonts.panel_title * 1.5 if panel_titles else 0)),
             "b": math.ceil(xlab_h + 6 + fonts.axis_title * 1.3 + 10
                            + (fonts.cb_thick + fonts.colorbar * 1.5 + fonts.axis_title * 1.5 + 14 if below else 0)),
@@ -447,11 +448,13 @@ def _attention_figure(
     presentation: bool = False,
     query: int | None = None,
     show_scale: bool = True,
+    title_prefix: str = "",
 ) -> FigureSpec:
     """Figure with one panel per values[k] (N, T, T); panels[k] = (layer, head) of that panel.
 
     ncols None picks the columns (`_pick_columns`). focus: label every position up to this many,
-    and past it open on the last `focus` positions (None: always show all)."""
+    and past it open on the last `focus` positions (None: always show all). title_prefix (escaped)
+    goes before the title; a title wider than the figure is broken into lines (a phone)."""
     n, t = values.shape[0], values.shape[-1]
     if kind == "scores":
         colour = "linear"  # the colour modes are for weights; scores keep their symmetric scale
@@ -479,10 +482,11 @@ def _attention_figure(
     if text_width_em(sub_text) * fonts.sub > width_px - 20:
         sub_text = "<br>".join(subtitle)
     sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
+    title = _wrapped(title_prefix + title, (width_px - 20) / fonts.title)
     cb_em = 4.5 if colour == "log" or kind == "scores" else 4.0
     kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
               sub_lines=sub_lines, panel_titles=any(panel_titles),
-              row_title_lines=2 if row_titles else 1)
+              row_title_lines=2 if row_titles else 1, title_lines=title.count("<br>") + 1)
     if ncols is None:
         geo = _pick_columns(n, visible, max_height_px=max_height_px, **kw)
     else:
@@ -648,6 +652,26 @@ def _check_badges(badges: Mapping[int, str] | None) -> dict[int, str]:
     return {int(h): str(text) for h, text in badges.items() if text is not None}
 
 
+def _prefix_text(prefix: str | None) -> str:
+    """A title prefix (plain text) as the title shows it: escaped, "" for None."""
+    return "" if prefix is None else esc(prefix)
+
+
+def _wrapped(title: str, width_em: float) -> str:
+    """An (escaped) title broken into lines of at most `width_em` em, after its " · " or ": "
+    separators (or spaces, for a part longer than a line), so a narrow figure shows it whole."""
+    if text_width_em(title) <= width_em:
+        return title
+    words, lines = [], [""]
+    for part in title.replace(" · ", " · \n").replace(": ", ": \n").split("\n"):
+        words.extend([part] if text_width_em(part) <= width_em else [w + " " for w in part.split(" ")])
+    for word in words:
+        if lines[-1] and text_width_em((lines[-1] + word).rstrip()) > width_em:
+            lines.append("")
+        lines[-1] += word
+    return "<br>".join(line.rstrip() for line in lines)
+
+
 def _badge_text(badge: str | None) -> str:
     """" · <badge>" (escaped) for a title, or "" when there is none."""
     return f" · {esc(badge)}" if badge else ""
@@ -668,6 +692,7 @@ def attention_grid(
     query: int | None = None,
     ncols: int | None = None,
     badges: Mapping[int, str] | None = None,
+    title_prefix: str | None = None,
 ) -> FigureSpec:
     """One layer's heads as a grid of square heatmaps with one shared colour scale.
 
@@ -680,7 +705,8 @@ def attention_grid(
     `GRID_LABEL_LIMIT`; past it the figure opens on the last GRID_LABEL_LIMIT positions.
     colour ("linear" | "row" | "log", weights only), presentation (large fonts) and query (outline
     that query row in every panel) as in `attention_view`. badges: head → plain text (escaped)
-    added to that head's panel title, "head 2 · previous-token".
+    added to that head's panel title, "head 2 · previous-token". title_prefix: plain text (escaped)
+    before the title, as in `attention_view` (the same in `attention_head` and `attention_overview`).
     """
     attn, t, tokens = _checked(attn, tokens, kind, "(heads, T, T)")
     _check_common(colour, query, t, width_px, max_height_px)
@@ -696,7 +722,7 @@ def attention_grid(
         attn[heads], masked[heads], tokens, ncols=ncols, panels=[(int(layer), h) for h in heads],
         panel_titles=[f"head {h}" + _badge_text(badges.get(h)) for h in heads], row_titles=None, kind=kind,
         title=f"Layer {layer} {what}", width_px=width_px, max_height_px=max_height_px, focus=GRID_LABEL_LIMIT,
-        colour=colour, presentation=presentation, query=query,
+        colour=colour, presentation=presentation, query=query, title_prefix=_prefix_text(title_prefix),
     )
 
 
@@ -714,6 +740,7 @@ def attention_head(
     presentation: bool = False,
     query: int | None = None,
     badge: str | None = None,
+    title_prefix: str | None = None,
 ) -> FigureSpec:
     """A single head, large, with colour bar; same conventions as `attention_grid`, but every
     position is labelled up to `HEAD_LABEL_LIMIT` (past it: opens on the last ones). badge: plain
@@ -726,6 +753,7 @@ def attention_head(
         row_titles=None, kind=kind,
         title=f"Layer {layer}, head {head}: attention {_what(kind)}" + _badge_text(badge), width_px=width_px,
         max_height_px=max_height_px, focus=HEAD_LABEL_LIMIT, colour=colour, presentation=presentation, query=query,
+        title_prefix=_prefix_text(title_prefix),
     )
 
 
@@ -741,6 +769,7 @@ def attention_overview(
     colour: str = "linear",
     presentation: bool = False,
     query: int | None = None,
+    title_prefix: str | None = None,
 ) -> FigureSpec:
     """Every layer × head as small multiples (rows = layers), for prompts of at most `max_tokens` tokens.
 
@@ -764,6 +793,7 @@ def attention_overview(
         flat, masked, tokens, ncols=n_heads, panels=panels, panel_titles=titles, row_titles=rows, kind=kind,
         title=f"Attention {_what(kind)}: every layer (rows) × head (columns)", width_px=width_px,
         max_height_px=max_height_px, focus=None, colour=colour, presentation=presentation, query=query,
+        title_prefix=_prefix_text(title_prefix),
     )
 
 
@@ -859,20 +889,17 @@ def attention_view(
             or overview_max_tokens < 1:
         raise ValueError(f"overview_max_tokens must be a positive whole number, got {overview_max_tokens!r}")
     mask = causal_mask(t) if causal else None
-    style = {"max_height_px": max_height_px, "presentation": presentation, "query": query}
+    style = {"max_height_px": max_height_px, "presentation": presentation, "query": query,
+             "title_prefix": title_prefix}
     badges = _check_badges(badges)
 
-    if title_prefix is not None:
-        return _prefixed(attention_view(weights, scores, tokens, layer=layer, head=head, view=view, causal=causal,
-                                        overview_max_tokens=overview_max_tokens, width_px=width_px,
-                                        max_height_px=max_height_px, colour=colour, presentation=presentation,
-                                        query=query, badges=badges), str(title_prefix))
     if view == "all layers":
         if t > overview_max_tokens:
-            return message_figure(
+            message = message_figure(
                 f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {overview_max_tokens} tokens "
                 f"(there are {t}). Pick a layer instead.", presentation=presentation,
             )
+            return message if title_prefix is None else _prefixed(message, str(title_prefix))
         return attention_overview(np.stack(weights), tokens, mask=mask, width_px=width_px or 1200,
                                   max_tokens=int(overview_max_tokens), colour=colour, **style)
     kind = "scores" if view == "scores" else "weights"
@@ -886,11 +913,8 @@ def attention_view(
                           colour=colour, badge=badges.get(head), **style)
 
 
-def _prefixed(fig: FigureSpec | go.Figure, prefix: str) -> FigureSpec | go.Figure:
-    """`fig` with `prefix` (plain text, escaped) put before its title, or before a message figure's text."""
-    if isinstance(fig, FigureSpec):
-        title = fig.layout["title"]
-        return FigureSpec(fig.data, {**fig.layout, "title": {**title, "text": esc(prefix) + title["text"]}})
+def _prefixed(fig: go.Figure, prefix: str) -> go.Figure:
+    """A message figure with `prefix` (plain text, escaped) put before its text."""
     note = fig.layout.annotations[0]
     note.text = esc(prefix) + note.text
     return fig
