@@ -1,4 +1,4 @@
-"""Issue 16's race: wall clock from process start to a whole-held-out validation loss <= 1.89 (Tiny
+"""The training race: wall clock from process start to a whole-held-out validation loss <= 1.89 (Tiny
 Shakespeare, the train_bench model), the default against fp32 eager, back to back, each in a fresh
 process with an empty torch.compile cache (cold). Prints every run's JSON line and one line of ratios.
 
@@ -48,27 +48,35 @@ def main() -> None:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
         runs[name] = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
         print(json.dumps(runs[name]))
+    emit("train_race", device=args.device, target=args.target, **summarize(runs))
+
+
+def wall(run: dict) -> float | None:
+    """Seconds from process start to the target loss (None: never reached)."""
+    return run["target_reached_at"]["wall_s_from_process_start"] if run["target_reached_at"] else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def summarize(runs: dict[str, dict]) -> dict:
+    """The race's line from each variant's train_bench result: the default's ratios per iteration and in
+    wall clock against the faster fp32 eager loop (each measure's own fastest; in wall clock only loops
+    that reached the target count), and against each loop in ratios_vs."""
     d = runs["default"]
-
-    def wall(r):
-        return r["target_reached_at"]["wall_s_from_process_start"] if r["target_reached_at"] else None
-
-    def ratio(a, b):
-        return round(a / b, 3) if a and b else None
-
     ms = {name: r["ms_per_iter_median"] for name, r in runs.items()}
     walls = {name: wall(r) for name, r in runs.items()}
     fastest_iter = min(BASELINES, key=lambda name: ms[name])
     reached = [name for name in BASELINES if walls[name]]
     fastest_wall = min(reached, key=lambda name: walls[name]) if reached else None
-    emit("train_race", device=args.device, target=args.target, default_compile=d["compile"], default_bf16=d["bf16"],
-         default_backward=d["backward"], ms_per_iter=ms,
-         per_iter_ratio=ratio(ms["default"], ms[fastest_iter]), per_iter_baseline=fastest_iter,
-         wall_to_target_s=walls,
-         wall_ratio=ratio(walls["default"], walls.get(fastest_wall)), wall_baseline=fastest_wall,
-         ratios_vs={name: {"per_iter": ratio(ms["default"], ms[name]), "wall": ratio(walls["default"], walls[name])}
-                    for name in BASELINES},
-         val_loss={name: r["val_loss"] for name, r in runs.items()})
+    return dict(default_compile=d["compile"], default_bf16=d["bf16"], default_backward=d["backward"], ms_per_iter=ms,
+                per_iter_ratio=ratio(ms["default"], ms[fastest_iter]), per_iter_baseline=fastest_iter,
+                wall_to_target_s=walls,
+                wall_ratio=ratio(walls["default"], walls.get(fastest_wall)), wall_baseline=fastest_wall,
+                ratios_vs={name: {"per_iter": ratio(ms["default"], ms[name]), "wall": ratio(walls["default"], walls[name])}
+                           for name in BASELINES},
+                val_loss={name: r["val_loss"] for name, r in runs.items()})
 
 
 if __name__ == "__main__":

@@ -139,6 +139,7 @@ def test_gradient_clipping_and_weight_decay_take_effect_as_in_the_autograd_loop(
     assert all(not torch.equal(results[1][k], start[k]) for k in start)  # every weight moved
 
 
+@pytest.mark.slow  # two 150-step runs
 def test_bf16_learns_as_well_as_fp32_and_keeps_fp32_weights(grammar):
     fp32, bf16 = _grammar_model(grammar), _grammar_model(grammar)
     ev32 = _train(grammar, fp32, backward="autograd", steps=150, eval_every=50)
@@ -160,6 +161,7 @@ def test_a_model_trained_by_hand_saves_and_loads(grammar, tmp_path):
 SHAKESPEARE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
+@pytest.mark.slow  # two 300-step runs of a 2-layer model
 @pytest.mark.skipif(not SHAKESPEARE.exists(), reason="needs ../shared/data/tinyshakespeare.txt")
 def test_keep_best_and_the_film_work_with_the_manual_step():
     # 1.5 k characters of real text: a 2-layer model memorises them, validation is best at step 60 of 300 (2.55,
@@ -242,25 +244,55 @@ def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays()
     assert not uses_manual_step(DecoderLM(dropout_model), with_dropout)  # dropout: the autograd loop, as before
 
 
-def test_the_training_race_reports_both_ratios(tmp_path):
-    """`python -m bench.train_race`, shortened: four fresh processes, the default on the hand-written step."""
+def _race_run(ms: float, wall: float | None, **kw) -> dict:
+    """A train_bench result line, as bench.train_race reads it."""
+    return {"ms_per_iter_median": ms, "target_reached_at": {"wall_s_from_process_start": wall} if wall else None,
+            "val_loss": 1.8, "compile": None, "bf16": True, "backward": "manual", **kw}
+
+
+def test_the_training_race_takes_its_ratios_against_the_faster_fp32_loop():
+    """The race's arithmetic on fixed numbers (the race itself is `python -m bench.train_race`, a benchmark):
+    per iteration and in wall clock, each against its own faster fp32 eager loop."""
+    from bench.train_race import summarize
+
+    runs = {"default": _race_run(15.0, 30.0), "fp32_eager": _race_run(30.0, 60.0, bf16=False),
+            "fp32_eager_sdpa_auto": _race_run(25.0, 64.0, bf16=False), "fp32_manual": _race_run(20.0, 40.0)}
+    race = summarize(runs)
+    assert race["ms_per_iter"] == {"default": 15.0, "fp32_eager": 30.0, "fp32_eager_sdpa_auto": 25.0,
+                                   "fp32_manual": 20.0}
+    assert (race["per_iter_baseline"], race["per_iter_ratio"]) == ("fp32_eager_sdpa_auto", 0.6)
+    assert (race["wall_baseline"], race["wall_ratio"]) == ("fp32_eager", 0.5)
+    assert race["ratios_vs"] == {"fp32_eager": {"per_iter": 0.5, "wall": 0.5},
+                                 "fp32_eager_sdpa_auto": {"per_iter": 0.6, "wall": 0.469}}
+    assert race["default_bf16"] is True and race["default_backward"] == "manual" and race["default_compile"] is None
+
+    runs["fp32_eager"] = _race_run(30.0, None)  # the faster wall-clock loop never reached the target
+    race = summarize(runs)
+    assert (race["wall_baseline"], race["wall_ratio"]) == ("fp32_eager_sdpa_auto", 0.469)
+    assert race["ratios_vs"]["fp32_eager"] == {"per_iter": 0.5, "wall": None}
+    runs["fp32_eager_sdpa_auto"] = _race_run(25.0, None)  # neither did: no wall-clock ratio at all
+    assert (summarize(runs)["wall_baseline"], summarize(runs)["wall_ratio"]) == (None, None)
+    runs["default"] = _race_run(15.0, None)
+    assert summarize(runs)["wall_ratio"] is None and summarize(runs)["per_iter_ratio"] == 0.6
+
+
+@pytest.mark.slow
+def test_a_tiny_train_bench_run_gives_the_race_what_it_reads(tmp_path):
+    """One train_bench process, four iterations, its defaults: its line has what the race reads, and the
+    default it races is the hand-written bf16 step, uncompiled. No timing is checked."""
+    from bench.train_race import summarize
+
     text = tmp_path / "t.txt"
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300, encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "bench.train_race", "--iters", "20", "--check-every", "10",
-                          "--target", "9", "--text", str(text)],
+    out = subprocess.run([sys.executable, "-m", "bench.train_bench", "--iters", "4", "--check-every", "2",
+                          "--target", "9", "--eval-batches", "2", "--text", str(text)],
                          capture_output=True, text=True, timeout=600, check=True,
                          cwd=Path(__file__).resolve().parents[1])
-    race = json.loads(out.stdout.strip().splitlines()[-1])
-    assert race["default_backward"] == "manual" and race["default_bf16"] is True and race["default_compile"] is None
-    assert set(race["ms_per_iter"]) == {"default", "fp32_eager", "fp32_eager_sdpa_auto", "fp32_manual"}
-    assert 0 < race["per_iter_ratio"] < 5 and 0 < race["wall_ratio"] < 5
-    # the ratios are taken against the faster fp32 eager loop (math or PyTorch's own attention kernel)
-    base = race["per_iter_baseline"]
-    assert base == min(("fp32_eager", "fp32_eager_sdpa_auto"), key=race["ms_per_iter"].get)
-    assert race["per_iter_ratio"] == round(race["ms_per_iter"]["default"] / race["ms_per_iter"][base], 3)
-    assert race["per_iter_ratio"] == max(r["per_iter"] for r in race["ratios_vs"].values())
-    assert race["wall_ratio"] == max(r["wall"] for r in race["ratios_vs"].values())
-    assert all(s > 0 for s in race["wall_to_target_s"].values())
+    run = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    assert (run["backward"], run["bf16"], run["compile"]) == ("manual", True, None)
+    race = summarize({name: run for name in ("default", "fp32_eager", "fp32_eager_sdpa_auto", "fp32_manual")})
+    assert race["per_iter_ratio"] == 1.0 and race["wall_ratio"] == 1.0  # one run against itself
+    assert race["val_loss"]["default"] == run["val_loss"] < 9
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
