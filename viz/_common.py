@@ -92,6 +92,21 @@ def text_width_em(text: str) -> float:
     return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in str(text))
 
 
+def wrapped(title: str, width_em: float) -> str:
+    """An (escaped) title broken into lines of at most `width_em` em, after its " · " or ": "
+    separators (or spaces, for a part longer than a line), so a narrow figure shows it whole."""
+    if text_width_em(title) <= width_em:
+        return title
+    words, lines = [], [""]
+    for part in title.replace(" · ", " · \n").replace(": ", ": \n").split("\n"):
+        words.extend([part] if text_width_em(part) <= width_em else [w + " " for w in part.split(" ")])
+    for word in words:
+        if lines[-1] and text_width_em((lines[-1] + word).rstrip()) > width_em:
+            lines.append("")
+        lines[-1] += word
+    return "<br>".join(line.rstrip() for line in lines)
+
+
 def esc(text: str) -> str:
     """Escape &, < and > so Plotly shows a user/token string literally (it does not decode &quot;)."""
     return html.escape(str(text), quote=False)

@@ -64,6 +64,7 @@ from ._common import (
     text_width_em,
     tick_label,
     to_milli,
+    wrapped,
 )
 from .payload import FigureSpec
 from .positional import message_figure
@@ -482,7 +483,7 @@ def _attention_figure(
     if text_width_em(sub_text) * fonts.sub > width_px - 20:
         sub_text = "<br>".join(subtitle)
     sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
-    title = _wrapped(title_prefix + title, (width_px - 20) / fonts.title)
+    title = wrapped(title_prefix + title, (width_px - 20) / fonts.title)
     cb_em = 4.5 if colour == "log" or kind == "scores" else 4.0
     kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
               sub_lines=sub_lines, panel_titles=any(panel_titles),
@@ -655,21 +656,6 @@ def _check_badges(badges: Mapping[int, str] | None) -> dict[int, str]:
 def _prefix_text(prefix: str | None) -> str:
     """A title prefix (plain text) as the title shows it: escaped, "" for None."""
     return "" if prefix is None else esc(prefix)
-
-
-def _wrapped(title: str, width_em: float) -> str:
-    """An (escaped) title broken into lines of at most `width_em` em, after its " · " or ": "
-    separators (or spaces, for a part longer than a line), so a narrow figure shows it whole."""
-    if text_width_em(title) <= width_em:
-        return title
-    words, lines = [], [""]
-    for part in title.replace(" · ", " · \n").replace(": ", ": \n").split("\n"):
-        words.extend([part] if text_width_em(part) <= width_em else [w + " " for w in part.split(" ")])
-    for word in words:
-        if lines[-1] and text_width_em((lines[-1] + word).rstrip()) > width_em:
-            lines.append("")
-        lines[-1] += word
-    return "<br>".join(line.rstrip() for line in lines)
 
 
 def _badge_text(badge: str | None) -> str:

@@ -42,6 +42,7 @@ from ._common import (
     short_token,
     text_width_em,
     tick_label,
+    wrapped,
 )
 from .attention import (
     GRID_LABEL_LIMIT,
@@ -205,8 +206,9 @@ def _score_maps(
     nrows = math.ceil(n / ncols)
     laid = width_px or 1000
     legend = _wrap(legend, fonts.sub, laid - 20)
+    title = wrapped(title, (laid - 20) / fonts.title)  # whole on a phone: it says what the maps show
     margin = {"l": left, "r": 12, "b": EXPORT_BAR_PX,  # room for the page's PNG / SVG buttons (assets/explore.js)
-              "t": math.ceil(8 + fonts.title * 1.25 + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1))
+              "t": math.ceil(8 + fonts.title * 1.25 * (title.count("<br>") + 1) + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1))
                                                        if legend else 0) + 6)}
     title_px = fonts.panel_title * 1.5 + 4  # a panel's title, above it
     panel_h = n_layers * fonts.cell_h
@@ -316,7 +318,8 @@ def _wrap(parts: list[str], font_px: float, width_px: float, sep: str = " · ") 
     wider than `width_px` at `font_px`."""
     lines: list[str] = []
     for part in parts:
-        if lines and text_width_em(lines[-1] + sep + part) * font_px <= width_px:
+        part = wrapped(part, width_px / font_px)  # a part longer than a line is broken too
+        if lines and "<br>" not in part and text_width_em(lines[-1] + sep + part) * font_px <= width_px:
             lines[-1] += sep + part
         else:
             lines.append(part)
