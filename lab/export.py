@@ -174,9 +174,12 @@ def attention(session: Session, layer, head, kind="weights") -> Export:
 
 
 def probabilities(session: Session, index=None) -> Export:
-    """The distribution the token at window position `index` (default: the last) was drawn from,
-    every token of the vocabulary, most probable first (`Session.probabilities`)."""
+    """The distribution the token at window position `index` (default: the token selected in the
+    text, as the chart shows it; else the last) was drawn from, every token of the vocabulary, most
+    probable first (`Session.probabilities`)."""
     _need_text(session)
+    if index is None and session.query is not None:
+        index = session.query
     p = session.probabilities(index)  # checks the index
     if p is None:
         first = session.tokens()[0][0]

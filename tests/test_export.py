@@ -247,6 +247,43 @@ def test_typed_token_distribution_reads_back(fixture, request):
     assert all(r[4] == "" for r in rows) and all(row[4] is None for row in data["rows"])  # nothing was sampled
 
 
+def chart_bars(plot_json: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The probability chart as the page receives it: token ids of its bars, top first, and the
+    before / after values (float32 arrays in plotly's base64 form)."""
+    import base64
+
+    traces = [t for t in json.loads(plot_json)["data"] if t["type"] == "bar"]
+    ids = [int(re.search(r"\(id (\d+)\)$", h).group(1)) for h in traces[0]["hovertext"]]
+    values = [np.frombuffer(base64.b64decode(t["x"]["bdata"]), dtype=t["x"]["dtype"]) for t in traces]
+    return ids, values[0], values[1] if len(values) > 1 else None  # a typed token has no "after" bars
+
+
+def test_the_selected_tokens_download_is_the_distribution_the_chart_shows():
+    """Click a token of the text (the page's select_token), then download "next-token probabilities
+    (selected token)": the file holds that token's distribution, the one the chart draws, not the last's."""
+    import gradio as gr
+
+    from ui import explore, share
+
+    s = Session()
+    for _ in range(4):
+        s.step(SORT, "503124=", Sampling(temperature=1.0, seed=4))
+    n = len(s.tokens())
+    for index in (8, 3, n - 1):  # a generated token, a typed one, the last
+        chart = explore.select_token(s, 1.0, 0, 1.0, gr.SelectData(None, {"index": index, "value": "", "selected": True}))
+        path = share.export_numbers(s, "probabilities", "json", SORT, 0, "all")
+        data = json.loads(open(path, encoding="utf-8").read())
+        assert data["index"] == index and data["token_id"] == s.decoder.window[index]
+        ids, before, after = chart_bars(chart.plot)
+        rows = {row[1]: row for row in data["rows"]}
+        assert [row[1] for row in data["rows"][:10]] == ids[:10]  # the chart's top ten (the chosen token may follow)
+        np.testing.assert_array_equal(np.array([rows[i][3] for i in ids], dtype=np.float32), before)
+        if data["typed"]:
+            assert after is None and all(row[4] is None for row in data["rows"])
+        else:
+            np.testing.assert_array_equal(np.array([rows[i][4] for i in ids], dtype=np.float32), after)
+
+
 # ------------------------------------------------------------------------------ head roles
 
 
