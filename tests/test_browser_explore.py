@@ -260,7 +260,11 @@ def test_labels_at_64_tokens_and_a_focus_beyond(page):
     p.set_prompt(" ".join(words[:63]))
     step(p, 64)
     fig = p.figure("attention")
-    assert len(fig["axes"]["yaxis"]["ticktext"]) == 64 and all(fig["axes"]["yaxis"]["ticktext"])
+    tokens, labels = p.tokens(), fig["axes"]["yaxis"]["ticktext"]
+    font = p.page.evaluate(f"() => {PLOT}._fullLayout.yaxis.tickfont.size")
+    every = int(p.page.evaluate(f"() => {{ const v = {PLOT}._fullLayout.yaxis.tickvals; return v[1] - v[0]; }}"))
+    # a readable label for every k-th token, the newest always among them
+    assert font >= 9 and labels == tokens[(64 - 1) % every::every] and labels[-1] == tokens[-1]
     assert fig["box"][3] <= 900  # never taller than the screen
     # a colour for long texts: log scale
     p.choose("colour", "colour: log scale")
@@ -268,9 +272,12 @@ def test_labels_at_64_tokens_and_a_focus_beyond(page):
                              timeout=20_000)
     p.choose("head", "all heads")
     p.set_prompt(" ".join(words[:31]))
-    step(p, 32)
+    tokens = step(p, 32)
     fig = p.figure("attention")
-    assert all(len(a["ticktext"]) == 32 for k, a in fig["axes"].items() if k.startswith("y") and a["ticktext"])
+    shown = [a["ticktext"] for k, a in fig["axes"].items() if k.startswith("y") and a["ticktext"]]
+    every = int(p.page.evaluate(f"() => {{ const v = {PLOT}._fullLayout.yaxis.tickvals; return v[1] - v[0]; }}"))
+    assert shown and all(labels == tokens[(32 - 1) % every::every] for labels in shown)
+    assert p.page.evaluate(f"() => {PLOT}._fullLayout.yaxis.tickfont.size") >= 9
 
 
 def test_colours_dark_mode_and_presentation(app_server, browser, shots):
