@@ -277,6 +277,7 @@ def open_session(session: Session, path) -> Opened:
     except UserError as exc:
         raise _bad(f"its sampling settings are out of range ({str(exc).rstrip('.')})") from None
     scratch = Session(session.builtins)
+    scratch.client = getattr(session, "client", None)  # what it holds while it replays counts for the importer
     scratch.display = dataclasses.replace(session.display)
     try:
         name = _load_model(scratch, model)

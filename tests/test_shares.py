@@ -141,3 +141,35 @@ def test_disk_one_address_gets_its_share_and_the_victim_still_saves(runs):
         v.client = f"10.0.1.{i}"
         save(disk, v, 10 * U, "page.html")
     assert disk.total <= 100 * U and not any(s.dropped for s in abusers)
+
+
+def test_a_session_file_s_replay_counts_for_the_importing_address(tmp_path, monkeypatch):
+    """The scratch session a file replays on holds the file's text beside the importer's own until the
+    file has replayed: both count for the importer's address, so an address at its share cannot
+    grow past it by opening files (the victim, with room, opens the same file)."""
+    from lab import budget, sessionfile
+    from lab.session import Session, View
+    from model.generate import Sampling
+
+    grammar, prompt = "grammar (built-in)", "anna found the key . she gave it to tom because he"
+    made = Session()
+    for _ in range(3):
+        made.step(grammar, prompt, Sampling(seed=1))
+    path = tmp_path / "s.json"
+    path.write_bytes(sessionfile.export_session(made, grammar, prompt, Sampling(seed=1), View(0, "all", "weights")))
+    need = budget.MODEL_BUDGET.held(made)  # what its replay holds at most (the text, and room for a Step)
+    importer = Session()
+    importer.client = "203.0.113.99"
+    importer.step(grammar, prompt, Sampling(seed=2))
+    own = budget.MODEL_BUDGET.held(importer)
+    assert 0 < own
+    # the address's share holds its own text and the file's text, but not both at once
+    monkeypatch.setattr(budget.MODEL_BUDGET, "client_limit_bytes", own + need - 1)
+    before = importer.tokens()
+    with pytest.raises(UserError, match="from your address would hold"):
+        sessionfile.open_session(importer, str(path))
+    assert importer.tokens() == before and budget.MODEL_BUDGET.held(importer) == own  # nothing changed
+    victim = Session()
+    victim.client = "198.51.100.99"
+    sessionfile.open_session(victim, str(path))  # another address, with room for it, opens the same file
+    assert victim.tokens() == made.tokens()
