@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -566,7 +567,7 @@ def test_largest_change_is_the_head_and_score_that_move_most():
 
 @pytest.mark.parametrize("name", ["grammar", "sort", "copy", "toy", "shakespeare"])
 def test_each_shipped_film_opens_where_it_changes_most(name):
-    film = load_checkpoint(f"assets/{name}.safetensors").film
+    film = load_checkpoint(Path(__file__).resolve().parents[1] / "assets" / f"{name}.safetensors").film
     found = film.largest_change()
     assert found[:3] == _brute_largest_change(film)[:3]
     assert found[3] == pytest.approx(_brute_largest_change(film)[3])
