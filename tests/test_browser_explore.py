@@ -163,7 +163,7 @@ def test_every_builtin_opens_on_its_first_view_with_examples(page, name):
     p.page.locator("#examples input").click()
     options = p.page.get_by_role("option").all_inner_texts()
     shown = [" ".join(o.replace("✓", "").split()) for o in options]  # the selected one carries a check mark
-    assert shown == [" ".join(e.split()) for e in builtin.examples]
+    assert shown == [" ".join(e.replace("\n", " ⏎ ").split()) for e in builtin.examples]  # line breaks shown
     p.page.get_by_role("option").nth(1).click()
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e",
                              arg=builtin.examples[1], timeout=10_000)

@@ -310,14 +310,11 @@ def test_gigantic_config_refused_before_allocation(good, monkeypatch, changes, f
     built = []
     monkeypatch.setattr(ckpt_mod, "DecoderLM", lambda *a, **k: built.append(1))
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         refused(data, fragment)
-        took = time.perf_counter() - t0
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert took < 1.0
     assert peak < 2 * 1024 * 1024
     assert built == []
 

@@ -9,7 +9,6 @@ itself outlines the query row and shades the text at once (assets/explore.js, fr
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import time
 
@@ -21,7 +20,7 @@ from lab.checks import check_sampling
 from lab.export import model_stem
 from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.models import ModelEntry
-from lab.session import Attention, Session
+from lab.session import Session
 
 from .common import handler, message_plot, named
 
@@ -39,16 +38,14 @@ def attention_figure(session: Session, layer, head, view):
 
 def attention_spec(session: Session, layer, head, view):
     """The attention figure itself (None without a text), named for its download."""
-    att, change = shown_attention(session)
+    att, change = captions.shown_attention(session)
     if att is None:
         return None
     v = session.check_view(None, layer, head, view)
     d = session.display
 
     # under a change, the panels' role badges are read off the attention drawn
-    roles = None if not change else probing.compute_head_roles(session.entry, session.decoder.window, att.weights,
-                                                                 att.tokens)
-    badges = probing.badges(session, v.layer, roles=roles)
+    badges = probing.badges(session, v.layer, roles=captions.shown_roles(session, att) if change else None)
 
     # The figure fits below the page's controls (one screen, also at a projector's 1280×720): where
     # its cells are too small for readable labels, viz labels every k-th token instead.
@@ -64,48 +61,10 @@ def attention_spec(session: Session, layer, head, view):
     return named(spec, model_stem(session.model_name), which, f"attention {v.view}", f"{len(att.tokens)} tokens")
 
 
-def shown_attention(session: Session) -> tuple[Attention | None, str]:
-    """The attention the figure draws, and the change it is drawn under in a few words ('' for none):
-    the model's own attention on the text, or, while the head tools ablate heads or edit a row, the
-    attention the model computes under that change."""
-    att = session.attention()
-    changed = probing.changed_attention(session) if att is not None else None
-    if changed is None:
-        return att, ""
-    return dataclasses.replace(att, weights=changed[0], scores=changed[1]), change_mark(session)
-
-
-def change_mark(session: Session) -> str:
-    """The head tools' change, short enough for a figure title: "L1H0 ablated (mean) · L1H0 row 11 edited"."""
-    p, parts = session.probe, []
-    if p.heads or p.keep_only:
-        listed = [probing.head_label(*h) for h in p.heads]
-        listed = ", ".join(listed[:3]) + (f" +{len(listed) - 3} more" if len(listed) > 3 else "")
-        if p.keep_only:
-            listed = f"all heads but {listed}" if listed else "all heads"
-        parts.append(f"{listed} ablated ({p.mode})")
-    if p.edit is not None:
-        parts.append(f"{probing.head_label(p.edit.layer, p.edit.head)} row {p.edit.query - session.decoder.start} edited")
-    return " · ".join(parts)
-
-
 def view_caption(session: Session, model_name, layer, head, view) -> str:
     """The line above the attention, true of what it shows (Markdown: tokens stay text)."""
-    att, change = shown_attention(session)
-    if att is None:  # nothing drawn yet: a built-in's own view says what to look for
-        entry = session.entry_for(model_name)
-        fv = entry.first_view
-        if fv is not None and (layer, head, view) == (fv.layer, fv.head, fv.view):
-            return html.escape(fv.caption, quote=False)
-        if entry.builtin:
-            which = "every layer" if view == "all layers" else \
-                f"layer {layer}, " + ("every head" if head == "all" else f"head {head}")
-            return f"Press Step to see where each token looks in {which}."
-        return OWN_MODEL_CAPTION
-    v = session.check_view(None, layer, head, view)
-    line = captions.caption(session.entry, att.weights, att.scores, att.tokens, session.decoder.window, v.layer, v.head,
-                            v.view, change=change)
-    return html.escape(line, quote=False)
+    line = captions.session_caption(session, model_name, layer, head, view)
+    return OWN_MODEL_CAPTION if line is None else html.escape(line, quote=False)
 
 
 def probs_figure(session: Session, index=None, sampling=None):
@@ -251,7 +210,7 @@ def resample(session, temperature, top_k, top_p, request: gr.Request = None):
     """Temperature, top-k or top-p moved: the chart's "after" bars for the selected token, at once
     (nothing is generated)."""
     sampling = check_sampling(temperature, top_k, top_p, 0)  # the seed plays no part in the distribution
-    if session.decoder is None:
+    if not session.tokens():
         return gr.skip()
     return probs_figure(session, session.query, sampling)
 

@@ -231,8 +231,7 @@ def continuations_html(r: probing.Regeneration, key: str = "") -> str:
 
 def regeneration_key(session: Session) -> str:
     """A short fingerprint of what a regeneration continued: the model, the text and the head settings."""
-    d = session.decoder
-    what = repr((session.model_name, None if d is None else list(d.ids), session.probe))
+    what = repr((session.model_name, session.tokens(), session.generated_text(), session.probe))
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 
