@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -89,13 +88,10 @@ def nothing_built(monkeypatch):
 
 
 def refuse(data, field: str, built: list[str], max_vocab: int = MAX_LOADED_VOCAB) -> str:
-    start = time.perf_counter()
     with pytest.raises(ValueError) as info:
         tokenizer_from_dict(data, max_vocab)
-    elapsed = time.perf_counter() - start
     msg = str(info.value)
     assert field in msg, msg
-    assert elapsed < 1.0, f"took {elapsed:.2f} s"
     assert built == [], "refused data must not build anything"
     assert "<class" not in msg and "/" not in msg.replace(" / ", "") and len(msg) < 400, msg
     return msg
