@@ -40,6 +40,7 @@ FULL = [
     ("load", ["--threads", "2"]),
     ("stress", []),
     ("memory_budget", []),
+    ("corpus_build", ["--reps", "3"]),
     ("fuzz", ["--calls", "10000"]),
     ("train_bench", []),
 ]
@@ -55,6 +56,7 @@ QUICK = [
     ("load", ["--threads", "1", "--clients", "2", "--seconds", "5"]),
     ("stress", ["--sessions", "3", "--seconds", "5", "--sequential", "10", "--ttl", "2", "--settle", "1"]),
     ("memory_budget", ["--sessions", "6", "--models-mb", "60"]),
+    ("corpus_build", ["--reps", "1", "--kinds", "bpe"]),
     ("fuzz", ["--calls", "200"]),
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
 ]
