@@ -132,8 +132,10 @@ _SLOW_DOWN = {
     "import": "too many session files were opened from your address",
     "export": "too many files were made from your address",
     "replay": "too many Steps were replayed (session files and links) from your address",
+    "upload_bytes": "too many megabytes were uploaded from your address",
 }
-_UNITS = {"replay": "Steps to replay (a Step, an Undo or a generated token each)"}
+_UNITS = {"replay": "Steps to replay (a Step, an Undo or a generated token each)", "upload_bytes": "MB of uploads"}
+_UNIT_SIZE = {"upload_bytes": 2**20}  # a bucket of bytes speaks of MB
 
 
 def _after(seconds: float) -> str:
@@ -168,8 +170,9 @@ class RateLimiter:
         if client is None:
             return
         if cost > rate.burst:
-            raise UserError(f"This would take {cost:,} {_UNITS.get(action, action)}; one address may take at most "
-                            f"{rate.burst:,} at once (the server is shared).")
+            size = _UNIT_SIZE.get(action, 1)
+            raise UserError(f"This would take {math.ceil(cost / size):,} {_UNITS.get(action, action)}; one address "
+                            f"may take at most {rate.burst // size:,} at once (the server is shared).")
         key = (client, action)
         with self._lock:
             now = self.clock()

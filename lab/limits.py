@@ -76,6 +76,7 @@ CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2}
 # counts by its /64); behind a proxy (a Hugging Face Space) the address the proxy forwarded.
 # Rates are token buckets: action → (burst, count, window_s): `burst` at once, then `count` per
 # `window_s` seconds. A person never comes near them; a script is told to slow down.
+_UPLOAD_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_UPLOAD_MB", str(5 * UPLOAD_MAX_MB))) * 2**20
 RATE_LIMITS = {
     "session": (60, 60, 60.0),  # new sessions (page loads, API clients): a classroom behind one address fits
     "generate": (20, 30, 60.0),
@@ -86,6 +87,9 @@ RATE_LIMITS = {
     # CPU of replays, in Steps (a Step, an Undo or a generated token each): a session file or a link's steps
     # are paid before the replay starts; two of the longest session files at once, then one per 10 min
     "replay": (2 * 4 * 256, 4 * 256, 600.0),
+    # bytes sent to /gradio_api/upload (files land in gradio's cache, outside the disk budget): five of the
+    # largest files at once, then as many again per hour
+    "upload_bytes": (_UPLOAD_BYTES, _UPLOAD_BYTES, 3600.0),
 }
 # DECODER_LAB_RATE_SCALE multiplies every burst and count (a test suite calls from one address all along)
 _RATE_SCALE = max(1, int(os.environ.get("DECODER_LAB_RATE_SCALE", "1")))
@@ -112,7 +116,11 @@ CLIENT_SESSIONS = int(os.environ.get("DECODER_LAB_CLIENT_SESSIONS", str(max(1, M
 CLIENT_MEMORY_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_MEMORY_MB", str(MEMORY_MAX_BYTES // 4 // 2**20))) * 2**20
 CLIENT_FILES_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_FILES_MB", str(RUN_FILES_MAX_BYTES // 4 // 2**20))) * 2**20
 CLIENT_QUEUE = int(os.environ.get("DECODER_LAB_CLIENT_QUEUE", str(max(1, QUEUE_SIZE // 4))))  # calls waiting or running
-__all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE"]
+# long calls waiting or running per address, by kind: a training, and a replay (a session file opened or a
+# link with steps); another visitor's call of that kind waits behind at most this many of one address's
+CLIENT_LONG_CALLS = {"train": int(os.environ.get("DECODER_LAB_CLIENT_TRAININGS", "1")),
+                     "replay": int(os.environ.get("DECODER_LAB_CLIENT_REPLAYS", "1"))}
+__all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE", "CLIENT_LONG_CALLS"]
 
 
 MAX_LOG = 4 * MAX_NEW_TOKENS  # actions (Step, Generate, Undo) a text's log keeps: a session file replays them
@@ -157,7 +165,9 @@ def limits_table() -> list[str]:
 
 # ------------------------------------------------ Server-wide budgets: their README rows
 _RATE_WHAT = {"session": "new sessions", "generate": "Generate", "train": "trainings", "upload": "uploads",
-              "import": "session files opened", "export": "files made", "replay": "Steps replayed"}
+              "import": "session files opened", "export": "files made", "replay": "Steps replayed",
+              "upload_bytes": "MB uploaded"}
+_RATE_UNIT = {"upload_bytes": 2**20}  # what a bucket counts in, as the table states it (bytes as MB)
 
 
 def _window(seconds: float) -> str:
@@ -168,7 +178,9 @@ def _window(seconds: float) -> str:
 
 def budget_rows() -> list[str]:
     """The Limits rows of lab/budget.py's budgets (the last rows of `limits_table()`)."""
-    rates = "; ".join(f"{_RATE_WHAT[a]} {b} at once, then {c} per {_window(w)}" for a, (b, c, w) in RATE_LIMITS.items())
+    unit = {a: _RATE_UNIT.get(a, 1) for a in RATE_LIMITS}
+    rates = "; ".join(f"{_RATE_WHAT[a]} {b // unit[a]} at once, then {c // unit[a]} per {_window(w)}"
+                      for a, (b, c, w) in RATE_LIMITS.items())
     mb = 2**20
     return [
         f"| per address | {rates} |",
@@ -177,6 +189,8 @@ def budget_rows() -> list[str]:
         f"≤ {MAX_SESSIONS} sessions; when full, the least recently used idle session's go first, and a session "
         f"that acted in the last {_num(IDLE_S / 60)} min loses nothing |",
         f"| one address's share | ≤ {CLIENT_SESSIONS} sessions, ≤ {CLIENT_MEMORY_BYTES // mb:,} MB of own models and "
-        f"texts, ≤ {CLIENT_FILES_BYTES // mb:,} MB of files, ≤ {CLIENT_QUEUE} calls waiting or running; past it, "
-        "the address's own idle sessions make room, never another address's |",
+        f"texts, ≤ {CLIENT_FILES_BYTES // mb:,} MB of files, ≤ {CLIENT_QUEUE} calls waiting or running, of them ≤ "
+        f"{CLIENT_LONG_CALLS['train']} training and ≤ {CLIENT_LONG_CALLS['replay']} replay (a session file or a link "
+        "with steps); past it, the address's own idle sessions make room, never another address's, and calls are "
+        "refused when they join the queue |",
     ]

@@ -113,7 +113,28 @@ PERSON_EVERY_S = {"session": 5.0, "generate": 3.0, "train": 180.0, "upload": 60.
 
 
 def test_every_action_has_a_rate_and_a_person_pace():
-    assert set(limits.RATE_LIMITS) == set(PERSON_EVERY_S)
+    assert set(limits.RATE_LIMITS) == set(PERSON_EVERY_S) | {"upload_bytes"}  # bytes: the test below
+
+
+def test_uploaded_bytes_allow_a_person_s_uploads_and_stop_a_flood():
+    """Bytes sent to gradio's upload route: five of the largest files at once, then a person's pace
+    (a 1 MB model or session file every 40 s, for hours); past the share, a sentence in MB."""
+    clock = Clock()
+    rl = RateLimiter(clock=clock)
+    mb, largest = 2**20, limits.UPLOAD_MAX_MB * 2**20
+    for _ in range(5):
+        rl.check("1.2.3.4", "upload_bytes", largest)
+    with pytest.raises(UserError, match=r"^Slow down: too many megabytes were uploaded from your address"):
+        rl.check("1.2.3.4", "upload_bytes", mb)
+    rl.check("5.6.7.8", "upload_bytes", largest)  # another address is not affected
+    clock.advance(RATES["upload_bytes"].window_s)
+    for _ in range(300):
+        rl.check("1.2.3.4", "upload_bytes", mb)
+        clock.advance(40)
+    share = RATES["upload_bytes"].burst // mb
+    with pytest.raises(UserError, match=fr"^This would take {share + 1} MB of uploads; one address may take at most "
+                                        fr"{share} at once"):
+        rl.check("9.9.9.9", "upload_bytes", RATES["upload_bytes"].burst + 1)
 
 
 @pytest.mark.parametrize("action", sorted(PERSON_EVERY_S))

@@ -1,15 +1,20 @@
 """Per-address shares seen from outside: an abusive address at the allowed rates, and a victim.
 
 One server with its real rates behind a pretend proxy (each client its own address by
-X-Forwarded-For), buckets that refill ~never (`DECODER_LAB_RATE_WINDOW_SCALE=1000`) and a queue share
-of 3 calls per address. What is asserted is admissions, which the test controls.
+X-Forwarded-For), buckets that refill ~never (`DECODER_LAB_RATE_WINDOW_SCALE=1000`), a queue share
+of 3 calls per address and an upload share of 1 MB. What is asserted is admissions (a join's answer:
+a call is in gradio's queue once its join was answered 200) and order, which the test controls.
+The raw calls go as the page sends them (`join`); tests/test_shares_queue.py uses these helpers.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from gradio_client import Client, handle_file
 
@@ -20,13 +25,18 @@ P = "anna found the key . she gave it to tom because he"
 STEP = (GRAMMAR, P, 0.0, 0, 1.0, 0, 0, "all", "weights")
 ABUSER, VICTIM = "203.0.113.66", "198.51.100.7"
 PLACES = 3
+UPLOAD_MB = 1
+# a training that runs far longer than any test needs (the test stops it): 2,000 steps of the largest model
+LONG_TRAIN = ["grammar", "", None, "word", 4, 4, 128, 512, "learned", "pre", "gelu", 0.0, 2000, 0.003, 0, True, ""]
+PAGE = ["linear", False, "1280x720", 0, "all", "weights"]  # what the page sends on load (after the session)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shares")
     env = {"DECODER_LAB_RATE_SCALE": "1", "DECODER_LAB_RATE_WINDOW_SCALE": "1000", "DECODER_LAB_BEHIND_PROXY": "1",
-           "DECODER_LAB_CLIENT_QUEUE": str(PLACES), "DECODER_LAB_TRAIN_SECONDS": "3600"}
+           "DECODER_LAB_CLIENT_QUEUE": str(PLACES), "DECODER_LAB_TRAIN_SECONDS": "3600",
+           "DECODER_LAB_CLIENT_UPLOAD_MB": str(UPLOAD_MB)}
     s = AppServer(env, tmp).start()
     s.tmp = tmp
     yield s
@@ -35,6 +45,78 @@ def server(tmp_path_factory):
 
 def client(server, address: str) -> Client:
     return Client(server.url, verbose=False, download_files=False, headers={"X-Forwarded-For": address})
+
+
+def function(server, api_name: str | None = None, event: str | None = None) -> int:
+    """The index the page calls a function by: by its API name, or the one a page `event` (load) runs."""
+    deps = httpx.get(server.url + "config", timeout=60).json()["dependencies"]
+    if api_name is not None:
+        return next(d["id"] for d in deps if d["api_name"] == api_name)
+    return next(d["id"] for d in deps if d["backend_fn"] and any(t[1] == event for t in d["targets"]))
+
+
+def join(server, fn_index: int, data: list, session_hash: str, address: str, query: str = "") -> httpx.Response:
+    """POST /queue/join as the page does (`query`: the page address's own, which the page sends along);
+    a 200 means gradio has put the call in its queue."""
+    return httpx.post(f"{server.url}gradio_api/queue/join{query}", json={
+        "fn_index": fn_index, "data": data, "session_hash": session_hash}, headers={"X-Forwarded-For": address},
+        timeout=120)
+
+
+class Listener:
+    """The session's event stream, read in a thread for as long as the test needs the session's calls:
+    gradio ends a session's calls when its stream closes (as when a page is closed)."""
+
+    def __init__(self, server, session_hash: str, address: str):
+        self.messages: list[dict] = []
+        self.ended = False
+        url = f"{server.url}gradio_api/queue/data?session_hash={session_hash}"
+        self.stream = httpx.stream("GET", url, headers={"X-Forwarded-For": address}, timeout=None)
+        self.response = self.stream.__enter__()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self.response.iter_lines():
+                if line.startswith("data:"):
+                    self.messages.append(json.loads(line[5:]))
+        except httpx.HTTPError:
+            pass
+        self.ended = True
+
+    def wait(self, msg: str, timeout: float = 300.0) -> dict:
+        """The first message `msg` (process_generating, process_completed…); the timeout only guards a hang."""
+        t0 = time.monotonic()
+        while True:
+            found = next((m for m in self.messages if m.get("msg") == msg), None)
+            if found is not None:
+                return found
+            assert not self.ended, f"the stream ended before {msg}: {self.messages[-1:]}"
+            assert time.monotonic() - t0 < timeout, f"no {msg} yet: {self.messages[-1:]}"
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stream.__exit__(None, None, None)
+
+
+def completed(server, session_hash: str, address: str) -> dict:
+    listener = Listener(server, session_hash, address)
+    try:
+        return listener.wait("process_completed")
+    finally:
+        listener.close()
+
+
+def refused(r: httpx.Response, status: int, start: str) -> None:
+    assert r.status_code == status and r.json()["error"].startswith(start), (r.status_code, r.text[:300])
+
+
+def stop(server, session_hash: str, address: str) -> None:
+    """Stop the session's training, as the page's Stop button does (a direct call, outside the queue)."""
+    r = httpx.post(f"{server.url}gradio_api/run/predict", json={
+        "fn_index": function(server, "stop"), "data": [None], "session_hash": session_hash},
+        headers={"X-Forwarded-For": address}, timeout=120)
+    assert r.status_code == 200, r.text[:300]
 
 
 def session_file(tmp: Path, actions: list) -> Path:
@@ -72,3 +154,71 @@ def test_exported_files_are_not_copied_into_gradio_s_cache(server):
     for page in pages:  # …where each page is, counted by the disk budget
         path = Path(page["path"] if isinstance(page, dict) else page)
         assert "decoder-lab-runs" in path.parts and path.is_relative_to(cache.resolve())
+
+
+@pytest.mark.slow
+def test_one_training_per_address_waits_or_runs_and_the_victim_s_is_next(server):
+    """The abuser's second training is refused when it joins; the victim's joins, and runs as soon as
+    the abuser's one has ended: it was queued behind no more than the abuser's share."""
+    train = function(server, "train")
+    assert join(server, train, [None, *LONG_TRAIN], "t-abuser-0", ABUSER).status_code == 200
+    abuser = Listener(server, "t-abuser-0", ABUSER)
+    abuser.wait("process_generating")  # it is training
+    refused(join(server, train, [None, *LONG_TRAIN], "t-abuser-1", ABUSER), 429,
+            "Your address already has a training waiting or running")
+    assert join(server, train, [None, *LONG_TRAIN], "t-victim", VICTIM).status_code == 200
+    victim = Listener(server, "t-victim", VICTIM)
+    stop(server, "t-abuser-0", ABUSER)
+    abuser.wait("process_completed")
+    victim.wait("process_generating")  # next in line: the victim's
+    stop(server, "t-victim", VICTIM)
+    done = victim.wait("process_completed")
+    assert done["success"] and "Training stopped by you" in done["output"]["data"][1], str(done)[:300]
+    abuser.close()
+    victim.close()
+
+
+@pytest.mark.slow
+def test_link_replays_are_paid_when_the_page_load_joins_the_queue(server):
+    """A flood of page loads of a `steps=256` link: each load's Steps are taken when it joins, so past
+    the address's replay burst the next load is refused at the door (429), never queued; another
+    address's load with a link is admitted and opens it."""
+    from lab.limits import RATE_LIMITS
+
+    load, flooder = function(server, event="load"), "203.0.113.77"
+    cheap = "?prompt=zzz+qqq&steps=256"  # words the model does not know: the replay stops at once, paid in full
+    loads = RATE_LIMITS["replay"][0] // 256
+    for i in range(loads):
+        r = join(server, load, [None, *PAGE], f"flood-{i}", flooder, cheap)
+        assert r.status_code == 200, r.text[:300]
+        done = completed(server, f"flood-{i}", flooder)
+        assert done["success"] and "The link's text stopped" in json.dumps(done["output"]["data"]), str(done)[:300]
+    refused(join(server, load, [None, *PAGE], "flood-extra", flooder, cheap), 429,
+            "Slow down: too many Steps were replayed")
+    query = "?prompt=anna+found+the+key+.&steps=3&seed=4"
+    assert join(server, load, [None, *PAGE], "link-victim", VICTIM, query).status_code == 200
+    done = completed(server, "link-victim", VICTIM)
+    assert done["success"], str(done)[:300]
+    tokens = json.dumps(done["output"]["data"][5])  # the text: the prompt's tokens, then the three generated
+    assert tokens.count('"generated"') == 3, tokens
+
+
+def upload(server, address: str, nbytes: int) -> httpx.Response:
+    return httpx.post(f"{server.url}gradio_api/upload", files={"files": ("text.txt", b"a" * nbytes, "text/plain")},
+                      headers={"X-Forwarded-For": address}, timeout=120)
+
+
+@pytest.mark.slow
+def test_bytes_sent_to_gradio_s_upload_route_come_out_of_the_address_s_share(server):
+    """Uploads land in gradio's cache, outside the disk budget: an address may send `UPLOAD_MB` (here)
+    per hour, and is told so past it; another address still uploads."""
+    uploader = "203.0.113.88"
+    size = 300 * 1024
+    for _ in range(UPLOAD_MB * 2**20 // (size + 1024)):  # each with room for its form's own bytes
+        r = upload(server, uploader, size)
+        assert r.status_code == 200 and len(r.json()) == 1, r.text[:300]
+    refused(upload(server, uploader, size), 429, "Slow down: too many megabytes were uploaded")
+    assert upload(server, VICTIM, size).status_code == 200
+    chunked = httpx.post(f"{server.url}gradio_api/upload", content=iter([b"a" * 10]),
+                         headers={"X-Forwarded-For": VICTIM, "content-type": "multipart/form-data; boundary=x"})
+    refused(chunked, 411, "Send the file with its length")

@@ -28,21 +28,23 @@ from lab.checks import UserError
 from lab.export import slug
 from lab.session import SESSIONS, Session
 
-from .shares import CHARGED
+from .shares import charged_at_door
 
 log = logging.getLogger("decoder_lab")
 
 
-def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
+def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays=None):
     """Wrap an event handler so that every error reaches the person as a message.
 
     A refusal (`UserError`, or a ValueError from a check) shows its own text; anything else is
     logged with its traceback and shown as a generic message, never with internal details.
     With `exclusive`, the handler holds its session (first argument) for the whole call, a
     streaming one until its last update or its cancellation: one action per session at a time.
+    `replays(params)`: the Steps a call with these page parameters (the query of the page's
+    address) replays, which the door charges when the call joins the queue.
     """
     if fn is None:
-        return functools.partial(handler, exclusive=exclusive, rate=rate)
+        return functools.partial(handler, exclusive=exclusive, rate=rate, replays=replays)
 
     def prepared(args) -> list:
         """The server's own session for this tab in place of gradio's copy (lab.budget.SessionStore),
@@ -53,7 +55,7 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
             host = request.client.host if request.client else None
             client = client_key(host, request.headers.get("x-forwarded-for"))
             args[0] = SESSIONS.resolve(request.session_hash, client, args[0])
-            if rate is not None and request.headers.get(CHARGED.decode()) != rate:
+            if rate is not None and rate not in charged_at_door(request):
                 LIMITER.check(client, rate)
         return args
 
@@ -88,7 +90,7 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None):
             raise message(exc) from None
 
     out = functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
-    out.exclusive, out.rate = exclusive, rate  # what the door (ui/shares.py) admits a call by
+    out.exclusive, out.rate, out.replays = exclusive, rate, replays  # what the door (ui/shares.py) admits a call by
     return out
 
 

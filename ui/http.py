@@ -24,6 +24,7 @@ class RefuseMalformedCalls:
 
     # queue/join and call/<name> go through the queue; run/<name> and api/<name> answer in the reply
     CALL = re.compile(r"^/gradio_api/(?:(queue/join)|call/(?:v2/)?([^/]+)|(?:run|api)/([^/]+))/?$")
+    UPLOAD = "/gradio_api/upload"
     FIELDS = {"session_hash": str, "event_id": str, "oauth_token": str, "trigger_id": int,
               "simple_format": bool, "batched": bool}  # gradio's own check of these answers a list, not a sentence
     KINDS = {str: "text", int: "a whole number", bool: "true or false"}
@@ -37,6 +38,11 @@ class RefuseMalformedCalls:
         if scope["type"] == "http":
             scope = without_charge(scope)
         match = self.CALL.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None and scope.get("method") == "POST" and scope["path"].rstrip("/") == self.UPLOAD:
+            refused = self.door.admit_upload(scope)  # the address's share of gradio's cache
+            if refused:
+                log.info("refused an upload at the door: %s", refused[1])
+                return await self.refuse(send, *refused)
         if match is None or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         body, more = b"", True
@@ -62,6 +68,8 @@ class RefuseMalformedCalls:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
+        if direct:
+            return await self.app(scope, replay, send)
         async with self.door.admit(scope, match.group(2), body) as refused:
             if refused:
                 log.info("refused HTTP call %s at the door: %s", scope["path"][:80], refused[1])

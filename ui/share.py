@@ -14,10 +14,12 @@ import viz
 
 from lab import export, links, sessionfile
 from lab.budget import charge, replay_cost
-from lab.checks import UserError, check_sampling
+from lab.checks import UserError, check_int, check_sampling
+from lab.limits import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from lab.session import Session, View
 
 from .common import file_path, handler
+from .shares import charged_at_door
 from .explore import (
     attention_figure, attention_spec, example_choices, head_choices, layer_choices, probs_figure, redisplay,
     view_caption,
@@ -70,7 +72,19 @@ def open_session(session, upload, request: gr.Request = None):
     return explore_state(session, opened.model, opened.prompt, opened.view, opened.sampling, opened.notes)
 
 
-@handler
+def link_steps(params: dict) -> int:
+    """The Steps a page load with these link parameters replays (as `links.read_link` reads them: a
+    prompt and a number of steps), so the door can charge them when the load joins the queue."""
+    prompt = params.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS:
+        return 0
+    try:
+        return check_int("steps", params.get("steps", 0), 0, MAX_NEW_TOKENS)
+    except UserError:
+        return 0
+
+
+@handler(replays=link_steps)
 def page_load(session, colour, presentation, screen, layer, head, view, request: gr.Request = None):
     """The page loaded: it tells its window size (figures are laid out for it; a narrow window gets
     one head), and link parameters (?model=…&prompt=…&steps=…) set it up. One answer, so nothing of
@@ -79,16 +93,17 @@ def page_load(session, colour, presentation, screen, layer, head, view, request:
     params = dict(request.query_params) if request is not None else {}
     if not params:
         return (session, *[gr.skip()] * 6, probs, attention, gr.skip(), head, *[gr.skip()] * 8)
-    return open_link(session, params)
+    return open_link(session, params, paid="replay" in charged_at_door(request))
 
 
-def open_link(session: Session, params: dict):
-    """Set the page up as the link parameters ask."""
+def open_link(session: Session, params: dict, paid: bool = False):
+    """Set the page up as the link parameters ask (its steps `paid` when the load joined the queue)."""
     link = links.read_link(session, params)
     if not link.given and not link.notes:
         return (session, *[gr.skip()] * 18)
     if link.prompt is not None and link.steps:
-        charge(session, "replay", link.steps)  # a link's steps are paid before they run, as a file's
+        if not paid:  # a link's steps are paid before they run, as a file's
+            charge(session, "replay", link.steps)
         session.reset()
         links.open_link(session, link)
     return explore_state(session, link.model, link.prompt, link.view, link.sampling,

@@ -1,15 +1,22 @@
 """Calls admitted at the door (ui/http.py's middleware), before they take a place in gradio's queue.
 
-Three things are decided when a call joins, not when it runs:
+Four things are decided when a call joins, not when it runs:
 
 - its address's share of the queue: one address has at most `CLIENT_QUEUE` calls waiting or running
   (gradio's whole queue holds `QUEUE_SIZE`), so one visitor cannot fill it and others' calls are
   queued behind at most that many of its calls;
-- its rate: a handler with a `rate` (ui/common.py `handler`) takes its token here, and the call
-  carries a header saying so (`CHARGED`, which the door removes from every request that arrives);
+- its share of long calls: at most `CLIENT_LONG_CALLS` trainings, and replays (a session file
+  opened, a page load of a link with steps), per address waiting or running, so another visitor's
+  training or replay waits behind no more than that of one address's;
+- its rate: a handler with a `rate` (ui/common.py `handler`) takes its token here, and so does the
+  replay of a link a page load opens (the handler's `replays`); the call carries a header saying
+  so (`CHARGED`, which the door removes from every request that arrives);
 - its session's turn: a call of a session whose previous action is still running waits here, in
   the event loop, holding no worker, and joins the queue once that action has ended. So waiting
   for one's own session never holds a worker another visitor needs.
+
+Files sent to gradio's upload route are admitted here too: their bytes come out of the address's
+upload share (`admit_upload`), since gradio keeps them in its cache, outside the disk budget.
 """
 
 from __future__ import annotations
@@ -18,13 +25,14 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
+from urllib.parse import parse_qsl
 
 from lab.budget import LIMITER, client_key
 from lab.checks import UserError
-from lab.limits import CLIENT_QUEUE, QUEUE_SIZE
+from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, QUEUE_SIZE
 from lab.session import BUSY_WAIT_S, SESSIONS
 
-CHARGED = b"x-decoder-lab-charged"  # the rate a call's token was taken for at the door
+CHARGED = b"x-decoder-lab-charged"  # what the door charged a call for (its rate, "replay"), comma-separated
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -59,13 +67,49 @@ def _exclusive(fn) -> bool:
     return bool(getattr(getattr(fn, "fn", None), "exclusive", False))
 
 
-class Door:
-    """Admission of the calls of one app (`blocks`); see the module's docstring."""
+def charged_at_door(request) -> set[str]:
+    """What the door charged a call for when it joined (its rate, "replay"), from its request."""
+    value = request.headers.get(CHARGED.decode()) if request is not None else None
+    return set(value.split(",")) if value else set()
 
-    def __init__(self, blocks, *, places: int = CLIENT_QUEUE, wait_s: float = BUSY_WAIT_S, poll_s: float = 0.02):
+
+def _event_charged(event) -> set[str]:
+    return charged_at_door(getattr(event, "request", None))
+
+
+# the kinds of long call an address has a share of (lab.limits.CLIENT_LONG_CALLS): what one is, what many are
+LONG_CALLS = {"train": ("a training", "trainings"), "replay": ("a session file or link being opened", "replays")}
+
+
+def _long_kind(fn, charged: set[str]) -> str | None:
+    """The kind of long call a call of `fn` charged for `charged` is: a training, a replay (a session
+    file opened, a link with steps), or None."""
+    rate = getattr(getattr(fn, "fn", None), "rate", None)
+    if rate == "train":
+        return "train"
+    if rate == "import" or "replay" in charged:
+        return "replay"
+    return None
+
+
+class Door:
+    """Admission of the calls of one app (`blocks`); see the module's docstring.
+
+    What an address holds is counted exactly: the calls of its in gradio's queue (waiting or
+    running) plus those this door admitted that have not reached the queue yet (waiting for their
+    session's turn, or joining). Counting, admitting and joining are one step per address (a lock
+    of its own, held only while gradio puts the call in its queue), so two calls from one address
+    that arrive together cannot both take its last place.
+    """
+
+    def __init__(self, blocks, *, places: int = CLIENT_QUEUE, long_calls: dict[str, int] | None = None,
+                 wait_s: float = BUSY_WAIT_S, poll_s: float = 0.02):
         self.blocks, self.places, self.wait_s, self.poll_s = blocks, places, wait_s, poll_s
-        self.waiting: Counter[str] = Counter()  # calls per client waiting here for their session's turn
+        self.long_calls = dict(CLIENT_LONG_CALLS if long_calls is None else long_calls)
+        self.admitted: Counter[tuple[str, str | None]] = Counter()  # (client, kind) → admitted, not yet queued
         self.joining: Counter[str] = Counter()  # calls per session hash between this door and gradio's queue
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock_users: Counter[str] = Counter()
 
     def _events(self) -> list:
         queue = getattr(self.blocks, "_queue", None)
@@ -77,6 +121,12 @@ class Door:
             return fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
         return next((f for f in fns.values() if f.api_name == api_name), None)
 
+    def held(self, client: str, kind: str | None = None) -> int:
+        """Calls of `client` waiting or running (of one `kind` of long call, or all of them)."""
+        queued = sum(_event_client(e) == client and (kind is None or _long_kind(e.fn, _event_charged(e)) == kind)
+                     for e in self._events())
+        return queued + self.admitted[(client, kind)]
+
     def _session_busy(self, session_hash: str) -> bool:
         """Whether an action of this session holds its turn, or is queued to take it."""
         if self.joining[session_hash]:
@@ -86,6 +136,48 @@ class Door:
         session = SESSIONS.get(session_hash)
         turn = getattr(session, "_turn", None)
         return turn is not None and turn.locked()
+
+    @contextlib.asynccontextmanager
+    async def _counting(self, client: str):
+        """The address's own lock: what it holds is counted and changed by one call at a time."""
+        lock = self._locks.setdefault(client, asyncio.Lock())
+        self._lock_users[client] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._lock_users[client] -= 1
+            if not self._lock_users[client]:
+                del self._lock_users[client], self._locks[client]
+
+    def _refusal(self, scope, client: str, fn) -> tuple[tuple[int, str] | None, str | None]:
+        """(Why the call may not join: status and sentence, or None once its tokens are taken; its
+        kind of long call)."""
+        mine = self.held(client)
+        if mine >= self.places:
+            return (429, f"Your address has {mine} calls waiting or running; one address may have {self.places} at "
+                         f"once (the server's queue holds {QUEUE_SIZE} for everyone). Wait for them to finish."), None
+        params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+        replays = getattr(fn.fn, "replays", None)
+        steps = replays(params) if replays is not None else 0
+        rate = getattr(fn.fn, "rate", None)
+        charged = [c for c in (rate, "replay" if steps else None) if c is not None]
+        kind = _long_kind(fn, set(charged))
+        if kind is not None and self.held(client, kind) >= self.long_calls[kind]:
+            what = LONG_CALLS[kind]
+            return (429, f"Your address already has {what[0]} waiting or running; one address may have "
+                         f"{self.long_calls[kind]} at once, so that others' {what[1]} wait behind no more than that. "
+                         "Wait for it to finish."), kind
+        try:
+            if rate is not None:
+                LIMITER.check(client, rate)
+            if steps:
+                LIMITER.check(client, "replay", steps)
+        except UserError as exc:
+            return (429, str(exc)), kind
+        if charged:
+            scope["headers"] = [*scope.get("headers", []), (CHARGED, ",".join(charged).encode())]
+        return None, kind
 
     @contextlib.asynccontextmanager
     async def admit(self, scope, api_name: str | None, body: bytes):
@@ -100,42 +192,63 @@ class Door:
             yield None
             return
         client = scope_client(scope)
-        mine = sum(_event_client(e) == client for e in self._events()) + self.waiting[client]
-        if mine >= self.places:
-            yield 429, (f"Your address has {mine} calls waiting or running; one address may have {self.places} at "
-                        f"once (the server's queue holds {QUEUE_SIZE} for everyone). Wait for them to finish.")
+        async with self._counting(client):
+            refused, kind = self._refusal(scope, client, fn)
+            kinds = {None, kind}
+            if refused is None:
+                for k in kinds:
+                    self.admitted[(client, k)] += 1
+        if refused is not None:
+            yield refused
             return
-        rate = getattr(fn.fn, "rate", None)
-        if rate is not None:
-            try:
-                LIMITER.check(client, rate)
-            except UserError as exc:
-                yield 429, str(exc)
+        queued = False
+        try:
+            session_hash = payload.get("session_hash")
+            exclusive = _exclusive(fn) and isinstance(session_hash, str) and bool(session_hash)
+            if exclusive and not await self._turn(session_hash):
+                yield 409, "This session is still busy with your previous action; try again in a moment."
                 return
-            scope["headers"] = [*scope.get("headers", []), (CHARGED, rate.encode())]
-        session_hash = payload.get("session_hash")
-        if not (_exclusive(fn) and isinstance(session_hash, str) and session_hash):
-            yield None
-            return
-        self.waiting[client] += 1
-        try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.wait_s
+            async with self._counting(client):
+                if exclusive:
+                    self.joining[session_hash] += 1
+                try:
+                    yield None
+                finally:
+                    queued = True
+                    self._release(client, kinds)
+                    if exclusive:
+                        self.joining[session_hash] -= 1
+                        if not self.joining[session_hash]:
+                            del self.joining[session_hash]
+        finally:
+            if not queued:
+                self._release(client, kinds)
+
+    def _release(self, client: str, kinds: set[str | None]) -> None:
+        for kind in kinds:
+            self.admitted[(client, kind)] -= 1
+            if not self.admitted[(client, kind)]:
+                del self.admitted[(client, kind)]
+
+    async def _turn(self, session_hash: str) -> bool:
+        """Wait here, in the event loop, until the session's previous action has ended (at most
+        `wait_s`); False if it has not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        busy = self._session_busy(session_hash)
+        while busy and loop.time() < deadline:
+            await asyncio.sleep(self.poll_s)
             busy = self._session_busy(session_hash)
-            while busy and loop.time() < deadline:
-                await asyncio.sleep(self.poll_s)
-                busy = self._session_busy(session_hash)
-        finally:
-            self.waiting[client] -= 1
-            if not self.waiting[client]:
-                del self.waiting[client]
-        if busy:
-            yield 409, "This session is still busy with your previous action; try again in a moment."
-            return
-        self.joining[session_hash] += 1
+        return not busy
+
+    def admit_upload(self, scope) -> tuple[int, str] | None:
+        """A file sent to gradio's upload route: its bytes are taken from the address's upload share
+        (gradio keeps uploads in its cache, outside the disk budget), or (status, sentence)."""
+        length = _header(scope, b"content-length")
+        if length is None or not length.strip().isdigit():
+            return 411, "Send the file with its length (a Content-Length header), as browsers do."
         try:
-            yield None
-        finally:
-            self.joining[session_hash] -= 1
-            if not self.joining[session_hash]:
-                del self.joining[session_hash]
+            LIMITER.check(scope_client(scope), "upload_bytes", int(length))
+        except UserError as exc:
+            return 429, str(exc)
+        return None
