@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -33,6 +34,7 @@ from .film import (
     FILM_EVAL_BATCHES, FILM_FRAMES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps, task_of,
 )
 from .fastpath import ManualStep, unsupported
+from .generate import SEED_RANGE
 from .transformer import DecoderLM
 
 
@@ -498,9 +500,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the config fields a CLI flag sets, for its refusals ("steps must be …" is said as "--steps must be …")
+FLAGS = {"steps": "--steps", "batch_size": "--batch-size", "lr": "--lr", "min_lr": "--min-lr", "warmup": "--warmup",
+         "decay_frac": "--decay-frac", "weight_decay": "--weight-decay", "eval_every": "--eval-every",
+         "seed": "--seed", "max_seconds": "--max-seconds", "block_size": "--block-size", "n_layers": "--layers",
+         "n_heads": "--heads", "d_model": "--d-model", "d_ff": "--d-ff", "dropout": "--dropout"}
+
+
+def _as_flags(message: str) -> str:
+    """A config's refusal in the words of the command line: its field names as their flags."""
+    return re.sub(r"\b(" + "|".join(FLAGS) + r")\b(=?)", lambda m: FLAGS[m.group(1)] + (" " if m.group(2) else ""),
+                  message)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be a whole number >= 1, got {args.threads}")
+    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
+        parser.error(f"--seed must be a whole number in [{SEED_RANGE[0]}, {SEED_RANGE[1]:,}], got {args.seed}")
+    if args.dist_timeout is not None and not args.dist_timeout > 0:
+        parser.error(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -540,12 +561,12 @@ def pick_device(name: str, ranks: distributed.Ranks) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) -> int:
-    from .checkpoint import save_checkpoint
+def _setup(parser, args):
+    """The corpus and the two configs the flags ask for (ValueError names a bad value), or an exit
+    status after saying what is wrong."""
     from .corpora import build_corpus, read_text_file
     from .presets import PRESETS
 
-    say = print if ranks.main else (lambda *a, **k: None)  # only rank 0 speaks
     if args.preset:
         if args.preset not in PRESETS:
             print(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
@@ -594,6 +615,23 @@ def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) ->
     except ValueError as exc:
         print(f"--film: {exc}", file=sys.stderr)
         return 2
+    return corpus, mcfg, tcfg
+
+
+def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) -> int:
+    from .checkpoint import save_checkpoint
+    from .presets import PRESETS
+
+    say = print if ranks.main else (lambda *a, **k: None)  # only rank 0 speaks
+    try:  # every value is checked where its config is built: a bad one ends the run with its sentence
+        setup = _setup(parser, args)
+    except OSError as exc:
+        parser.error(f"cannot read {args.text}: {exc.strerror or exc}")
+    except ValueError as exc:
+        parser.error(_as_flags(str(exc)))
+    if isinstance(setup, int):
+        return setup
+    corpus, mcfg, tcfg = setup
     if device.type == "cuda":
         tcfg = replace(tcfg, bf16=True)  # CUDA trains under bfloat16 autocast
     torch.manual_seed(tcfg.seed)  # every rank builds the same initial weights

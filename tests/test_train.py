@@ -351,6 +351,42 @@ def test_help_covers_every_flag():
         assert needed in text
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--preset", "toy", "--steps", "0"], "--steps must be a positive whole number, got 0"),
+    (["--steps", "-3"], "--steps must be a positive whole number"),
+    (["--preset", "toy", "--lr", "5"], "--lr must be in (0, 1], got 5.0"),
+    (["--lr", "nan"], "--lr must be in (0, 1]"),
+    (["--heads", "3", "--d-model", "64"], "--d-model (64) must be divisible by --heads (3); try --d-model 63"),
+    (["--block-size", "0"], "--block-size must be a positive integer"),
+    (["--batch-size", "0"], "--batch-size must be a positive whole number"),
+    (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    (["--layers", "0"], "--layers must be a positive integer"),
+    (["--warmup", "-1"], "--warmup must be a whole number >= 0"),
+    (["--threads", "0"], "--threads must be a whole number >= 1"),
+    (["--seed", "-1"], "--seed must be a whole number in [0, 2,147,483,647]"),
+    (["--seed", "99999999999999999999"], "--seed must be a whole number"),
+    (["--dist-timeout", "0"], "--dist-timeout must be a number of seconds > 0"),
+    (["--text", "/no/such/file.txt"], "cannot read /no/such/file.txt: No such file or directory"),
+    (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),  # argparse's own
+])
+def test_cli_refuses_a_bad_value_with_a_sentence(capsys, args, said):
+    """A bad flag ends the run as argparse does: usage, one sentence naming the flag, exit status 2."""
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--quiet"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert f"python -m model.train: error: {said}" in err.strip().splitlines()[-1], err
+    assert "Traceback" not in err and "usage:" in err
+
+
+def test_cli_bad_steps_exit_with_a_sentence_as_a_process():
+    proc = subprocess.run([sys.executable, "-m", "model.train", "--preset", "toy", "--steps", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "python -m model.train: error: --steps must be a positive whole " \
+        "number, got 0" and "Traceback" not in proc.stderr
+
+
 def test_cli_rejects_unknown_preset(capsys):
     assert main(["--preset", "nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
