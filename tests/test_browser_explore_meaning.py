@@ -97,7 +97,7 @@ def test_the_after_bars_follow_the_sampling_sliders_at_once(page):
     np.testing.assert_allclose(after, np.array(model) / sum(model) * sum(after), rtol=1e-3)  # T = 1: the same shape
     p.set_slider("temperature", 2.0)
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title.text || '')"
-                             ".includes('current sampling settings')", timeout=30_000)
+                             ".includes('under new settings')", timeout=30_000)
     model, after = after_bars(p)
     assert len(p.tokens()) == 13  # nothing was generated
     # temperature 2: each after bar is the model's probability to the power 1/2, renormalised

@@ -82,7 +82,7 @@ def probs_figure(session: Session, index=None, sampling=None):
     if p.typed:
         title = f"Typed “{piece}” (position {p.index}): what the model predicted there"
     elif p.resampled:
-        title = f"“{piece}” (position {p.index}) under the current sampling settings (drawn under others)"
+        title = f"“{piece}” (position {p.index}) under new settings"  # not the ones it was drawn with
     else:
         title = f"“{piece}” (position {p.index}) was drawn from this"
     fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
