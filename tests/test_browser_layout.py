@@ -190,13 +190,16 @@ def test_on_a_phone_the_tool_bar_leaves_every_title_readable(app_server, browser
                                            return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
                           return {bar: r(document.querySelector(s + ' .modebar')),
                                   title: r(document.querySelector(s + ' .gtitle')),
-                                  figure: r(document.querySelector(s + ' .js-plotly-plot'))}; }""", fig)
+                                  figure: r(document.querySelector(s + ' .js-plotly-plot')),
+                                  svg: r(document.querySelector(s + ' .main-svg'))}; }""", fig)
             bar, title = boxes["bar"], boxes["title"]
             assert title["bottom"] - title["top"] > 5, (fig, boxes)  # the figure has a title to keep clear
             apart = bar["bottom"] <= title["top"] or title["bottom"] <= bar["top"] or \
                 bar["right"] <= title["left"] or title["right"] <= bar["left"]
             assert apart, f"the tool bar covers the title of {fig}: {boxes}"
             assert bar["left"] >= 0 and bar["right"] <= 390, (fig, boxes)  # on the screen
+            svg = boxes["svg"]  # the title is whole: inside its figure, not cut at the top or the right
+            assert svg["top"] - 1 <= title["top"] and title["right"] <= svg["right"] + 1, (fig, boxes)
         assert p.console_errors == []
     finally:
         context.close()

@@ -312,7 +312,7 @@ def test_a_title_wider_than_a_phone_breaks_into_lines_and_keeps_every_word(prefi
     assert wide["title"]["text"] == whole
     lines = phone["title"]["text"].split("<br>")
     assert len(lines) >= 2 and " ".join(lines) == whole
-    assert all(viz.attention.text_width_em(line) * phone["title"]["font"]["size"] <= 326 - 20 for line in lines)
+    assert phone["title"]["y"] < wide["title"]["y"]  # plotly.js centres the lines on the first: it sits lower
     extra = phone["title"]["font"]["size"] * 1.25 * (len(lines) - 1)
     assert phone["margin"]["t"] >= wide["margin"]["t"] + extra - 1  # room above the panels for every line
     assert phone["height"] <= 386

@@ -92,19 +92,33 @@ def text_width_em(text: str) -> float:
     return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in str(text))
 
 
+def _line_em(text: str) -> float:
+    """Width of a line of (escaped) text in em as browsers draw the figures' sans-serif font (Arial,
+    or DejaVu / Liberation Sans where Arial is missing): `text_width_em` is meant to over-estimate,
+    by about a tenth."""
+    return 0.92 * text_width_em(html.unescape(text))
+
+
 def wrapped(title: str, width_em: float) -> str:
     """An (escaped) title broken into lines of at most `width_em` em, after its " · " or ": "
     separators (or spaces, for a part longer than a line), so a narrow figure shows it whole."""
-    if text_width_em(title) <= width_em:
+    if _line_em(title) <= width_em:
         return title
     words, lines = [], [""]
     for part in title.replace(" · ", " · \n").replace(": ", ": \n").split("\n"):
-        words.extend([part] if text_width_em(part) <= width_em else [w + " " for w in part.split(" ")])
+        words.extend([part] if _line_em(part) <= width_em else [w + " " for w in part.split(" ")])
     for word in words:
-        if lines[-1] and text_width_em((lines[-1] + word).rstrip()) > width_em:
+        if lines[-1] and _line_em((lines[-1] + word).rstrip()) > width_em:
             lines.append("")
         lines[-1] += word
     return "<br>".join(line.rstrip() for line in lines)
+
+
+def title_y(height: float, font_px: float, title: str) -> float:
+    """layout.title.y (container, yanchor "top") that puts the top of `title` 8 px below the
+    figure's top: plotly.js centres a title of several lines on where it would put the first, so
+    each further line lifts it by half a line (1.3 em)."""
+    return 1 - (8 + title.count("<br>") * 1.3 * font_px / 2) / height
 
 
 def esc(text: str) -> str:

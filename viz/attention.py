@@ -63,6 +63,7 @@ from ._common import (
     short_token,
     text_width_em,
     tick_label,
+    title_y,
     to_milli,
     wrapped,
 )
@@ -519,8 +520,8 @@ def _attention_figure(
     }
     value = _value_name(kind, colour)
     hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
-    title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": 1 - 8 / geo.height, "yanchor": "top",
-                    "yref": "container", "font": {"size": fonts.title}}
+    title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(geo.height, fonts.title, title),
+                    "yanchor": "top", "yref": "container", "font": {"size": fonts.title}}
     if sub_text:
         title_layout["subtitle"] = {"text": sub_text, "font": {"size": fonts.sub}}
     layout: dict = {

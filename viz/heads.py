@@ -42,6 +42,7 @@ from ._common import (
     short_token,
     text_width_em,
     tick_label,
+    title_y,
     wrapped,
 )
 from .attention import (
@@ -208,8 +209,8 @@ def _score_maps(
     legend = _wrap(legend, fonts.sub, laid - 20)
     title = wrapped(title, (laid - 20) / fonts.title)  # whole on a phone: it says what the maps show
     margin = {"l": left, "r": 12, "b": EXPORT_BAR_PX,  # room for the page's PNG / SVG buttons (assets/explore.js)
-              "t": math.ceil(8 + fonts.title * 1.25 * (title.count("<br>") + 1) + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1))
-                                                       if legend else 0) + 6)}
+              "t": math.ceil(8 + fonts.title * 1.25 * (title.count("<br>") + 1)
+                             + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1)) if legend else 0) + 6)}
     title_px = fonts.panel_title * 1.5 + 4  # a panel's title, above it
     panel_h = n_layers * fonts.cell_h
     tick_px = fonts.tick * 1.4 + 8  # head labels under a panel
@@ -226,8 +227,8 @@ def _score_maps(
         "plot_bgcolor": TRANSPARENT,
         "height": height,
         "margin": margin,
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": 1 - 8 / height, "yanchor": "top",
-                  "yref": "container", "font": {"size": fonts.title}},
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, fonts.title, title),
+                  "yanchor": "top", "yref": "container", "font": {"size": fonts.title}},
         "hoverlabel": hover_label(fonts.hover),
         "hovermode": "closest",
         "showlegend": False,
