@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -269,6 +268,17 @@ def _wait_generate_done(p: Page) -> None:
     )
 
 
+def _wait_tokens_match_status(p: Page, n: int | None = None) -> None:
+    """Wait until the text shows as many tokens as the status says are in view (`n` of them, if given):
+    the last answer is drawn whole, however long the page took."""
+    p.page.wait_for_function(
+        """n => { const m = /(\\d+) tokens in view/.exec(document.querySelector('#status textarea').value);
+                  const shown = document.querySelectorAll('#tokens .textfield .token').length;
+                  return m !== null && +m[1] === shown && (n === null || shown === n); }""",
+        arg=n, timeout=120_000,
+    )
+
+
 def _generate(p: Page, seed: int) -> list[str]:
     _reset_with(p, 12, seed)
     p.click("generate")
@@ -276,7 +286,7 @@ def _generate(p: Page, seed: int) -> list[str]:
         "() => document.querySelector('#status textarea').value.includes('generated)')", timeout=30_000
     )
     _wait_generate_done(p)
-    time.sleep(0.5)
+    _wait_tokens_match_status(p)
     return p.tokens()
 
 
@@ -295,11 +305,9 @@ def test_step_pressed_during_generate_waits_for_it(app_page):
     _reset_with(p, 200)
     p.click("generate")
     p.click("step")
-    p.page.wait_for_function(
-        "() => document.querySelectorAll('#tokens .textfield .token').length >= 12 + 200", timeout=60_000
-    )
+    _wait_tokens_match_status(p, 12 + 200 + 1)
     _wait_generate_done(p)
-    time.sleep(1)
+    _wait_tokens_match_status(p)
     n = len(p.tokens())
     # the Step came after the Generate or before it (Generate then went on with its text): one more token
     assert n == 12 + 200 + 1, n
@@ -335,18 +343,18 @@ def test_train_stop_then_explore_the_new_model(app_page, shots):
         )
 
     p.page.wait_for_function("() => { const gd = document.querySelector('#loss .js-plotly-plot');"
-                             " return gd && gd._fullData.length && gd._fullData[0].x.length > 0; }", timeout=30_000)
+                             " return gd && gd._fullData.length && gd._fullData[0].x.length > 0; }", timeout=120_000)
+    # the curve gains points while training (or the run ended first, at its time limit: then this fails)
     n1 = points()
-    time.sleep(2.0)
-    n2 = points()
-    assert n2 > n1, "the loss curve did not gain points while training"
+    p.page.wait_for_function("n => { const gd = document.querySelector('#loss .js-plotly-plot');"
+                             " return gd._fullData[0].x.length > n"
+                             " || document.querySelector('#train_status textarea').value.startsWith('Training '); }",
+                             arg=n1, timeout=120_000)
+    assert points() > n1, "the loss curve did not gain points while training"
     assert p.page.locator("#loss .js-plotly-plot").is_visible()
-    t0 = time.perf_counter()
     p.page.locator("#stop_btn").dispatch_event("click")
-    p.page.wait_for_function(
-        "() => document.querySelector('#train_status textarea').value.includes('stopped by you')", timeout=15_000
-    )
-    assert time.perf_counter() - t0 < 8
+    status = p.wait_training_end()
+    assert "stopped by you" in status, status
     assert p.page.locator("#loss .js-plotly-plot").is_visible()
     p.tab("Explore")
     assert p.page.locator("#model input").input_value() == "my sort model"
@@ -429,10 +437,10 @@ def test_hostile_text_is_shown_as_text(app_page):
     p.click("step")
     tokens = p.wait_tokens(len(ALERT_PROMPT) + 1)
     assert "".join(tokens[: len(ALERT_PROMPT)]) == ALERT_PROMPT.replace(" ", "␣")
-    time.sleep(1)
-    assert p.dialogs == []
-    assert p.page.evaluate("() => document.querySelectorAll('img[src=x]').length") == 0
     # tick labels are drawn as text: the first one is a literal "<", not markup and not "&lt;"
-    p.page.wait_for_selector("#attention .xaxislayer-above text", timeout=20_000)
+    p.page.wait_for_selector("#attention .xaxislayer-above text", timeout=60_000)
     ticks = p.page.eval_on_selector_all("#attention .xaxislayer-above text", "els => els.map(e => e.textContent)")
     assert ticks and ticks[0] == "<" and all(t in ALERT_PROMPT.replace(" ", "␣") for t in ticks)
+    # with the text and the figure drawn, no payload ran
+    assert p.dialogs == []
+    assert p.page.evaluate("() => document.querySelectorAll('img[src=x]').length") == 0
