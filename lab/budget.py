@@ -274,8 +274,9 @@ class SessionStore(Generic[T]):
                 gone.append(s)
         return gone
 
-    def resolve(self, session_hash: str | None, client: str | None, given: T) -> T:
-        """The session of this tab (see the class); raises UserError for a new one that is refused."""
+    def resolve(self, session_hash: str | None, client: str | None, given: T, *, paid: bool = False) -> T:
+        """The session of this tab (see the class); raises UserError for a new one that is refused.
+        `paid`: the new session's rate token was taken already (when its first call joined the queue)."""
         if not session_hash:
             return given
         to_close: list[T] = []
@@ -290,7 +291,7 @@ class SessionStore(Generic[T]):
                     self._sessions.move_to_end(session_hash)
                     return kept
                 self._sessions.pop(session_hash, None)
-                if self.limiter is not None:
+                if self.limiter is not None and not paid:
                     self.limiter.check(client, "session")
                 if client is not None:
                     own = [(s.touched, h) for h, s in self._sessions.items() if _client(s) == client]

@@ -54,8 +54,9 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays
         if request is not None and args and isinstance(args[0], Session):
             host = request.client.host if request.client else None
             client = client_key(host, request.headers.get("x-forwarded-for"))
-            args[0] = SESSIONS.resolve(request.session_hash, client, args[0])
-            if rate is not None and rate not in charged_at_door(request):
+            charged = charged_at_door(request)
+            args[0] = SESSIONS.resolve(request.session_hash, client, args[0], paid="session" in charged)
+            if rate is not None and rate not in charged:
                 LIMITER.check(client, rate)
         return args
 

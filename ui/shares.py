@@ -8,9 +8,10 @@ Four things are decided when a call joins, not when it runs:
 - its share of long calls: at most `CLIENT_LONG_CALLS` trainings, and replays (a session file
   opened, a page load of a link with steps), per address waiting or running, so another visitor's
   training or replay waits behind no more than that of one address's;
-- its rate: a handler with a `rate` (ui/common.py `handler`) takes its token here, and so does the
-  replay of a link a page load opens (the handler's `replays`); the call carries a header saying
-  so (`CHARGED`, which the door removes from every request that arrives);
+- its rate: a handler with a `rate` (ui/common.py `handler`) takes its token here, and so do the
+  replay of a link a page load opens (the handler's `replays`) and a new session (the first call of
+  a session hash); the call carries a header saying so (`CHARGED`, which the door removes from
+  every request that arrives);
 - its session's turn: a call of a session whose previous action is still running waits here, in
   the event loop, holding no worker, and joins the queue once that action has ended. So waiting
   for one's own session never holds a worker another visitor needs.
@@ -24,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections import Counter
+from collections import Counter, OrderedDict
 from urllib.parse import parse_qsl
+
+import gradio as gr
 
 from lab.budget import LIMITER, client_key
 from lab.checks import UserError
@@ -77,6 +80,13 @@ def _event_charged(event) -> set[str]:
     return charged_at_door(getattr(event, "request", None))
 
 
+def _new_session(fn, session_hash) -> bool:
+    """Whether a call of `fn` would make a new session of the lab (lab.budget.SessionStore): a handler
+    of a session whose hash the store does not hold."""
+    takes = bool(getattr(fn, "inputs", None)) and isinstance(fn.inputs[0], gr.State)
+    return takes and isinstance(session_hash, str) and bool(session_hash) and session_hash not in SESSIONS
+
+
 # the kinds of long call an address has a share of (lab.limits.CLIENT_LONG_CALLS): what one is, what many are
 LONG_CALLS = {"train": ("a training", "trainings"), "replay": ("a session file or link being opened", "replays")}
 
@@ -102,6 +112,8 @@ class Door:
     that arrive together cannot both take its last place.
     """
 
+    MAX_NEW_HASHES = 10_000
+
     def __init__(self, blocks, *, places: int = CLIENT_QUEUE, long_calls: dict[str, int] | None = None,
                  wait_s: float = BUSY_WAIT_S, poll_s: float = 0.02):
         self.blocks, self.places, self.wait_s, self.poll_s = blocks, places, wait_s, poll_s
@@ -109,6 +121,7 @@ class Door:
         self.admitted: Counter[tuple[str, str | None]] = Counter()  # (client, kind) → admitted, not yet queued
         self.joining: Counter[str] = Counter()  # calls per session hash between this door and gradio's queue
         self._locks: dict[str, asyncio.Lock] = {}
+        self._new_hashes: OrderedDict[str, None] = OrderedDict()  # new sessions' hashes charged here, newest last
         self._lock_users: Counter[str] = Counter()
 
     def _events(self) -> list:
@@ -150,7 +163,7 @@ class Door:
             if not self._lock_users[client]:
                 del self._lock_users[client], self._locks[client]
 
-    def _refusal(self, scope, client: str, fn) -> tuple[tuple[int, str] | None, str | None]:
+    def _refusal(self, scope, client: str, fn, session_hash) -> tuple[tuple[int, str] | None, str | None]:
         """(Why the call may not join: status and sentence, or None once its tokens are taken; its
         kind of long call)."""
         mine = self.held(client)
@@ -161,7 +174,8 @@ class Door:
         replays = getattr(fn.fn, "replays", None)
         steps = replays(params) if replays is not None else 0
         rate = getattr(fn.fn, "rate", None)
-        charged = [c for c in (rate, "replay" if steps else None) if c is not None]
+        new = _new_session(fn, session_hash)
+        charged = [c for c in (rate, "replay" if steps else None, "session" if new else None) if c is not None]
         kind = _long_kind(fn, set(charged))
         if kind is not None and self.held(client, kind) >= self.long_calls[kind]:
             what = LONG_CALLS[kind]
@@ -169,6 +183,11 @@ class Door:
                          f"{self.long_calls[kind]} at once, so that others' {what[1]} wait behind no more than that. "
                          "Wait for it to finish."), kind
         try:
+            if new and session_hash not in self._new_hashes:  # its first call: a page's calls at once pay once
+                LIMITER.check(client, "session")
+                self._new_hashes[session_hash] = None
+                while len(self._new_hashes) > self.MAX_NEW_HASHES:
+                    self._new_hashes.popitem(last=False)
             if rate is not None:
                 LIMITER.check(client, rate)
             if steps:
@@ -193,7 +212,7 @@ class Door:
             return
         client = scope_client(scope)
         async with self._counting(client):
-            refused, kind = self._refusal(scope, client, fn)
+            refused, kind = self._refusal(scope, client, fn, payload.get("session_hash"))
             kinds = {None, kind}
             if refused is None:
                 for k in kinds:
