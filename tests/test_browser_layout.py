@@ -142,6 +142,10 @@ def test_every_opening_view_fits_one_projector_screen(app_server, browser, shots
                                          arg=BUILTIN_MODELS[name].examples[0], timeout=20_000)
             fit = step_and_measure(p, first_view_size(name), 1)
             assert fit == {"scrolled": 0, "off": [], "clipped": [], "panels": 1}, (name, large, fit)
+            if large and name == GRAMMAR:  # the words around the figure are large too
+                px = "s => parseFloat(getComputedStyle(document.querySelector(s)).fontSize)"
+                assert p.page.evaluate(px, "#shade_note .lab-note") >= 16
+                assert p.page.evaluate(px, "#status textarea") >= 18
             p.page.screenshot(path=str(shots / f"fit-1280x720-{'large' if large else 'normal'}-{name.split()[0]}.png"))
         # an own model opens on all heads of layer 0
         p.tab("Train")
