@@ -174,9 +174,31 @@ def test_a_refusal_on_a_direct_route_is_a_400_with_its_sentence(app_server):
                 and d["inputs"][0] in dropdowns)
     body = {"fn_index": menu["id"], "session_hash": "direct", "trigger_id": menu["targets"][0][0]}
     r = post(app_server, "gradio_api/run/predict", {**body, "data": ["no such choice"]})
-    assert r.status_code == 400 and "not in the list of choices" in r.json()["error"], (r.status_code, r.text[:200])
+    assert r.status_code == 400, (r.status_code, r.text[:200])
+    assert_sentence(r.json()["error"])
+    assert "no such choice" not in r.json()["error"]  # the app's sentence, not gradio's echo of the value
     r = post(app_server, "gradio_api/run/predict", {**body, "data": ["\ud800"]})
     assert r.status_code == 400 and "not valid unicode" in r.json()["error"].lower(), (r.status_code, r.text[:200])
     choice = dropdowns[menu["inputs"][0]]["props"]["choices"][0][1]
     r = post(app_server, "gradio_api/run/predict", {**body, "data": [choice]})
     assert r.status_code == 200 and len(r.json()["data"]) == len(menu["outputs"]), r.text[:200]
+
+
+def test_the_minimal_pairs_menu_takes_one_of_its_pairs_or_refuses_with_a_sentence(app_server):
+    """The Compare tab's menu of minimal pairs (a page-only event outside the queue) takes its value as sent:
+    one of its pairs fills both prompts, nothing chosen changes nothing, and any other value is refused with
+    the app's sentence (gradio's own check would echo the value back with its Python type)."""
+    config = httpx.get(app_server.url + "config", timeout=30).json()
+    pair = next(c for c in config["components"] if c["props"].get("elem_id") == "pair")
+    menu = next(d for d in config["dependencies"] if d["inputs"] == [pair["id"]] and d["backend_fn"])
+    body = {"fn_index": menu["id"], "session_hash": "pairs", "trigger_id": menu["targets"][0][0]}
+    _, value = pair["props"]["choices"][0]
+    r = post(app_server, "gradio_api/run/predict", {**body, "data": [value]})
+    assert r.status_code == 200 and r.json()["data"] == value.split("\u241e"), r.text[:200]
+    r = post(app_server, "gradio_api/run/predict", {**body, "data": [None]})  # the menu cleared
+    assert r.status_code == 200 and all(out.get("__type__") == "update" and "value" not in out
+                                        for out in r.json()["data"]), r.text[:200]
+    for bad in ("no such pair", "a\u241eb", 5, True, ["x"], {"value": value}, "x" * 5000):
+        r = post(app_server, "gradio_api/run/predict", {**body, "data": [bad]})
+        assert r.status_code == 400, (bad, r.status_code, r.text[:200])
+        assert r.json()["error"] == "Minimal pairs: choose one of the pairs in the list.", r.text[:200]

@@ -291,12 +291,16 @@ def pairs_for(model_name) -> list[tuple[str, str]]:
     return [(f"{a}  ⇄  {b}", f"{a}\u241e{b}") for a, b in PAIRS.get(model_name, [])]
 
 
+@handler
 def pick_pair(value):
-    """An example pair chosen: both prompt boxes."""
-    if not isinstance(value, str) or "\u241e" not in value:
+    """An example pair chosen: both prompt boxes. The menu's value arrives as sent (RAW): one of the
+    built-in models' pairs, or nothing chosen (the menu cleared); anything else is refused."""
+    if value is None or value == "":
         return gr.skip(), gr.skip()
-    a, b = value.split("\u241e", 1)
-    return a, b
+    pairs = {f"{a}\u241e{b}": (a, b) for examples in PAIRS.values() for a, b in examples}
+    if not isinstance(value, str) or value not in pairs:
+        raise UserError("Minimal pairs: choose one of the pairs in the list.")
+    return pairs[value]
 
 
 @handler

@@ -138,7 +138,7 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
     gr.Button(visible=False).click(logit_lens, [ses, index], [lens_plot, api[4]], api_name="logit_lens", **group)
     cmp_btn.click(compare, [ses, model_dd, prompt_a, prompt_b, cmp_layer],
                   [diff_plot, changes_plot, dist_plot, cmp_notes, api[5]], api_name="compare", **group)
-    pair.input(pick_pair, pair, [prompt_a, prompt_b], api_name=False, queue=False)
+    pair.input(pick_pair, pair, [prompt_a, prompt_b], api_name=False, queue=False, **RAW)
     # a click on a head in a figure: the page puts "layer,head" in `pick_value` (assets/explore.js)
     pick_btn = gr.Button("pick", elem_id="pick_head", elem_classes="lab-hidden")
     pick_btn.click(pick_head, [ses, pick_value, picking, heads, model_dd], [layer, head, heads], api_name=False,
