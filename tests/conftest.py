@@ -67,7 +67,10 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="session")
 def app_server(tmp_path_factory):
-    server = AppServer({"DECODER_LAB_TRAIN_SECONDS": "60"}, tmp_path_factory.mktemp("app")).start()
+    # an action sent while the same session's Generate streams waits for it however slow the machine (the
+    # 10 s default would refuse it as busy): 600 s, a hang guard
+    server = AppServer({"DECODER_LAB_TRAIN_SECONDS": "60", "DECODER_LAB_BUSY_WAIT_S": "600"},
+                       tmp_path_factory.mktemp("app")).start()
     yield server
     server.stop()
 

@@ -92,7 +92,7 @@ def test_an_action_sent_during_another_of_the_same_session_never_collides(app_se
     second_call(c, second, model_file)
     if first == "train":
         c.predict(api_name="/stop")
-    outputs = job.result(timeout=120)
+    outputs = job.result(timeout=300)  # a hang guard
     assert outputs is not None
     c.predict(GRAMMAR, api_name="/reset")  # two Generates of 200 fill the text's 256 tokens: start again
     after = c.predict(*STEP, api_name="/step")  # the session works afterwards
@@ -104,26 +104,26 @@ def test_a_cancelled_generate_leaves_the_session_usable_at_once(app_server):
     gen = c.submit(*GENERATE, api_name="/generate")
     wait_until_streaming(gen)
     gen.cancel()
-    t0 = time.perf_counter()
     for seed in range(3):  # every Step is answered, none refused as busy
         tokens = c.predict(GRAMMAR, P, 1.0, 0, 1.0, seed, 0, "all", "weights", api_name="/step")[0]
         assert tokens
-    assert time.perf_counter() - t0 < 30
 
 
 def test_session_turn_serialises_and_refuses_when_busy_too_long():
     s = Session()
     order = []
+    holding = threading.Event()
 
     def slow():
         with s.turn():
             order.append("first in")
-            time.sleep(0.3)
+            holding.set()
+            time.sleep(0.3)  # the second asks for the turn meanwhile (or after: the order is the same)
             order.append("first out")
 
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.05)
+    assert holding.wait(timeout=300)  # a hang guard
     with s.turn():
         order.append("second")
     t.join()
@@ -134,35 +134,48 @@ def test_session_turn_serialises_and_refuses_when_busy_too_long():
                 pass
 
 
-def test_stop_ends_a_training_while_its_tokenizer_is_still_being_built():
-    """Stop pressed during the corpus/tokenizer phase ends the run there, within 2 s, and nothing is added."""
+def test_stop_ends_a_training_while_its_tokenizer_is_still_being_built(monkeypatch):
+    """Stop pressed (from another thread) while the tokenizer trains ends the run there: no phase of the build
+    begins after it, no step is trained, and nothing is added."""
     import app
+    import model.corpora as corpora
+    import model.tokenizers as tk
 
     s = Session()
     text = "ab" * 600_000  # 1.2 M characters without a space: the slowest text for BPE
-    outcome = {}
+    outcome, phases = {}, []
+    in_tokenizer, stop_pressed = threading.Event(), threading.Event()
+    train_tokenizer, encode_chunks = corpora._train_tokenizer, tk.BPETokenizer.encode_chunks
+
+    def tokenizer_held_until_stop(*args):
+        phases.append("tokenizer")
+        in_tokenizer.set()
+        assert stop_pressed.wait(timeout=300)  # Stop is pressed while the tokenizer trains (a hang guard)
+        return train_tokenizer(*args)
+
+    def counted_parts(self, *args, **kwargs):
+        for part in encode_chunks(self, *args, **kwargs):
+            phases.append("encoded part")
+            yield part
+
+    monkeypatch.setattr(corpora, "_train_tokenizer", tokenizer_held_until_stop)
+    monkeypatch.setattr(tk.BPETokenizer, "encode_chunks", counted_parts)
 
     def run():
-        t0 = time.perf_counter()
         try:
             list(app.train_model(s, "text", text, None, "bpe", 1, 1, 8, 0, "learned", "pre", "gelu", 0.0, 2000,
                                  3e-3, 0))
             outcome["result"] = "trained"
         except Exception as exc:  # gr.Error
             outcome["result"] = getattr(exc, "message", str(exc))
-        outcome["seconds"] = time.perf_counter() - t0
 
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(0.05)
-    t_stop = time.perf_counter()
+    assert in_tokenizer.wait(timeout=300)  # a hang guard
     app.stop_training(s)
-    worker.join(timeout=30)
+    stop_pressed.set()
+    worker.join(timeout=300)  # a hang guard
     assert not worker.is_alive()
-    stopped_after = time.perf_counter() - t_stop
-    if outcome["result"] == "trained":  # the build was done before Stop: then the run itself stopped at once
-        assert s.run.stop.is_set() and s.run.steps[-1] < 2000
-    else:
-        assert outcome["result"] == "Training stopped by you before it began."
-        assert s.models == {} and s.run is None
-    assert stopped_after < 2.0, stopped_after
+    assert outcome["result"] == "Training stopped by you before it began."
+    assert phases == ["tokenizer"]  # the tokenizer it was training finished; nothing was encoded after the Stop
+    assert s.models == {} and s.run is None
