@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -221,15 +220,23 @@ def test_stopping_before_the_first_step(sort_corpus):
     assert all(torch.equal(init[n], v) for n, v in model.state_dict().items())
 
 
-def test_max_seconds_gives_time_limit(sort_corpus):
-    t0 = time.perf_counter()
-    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=1_000_000, max_seconds=0.3)))
-    took = time.perf_counter() - t0
+def test_max_seconds_gives_time_limit(sort_corpus, monkeypatch):
+    # the run's clock is the test's: it moves 0.1 s each time the loop asks whether to stop (once a step)
+    import model.train as train_mod
+
+    now = [0.0]
+
+    def tick() -> bool:
+        now[0] += 0.1
+        return False
+
+    monkeypatch.setattr(train_mod, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=1_000_000, max_seconds=0.25),
+                        should_stop=tick))
     last = events[-1]
     assert last.done and last.stop_reason == "time limit"
-    assert 0 < last.step < 1_000_000
-    assert last.elapsed >= 0.3
-    assert took < 10
+    assert last.step == 2 and len(events) == 3  # 0.1 and 0.2 s are within the limit, 0.3 s is past it
+    assert last.elapsed == pytest.approx(0.3)
 
 
 def test_eval_events_carry_val_loss(sort_corpus):
