@@ -259,12 +259,11 @@ def test_cleanup_session_stops_training_and_deletes_files(tmp_path, monkeypatch)
     gen = app.train_model(ws, "sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 2000, 3e-3, 0)
     first = next(gen)
     assert first[1].startswith("step ")
-    t0 = time.perf_counter()
+    at_close = ws.run.step
     ws.close()  # what gr.State's delete_callback does when the session expires
     assert ws.run.stop.is_set()
-    list(gen)  # the loop sees the stop at its next step
-    assert time.perf_counter() - t0 < 5
-    assert ws.run.done and ws.run.steps[-1] < 2000
+    list(gen)  # the loop sees the stop at its next step, and runs no step more
+    assert ws.run.done and ws.run.step == at_close < 2000
     assert not ws.run_dir.exists(), "the run directory came back after cleanup"
     assert not any((tmp_path / "runs").iterdir())
 
@@ -353,7 +352,8 @@ def train_args(steps=30, layers=1, heads=2, d_model=32, d_ff=64, corpus="sort"):
     return (corpus, "", None, "char", layers, heads, d_model, d_ff, "learned", "pre", "gelu", 0.0, steps, 0.003, 0)
 
 
-def wait_first_output(job, timeout=30.0) -> float:
+def wait_first_output(job, timeout=300.0) -> float:
+    """Wait for a job's first output (the timeout is a hang guard only); the seconds it took."""
     t0 = time.perf_counter()
     while not job.outputs():
         if job.done():
@@ -374,7 +374,7 @@ def test_training_time_limit_ends_cleanly_and_keeps_the_model(short_server, requ
     took = time.perf_counter() - t0
     assert status.startswith("Training hit the time limit after "), status
     steps_done = int(status.split("after ")[1].split(" steps")[0])
-    assert 1 <= steps_done < 2000 and took < 20
+    assert steps_done < 2000  # how many steps 3 s hold depends on the machine: any number short of all
     name = dd["value"]
     tokens, st, _, _ = c.predict(name, "503124=", 0.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")
     assert f"{name}: 2 layers × 4 heads" in st and len(tokens) == 8
@@ -382,25 +382,33 @@ def test_training_time_limit_ends_cleanly_and_keeps_the_model(short_server, requ
     record(request, "fault.time_limit", limit_s=3, steps_done=steps_done, wall_s=round(took, 1))
 
 
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """An app whose training limit (1 h) is far beyond any wait of the tests that use it."""
+    server = AppServer({"DECODER_LAB_TRAIN_SECONDS": "3600"}, tmp_path_factory.mktemp("long")).start()
+    yield server
+    server.stop()
+
+
 @pytest.mark.slow
-def test_disconnect_during_training_frees_the_slot(app_server, request):
-    """The shared app (60 s training limit): an abandoned 2000-step run must not hold the single training slot."""
+def test_disconnect_during_training_frees_the_slot(long_server, request):
+    """An abandoned run must not hold the single training slot. Left alone, it would hold it for 2000 steps of
+    the largest model on generated English (about 40 minutes on a busy 2-core machine) or the server's 1-hour
+    limit: a new run that gets the slot and finishes within the hang guard proves the disconnect freed it."""
     from gradio_client import Client
 
-    short_server = app_server
-    a = Client(short_server.url, verbose=False)
-    job = a.submit(*train_args(steps=2000, layers=2, heads=4, d_model=64, d_ff=256), api_name="/train")
+    a = Client(long_server.url, verbose=False)
+    job = a.submit("grammar", "", None, "word", 4, 4, 128, 512, "learned", "pre", "gelu", 0.0, 2000, 0.003, 0,
+                   api_name="/train")
     wait_first_output(job)
     t0 = time.perf_counter()
     job.cancel()
     a.close()  # the tab goes away
-    b = Client(short_server.url, verbose=False)
+    b = Client(long_server.url, verbose=False)
     job_b = b.submit(*train_args(steps=20), api_name="/train")
-    status, _, dd, _, _ = job_b.result(timeout=30)
+    status, _, dd, _, _ = job_b.result(timeout=300)  # a hang guard, far below what the abandoned run would hold
     freed = time.perf_counter() - t0
     assert status.startswith("Training finished after 20 steps"), status
-    # left alone, the abandoned run would hold the slot for up to 60 s
-    assert freed < 8, f"the training slot was busy for {freed:.1f} s after the disconnect"
     assert b.predict(GRAMMAR, P, 1.0, 0, 1.0, 0, 0, "all", "weights", api_name="/step")[0]
     record(request, "fault.disconnect", slot_free_and_new_run_done_s=round(freed, 2))
 
@@ -431,7 +439,7 @@ def test_restart_while_a_session_is_open(short_server, browser, request):
     page.goto(short_server.url, wait_until="load")
     page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
     page.click("#step")
-    page.wait_for_function("document.querySelectorAll('#tokens .textfield .token').length > 0", timeout=30_000)
+    page.wait_for_function("document.querySelectorAll('#tokens .textfield .token').length > 0", timeout=120_000)
 
     short_server.stop()
     t0 = time.perf_counter()
@@ -464,7 +472,7 @@ def test_restart_while_a_session_is_open(short_server, browser, request):
         page.wait_for_selector("#attention .js-plotly-plot", timeout=60_000)
         page.click("#step")
         page.wait_for_function("document.querySelectorAll('#tokens .textfield .token').length === 13",
-                               timeout=30_000)
+                               timeout=120_000)
         record(request, "fault.restart", restart_s=round(restart_s, 1), old_client=outcome, stale_page=stale)
     finally:
         context.close()
