@@ -192,13 +192,18 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
     )
     fig = p.figure("attention")
     x, y = fig["axes"]["xaxis"], fig["axes"]["yaxis"]
-    assert x["ticktext"] == tokens and y["ticktext"] == tokens  # T columns, T rows, token labels
+    # T columns, T rows, token labels at a readable size: every token, or every k-th (the newest among them)
+    at, font = p.page.evaluate("() => { const L = document.querySelector('#attention .js-plotly-plot')._fullLayout;"
+                               " return [Array.from(L.yaxis.tickvals), L.yaxis.tickfont.size]; }")
+    every = at[1] - at[0]
+    assert font >= 9 and at == list(range((15 - 1) % every, 15, every))
+    assert x["ticktext"] == y["ticktext"] == [tokens[i] for i in at]
     assert fig["images"] >= 4  # one heatmap per head drawn
     # Every cell above the diagonal shows the hatch of a masked cell (page background and grey
     # lines: no colour of the weights' scale); every cell on or below it shows a weight's colour.
     img = p.pixels("attention")
-    for i, cy in enumerate(y["centers"]):
-        for j, cx in enumerate(x["centers"]):
+    for i, cy in zip(at, y["centers"], strict=True):
+        for j, cx in zip(at, x["centers"], strict=True):
             rgb = img.getpixel((int(cx), int(cy)))
             if is_viridis(rgb) != (j <= i):
                 img.save(shots / "masked-check-failed.png")
@@ -437,10 +442,16 @@ def test_hostile_text_is_shown_as_text(app_page):
     p.click("step")
     tokens = p.wait_tokens(len(ALERT_PROMPT) + 1)
     assert "".join(tokens[: len(ALERT_PROMPT)]) == ALERT_PROMPT.replace(" ", "␣")
-    # tick labels are drawn as text: the first one is a literal "<", not markup and not "&lt;"
+    # tick labels are drawn as text: the first one is a literal "<", not markup and not "&lt;" (one head
+    # enlarged: its cells hold a readable label for every other token, the first among them)
+    p.choose("head", "head 0")
+    p.page.wait_for_function("() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text"
+                             " || '').includes('head 0')", timeout=30_000)
     p.page.wait_for_selector("#attention .xaxislayer-above text", timeout=60_000)
     ticks = p.page.eval_on_selector_all("#attention .xaxislayer-above text", "els => els.map(e => e.textContent)")
-    assert ticks and ticks[0] == "<" and all(t in ALERT_PROMPT.replace(" ", "␣") for t in ticks)
+    at = p.page.evaluate("() => Array.from(document.querySelector('#attention .js-plotly-plot')._fullLayout.xaxis.tickvals)")
+    assert ticks == [tokens[i] for i in at]  # each label the token at its position
+    assert ticks[0] == "<" and all(t in ALERT_PROMPT.replace(" ", "␣") + tokens[-1] for t in ticks)
     # with the text and the figure drawn, no payload ran
     assert p.dialogs == []
     assert p.page.evaluate("() => document.querySelectorAll('img[src=x]').length") == 0
