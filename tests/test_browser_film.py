@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 from gradio_client import Client
 
@@ -40,15 +41,28 @@ def test_a_builtin_film_scrubs_plays_and_explains_its_scores(train_page, shots):
     p.page.wait_for_function("() => (document.querySelector('#film_scores .js-plotly-plot')?.textContent || '')"
                              ".includes('occurred earlier')", timeout=20_000)
     p.page.screenshot(path=str(shots / "film.png"), full_page=True)
-    # play: the frames advance on their own; pause: they stop
-    p.click("film_play")
-    p.page.wait_for_function("() => Number(document.querySelector('#film_frame input[type=number]').value) >= 7",
-                             timeout=20_000)
-    p.click("film_play")
-    time.sleep(1.5)
-    paused = frame_value(p)
-    time.sleep(1.5)
-    assert frame_value(p) == paused
+    # play: the frames advance on their own; pause: they stop. The player's timer runs on the page's clock,
+    # which the test moves (0.7 s of it per tick); a tick is seen as the call it sends
+    config = httpx.get(p.url + "config", timeout=60).json()
+    tick = {d["id"] for d in config["dependencies"] if any(event == "tick" for _, event in d["targets"])}
+    sent = []
+    p.page.on("request", lambda r: sent.append(1) if r.method == "POST" and "/queue/join" in r.url
+              and json.loads(r.post_data or "{}").get("fn_index") in tick else None)
+    p.page.clock.install()
+    with p.page.expect_response(lambda r: "/run/predict" in r.url):
+        p.click("film_play")
+    deadline = time.monotonic() + 300  # a hang guard
+    while frame_value(p) < 7 and time.monotonic() < deadline:
+        p.page.clock.run_for(700)  # one tick's time (sent unless the last tick is still on its way)
+        time.sleep(0.05)  # pacing only: the answers arrive whenever they do
+    assert frame_value(p) >= 7 and sent  # the frames advanced by the player's ticks
+    with p.page.expect_response(lambda r: "/run/predict" in r.url):
+        p.click("film_play")
+    p.page.evaluate("() => fetch('config').then(r => r.ok)")  # the page has taken the pause in
+    before = len(sent)
+    p.page.clock.run_for(7000)  # ten ticks' time
+    p.page.evaluate("() => fetch('config').then(r => r.ok)")  # what a tick would have sent is out by now
+    assert len(sent) == before, "the player went on ticking after the pause"
     assert p.console_errors == []
 
 
