@@ -8,7 +8,6 @@ while their tab was hidden. Screenshots go to $DECODER_LAB_SCREENSHOTS (default:
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -342,11 +341,15 @@ def test_figures_drawn_while_hidden_fit_when_shown(page):
     p.tab("Positional encoding")
     p.page.wait_for_function("() => (document.querySelector('#pe_info')?.innerText || '').includes('sort')",
                              timeout=20_000)
-    time.sleep(0.5)
     for elem in ("pe_table", "pe_sim"):
-        width, box_w = p.page.evaluate(
-            "s => { const gd = document.querySelector(s + ' .js-plotly-plot');"
-            " return [gd._fullLayout.width, gd.parentElement.getBoundingClientRect().width]; }", "#" + elem)
+        sizes = ("s => { const gd = document.querySelector(s + ' .js-plotly-plot');"
+                 " return [gd._fullLayout.width, gd.parentElement.getBoundingClientRect().width]; }")
+        try:  # the figure is laid out again once shown: wait for it (a hang guard), then say what was found
+            p.page.wait_for_function(f"s => {{ const [w, box] = ({sizes})(s); return Math.abs(w - box) <= 4; }}",
+                                     arg="#" + elem, timeout=60_000)
+        except Exception:  # noqa: BLE001 - the assertion below reports the sizes
+            pass
+        width, box_w = p.page.evaluate(sizes, "#" + elem)
         assert abs(width - box_w) <= 4, f"{elem}: laid out {width}px in a {box_w}px box"
     assert p.console_errors == []
 
