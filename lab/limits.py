@@ -118,8 +118,9 @@ CLIENT_FILES_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_FILES_MB", str(RUN_F
 CLIENT_QUEUE = int(os.environ.get("DECODER_LAB_CLIENT_QUEUE", str(max(1, QUEUE_SIZE // 4))))  # calls waiting or running
 # long calls waiting or running per address, by kind: a training, and a replay (a session file opened or a
 # link with steps); another visitor's call of that kind waits behind at most this many of one address's
-CLIENT_LONG_CALLS = {"train": int(os.environ.get("DECODER_LAB_CLIENT_TRAININGS", "1")),
-                     "replay": int(os.environ.get("DECODER_LAB_CLIENT_REPLAYS", "1"))}
+# (scaled as the rates are: a test suite calls from one address all along)
+CLIENT_LONG_CALLS = {"train": int(os.environ.get("DECODER_LAB_CLIENT_TRAININGS", str(_RATE_SCALE))),
+                     "replay": int(os.environ.get("DECODER_LAB_CLIENT_REPLAYS", str(_RATE_SCALE)))}
 __all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE", "CLIENT_LONG_CALLS"]
 
 
