@@ -41,8 +41,12 @@ FULL = [
     ("stress", []),
     ("memory_budget", []),
     ("corpus_build", ["--reps", "3"]),
+    ("shares", []),
+    ("first_views", []),
+    ("device_latency", []),
     ("fuzz", ["--calls", "10000"]),
     ("train_bench", []),
+    ("train_race", []),
 ]
 QUICK = [
     ("step_latency", ["--reps", "2", "--lengths", "16,64"]),
@@ -57,7 +61,11 @@ QUICK = [
     ("stress", ["--sessions", "3", "--seconds", "5", "--sequential", "10", "--ttl", "2", "--settle", "1"]),
     ("memory_budget", ["--sessions", "6", "--models-mb", "60"]),
     ("corpus_build", ["--reps", "1", "--kinds", "bpe"]),
+    ("shares", ["--seconds", "5", "--only", "baseline,link_flood"]),
+    ("first_views", ["--new", "4"]),
+    ("device_latency", ["--reps", "2", "--lengths", "16"]),
     ("fuzz", ["--calls", "200"]),
+    ("train_race", ["--iters", "40", "--check-every", "20"]),
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
 ]
 # Left out unless asked for: name -> (the flag that includes it, why it is left out).
@@ -66,6 +74,7 @@ OPTIONAL = {
     "train_bench": ("--training-bench", ("2000 training iterations take about 40 s and want the machine to "
                                          "themselves; python -m bench.train_race runs the default against fp32 "
                                          "eager")),
+    "train_race": ("--training-bench", "the training race runs four fresh 2000-iteration trainings (minutes)"),
 }
 
 
@@ -101,7 +110,7 @@ def main() -> int:
     p.add_argument("--training-bench", action="store_true", help="include the long training benchmark (train_bench)")
     p.add_argument("--fuzz", action="store_true", help="include the 10,000-call fuzz run (bench.fuzz)")
     args = p.parse_args()
-    include = ({"train_bench"} if args.training_bench else set()) | ({"fuzz"} if args.fuzz else set())
+    include = ({"train_bench", "train_race"} if args.training_bench else set()) | ({"fuzz"} if args.fuzz else set())
     plan = plan_for(args.quick, {x for x in args.only.split(",") if x}, include)
     failed = 0
     for name, extra in plan:
