@@ -112,10 +112,15 @@ __all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSI
 # ------------------------------------------------ Per-address shares (lab/budget.py, ui/http.py)
 # What one address may hold of each shared resource, counted when work is admitted. Generous enough for
 # a class of thirty behind one school address; small enough that one address leaves the rest to others.
-CLIENT_SESSIONS = int(os.environ.get("DECODER_LAB_CLIENT_SESSIONS", str(max(1, MAX_SESSIONS // 8))))
-CLIENT_MEMORY_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_MEMORY_MB", str(MEMORY_MAX_BYTES // 4 // 2**20))) * 2**20
-CLIENT_FILES_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_FILES_MB", str(RUN_FILES_MAX_BYTES // 4 // 2**20))) * 2**20
-CLIENT_QUEUE = int(os.environ.get("DECODER_LAB_CLIENT_QUEUE", str(max(1, QUEUE_SIZE // 4))))  # calls waiting or running
+# Scaled as the rates are (never past the whole): a test suite's shared server sees one address all along.
+def _share(name: str, whole: int, part: int) -> int:
+    return int(os.environ.get(name, str(max(1, min(whole, (whole // part) * _RATE_SCALE)))))
+
+
+CLIENT_SESSIONS = _share("DECODER_LAB_CLIENT_SESSIONS", MAX_SESSIONS, 8)
+CLIENT_MEMORY_BYTES = _share("DECODER_LAB_CLIENT_MEMORY_MB", MEMORY_MAX_BYTES // 2**20, 4) * 2**20
+CLIENT_FILES_BYTES = _share("DECODER_LAB_CLIENT_FILES_MB", RUN_FILES_MAX_BYTES // 2**20, 4) * 2**20
+CLIENT_QUEUE = _share("DECODER_LAB_CLIENT_QUEUE", QUEUE_SIZE, 4)  # calls waiting or running
 # long calls waiting or running per address, by kind: a training, and a replay (a session file opened or a
 # link with steps); another visitor's call of that kind waits behind at most this many of one address's
 # (scaled as the rates are: a test suite calls from one address all along)

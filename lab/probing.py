@@ -590,6 +590,17 @@ def shape(session: Session) -> tuple[int, int]:
     return cfg.n_layers, cfg.n_heads
 
 
+def check_shown(session: Session, layer, head) -> tuple[int | None, int | None]:
+    """The layer and head the attention shows (None: none, or "all" heads), checked against the text's
+    model before a handler changes anything (a refused call leaves the head settings as they were)."""
+    if session.entry is None:  # no text: the tools draw nothing that needs them
+        return None, None
+    n_layers, n_heads = shape(session)
+    layer = None if layer is None else check_int("layer", layer, 0, n_layers - 1)
+    head = None if head is None or head == "all" else check_int("head", head, 0, n_heads - 1)
+    return layer, head
+
+
 def ablated(session: Session) -> list[tuple[int, int]]:
     """The heads the settings ablate (keep-only resolved), sorted."""
     if not session.probe.active or session.entry is None:

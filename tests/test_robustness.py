@@ -126,9 +126,9 @@ HOSTILE = {
     "real-3MB-header": (lambda c: big_header(), r"header would be"),
     "offsets-past-end": (lambda c: with_tensor("tok_emb.weight", data_offsets=[len(GOOD), len(GOOD) + 640]),
                          r"outside the file"),
-    "config-d_model-1e6": (lambda c: with_config(d_model=10**6, n_heads=1), r"d_model=1000000 is above"),
-    "config-layers-1e4": (lambda c: with_config(n_layers=10**4), r"n_layers=10000 is above"),
-    "config-vocab-1e9": (lambda c: with_config(vocab_size=10**9), r"vocab_size=1000000000 is above"),
+    "config-d_model-1e6": (lambda c: with_config(d_model=10**6, n_heads=1), r"d_model is 1,000,000, above"),
+    "config-layers-1e4": (lambda c: with_config(n_layers=10**4), r"n_layers is 10,000, above"),
+    "config-vocab-1e9": (lambda c: with_config(vocab_size=10**9), r"vocab_size is 1,000,000,000, above"),
     "config-params-over-cap": (lambda c: with_config(n_layers=6, d_model=256, n_heads=8, d_ff=1024, vocab_size=4096),
                                r"parameters; the limit is"),
     "config-unknown-field": (lambda c: with_config(evil=1), r"unknown config fields"),
@@ -217,7 +217,7 @@ def test_model_trained_in_app_can_be_uploaded_again(tmp_path):
     too_varied = " ".join(words) + " " + " ".join(words[:100])
     ws = Session()
     try:
-        with pytest.raises(gr.Error, match="too big to save and load again: vocab_size=5002"):
+        with pytest.raises(gr.Error, match="too big to save and load again: vocab_size is 5,002"):
             list(app.train_model(ws, "text", too_varied, None, "word", 1, 1, 8, 0, "learned", "pre", "gelu", 0.0, 1,
                                  3e-3, 0))
         fine = " ".join(words[:3000]) + " " + " ".join(words[:100])

@@ -42,17 +42,6 @@ def _width(session: Session, share: float = 1.0) -> int:
     return max(300, int((d.width - 64) * (1.0 if d.narrow else share)))
 
 
-def check_shown(session: Session, layer, head) -> tuple[int | None, int | None]:
-    """The layer and head the attention shows (None: none, or "all" heads), checked against the text's
-    model before a handler changes anything (a refused call leaves the head settings as they were)."""
-    if session.entry is None:  # no text: the tools draw nothing that needs them
-        return None, None
-    n_layers, n_heads = probing.shape(session)
-    layer = None if layer is None else check_int("layer", layer, 0, n_layers - 1)
-    head = None if head is None or head == "all" else check_int("head", head, 0, n_heads - 1)
-    return layer, head
-
-
 def roles_figure(session: Session, layer=None, head=None):
     roles = probing.head_roles(session)
     if roles is None:
@@ -138,7 +127,7 @@ def query_note(session: Session) -> str:
 def refresh(session, layer, head, query=None, request: gr.Request = None):
     """The head tools after the text or the selected token (`query`, a window position; None =
     the last token) changed."""
-    layer, head = check_shown(session, layer, head)
+    layer, head = probing.check_shown(session, layer, head)
     if probing.selected(session) is not None:
         n = len(session.tokens())
         if isinstance(query, (int, float)) and not isinstance(query, bool) and 0 <= query < n:
@@ -151,7 +140,7 @@ def refresh(session, layer, head, query=None, request: gr.Request = None):
 @handler
 def show_tool(session, tool, layer, head, request: gr.Request = None):
     """A head tool's tab was shown: draw it for the current text."""
-    layer, head = check_shown(session, layer, head)
+    layer, head = probing.check_shown(session, layer, head)
     session.show_tool(tool)
     return probe_views(session, layer, head)
 
@@ -182,7 +171,7 @@ def logit_lens(session, index, request: gr.Request = None):
 @handler
 def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.Request = None):
     """Ablate these heads (zero / mean / uniform; or all others with keep_only) and show the effect."""
-    layer, head = check_shown(session, layer, head)
+    layer, head = probing.check_shown(session, layer, head)
     probing.set_ablation(session, heads or [], mode, keep_only)
     fig, md, data = effect_views(session)
     roles = roles_figure(session, layer, head)[0] if session.display.tool == "roles" else gr.skip()
@@ -198,7 +187,7 @@ def edit_attention(session, head, key, request: gr.Request = None):
 
 @handler
 def clear_settings(session, layer, head, request: gr.Request = None):
-    layer, head = check_shown(session, layer, head)
+    layer, head = probing.check_shown(session, layer, head)
     probing.clear(session)
     return probe_views(session, layer, head)
 
