@@ -284,11 +284,16 @@ def _wait_tokens_match_status(p: Page, n: int | None = None) -> None:
     )
 
 
-def _generate(p: Page, seed: int) -> list[str]:
-    _reset_with(p, 12, seed)
+def _generate(p: Page, seed: int, max_new: int = 12) -> list[str]:
+    _reset_with(p, max_new, seed)
     p.click("generate")
+    # the whole Generate is on the page: all its tokens, or fewer ending in <EOS> (a stream's first
+    # updates already say "generated", and the tracker can look idle between two of them)
     p.page.wait_for_function(
-        "() => document.querySelector('#status textarea').value.includes('generated)')", timeout=30_000
+        """n => { const s = document.querySelector('#status textarea').value;
+                  const m = /\((\d+) generated\)/.exec(s);
+                  return m !== null && (+m[1] === n || s.includes('produced <EOS>')); }""",
+        arg=max_new, timeout=120_000,
     )
     _wait_generate_done(p)
     _wait_tokens_match_status(p)

@@ -491,9 +491,16 @@ def test_helpers_accept_both_figure_types_and_nothing_else():
     for fig in (spec, plain, spec.to_plotly()):
         assert json.loads(plot_json(fig))["data"]
         assert payload_bytes(fig) <= payload_bytes(fig, compact=False)
-    for call in (plot_json, payload_bytes, attention_panels):
+    for call in (plot_json, payload_bytes):
         with pytest.raises(TypeError, match="FigureSpec or a plotly go.Figure"):
             call({"data": [], "layout": {}})
+    # attention_panels also reads a figure's JSON (as the API returns it), but only an attention figure's
+    with pytest.raises(ValueError, match="not an attention figure"):
+        attention_panels({"data": [], "layout": {}})
+    with pytest.raises(ValueError, match="not an attention figure"):
+        attention_panels(json.loads(plot_json(spec)))
+    with pytest.raises(TypeError, match="figure's JSON"):
+        attention_panels({"nothing": 1})
 
 
 def test_return_annotations_say_what_comes_back():

@@ -182,7 +182,10 @@ def attention_panels(fig: Figure | dict) -> np.ndarray:
     cell to hide seams; overlapping cells must agree.
     """
     spec = _figure_dict(fig)
-    meta = spec["layout"]["meta"]
+    meta = spec["layout"].get("meta")
+    if not isinstance(meta, dict) or not {"panels", "T", "unit"} <= meta.keys():
+        raise ValueError("not an attention figure: its layout.meta has no panels, T and unit (attention_panels "
+                         "reads the figures of the attention views)")
     panels = meta["panels"]  # a list of {xaxis, yaxis, layer, head} (older figures: a count)
     t, unit = int(meta["T"]), float(meta["unit"])
     n = len(panels) if isinstance(panels, list) else int(panels)
