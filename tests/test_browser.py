@@ -291,7 +291,7 @@ def _generate(p: Page, seed: int, max_new: int = 12) -> list[str]:
     # updates already say "generated", and the tracker can look idle between two of them)
     p.page.wait_for_function(
         """n => { const s = document.querySelector('#status textarea').value;
-                  const m = /\((\d+) generated\)/.exec(s);
+                  const m = /\\((\\d+) generated\\)/.exec(s);
                   return m !== null && (+m[1] === n || s.includes('produced <EOS>')); }""",
         arg=max_new, timeout=120_000,
     )
