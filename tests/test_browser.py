@@ -110,6 +110,20 @@ class Page:
                 continue
         raise AssertionError(f"the slider #{elem} did not take the value {value}")
 
+    def fill_text(self, elem: str, text: str) -> None:
+        """Type `text` into the text box, and wait until the box holds it: as with sliders, an answer that
+        redraws the form around it can undo a value typed at that moment; then it is typed again."""
+        box = self.page.locator(f"#{elem} textarea")
+        held = f"t => document.querySelector('#{elem} textarea').value === t"
+        for _ in range(5):
+            box.fill(text)
+            try:
+                self.page.wait_for_function(held, arg=text, timeout=2_000)
+                return
+            except Exception:  # noqa: BLE001 - typed while the page redrew: type it again
+                continue
+        raise AssertionError(f"the text box #{elem} did not keep the text")
+
     def set_number(self, elem: str, value) -> None:
         box = self.page.locator(f"#{elem} input")
         box.fill(str(value))
@@ -436,8 +450,8 @@ def test_hostile_text_is_shown_as_text(app_page):
                              timeout=10_000)
     p.page.get_by_role("button", name="Your own text").click()
     text = (ALERT_PROMPT + " the cat sat on the mat. ") * 60
-    p.page.fill("#pasted textarea", text)
-    p.set_slider("steps", 10)
+    p.set_slider("steps", 10)  # the form's own answers first, then the text, typed last
+    p.fill_text("pasted", text)
     assert p.page.locator("#pasted textarea").input_value() == text  # still there when Train is clicked
     p.click("train_btn")
     status = p.wait_training_end()

@@ -159,11 +159,14 @@ def test_every_builtin_opens_on_its_first_view_with_examples(page, name):
     step(p, min(n + 1, BUILTINS.get(name).model.cfg.block_size))
     assert f"head {fv.head}" in p.figure("attention")["title"]
     # every example is offered, and picking one fills the prompt
-    p.page.locator("#examples input").click()
-    options = p.page.get_by_role("option").all_inner_texts()
+    box = p.page.locator("#examples input")
+    box.click()
+    menu = p.page.locator(f"[id='{box.get_attribute('aria-controls')}']")  # this menu's own list
+    menu.get_by_role("option").first.wait_for(timeout=20_000)
+    options = menu.get_by_role("option").all_inner_texts()
     shown = [" ".join(o.replace("✓", "").split()) for o in options]  # the selected one carries a check mark
     assert shown == [" ".join(e.replace("\n", " ⏎ ").split()) for e in builtin.examples]  # line breaks shown
-    p.page.get_by_role("option").nth(1).click()
+    menu.get_by_role("option").nth(1).click()
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e",
                              arg=builtin.examples[1], timeout=10_000)
 

@@ -119,10 +119,14 @@ def test_examples_keep_their_line_breaks_and_the_menu_names_only_the_prompt(page
     p.choose("model", name)
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e", arg=examples[0],
                              timeout=20_000)
-    p.page.locator("#examples input").click()
-    options = [o.replace("✓", "").strip() for o in p.page.get_by_role("option").all_inner_texts()]
+    box = p.page.locator("#examples input")
+    box.click()
+    # this menu's own list (the model menu's may still be closing): the one its input controls
+    menu = p.page.locator(f"[id='{box.get_attribute('aria-controls')}']")
+    menu.get_by_role("option").first.wait_for(timeout=20_000)
+    options = [o.replace("✓", "").strip() for o in menu.get_by_role("option").all_inner_texts()]
     assert options == [e.replace("\n", " ⏎ ").strip() for e in examples]  # the line break is shown, not lost
-    p.page.get_by_role("option").nth(1).click()
+    menu.get_by_role("option").nth(1).click()
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e", arg=examples[1],
                              timeout=10_000)  # sent whole, with its line break
     p.set_prompt("ROMEO:\nBut soft")
