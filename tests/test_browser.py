@@ -95,34 +95,31 @@ class Page:
     def click(self, elem: str) -> None:
         self.page.click(f"#{elem}")
 
-    def set_slider(self, elem: str, value) -> None:
-        """Type the value into the slider's number box, and wait until the slider holds it. An answer
-        that redraws the page around it can undo a value typed at that moment: then it is typed again."""
-        box = self.page.locator(f"#{elem} input[type=number]")
-        held = f"v => document.querySelector('#{elem} input[type=range]').value === v"
+    def _type_until_held(self, box, value: str, held: str, arg, what: str, enter: bool = False) -> None:
+        """Type `value` into `box` until the page holds it (`held`, a JS function of `arg`): an answer that
+        redraws the form around it can undo a value typed at that moment; then it is typed again."""
         for _ in range(5):
-            box.fill(str(value))
-            box.press("Enter")
+            box.fill(value)
+            if enter:
+                box.press("Enter")
             try:
-                self.page.wait_for_function(held, arg=str(float(value)).rstrip("0").rstrip("."), timeout=2_000)
+                self.page.wait_for_function(held, arg=arg, timeout=2_000)
                 return
             except Exception:  # noqa: BLE001 - typed while the page redrew: type it again
                 continue
-        raise AssertionError(f"the slider #{elem} did not take the value {value}")
+        raise AssertionError(f"{what} did not keep the value typed")
+
+    def set_slider(self, elem: str, value) -> None:
+        """Type the value into the slider's number box, and wait until the slider holds it."""
+        self._type_until_held(self.page.locator(f"#{elem} input[type=number]"), str(value),
+                              f"v => document.querySelector('#{elem} input[type=range]').value === v",
+                              str(float(value)).rstrip("0").rstrip("."), f"the slider #{elem}", enter=True)
 
     def fill_text(self, elem: str, text: str) -> None:
-        """Type `text` into the text box, and wait until the box holds it: as with sliders, an answer that
-        redraws the form around it can undo a value typed at that moment; then it is typed again."""
-        box = self.page.locator(f"#{elem} textarea")
-        held = f"t => document.querySelector('#{elem} textarea').value === t"
-        for _ in range(5):
-            box.fill(text)
-            try:
-                self.page.wait_for_function(held, arg=text, timeout=2_000)
-                return
-            except Exception:  # noqa: BLE001 - typed while the page redrew: type it again
-                continue
-        raise AssertionError(f"the text box #{elem} did not keep the text")
+        """Type `text` into the text box, and wait until the box holds it."""
+        self._type_until_held(self.page.locator(f"#{elem} textarea"), text,
+                              f"t => document.querySelector('#{elem} textarea').value === t", text,
+                              f"the text box #{elem}")
 
     def set_number(self, elem: str, value) -> None:
         box = self.page.locator(f"#{elem} input")
