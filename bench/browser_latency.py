@@ -1,7 +1,7 @@
 """Click to picture: click Step in headless Chromium until the attention figure shows the new tokens.
 
-Starts `python app.py` on a free 127.0.0.1 port (lab.server.AppServer, offline env), opens it in
-headless Chromium (lab.server.CHROMIUM with the test suite's launch args) and, per prompt length,
+Starts `python app.py` on a free 127.0.0.1 port (tests.support.server.AppServer, offline env), opens it in
+headless Chromium (tests.support.server.CHROMIUM with the test suite's launch args) and, per prompt length,
 types a new prompt of exactly T tokens and clicks Step. The time is taken inside the page: from
 the button's click() to the first moment #attention holds new plotly traces (the old ones are marked) whose
 layout.meta.T is the expected window length (the new picture), plus one animation frame
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from bench.common import emit, grammar_prompt, served_default_model, served_parser, summary
-from lab.server import CHROMIUM, CHROMIUM_ARGS
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS
 
 CLICK_AND_WAIT = """async ([n, timeoutMs]) => {
   const gd = () => document.querySelector('#attention .js-plotly-plot');

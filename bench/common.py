@@ -3,7 +3,7 @@
 Every benchmark prints its results through `emit`: one JSON object per line, carrying the command
 that re-runs it, the machine load (1- and 5-minute load average, CPU count), so a number is read
 next to the conditions it was taken in. The app server and the memory reader come from
-lab/server.py, which the tests use too.
+tests/support/server.py, which the tests use too.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from lab.server import AppServer
+from tests.support.server import AppServer
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

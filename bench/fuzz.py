@@ -69,7 +69,7 @@ from lab.limits import (
     TRAIN_LIMITS,
 )
 from lab.models import ASSETS, BUILTIN_MODELS
-from lab.server import ROOT, AppServer
+from tests.support.server import ROOT, AppServer
 
 OUTCOMES = ("ok", "refused-clean", "refused-leaky", "unexpected", "state-changed", "hang")
 GENERIC = ("Something went wrong", "has not enabled verbose error reporting")

@@ -1,6 +1,6 @@
 """Step latency under load: 10 gradio_client sessions stepping at T=64 while one training runs.
 
-`python app.py` (lab.server.AppServer: offline, 127.0.0.1, DECODER_LAB_THREADS=N) gets one
+`python app.py` (tests.support.server.AppServer: offline, 127.0.0.1, DECODER_LAB_THREADS=N) gets one
 training run (Train tab path, sort corpus, 2000 steps, its own session) and N_CLIENTS sessions
 that each Step in a loop for DURATION seconds. Every Step uses a 64-token grammar prompt with a
 new seed, so each is a first Step (prefill 64 + step + figures; window 65). Client-side latency

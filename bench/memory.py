@@ -1,6 +1,6 @@
-"""Resident memory of the running app (VmRSS from /proc via lab.server.rss_mb; psutil not needed).
+"""Resident memory of the running app (VmRSS from /proc via tests.support.server.rss_mb; psutil not needed).
 
-`python app.py` (lab.server.AppServer, offline) is measured: idle after start-up and one
+`python app.py` (tests.support.server.AppServer, offline) is measured: idle after start-up and one
 page load; after 50 gradio_client sessions that each step 20 tokens (5 at a time); after another
 50 (growth per session should be the per-session state, not more: sessions live in gr.State, kept
 up to lab.limits.SESSION_CAPACITY sessions for STATE_TTL_S idle seconds); and peak/last during one training
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.clients import Sampler, client, start_training, step
 from bench.common import default_entry, emit, grammar_prompt, parser
-from lab.server import AppServer, rss_mb
+from tests.support.server import AppServer, rss_mb
 
 
 def session_bytes(session) -> int:

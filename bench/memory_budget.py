@@ -6,7 +6,7 @@ sessions hold together, their own models and their texts' attention, are bounded
 `lab.limits.MEMORY_MAX_BYTES` (`DECODER_LAB_MEMORY_MB`): an upload or a longer text beyond it is
 refused ("The server is full right now …") unless idle sessions can make room (`lab.budget.ModelBudget`).
 
-This starts `python app.py` (lab.server.AppServer) behind a pretend proxy (`DECODER_LAB_BEHIND_PROXY=1`,
+This starts `python app.py` (tests.support.server.AppServer) behind a pretend proxy (`DECODER_LAB_BEHIND_PROXY=1`,
 real rate limits: `DECODER_LAB_RATE_SCALE=1`), so each simulated visitor is its own client by its
 `X-Forwarded-For` address, and with the budget given by `--models-mb`. It builds one valid
 checkpoint as close to the checkpoint limits as they allow (6 layers, d_model 256, d_ff 1024,
@@ -14,7 +14,7 @@ context 256, a character vocabulary filling the rest of `Limits.max_params`: ~5.
 parameters, a ~19 MB file). Then `--sessions` visitors (one gradio_client Client each, its own
 address, `--workers` at a time) upload that file up to 3 times (`/upload_model`) and do one
 `/step` on the last model they got in (on the built-in default model if every upload was refused,
-as the refusal suggests). It records the server's RSS (lab.server.rss_mb of its process tree)
+as the refusal suggests). It records the server's RSS (tests.support.server.rss_mb of its process tree)
 idle, every 25 sessions and sampled every 0.25 s for the peak; uploads accepted and refused by
 message class ("server is full", "Slow down", other); every other error; and what is left in
 gradio's upload folder at the end (files and bytes: disk, or memory where that folder is a tmpfs).
@@ -43,7 +43,7 @@ from pathlib import Path
 
 from bench.clients import Sampler
 from bench.common import emit, parser
-from lab.server import AppServer, rss_mb
+from tests.support.server import AppServer, rss_mb
 
 FIXED_MARGIN_MB = 150.0
 ALLOCATOR_SLACK = 0.25

@@ -2,7 +2,7 @@
 
 Each round creates N sessions that train a tiny model, step the default model 5 times and generate,
 then closes them (`Session.close`, what the app does when a tab's state goes) and collects garbage;
-resident memory (lab.server.rss_mb of this process) is reported after a one-session warm-up
+resident memory (tests.support.server.rss_mb of this process) is reported after a one-session warm-up
 and after every round. A leak shows as growth from round to round; one-time costs (imports, kernel
 set-up, the heap's high-water mark) show once, in the warm-up.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 
 from bench.common import default_entry, emit, parser
-from lab.server import rss_mb
+from tests.support.server import rss_mb
 
 
 def one_round(app, n: int) -> None:

@@ -1,6 +1,6 @@
 """One Step over HTTP: the bytes it sends and its time through Gradio's queue (no browser).
 
-Starts `python app.py` (lab.server.AppServer: offline, 127.0.0.1) and, per prompt length,
+Starts `python app.py` (tests.support.server.AppServer: offline, 127.0.0.1) and, per prompt length,
 POSTs a Step to /gradio_api/call/step and reads the SSE stream of that event with urllib: the
 bytes of the `complete` event's data line are what one Step sends (probs + attention figures,
 tokens, status; gr.State is not sent), and the time from POST to the end of that event is the

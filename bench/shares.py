@@ -1,6 +1,6 @@
 """Per-address shares seen from outside: a victim's Step latency while one address abuses the server.
 
-This starts `python app.py` (lab.server.AppServer) behind a pretend proxy (`DECODER_LAB_BEHIND_PROXY=1`)
+This starts `python app.py` (tests.support.server.AppServer) behind a pretend proxy (`DECODER_LAB_BEHIND_PROXY=1`)
 with its real limits (`DECODER_LAB_RATE_SCALE=1`), so every client is its own address by
 X-Forwarded-For. For each abuse of the list below, a new abusive address does it from `--abusers`
 threads for `--seconds`, at whatever rate the server admits (its refusals are counted, not slept
@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import emit, parser, summary
-from lab.server import AppServer
+from tests.support.server import AppServer
 
 GRAMMAR = "grammar (built-in)"
 P = "anna found the key . she gave it to tom because he"

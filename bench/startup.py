@@ -1,6 +1,6 @@
 """Start-up time: `python app.py` until its page answers HTTP 200, median of N cold starts.
 
-Each start is a new process launched by lab.server.AppServer (offline, 127.0.0.1, a free port),
+Each start is a new process launched by tests.support.server.AppServer (offline, 127.0.0.1, a free port),
 polled every 50 ms with urllib from the moment the process is launched; it is stopped (by its
 process group) before the next start. "Cold" means a new interpreter; the OS file cache is warm
 after the first start.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from bench.common import emit, parser
-from lab.server import AppServer
+from tests.support.server import AppServer
 
 
 def one_start(timeout: float = 90) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.common import emit, parser
 from lab.models import BUILTINS, DEFAULT_MODEL
-from lab.server import AppServer, rss_mb
+from tests.support.server import AppServer, rss_mb
 
 GRAMMAR = DEFAULT_MODEL
 BUILTIN_NAMES = set(BUILTINS.names)

@@ -1,7 +1,7 @@
 """Shared fixtures: a real app server on a free loopback port, a real headless Chromium, and byte helpers
 for crafting safetensors files.
 
-The server and the browser settings live in lab/server.py (the benchmarks use them too); the project is
+The server and the browser settings live in tests/support/server.py (the benchmarks use them too); the project is
 installed in editable mode (`pip install -r requirements-test.txt`), so `app`, `model`, `viz` and `lab`
 import without touching sys.path.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from lab.server import CHROMIUM, CHROMIUM_ARGS, AppServer
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, AppServer
 
 # Property tests draw the same examples on every run (seeded from each test's own code), so a run that passes
 # passes again and a failure can be replayed: a test that fails only on some runs is a failing test. To search
@@ -24,6 +24,46 @@ from lab.server import CHROMIUM, CHROMIUM_ARGS, AppServer
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The quick loop is `python -m pytest -m "not slow"`; a plain `python -m pytest` still runs everything. A test is
+# marked slow here, without a mark in its file, when it starts something outside its own process: it uses one of
+# these fixtures (directly or through another fixture), its body or one of its fixtures' bodies names one of
+# STARTS_A_PROCESS (a server, a browser, a Python child, a spawned worker), or it lives in tests/browser/. Tests
+# slow for another reason (long trainings) carry `@pytest.mark.slow` in their own file.
+SERVER_OR_BROWSER_FIXTURES = {"app_server", "browser"}
+STARTS_A_PROCESS = {"AppServer", "sync_playwright", "subprocess", "get_context"}
+TESTS = Path(__file__).resolve().parent
+
+
+def _names_in(code) -> set[str]:
+    """Every global and attribute name a function's code uses, nested functions and lambdas included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names_in(const)
+    return names
+
+
+def _starts_a_process(func) -> bool:
+    code = getattr(func, "__code__", None)
+    return code is not None and bool(_names_in(code) & STARTS_A_PROCESS)
+
+
+def is_slow(item) -> bool:
+    if item.get_closest_marker("slow") or item.path.parent == TESTS / "browser":
+        return True
+    if SERVER_OR_BROWSER_FIXTURES & set(item.fixturenames):
+        return True
+    fixture_defs = getattr(item, "_fixtureinfo", None)
+    fixture_defs = fixture_defs.name2fixturedefs if fixture_defs else {}
+    funcs = [getattr(item, "function", None)] + [d.func for defs in fixture_defs.values() for d in defs]
+    return any(_starts_a_process(f) for f in funcs)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_slow(item) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
 
 
 def safetensors_split(data: bytes) -> tuple[dict, bytes]:

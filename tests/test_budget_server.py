@@ -15,7 +15,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from lab.limits import RATE_LIMITS
-from lab.server import AppServer
+from tests.support.server import AppServer
 
 GRAMMAR = "grammar (built-in)"
 P = "anna found the key . she gave it to tom because he"

@@ -24,7 +24,7 @@ from gradio_client.exceptions import AppError
 
 from bench.clients import Sampler
 from bench.memory_budget import address, kind, model_files
-from lab.server import AppServer, rss_mb
+from tests.support.server import AppServer, rss_mb
 
 BUDGET_MB = 60
 MARGIN_MB = 150

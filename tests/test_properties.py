@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import app
 from lab.limits import ATTENTION_VIEWS, MAX_PROMPT_CHARS
 from lab.models import BUILTINS
-from lab.server import rss_mb
+from tests.support.server import rss_mb
 from lab.session import Session
 
 GRAMMAR = "grammar (built-in)"

@@ -26,7 +26,7 @@ import model.checkpoint as ckpt_mod
 from conftest import safetensors_join as join, safetensors_split as split
 from lab import files
 from lab.models import BUILTINS
-from lab.server import AppServer
+from tests.support.server import AppServer
 from lab.session import Session
 from model.checkpoint import checkpoint_bytes
 from model.config import ModelConfig

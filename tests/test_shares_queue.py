@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from gradio_client import Client
 
-from lab.server import AppServer
+from tests.support.server import AppServer
 from test_shares_server import ABUSER, LONG_TRAIN, PLACES, STEP, VICTIM, Listener, function, join, refused
 
 

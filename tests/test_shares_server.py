@@ -18,7 +18,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
-from lab.server import AppServer
+from tests.support.server import AppServer
 
 GRAMMAR = "grammar (built-in)"
 P = "anna found the key . she gave it to tom because he"

@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app.py"
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
