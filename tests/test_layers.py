@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # package → top-level modules it must never import
 FORBIDDEN = {
     "model": {"lab", "viz", "app", "gradio", "plotly", "bench", "ui"},
-    "viz": {"model", "lab", "app", "torch", "bench", "ui"},  # gradio: only inside to_gradio_plot (checked below)
+    "viz": {"model", "lab", "app", "gradio", "torch", "bench", "ui"},  # the gr.Plot hand-off is ui/plots.py
     "lab": {"app", "gradio", "bench", "ui"},
     "ui": {"app", "model", "bench"},  # the wiring talks to the lab layer, never to the engine
 }

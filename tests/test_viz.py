@@ -1,7 +1,7 @@
 """Tests for viz/: figure structure, the values a viewer sees, escaping, validation, payload size.
 
 No browser here; the values are read back from the JSON that would be sent (typed arrays decoded),
-so the checks see exactly what plotly.js gets, whether a builder returned a FigureSpec or a go.Figure.
+so the checks see exactly what plotly.js gets.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from viz import (
     positional_similarity,
     positional_table,
     probabilities,
-    to_gradio_plot,
 )
 
 STEP = 0.0005 + 1e-9  # milli-unit quantisation: half a step
@@ -290,11 +289,13 @@ def test_payload_under_150kb_at_t128():
 
 def test_payload_matches_gradio_serialisation():
     gr = pytest.importorskip("gradio")
+    from ui.plots import to_plot
+
     t = 16
     fig = attention_grid(softmax_attention(4, t)[0], tokens(t), 0, mask=causal_mask(t))
     plain = fig.to_plotly()  # the equivalent validated plotly figure
     assert payload_bytes(fig, compact=False) == len(json.dumps(gr.Plot().postprocess(plain).model_dump()))
-    compact = gr.Plot().postprocess(to_gradio_plot(fig))
+    compact = gr.Plot().postprocess(to_plot(fig))
     assert payload_bytes(fig) == len(json.dumps(compact.model_dump()))
     # the fast JSON carries the same traces as plotly's own serialisation
     assert json.loads(compact.plot)["data"] == json.loads(plain.to_json())["data"]
@@ -318,37 +319,41 @@ def sinusoidal(p: int, d: int) -> np.ndarray:
 
 def test_positional_table_values():
     table = sinusoidal(16, 8)
-    fig = positional_table(table, "sinusoidal")
-    assert len(fig.data) == 1
-    z = decode_array(fig.data[0].z) * 1e-3
+    fig = sent(positional_table(table, "sinusoidal"))
+    assert len(fig["data"]) == 1
+    z = decode_array(fig["data"][0]["z"]) * 1e-3
     assert z.shape == (16, 8) and np.abs(z - table).max() <= STEP
-    assert fig.layout.yaxis.autorange == "reversed"
-    assert "%{z:05,d}" in fig.data[0].hovertemplate and fig.layout.separators == ",."
+    assert fig["layout"]["yaxis"]["autorange"] == "reversed"
+    assert "%{z:05,d}" in fig["data"][0]["hovertemplate"] and fig["layout"]["separators"] == ",."
 
 
 def test_positional_rope_angles_wrapped():
     angles = np.arange(12)[:, None] * (1 / 10000 ** (np.arange(0, 8, 2) / 8))
-    fig = positional_table(angles, "rope")
-    z = decode_array(fig.data[0].z) * 1e-3
+    fig = sent(positional_table(angles, "rope"))
+    z = decode_array(fig["data"][0]["z"]) * 1e-3
     assert np.all(z > -np.pi - 1e-3) and np.all(z <= np.pi + 1e-3)
     assert np.abs(np.exp(1j * z) - np.exp(1j * angles)).max() < 2e-3
-    assert "rotation angle θᵢ·pos (rad)" in fig.layout.title.text and "wrapped" in fig.layout.title.text
+    title = fig["layout"]["title"]["text"]
+    assert "rotation angle θᵢ·pos (rad)" in title and "wrapped" in title
+    # a cyclic scale written out as stops (plotly.js knows none by name), ending on its first colour
+    scale = fig["layout"]["coloraxis"]["colorscale"]
+    assert isinstance(scale, list) and scale[0][0] == 0 and scale[-1][0] == 1 and scale[0][1] == scale[-1][1]
 
 
 def test_positional_similarity():
     angles = np.arange(10)[:, None] * (1 / 10000 ** (np.arange(0, 8, 2) / 8))
-    sim = decode_array(positional_similarity(angles, "rope").data[0].z) * 1e-3
+    sim = decode_array(sent(positional_similarity(angles, "rope"))["data"][0]["z"]) * 1e-3
     assert sim.shape == (10, 10) and np.allclose(np.diag(sim), 1.0)
     assert np.allclose(sim[2, 5], sim[4, 7], atol=1e-3)  # RoPE: depends only on the offset
-    learned = decode_array(positional_similarity(np.eye(4)).data[0].z) * 1e-3
+    learned = decode_array(sent(positional_similarity(np.eye(4)))["data"][0]["z"]) * 1e-3
     assert np.allclose(learned, np.eye(4))
 
 
 def test_no_positional_encoding():
-    fig = no_positional_encoding()
-    assert len(fig.data) == 0
-    assert "no positional encoding" in fig.layout.annotations[0].text
-    assert "permutation-invariant" in fig.layout.annotations[0].text
+    fig = sent(no_positional_encoding())
+    assert len(fig["data"]) == 0
+    text = fig["layout"]["annotations"][0]["text"]
+    assert "no positional encoding" in text and "permutation-invariant" in text
 
 
 # ----------------------------------------------------------------------------- probabilities
@@ -487,7 +492,7 @@ def test_to_plotly_carries_the_same_data():
 
 def test_helpers_accept_both_figure_types_and_nothing_else():
     spec = probabilities(["a", "b"], np.array([0.25, 0.75]))
-    plain = positional_table(sinusoidal(4, 4), "sinusoidal")
+    plain = positional_table(sinusoidal(4, 4), "sinusoidal").to_plotly()
     for fig in (spec, plain, spec.to_plotly()):
         assert json.loads(plot_json(fig))["data"]
         assert payload_bytes(fig) <= payload_bytes(fig, compact=False)
@@ -519,15 +524,13 @@ def test_return_annotations_say_what_comes_back():
         (message_figure, lambda: message_figure("hello")),
     ]
     for fn, call in calls:
-        hint = typing.get_type_hints(fn)["return"]
-        assert hint in (FigureSpec, go.Figure), (fn.__name__, hint)
-        assert type(call()) is hint, fn.__name__
-    hint = typing.get_type_hints(attention_view)["return"]
-    assert set(typing.get_args(hint)) == {FigureSpec, go.Figure}
+        assert typing.get_type_hints(fn)["return"] is FigureSpec, fn.__name__
+        assert type(call()) is FigureSpec, fn.__name__
+    assert typing.get_type_hints(attention_view)["return"] is FigureSpec
     common = {"layer": 0, "head": None, "causal": True}
     drawn = attention_view(np.stack([w]), np.stack([s]), tokens(t), view="all layers", overview_max_tokens=t, **common)
     refused = attention_view(np.stack([w]), None, tokens(t), view="all layers", overview_max_tokens=t - 1, **common)
-    assert type(drawn) is FigureSpec and type(refused) is go.Figure
+    assert type(drawn) is FigureSpec and type(refused) is FigureSpec
 
 
 # ----------------------------------------------------------------------------- attention_view
@@ -580,7 +583,7 @@ def test_attention_view_overview_limit():
     at_limit = attention_view(*args, layer=0, head=None, view="all layers", causal=True, overview_max_tokens=t)
     assert attention_panels(at_limit).shape == (12, t, t)
     past = attention_view(*args, layer=0, head=1, view="all layers", causal=True, overview_max_tokens=t - 1)
-    assert isinstance(past, go.Figure)
+    assert isinstance(past, FigureSpec)
     text = sent(past)["layout"]["annotations"][0]["text"]
     assert text == f"The overview draws 3×4 panels; it needs ≤ {t - 1} tokens (there are {t}). Pick a layer instead."
     # the limit applies to the overview only; a layer is still drawn

@@ -28,6 +28,7 @@ from lab.checks import UserError
 from lab.export import slug
 from lab.session import SESSIONS, Session
 
+from .plots import to_plot
 from .shares import charged_at_door
 
 log = logging.getLogger("decoder_lab")
@@ -102,6 +103,9 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays
 # a FileData dict, whose cached path `file_path` takes.
 RAW = dict(preprocess=False)
 
+# How Markdown in the page marks formulas (the Positional and Learn tabs): $$…$$ on a line of its own, $…$ inline.
+LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
+
 
 def file_path(value, suffix: str) -> str | None:
     """The server-side path of an uploaded file as a handler receives it (None when there is none).
@@ -129,4 +133,4 @@ def named(fig, *parts):
 
 
 def message_plot(text: str):
-    return viz.to_gradio_plot(viz.message_figure(text))
+    return to_plot(viz.message_figure(text))

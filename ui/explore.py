@@ -23,6 +23,7 @@ from lab.models import ModelEntry
 from lab.session import Session
 
 from .common import handler, message_plot, named
+from .plots import to_plot
 
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
 NO_PROBS = "Next-token probabilities appear after the first step."
@@ -33,7 +34,7 @@ OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a toke
 def attention_figure(session: Session, layer, head, view):
     """The attention picture of the session's current text, for a gr.Plot."""
     spec = attention_spec(session, layer, head, view)
-    return message_plot(NO_TEXT) if spec is None else viz.to_gradio_plot(spec)
+    return message_plot(NO_TEXT) if spec is None else to_plot(spec)
 
 
 def attention_spec(session: Session, layer, head, view):
@@ -87,7 +88,7 @@ def probs_figure(session: Session, index=None, sampling=None):
         title = f"“{piece}” (position {p.index}) was drawn from this"
     fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
                             presentation=presentation, typed=p.typed, max_height_px=session.display.chart_height)
-    return viz.to_gradio_plot(named(fig, model_stem(session.model_name), f"pos{p.index}", "probabilities"))
+    return to_plot(named(fig, model_stem(session.model_name), f"pos{p.index}", "probabilities"))
 
 
 def explore_outputs(session: Session, layer, head, view):

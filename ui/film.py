@@ -17,6 +17,7 @@ from lab.limits import HEAD_ROLES as ROLES
 from lab.session import Session
 
 from .common import handler, message_plot, named
+from .plots import to_plot
 
 NO_FILM = "This model has no training film (it was made before films existed). Train one in this tab."
 MATCH = "match"
@@ -103,8 +104,8 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
                + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")
                + f" · probe: “{plain(session.film_probe_text(model_name)[:80])}”")
     stem = (model_stem(model_name), "film", f"step{fr.step}")
-    return (viz.to_gradio_plot(named(attention, *stem, f"L{layer}", "attention")),
-            viz.to_gradio_plot(named(loss, *stem, "loss")), viz.to_gradio_plot(named(curves, *stem, score)),
+    return (to_plot(named(attention, *stem, f"L{layer}", "attention")),
+            to_plot(named(loss, *stem, "loss")), to_plot(named(curves, *stem, score)),
             "**What changed, and when**\n" + lines, caption)
 
 

@@ -21,6 +21,7 @@ from lab.export import model_stem
 from lab.session import Session
 
 from .common import handler, message_plot, named
+from .plots import to_plot
 
 NO_TEXT = "Press Step (or Enter in the prompt): the head tools work on the text above."
 NO_SETTINGS = ("Choose heads above (or click their cells with “click picks heads” on), or edit a row below; "
@@ -52,7 +53,7 @@ def roles_figure(session: Session, layer=None, head=None):
     fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=probing.ablated(session),
                             presentation=session.display.presentation, width_px=_width(session))
     fig = named(fig, model_stem(session.model_name), "head-roles", f"{len(roles.tokens)}tokens")
-    return viz.to_gradio_plot(fig), roles_note(roles)
+    return to_plot(fig), roles_note(roles)
 
 
 def roles_note(roles: probing.HeadRoles) -> str:
@@ -71,7 +72,7 @@ def lens_figure(session: Session):
     title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
     fig = viz.logit_lens(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
                          presentation=session.display.presentation, width_px=_width(session, 0.6))
-    return viz.to_gradio_plot(named(fig, model_stem(session.model_name), f"pos{lens.index}", "logit-lens"))
+    return to_plot(named(fig, model_stem(session.model_name), f"pos{lens.index}", "logit-lens"))
 
 
 def effect_views(session: Session):
@@ -88,7 +89,7 @@ def effect_views(session: Session):
     fig = named(fig, model_stem(session.model_name), f"pos{e.index}", "ablation-effect")
     data = {"active": True, "what": e.what, "index": e.index, "token": e.token, "kl_bits": e.kl_bits,
             "moves": [vars(m) for m in e.moves]}
-    return viz.to_gradio_plot(fig), html.escape(e.summary(), quote=False), data
+    return to_plot(fig), html.escape(e.summary(), quote=False), data
 
 
 def probe_views(session: Session, layer, head):
@@ -270,9 +271,9 @@ def compare(session, model_name, prompt_a, prompt_b, layer, request: gr.Request 
     data = {"tokens_a": c.tokens_a, "tokens_b": c.tokens_b, "common": c.common, "notes": c.notes,
             "columns": c.columns(), "data": c.rows(), "kl_bits": c.kl_bits()}
     stem = model_stem(model_name if isinstance(model_name, str) else "model")
-    return (viz.to_gradio_plot(named(diff, stem, "compare", f"L{layer}", "attention-B-minus-A")),
-            viz.to_gradio_plot(named(changes, stem, "compare", "head-scores-B-minus-A")),
-            viz.to_gradio_plot(named(dist, stem, "compare", "next-token")), notes, data)
+    return (to_plot(named(diff, stem, "compare", f"L{layer}", "attention-B-minus-A")),
+            to_plot(named(changes, stem, "compare", "head-scores-B-minus-A")),
+            to_plot(named(dist, stem, "compare", "next-token")), notes, data)
 
 
 def pairs_for(model_name) -> list[tuple[str, str]]:

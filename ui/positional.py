@@ -8,6 +8,7 @@ import viz
 from lab.export import model_stem
 
 from .common import handler, named
+from .plots import to_plot
 
 PE_FORMULAS = ("Sinusoidal: $PE_{pos,2i} = \\sin(pos / 10000^{2i/d})$, $PE_{pos,2i+1} = \\cos(pos / 10000^{2i/d})$. "
                "Learned: a trained table of the same shape. RoPE: queries and keys are rotated by the angle "
@@ -19,12 +20,12 @@ def positional(session, model_name, request: gr.Request = None):
     entry, kind, table = session.positional(model_name)
     large = session.display.presentation  # the page's "Large fonts" switch
     if table is None:
-        fig = viz.to_gradio_plot(viz.no_positional_encoding(presentation=large))
+        fig = to_plot(viz.no_positional_encoding(presentation=large))
         return fig, fig, f"**{entry.name}** uses no positional encoding."
     what = "rotation angles (one per pair of dimensions in each head)." if kind == "rope" else "dimensions."
     stem = model_stem(entry.name)
-    return (viz.to_gradio_plot(named(viz.positional_table(table, kind, presentation=large), stem, kind, "positions")),
-            viz.to_gradio_plot(named(viz.positional_similarity(table, kind, presentation=large), stem, kind,
+    return (to_plot(named(viz.positional_table(table, kind, presentation=large), stem, kind, "positions")),
+            to_plot(named(viz.positional_similarity(table, kind, presentation=large), stem, kind,
                                      "similarity")),
             f"**{entry.name}** uses **{kind}** positions: table of {table.shape[0]} positions × {table.shape[1]} "
             + what)

@@ -13,13 +13,12 @@ import numpy as np
 import viz
 from lab.export import model_stem
 from lab.limits import TRAIN_CORPORA, TRAIN_MAX_SECONDS
+from lab.recipe import OWN_TOKENIZER
 from lab.session import Session, TrainingRun, removed_note
 
 from .common import file_path, gpu, handler, named
+from .plots import to_plot
 
-# The corpora whose tokenizer the person picks; the others bring their own (sort, copy: characters;
-# the article toy: words).
-OWN_TOKENIZER = ("grammar", "text")
 # The form's controls set by a corpus's recipe, in the order `corpus_defaults` returns them.
 RECIPE_KEYS = ("tokenizer", "layers", "heads", "d_model", "d_ff", "pos_encoding", "norm", "activation", "dropout",
                "steps", "lr")
@@ -30,7 +29,7 @@ def loss_figure(run: TrainingRun):
     restored = run.kept_step is not None and run.kept_step != run.step
     fig = viz.loss_curve(arr(run.steps), arr(run.train_loss), arr(run.val_steps), arr(run.val_loss),
                          total_steps=max(1, run.total_steps), kept_step=run.kept_step if restored else None)
-    return viz.to_gradio_plot(named(fig, model_stem(run.name), "loss", f"step{run.step}"))
+    return to_plot(named(fig, model_stem(run.name), "loss", f"step{run.step}"))
 
 
 def _seconds(s: float) -> str:

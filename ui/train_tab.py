@@ -13,6 +13,7 @@ from lab.limits import (
 from lab.session import Session
 
 from .common import RAW, api_example
+from .plots import to_plot
 from .train import (
     OWN_TOKENIZER, corpus_defaults, corpus_info, progress_html, stop_training, train_model, upload_model, upload_refused,
 )
@@ -71,7 +72,7 @@ def build_train_tab(ses: gr.State, model_dd: gr.Dropdown) -> None:
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="stop_btn")
             train_progress = gr.HTML(progress_html(), elem_id="train_progress")
             train_status = gr.Textbox(label="Training", interactive=False, lines=2, elem_id="train_status")
-            loss_plot = gr.Plot(viz.to_gradio_plot(viz.loss_curve(np.zeros(0), np.zeros(0), total_steps=D["steps"])),
+            loss_plot = gr.Plot(to_plot(viz.loss_curve(np.zeros(0), np.zeros(0), total_steps=D["steps"])),
                                 label="Loss", elem_id="loss")
             download = gr.DownloadButton("Download trained model", interactive=False, elem_id="download")
             upload = gr.File(label=f"Load a .safetensors model (max {UPLOAD_MAX_MB} MB)",

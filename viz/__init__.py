@@ -1,16 +1,14 @@
 """Decoder Lab figures: numpy in, plotly figures out (no torch, no gradio at import time).
 
-Two kinds of figure come back, and each builder's return annotation says which:
+Every builder returns one figure type, `FigureSpec`: the attention maps, the probability bars,
+the loss curve, the training film's score curves (viz.film), the head-role figures (role maps,
+logit lens, before/after comparisons), the positional-encoding figures and `message_figure`. It
+holds plain trace and layout dicts whose JSON is written directly, skipping plotly's validation
+(which is slow for figures made of many heatmap tiles). It is not a `go.Figure`: call
+`FigureSpec.to_plotly()` for a real, editable one.
 
-* `FigureSpec`: the attention maps, the probability bars, the loss curve,
-  the training film's score curves (viz.film) and the head-role figures (viz.heads: role maps,
-  logit lens, before/after comparisons). Plain trace and
-  layout dicts whose JSON is written directly, skipping plotly's validation (which is slow for
-  figures made of many heatmap tiles). It is not a `go.Figure`: call `FigureSpec.to_plotly()` for
-  a real, editable one.
-* `go.Figure`: the positional-encoding figures and `message_figure`.
-
-`plot_json`, `to_gradio_plot`, `payload_bytes` and `attention_panels` take either (`Figure`).
+`plot_json`, `payload_bytes` and `attention_panels` also take a plotly `go.Figure` (`Figure`). viz
+never imports gradio: the wiring hands `plot_json`'s text to a gr.Plot (ui/plots.py).
 
 One colour language (viz._common): `DIVERGING` for every signed quantity (red = positive, blue =
 negative, near-white = zero), `SEQUENTIAL` (Viridis) for weights, masked cells hatched; `COLOUR_KEY`
@@ -45,7 +43,7 @@ from .film import score_curves
 from .heads import attention_difference, compare_distributions, logit_lens, role_overview, score_changes
 from .linking import decode_shade, shade_payload, shading
 from .payload import (
-    Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, to_gradio_plot, with_filename,
+    Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, with_filename,
 )
 from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
 from .sampling import probabilities
@@ -93,6 +91,5 @@ __all__ = [
     "shading",
     "short_token",
     "standalone_html",
-    "to_gradio_plot",
     "with_filename",
 ]

@@ -31,8 +31,11 @@ DIVERGING: tuple[tuple[float, str], ...] = (
 )
 # Weights (0..1) and other non-negative magnitudes: one sequential scale, dark purple (0) → yellow (1).
 SEQUENTIAL = "Viridis"
-# Cyclic quantities (RoPE rotation angles): a full turn brings the colour back.
-CYCLIC = "Twilight"
+# Cyclic quantities (RoPE rotation angles): a full turn brings the colour back. matplotlib's
+# "twilight" in ten even stops, written out because plotly.js knows no cyclic scale by name.
+_TWILIGHT = ("#e2d9e2", "#9ebbc9", "#6785be", "#5e43a5", "#421257",
+             "#471340", "#8e2c50", "#ba6657", "#ceac94", "#e2d9e2")
+CYCLIC: tuple[tuple[float, str], ...] = tuple((i / (len(_TWILIGHT) - 1), c) for i, c in enumerate(_TWILIGHT))
 MASKED_HINT = "hatched = masked (future position)"
 COLOUR_KEY = ("Colours: red = positive, blue = negative, white = zero (attention scores, positional "
               "values, cosine similarity); dark purple → yellow = attention weight 0 → 1; "

@@ -39,7 +39,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import plotly.graph_objects as go
 
 from ._common import (
     DIVERGING,
@@ -824,7 +823,7 @@ def attention_view(
     query: int | None = None,
     title_prefix: str | None = None,
     badges: Mapping[int, str] | None = None,
-) -> FigureSpec | go.Figure:
+) -> FigureSpec:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
     weights, scores: (L, H, T, T) post-softmax weights and pre-softmax scores of every layer (one
@@ -833,7 +832,7 @@ def attention_view(
     all heads of `layer`. causal: mask the future positions (`causal_mask`); masked cells are hatched.
 
     * "all layers": `attention_overview` of every layer's weights, or, when T exceeds
-      `overview_max_tokens`, a `message_figure` (a `go.Figure`) asking for a single layer;
+      `overview_max_tokens`, a `message_figure` asking for a single layer;
     * "weights" / "scores": `attention_grid` of the layer (head None) or `attention_head` of one
       head, for that kind.
 
@@ -900,8 +899,8 @@ def attention_view(
                           colour=colour, badge=badges.get(head), **style)
 
 
-def _prefixed(fig: go.Figure, prefix: str) -> go.Figure:
+def _prefixed(fig: FigureSpec, prefix: str) -> FigureSpec:
     """A message figure with `prefix` (plain text, escaped) put before its text."""
-    note = fig.layout.annotations[0]
-    note.text = esc(prefix) + note.text
+    note = fig.layout["annotations"][0]
+    note["text"] = esc(prefix) + note["text"]
     return fig

@@ -1,11 +1,12 @@
-"""Figure containers and the wire: `FigureSpec`, the Gradio hand-off, sizes, decoding back to numbers.
+"""Figure containers and the wire: `FigureSpec`, the figure JSON, sizes, decoding back to numbers.
 
-The figure builders return either a `FigureSpec` (plain dicts, fast JSON) or a plotly `go.Figure`;
-everything here accepts both (the `Figure` alias). A gr.Plot ships ``{"type": "plotly", "plot":
-<figure JSON>}`` JSON-encoded inside the SSE stream, without compression. plotly's own JSON writes
-every "/" as ``\\u002f`` (an HTML-safety escape); inside base64 array data, where "/" is one of
-the 64 symbols, that swells those characters several-fold once the text is JSON-encoded again.
-`to_gradio_plot` therefore sends the JSON with only that escape undone ("<" and ">" stay escaped).
+Every figure builder returns a `FigureSpec` (plain dicts, fast JSON); the helpers here also accept a
+plotly `go.Figure` (the `Figure` alias), for tests and one-off pages. A gr.Plot ships ``{"type":
+"plotly", "plot": <figure JSON>}`` JSON-encoded inside the SSE stream, without compression.
+plotly's own JSON writes every "/" as ``\\u002f`` (an HTML-safety escape); inside base64 array data,
+where "/" is one of the 64 symbols, that swells those characters several-fold once the text is
+JSON-encoded again. `plot_json` therefore writes the JSON with that escape undone, and the wiring
+(ui/plots.py) hands that text to gradio as it is.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _check_figure(fig: Any) -> None:
 
 
 def plot_json(fig: Figure) -> str:
-    """Figure JSON as `to_gradio_plot` sends it (plotly's JSON without the "/" escape)."""
+    """Figure JSON as a gr.Plot sends it (ui/plots.py): for a `go.Figure`, plotly's JSON without the "/" escape."""
     _check_figure(fig)
     if isinstance(fig, FigureSpec):
         return fig.to_json()
@@ -137,17 +138,10 @@ def with_filename(fig: Figure, name: str) -> Figure:
     return fig
 
 
-def to_gradio_plot(fig: Figure) -> Any:
-    """gradio PlotData for `fig` with the smaller JSON; return it from a handler whose output is a gr.Plot."""
-    from gradio.components.plot import PlotData  # the only gradio import in viz
-
-    return PlotData(type="plotly", plot=plot_json(fig))
-
-
 def payload_bytes(fig: Figure, *, compact: bool = True) -> int:
     """Bytes gradio puts on the wire for this figure in a gr.Plot.
 
-    compact=True measures `to_gradio_plot(fig)`; compact=False a plain ``return fig`` of the
+    compact=True measures `plot_json(fig)` as ui/plots.py sends it; compact=False a plain ``return fig`` of the
     equivalent `go.Figure` (`FigureSpec.to_plotly` for a spec). Equal to
     ``len(json.dumps(gr.Plot().postprocess(x).model_dump()))`` for the corresponding x.
     """

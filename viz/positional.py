@@ -8,7 +8,6 @@ the backgrounds are transparent (see viz._common). presentation=True: tick label
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 
 from ._common import (
     CYCLIC,
@@ -28,6 +27,7 @@ from ._common import (
     tick_label,
     to_milli,
 )
+from .payload import FigureSpec
 
 PE_KINDS = ("sinusoidal", "learned", "rope")
 
@@ -55,7 +55,7 @@ def _sizes(presentation: bool) -> dict:
 
 
 def _heatmap_figure(values: np.ndarray, *, lo: float, hi: float, scale, title: str, xtitle: str, ytitle: str,
-                    hover: str, cbar: str, height: int, presentation: bool = False, square: bool = False) -> go.Figure:
+                    hover: str, cbar: str, height: int, presentation: bool = False, square: bool = False) -> FigureSpec:
     """One milli-unit heatmap with integer position axes (position 0 on top)."""
     ticks = nice_ticks(lo, hi)
     size = _sizes(presentation)
@@ -87,10 +87,10 @@ def _heatmap_figure(values: np.ndarray, *, lo: float, hi: float, scale, title: s
     }
     trace = {"type": "heatmap", "z": encoded_milli(to_milli(values)), "coloraxis": "coloraxis",
              "hovertemplate": hover + f"{MILLI_FORMAT}<extra></extra>"}
-    return go.Figure(data=[trace], layout=layout)
+    return FigureSpec((trace,), layout)
 
 
-def positional_table(table: np.ndarray, kind: str, *, presentation: bool = False) -> go.Figure:
+def positional_table(table: np.ndarray, kind: str, *, presentation: bool = False) -> FigureSpec:
     """Positions × dimensions heatmap of a positional table.
 
     sinusoidal / learned: the (P, d_model) vectors added to the token embeddings, on the shared
@@ -119,7 +119,7 @@ def positional_table(table: np.ndarray, kind: str, *, presentation: bool = False
     )
 
 
-def positional_similarity(table: np.ndarray, kind: str = "learned", *, presentation: bool = False) -> go.Figure:
+def positional_similarity(table: np.ndarray, kind: str = "learned", *, presentation: bool = False) -> FigureSpec:
     """Position × position cosine similarity of the positional vectors, on the `DIVERGING` scale
     from −1 (blue) through 0 (white) to +1 (red).
 
@@ -141,7 +141,7 @@ def positional_similarity(table: np.ndarray, kind: str = "learned", *, presentat
     )
 
 
-def no_positional_encoding(*, presentation: bool = False) -> go.Figure:
+def no_positional_encoding(*, presentation: bool = False) -> FigureSpec:
     """Placeholder for models without positional encoding."""
     return message_figure(
         "This model has no positional encoding.\nApart from the causal mask, attention cannot tell "
@@ -149,7 +149,7 @@ def no_positional_encoding(*, presentation: bool = False) -> go.Figure:
     )
 
 
-def message_figure(text: str, *, presentation: bool = False) -> go.Figure:
+def message_figure(text: str, *, presentation: bool = False) -> FigureSpec:
     """An empty figure carrying a short message (lines separated by newlines; text is escaped)."""
     note = "<br>".join(esc(line) for line in text.split("\n"))
     annotation = empty_note(note)
@@ -166,4 +166,4 @@ def message_figure(text: str, *, presentation: bool = False) -> go.Figure:
         "yaxis": {"visible": False},
         "annotations": [annotation],
     }
-    return go.Figure(data=[], layout=layout)
+    return FigureSpec((), layout)
