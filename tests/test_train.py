@@ -435,6 +435,7 @@ def _overfit(keep_best: bool):
     return model, corpus, cfg, events
 
 
+@pytest.mark.slow  # 300 steps of a 2-layer model on real text
 def test_keep_best_brings_back_the_weights_of_the_lowest_validation_loss():
     model, corpus, cfg, events = _overfit(keep_best=True)
     evals = [(e.val_loss, e.step) for e in events if e.val_loss is not None and not e.done]
@@ -450,6 +451,7 @@ def test_keep_best_brings_back_the_weights_of_the_lowest_validation_loss():
     assert all(e.best_step is None or e.best_step <= e.step for e in events)
 
 
+@pytest.mark.slow  # 300 steps of a 2-layer model on real text
 def test_without_keep_best_the_last_weights_stay():
     model, corpus, cfg, events = _overfit(keep_best=False)
     last = events[-1]

@@ -250,6 +250,7 @@ needs_real_text = pytest.mark.skipif(not SHAKESPEARE.exists(), reason="overfitti
                                      "held-out part is its training part)")
 
 
+@pytest.mark.slow  # 300 steps of a 2-layer model on real text
 @needs_real_text
 def test_an_overfitting_run_is_told_so_and_keeps_the_best_weights():
     s = Session()
@@ -276,6 +277,7 @@ def test_an_overfitting_run_is_told_so_and_keeps_the_best_weights():
     assert figure["layout"]["shapes"][0]["x0"] == best_step
 
 
+@pytest.mark.slow  # 300 steps of a 2-layer model on real text
 @needs_real_text
 def test_without_keep_best_the_last_weights_stay():
     s = Session()
