@@ -154,6 +154,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
 
 
 # torch names what it refused as "... unsupported GLOBAL posix.system ..." or "Unsupported global: GLOBAL x.y"
+_OUT_OF_MEMORY = "reading it needed more memory than the reader's cap allows, so it was stopped"
 _UNSUPPORTED_GLOBAL = re.compile(r"unsupported (?:global:?\s*)?GLOBAL\s+([\w.]+)", re.IGNORECASE)
 
 
@@ -175,7 +176,7 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
         try:
             ckpt = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as exc:
-            if "mmap" not in str(exc):
+            if "_use_new_zipfile_serialization" not in str(exc):
                 raise
             ckpt = torch.load(src, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
     except pickle.UnpicklingError as exc:
@@ -183,13 +184,13 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
         what = f" ({found.group(1)})" if found else ""
         return {"error": f"its pickle asks for something a weights file never needs{what}; "
                          f"it was refused and nothing in it was run"}
-    except MemoryError:
-        return {"error": "reading it needed more memory than its cap allows"}
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, MemoryError) or "allocate memory" in str(exc):  # torch's allocator says it so
+            return {"error": _OUT_OF_MEMORY}
         return {"error": "not a PyTorch checkpoint that can be read (truncated, or another format)"}
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
         return {"error": "not a nanoGPT checkpoint: it has no 'model' entry with the weights"}
-    tensors = {}
+    tensors, seen = {}, set()
     for key, value in ckpt["model"].items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             return {"error": "its 'model' entry holds something other than named tensors"}
@@ -198,7 +199,11 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
             continue  # nanoGPT's causal-mask buffer (without flash attention), not a weight
         if not value.is_floating_point():
             return {"error": f"tensor {key} is not floating point"}
-        tensors[key] = value.detach().to(torch.float32).contiguous()
+        value = value.detach().to(torch.float32).contiguous()
+        if value.numel() and value.data_ptr() in seen:
+            value = value.clone()  # nanoGPT ties lm_head to wte; a safetensors file wants each tensor once
+        seen.add(value.data_ptr())
+        tensors[key] = value
     plain = {k: _plain(ckpt.get(k)) for k in ("model_args", "config", "iter_num")}
     save_file(tensors, str(Path(out_dir) / "tensors.safetensors"))
     Path(out_dir, "plain.json").write_text(json.dumps(plain))
@@ -210,7 +215,7 @@ def _worker_main(argv: list[str]) -> int:
     try:
         answer = _worker(src, out_dir, budget, cpu_s)
     except MemoryError:
-        answer = {"error": "reading it needed more memory than its cap allows"}
+        answer = {"error": _OUT_OF_MEMORY}
     except Exception:
         answer = {"error": "it could not be read as a PyTorch checkpoint"}
     print(json.dumps(answer), flush=True)
