@@ -1,6 +1,6 @@
 """Training throughput inside the app's own loop vs the engine's training loop called directly.
 
-Same config both ways, the Train tab's (model.presets.train_tab_recipe): corpus sort (char),
+Same config both ways, the Train tab's (lab.recipe.train_tab_recipe): corpus sort (char),
 2 layers, 4 heads, d_model 64, d_ff 256, learned positions, pre-norm, GELU, dropout 0, 300 steps,
 lr 3e-3, seed 0, the tab's batch size, warm-up and evaluation schedule.
 "app" = iterating app.train_model(...) on a lab Session (builds the corpus, streams the loss figure,
@@ -26,12 +26,12 @@ def direct(corpus_name: str, tok_kind: str, steps: int, lr: float, seed: int, te
 
     from lab.limits import TRAIN_MAX_SECONDS
     from model.corpora import build_corpus
-    from model.presets import train_tab_recipe
+    from lab.recipe import OWN_TOKENIZER, train_tab_recipe
     from model.train import train
     from model.transformer import DecoderLM
 
     t0 = time.perf_counter()
-    corpus = build_corpus(corpus_name, tok_kind if corpus_name in ("grammar", "text") else None, seed=seed, text=text)
+    corpus = build_corpus(corpus_name, tok_kind if corpus_name in OWN_TOKENIZER else None, seed=seed, text=text)
     cfg, tcfg = train_tab_recipe(corpus, layers=ARCH["layers"], heads=ARCH["heads"], d_model=ARCH["d_model"],
                                  d_ff=ARCH["d_ff"], pos_encoding=ARCH["pos"], norm=ARCH["norm"],
                                  activation=ARCH["activation"], dropout=ARCH["dropout"], steps=steps, lr=lr, seed=seed,

@@ -23,7 +23,9 @@ import torch
 
 from model.corpora import FEMALE_NAMES, MALE_NAMES
 from model.generate import Decoder, Sampling, generate
-from model.heads import ROLE_ORDER, ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_score, task_targets
+from model.heads import (
+    ROLE_ORDER, ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_of, task_score, task_targets,
+)
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
 
 from .checks import UserError, check_choice, check_int
@@ -123,12 +125,6 @@ class ProbeSettings:
 # ---------------------------------------------------------------------------- head roles
 
 
-def task_of(entry: ModelEntry) -> str | None:
-    """The task whose right attention is known for this model's corpus (sort, copy, grammar), or None."""
-    corpus = entry.meta.get("corpus") if isinstance(entry.meta, dict) else None
-    return corpus if corpus in TASK_ROLES else None
-
-
 @dataclass
 class HeadRoles:
     """Every score of every head on one text: scores[key] is (L, H), NaN where a score is undefined
@@ -187,7 +183,7 @@ class HeadRoles:
 
 
 def roles_for(entry: ModelEntry) -> tuple[Role, ...]:
-    task = task_of(entry)
+    task = task_of(entry.meta.get("corpus"))
     return tuple(ROLES[k] for k in SCORE_ROLES) + ((TASK_ROLES[task],) if task else ())
 
 
@@ -195,7 +191,7 @@ def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[
                        tokens: Sequence[str]) -> HeadRoles:
     """Every head's scores on these tokens from their attention (one (H, T, T) array per layer)."""
     scores = head_scores(weights, ids)
-    task = task_of(entry)
+    task = task_of(entry.meta.get("corpus"))
     if task:
         q, k = task_targets(task, tokens, GRAMMAR_NAMES)
         scores["match"] = task_score(task, np.stack(weights), q, k)

@@ -35,7 +35,8 @@ from safetensors.torch import save as st_save
 
 from .config import ModelConfig
 from .film import PREFIX as FILM_PREFIX
-from .film import Film, film_from_tensors, film_to_tensors, task_of
+from .film import Film, film_from_tensors, film_to_tensors
+from .heads import task_of
 from .tokenizers import MAX_LOADED_VOCAB, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
@@ -295,7 +296,7 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
     film = film_from_tensors(film_tensors, film_meta, cfg, tokenizer.vocab_size) if film_names else None
     if film is not None and film.task is None and isinstance(meta, dict):
         # a film recorded before its corpus's task was known (the grammar's pronoun → name) gets it from the file
-        film.task = task_of(meta.get("corpus") if isinstance(meta.get("corpus"), str) else None)
+        film.task = task_of(meta.get("corpus"))
     result = model.load_state_dict(tensors, strict=False)
     allowed_missing = {"head.weight"} if cfg.tie_weights else set()
     if set(result.missing_keys) != allowed_missing or result.unexpected_keys:

@@ -34,15 +34,12 @@ import numpy as np
 import torch
 
 from .corpora import FEMALE_NAMES, MALE_NAMES
-from .heads import MATCH_THRESHOLD, ROLES, TASK_ROLES, Role, head_scores, task_score, task_targets
+from .heads import MATCH_THRESHOLD, ROLES, TASK_ROLES, TASKS, Role, head_scores, task_score, task_targets
 
 FILM_FRAMES = 40  # default number of frames of a run
 MAX_FILM_FRAMES = 100
 MAX_PROBE_TOKENS = 32  # the probe prompt is cut to its last 32 tokens (and to the model's block size)
 FILM_EVAL_BATCHES = 2  # batches per loss of a frame (at most the run's eval_batches): a frame must stay cheap
-# corpora whose right attention is known: their films get the task's "match" score (model.heads.TASK_ROLES:
-# sort match, copy match, pronoun → name)
-TASKS = ("sort", "copy", "grammar")
 NAME_GENDERS = {**{n: "f" for n in FEMALE_NAMES}, **{n: "m" for n in MALE_NAMES}}  # the grammar corpus's names
 MAX_PIECE_CHARS = 200  # a stored display piece longer than this is refused
 PHASE_WINDOW_FRAC = 0.05  # a phase window spans ~5 % of the run ...
@@ -50,11 +47,6 @@ PHASE_WINDOW_FRAMES = 2  # ... or 2 frames, whichever is larger
 MIN_PHASE_CHANGE = 0.15  # a phase is reported only when the score moves by at least this much
 ROW_SUM_TOL = 1e-3
 PREFIX = "film."
-
-
-def task_of(corpus_name: str | None) -> str | None:
-    """The task whose ideal attention is known ("sort", "copy"), or None for other corpora."""
-    return corpus_name if corpus_name in TASKS else None
 
 
 def frame_steps(total_steps: int, n_frames: int = FILM_FRAMES) -> list[int]:
@@ -156,7 +148,7 @@ class Film:
     probe_tokens: list[str]  # display pieces of the probe
     frames: list[Frame]  # in step order
     total_steps: int  # the steps the run was set to take (the last frame is the last step run)
-    task: str | None = None  # one of TASKS or None (enables the task's own "match" score)
+    task: str | None = None  # one of model.heads.TASKS or None (enables the task's own "match" score)
     kept_step: int | None = None  # when keep_best brought earlier weights back: their step
 
     def steps(self) -> np.ndarray:

@@ -7,13 +7,11 @@ only computes one new row. Sampling uses a per-decoder `torch.Generator`, never 
 `generate(decoder, n)` is the one generation loop: the app's Step and Generate, the CLI and
 the tests all continue a decoder's text through it.
 
-CLI: python -m model.generate --checkpoint assets/sort.safetensors --prompt 503124= --temperature 0
+CLI (model/cli.py): python -m model.generate --checkpoint assets/sort.safetensors --prompt 503124= --temperature 0
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -298,90 +296,7 @@ def _generate(decoder: Decoder, max_new_tokens: int, sampling: Sampling | None, 
             decoder.capture(was)  # turning capture off only sets the flag: the attention stays
 
 
-# ----------------------------------------------------------------------------------- CLI
-
-
-def _number_in(kind: type, bounds: tuple[float, float]) -> Callable[[str], float]:
-    """argparse type: a number of `kind` within the closed interval `bounds`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not (bounds[0] <= value <= bounds[1]):
-            raise argparse.ArgumentTypeError(f"{value} is outside [{bounds[0]}, {bounds[1]}]")
-        return value
-
-    return parse
-
-
-def _whole(text: str) -> int:
-    """argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    defaults = Sampling()
-    t_lo, t_hi = TEMPERATURE_RANGE
-    p_lo, p_hi = TOP_P_RANGE
-    p = argparse.ArgumentParser(
-        prog="python -m model.generate",
-        description="Continue a prompt with a saved checkpoint, one token at a time.",
-    )
-    p.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by model.train")
-    p.add_argument("--prompt", required=True, help="text to continue, encoded with the checkpoint's tokenizer")
-    p.add_argument("--max-new-tokens", type=_whole, default=50,
-                   help="stop after this many new tokens, or at <EOS> (default %(default)s)")
-    p.add_argument("--temperature", type=_number_in(float, TEMPERATURE_RANGE), default=defaults.temperature,
-                   help=f"softmax temperature in [{t_lo}, {t_hi}]; 0 is greedy (default %(default)s)")
-    p.add_argument("--top-k", type=_whole, default=defaults.top_k,
-                   help="keep the k most likely tokens; 0 = off (default %(default)s)")
-    p.add_argument("--top-p", type=_number_in(float, TOP_P_RANGE), default=defaults.top_p,
-                   help=f"nucleus sampling mass in [{p_lo}, {p_hi}]; 1 = off (default %(default)s)")
-    p.add_argument("--seed", type=_whole, default=defaults.seed,
-                   help="seed of the sampler's own random generator (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per generated token instead of the text")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .checkpoint import load_checkpoint
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        ckpt = load_checkpoint(args.checkpoint)
-        tok = ckpt.tokenizer
-        decoder = Decoder(ckpt.model, tok.encode(args.prompt), sampling, capture_attention=False,
-                          eos_id=tok.eos_id, piece=tok.piece)
-    except ValueError as exc:
-        parser.error(str(exc))  # exits with status 2
-    new: list[int] = []
-    for step in generate(decoder, args.max_new_tokens, attention="none"):
-        new.append(step.token_id)
-        if args.json:
-            record = {
-                "position": step.position,
-                "token_id": step.token_id,
-                "text": tok.decode([step.token_id]),
-                "prob": float(step.probs[step.token_id]),
-                "sampled_prob": float(step.adjusted[step.token_id]),
-                "cropped": step.cropped,
-                "eos": step.eos,
-            }
-            print(json.dumps(record, ensure_ascii=False), flush=True)
-    if not args.json:
-        print(tok.decode(new))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import generate_main
+
+    sys.exit(generate_main())

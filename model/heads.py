@@ -197,6 +197,18 @@ TASK_ROLES: dict[str, Role] = {
                     "a pronoun of this text looks at the name it stands for (heads split the pronouns between "
                     "them, so the largest link is the one to look for)"),
 }
+# The corpora whose right attention is known, and so have a task role: one per key of TASK_ROLES.
+TASKS = tuple(TASK_ROLES)
+
+
+def task_of(corpus_name: object) -> str | None:
+    """The task of a corpus whose right attention is known (one of TASKS: sort, copy, grammar), or None.
+
+    Takes the corpus name as stored anywhere (a checkpoint's metadata included): anything but one of
+    those names, a non-string too, has no task."""
+    return corpus_name if isinstance(corpus_name, str) and corpus_name in TASK_ROLES else None
+
+
 PRONOUN_GENDER = {"he": "m", "him": "m", "his": "m", "she": "f", "her": "f"}
 
 

@@ -1,16 +1,13 @@
-"""Recipes: named model + training presets, and the Train tab's recipe.
+"""The built-in models' presets: the model and training configs each shipped checkpoint is made from.
 
 Each shipped checkpoint in assets/ is made from one of the presets by the CLI
 (`python -m model.train --preset NAME --out assets/NAME`; a preset of the "text" corpus reads its
 text from `--text PATH`), and tests hold it to its quality bar. The CLI records each one's training
 film too (`--film`, default FILM_FRAMES frames, on the preset's `probe` or, when that is None, a
 held-out example: the first validation example of sort/copy/toy, the start of the validation text
-of grammar/shakespeare); the sort, copy and grammar films carry their task (`Preset.task`), which
-adds the task's own score (sort match, copy match, pronoun → name).
-`train_tab_defaults` fills the Train tab's form with the recipe of a corpus's built-in model
-(its tokenizer, architecture, steps and learning rate), and `train_tab_recipe` turns the form
-(already checked by the lab layer) into the same two configs, so a recipe is read in one place whichever way a run starts (minGPT keeps
-its `get_config()` beside the project it configures, apart from the trainer).
+of grammar/shakespeare); the sort, copy and grammar films carry their task (model.heads.task_of),
+which adds the task's own score (sort match, copy match, pronoun → name).
+The Train tab starts from these presets too, through its own recipe (lab/recipe.py).
 """
 
 from __future__ import annotations
@@ -18,11 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from .config import ModelConfig
-from .corpora import Corpus
-from .film import FILM_FRAMES, task_of
 from .train import TrainConfig
 
 
@@ -39,11 +32,6 @@ class Preset:
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model)
-
-    @property
-    def task(self) -> str | None:
-        """The task of its film ("sort", "copy", "grammar": the right attention is known, so its score is shown)."""
-        return task_of(self.corpus)
 
 
 PRESETS: dict[str, Preset] = {
@@ -110,115 +98,3 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
-
-# The Train tab's fixed choices: a text corpus is cut into windows of this many tokens; the
-# task corpora (sort, copy, toy) bring their own example length.
-TAB_TEXT_BLOCK = 64
-TAB_BATCH_SIZE = 16
-TAB_EVAL_BATCHES = 4
-# The tab trains with the hand-written step (model/fastpath.py) and, on CPUs with AMX tiles, in bf16 once the
-# matrices are big enough to pay for the copy: d_model x tokens per step >= BF16_PAYS_FROM. Measured here
-# (bench/RESULTS.md, issue 16; 1 thread, film on): the tab's sort model (13 K) 3.9 ms/step fp32 vs 4.2 bf16;
-# sort at d_model 128 (27 K) 9.0 vs 7.9; grammar at d_model 48 (49 K) 13.9 vs 11.6 and 96 (98 K) 31-39 vs 21.9.
-BF16_PAYS_FROM = 20_000
-
-
-def amx_available() -> bool:
-    """Whether this CPU has AMX tiles (where bf16 matrix products run several times faster than fp32)."""
-    check = getattr(torch.cpu, "_is_amx_tile_supported", None)  # torch's own probe (private, so guarded)
-    try:
-        return bool(check()) if check is not None else False
-    except Exception:  # a build without the probe's support: assume no AMX
-        return False
-
-
-def tab_bf16(mcfg: ModelConfig, batch_size: int = TAB_BATCH_SIZE) -> bool:
-    """Whether a Train-tab run of this model trains in bf16 (see BF16_PAYS_FROM)."""
-    return amx_available() and mcfg.d_model * batch_size * mcfg.block_size >= BF16_PAYS_FROM
-
-# The built-in model whose recipe is the Train tab's default for each corpus ("text", your own
-# text: the character model of real text).
-TAB_CORPUS_PRESETS = {"grammar": "grammar", "sort": "sort", "copy": "copy", "toy": "toy", "text": "shakespeare"}
-# Fewer steps than the preset where the tab's batches and wall-clock limit cannot fit its run:
-# 1000 steps of the Shakespeare model take about 90 s on two CPU cores (validation ≈ 2.0 on Tiny
-# Shakespeare); 2000 would meet the time limit.
-TAB_STEPS = {"text": 1000}
-
-
-def train_tab_defaults(corpus_name: str, limits: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
-    """The Train tab's form for `corpus_name`: the recipe of that corpus's built-in model.
-
-    Keys: tokenizer, layers, heads, d_model, d_ff (4 × d_model when the preset leaves it out),
-    pos_encoding, norm, activation, dropout, steps, lr. With `limits` (the form's inclusive
-    (low, high) by label, as lab.limits.TRAIN_LIMITS) each number is brought inside them (the
-    article toy's d_model 4 is below the form's smallest); what the form cannot set (the toy's
-    missing biases, a context longer than the tab's windows) stays the preset's alone.
-    """
-    if corpus_name not in TAB_CORPUS_PRESETS:
-        raise ValueError(f"no Train-tab recipe for corpus {corpus_name!r}; expected one of {', '.join(TAB_CORPUS_PRESETS)}")
-    p = PRESETS[TAB_CORPUS_PRESETS[corpus_name]]
-    m = p.model
-    d_model = m["d_model"]
-    form = dict(
-        tokenizer=p.tokenizer, layers=m["n_layers"], heads=m["n_heads"], d_model=d_model,
-        d_ff=4 * d_model if m.get("d_ff") is None else m["d_ff"], pos_encoding=m.get("pos_encoding", "learned"),
-        norm=m.get("norm", "pre"), activation=m.get("activation", "gelu"), dropout=m.get("dropout", 0.0),
-        steps=TAB_STEPS.get(corpus_name, p.train.steps), lr=p.train.lr,
-    )
-    for key, label in (("layers", "layers"), ("heads", "heads"), ("d_model", "d_model"), ("d_ff", "d_ff"),
-                       ("dropout", "dropout"), ("steps", "steps"), ("lr", "learning rate")):
-        if limits and label in limits:
-            low, high = limits[label]
-            form[key] = type(form[key])(min(max(form[key], low), high))
-    return form
-
-
-def example_length(corpus: Corpus) -> int:
-    """The tokens of one whole example of a task corpus: its input row and the last target (<EOS>)."""
-    return int(corpus.train.x.shape[1]) + 1
-
-
-def tab_example_block(corpus: Corpus) -> int:
-    """The context of a Train-tab model of a task corpus (sort, copy, toy): its built-in model's, and never
-    shorter than one whole example, so a generated answer keeps its prompt's first token in view."""
-    preset = PRESETS.get(TAB_CORPUS_PRESETS.get(corpus.name, ""))
-    return max(example_length(corpus), preset.model["block_size"] if preset is not None else 0)
-
-
-def train_tab_recipe(
-    corpus: Corpus,
-    *,
-    layers: int,
-    heads: int,
-    d_model: int,
-    d_ff: int,
-    pos_encoding: str,
-    norm: str,
-    activation: str,
-    dropout: float,
-    steps: int,
-    lr: float,
-    seed: int,
-    max_seconds: float | None,
-    keep_best: bool = False,
-    film_frames: int = FILM_FRAMES,
-    probe_ids: tuple[int, ...] = (),
-) -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configs of a Train-tab run on `corpus`.
-
-    The context is TAB_TEXT_BLOCK for text, else `tab_example_block` (every example fits whole).
-    Warm-up is a tenth of the run (at most 50 steps) and the model is evaluated ten times,
-    so a short run still shows a validation curve. `keep_best`: end with the weights of the
-    lowest validation loss seen (TrainConfig.keep_best). `film_frames` (0 = none) and `probe_ids`
-    (empty = a held-out example of the corpus): the run's training film (model/film.py). The step is the
-    hand-written one where the model allows (backward="auto"), in bf16 where `tab_bf16` says it pays.
-    """
-    block = TAB_TEXT_BLOCK if corpus.kind == "text" else tab_example_block(corpus)
-    mcfg = ModelConfig(vocab_size=corpus.tokenizer.vocab_size, block_size=block, n_layers=layers, n_heads=heads,
-                       d_model=d_model, d_ff=d_ff, pos_encoding=pos_encoding, norm=norm, activation=activation,
-                       dropout=dropout)
-    tcfg = TrainConfig(steps=steps, batch_size=TAB_BATCH_SIZE, lr=lr, warmup=min(50, steps // 10),
-                       eval_every=max(10, steps // 10), eval_batches=TAB_EVAL_BATCHES, seed=seed,
-                       max_seconds=max_seconds, keep_best=keep_best, film_frames=film_frames, probe_ids=tuple(probe_ids),
-                       backward="auto", bf16=tab_bf16(mcfg))
-    return mcfg, tcfg

@@ -8,33 +8,25 @@ With cfg.film_frames > 0 a run records a training film (model/film.py): at the s
 `frame_steps` (and at step 0, before the first step) the attention on a probe prompt and the
 train and validation loss; the final event carries the `Film`.
 
-CLI: python -m model.train --corpus sort --steps 2000 --out assets/sort
+CLI (model/cli.py): python -m model.train --corpus sort --steps 2000 --out assets/sort
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import math
-import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from .config import ACTIVATIONS, NORMS, POS_ENCODINGS, ModelConfig
-from . import distributed
-from .distributed import DEFAULT_TIMEOUT_S, Ranks, wrap
-from .film import (
-    FILM_EVAL_BATCHES, FILM_FRAMES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps, task_of,
-)
+from .distributed import Ranks, wrap
 from .fastpath import ManualStep, unsupported
-from .generate import SEED_RANGE
+from .film import FILM_EVAL_BATCHES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps
+from .heads import task_of
 from .transformer import DecoderLM
 
 
@@ -68,8 +60,7 @@ class TrainConfig:
     sdpa: str = "auto"  # attention kernel while training: "auto" (torch's choice), "math" or "flash"
     backward: str = "autograd"  # "autograd"; "manual": model/fastpath's hand-written step on flat weights (CPU, one
     # process, no compile, the models it handles); "auto": manual where it can run, else autograd
-    probe_every: int = 0  # capture attention on probe_ids every N steps (0 = never)
-    probe_ids: tuple[int, ...] = field(default_factory=tuple)
+    probe_ids: tuple[int, ...] = field(default_factory=tuple)  # the film's probe prompt (empty: a held-out example)
     keep_best: bool = False  # end with the weights of the lowest validation loss seen (at an evaluation)
     film_frames: int = 0  # record a training film of this many frames on probe_ids (0 = no film; see model/film.py)
 
@@ -79,7 +70,7 @@ class TrainConfig:
         for name in ("steps", "batch_size", "eval_batches"):
             if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive whole number, got {getattr(self, name)!r}")
-        for name in ("warmup", "eval_every", "probe_every"):
+        for name in ("warmup", "eval_every"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, got {getattr(self, name)!r}")
         if not _is_int(self.seed):
@@ -172,7 +163,6 @@ class TrainEvent:
     elapsed: float
     done: bool = False
     stop_reason: str | None = None  # "finished" | "stopped" | "time limit"
-    probe_attention: list | None = None  # per layer (H, T, T) numpy, on probe steps
     best_val_loss: float | None = None  # the lowest validation loss so far (this event's included)
     best_step: int | None = None  # the step it was measured at
     kept_step: int | None = None  # done: the step whose weights the model holds (best_step when keep_best
@@ -187,7 +177,7 @@ class TrainEvent:
     def log_dict(self) -> dict:
         """The event's numbers as a JSON-able dict (no attention arrays, frame or film)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("probe_attention", "frame", "film")}
+                if f.name not in ("frame", "film")}
 
 
 def well_above_best(val_loss: float, best: float) -> bool:
@@ -281,14 +271,24 @@ def train(
     (a copy taken at that evaluation) are put back at the end if the final ones are worse; the
     last event's kept_step says which step's weights the model holds.
 
+    The backward pass: cfg.backward picks it. "autograd" is the module's forward and
+    loss.backward(); "manual" is the hand-written step of model/fastpath.py (`ManualStep`);
+    "auto" takes the hand-written one wherever `manual_step_blocker` finds nothing against it
+    (CPU, one process, no compile, a model fastpath covers) and autograd elsewhere. The Train tab
+    and the CLI run with "auto", so the Train tab trains its models with the hand-written
+    backward. The result is the same because the hand-written step computes the same loss and
+    the same gradients as autograd, only with fewer operations: in float64 they agree on every
+    gradient, and an fp32 run of either kind gives the same losses at every step and the same
+    weights up to float rounding (tests/test_fastpath.py); clipping and AdamW are applied alike.
+
     With cfg.film_frames > 0 a film is recorded on cfg.probe_ids (cut to its last
     min(block_size, MAX_PROBE_TOKENS) tokens; empty: `default_probe_ids(corpus)`, a held-out
     example): frame 0 before the first step, a frame after each step of
     `frame_steps(cfg.steps, cfg.film_frames)` but the last, and a last frame of the final model
     (after keep_best put earlier weights back) at the last step run, also when the run stops
     early. Recording changes nothing in the training: the weights are bit-identical without it.
-    The film's probe_tokens are the corpus tokenizer's display pieces; its task is the corpus's
-    ("sort", "copy") or None.
+    The film is the one record of attention during training. Its probe_tokens are the corpus
+    tokenizer's display pieces; its task is the corpus's (model.heads.task_of) or None.
 
     ranks: this process's place in a distributed run (model.distributed; the process group
     already started): every rank draws the same global batch and trains on its share through
@@ -383,8 +383,6 @@ def train(
                     if cfg.keep_best:  # a copy, not a view: the next optimizer step changes the weights in place
                         best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             ev.best_val_loss, ev.best_step = best_val, best_step
-            if cfg.probe_every and cfg.probe_ids and step % cfg.probe_every == 0:
-                ev.probe_attention = probe(model, cfg.probe_ids)
             if film_frames and step in film_at and step < cfg.steps:  # the last frame: on the final model
                 frames.append(record(step))
                 pending.append(frames[-1])
@@ -426,6 +424,8 @@ def train(
 
 @torch.no_grad()
 def probe(model: DecoderLM, ids: tuple[int, ...]) -> list:
+    """The attention of every layer on `ids` (its last block_size tokens), per layer (H, T, T) float32
+    numpy, in eval mode (no dropout): what a film's frame holds."""
     was_training = model.training
     model.eval()
     ids = ids[-model.cfg.block_size :]
@@ -434,241 +434,7 @@ def probe(model: DecoderLM, ids: tuple[int, ...]) -> list:
     return [a[0].float().cpu().numpy() for a in out.attentions]
 
 
-# ----------------------------------------------------------------------------------- CLI
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from .corpora import CORPUS_NAMES
-    from .tokenizers import TOKENIZER_KINDS
-
-    p = argparse.ArgumentParser(
-        prog="python -m model.train",
-        description="Train a small decoder-only transformer and save it as a checkpoint.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--corpus", default="sort", choices=CORPUS_NAMES, help="built-in corpus (text needs --text)")
-    p.add_argument("--text", type=Path,
-                   help="train on this UTF-8 text file (implies --corpus text; a preset of the text corpus needs it)")
-    p.add_argument("--tokenizer", default=None, choices=TOKENIZER_KINDS,
-                   help="tokenizer for text corpora (default: the corpus's own)")
-    p.add_argument("--preset", help="use a named model+training preset (see model/presets.py); --steps, --lr, --seed, --max-seconds, --bf16, --schedule, --decay-frac and --keep-best override it; architecture flags are ignored")
-    p.add_argument("--layers", type=int, default=2, help="number of transformer blocks")
-    p.add_argument("--heads", type=int, default=4, help="attention heads per block")
-    p.add_argument("--d-model", type=int, default=64, help="embedding / residual width")
-    p.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default 4*d_model; 0 = none)")
-    p.add_argument("--block-size", type=int, default=64, help="context length in tokens")
-    p.add_argument("--pos", default="learned", choices=POS_ENCODINGS, help="positional encoding")
-    p.add_argument("--norm", default="pre", choices=NORMS, help="layer-norm placement")
-    p.add_argument("--activation", default="gelu", choices=ACTIVATIONS, help="feed-forward activation")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
-    p.add_argument("--no-bias", action="store_true", help="linear layers and norms without bias")
-    p.add_argument("--tie", action="store_true", help="tie input embedding and output head weights")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=12, help="sequences per batch")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    p.add_argument("--min-lr", type=float, default=None, help="learning rate the cosine or wsd decay ends at (default lr/10)")
-    p.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
-    p.add_argument("--schedule", default="cosine", choices=SCHEDULES,
-                   help="learning-rate decay after warm-up: cosine, wsd (hold, then linear decay over the last --decay-frac) or constant")
-    p.add_argument("--decay-frac", type=float, default=0.3, help="wsd: fraction of the steps spent decaying to --min-lr")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
-    p.add_argument("--eval-every", type=int, default=100, help="evaluate on held-out data every N steps")
-    p.add_argument("--keep-best", action="store_true",
-                   help="end with the weights of the lowest validation loss seen at an evaluation, if the final ones are worse")
-    p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batches")
-    p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (model is kept)")
-    p.add_argument("--bf16", action="store_true",
-                   help="matrix products in bfloat16 (fast on CPUs with AMX; always on with CUDA): a bf16 copy of the "
-                        "fp32 weights on the hand-written step, autocast on autograd's")
-    p.add_argument("--backward", default="auto", choices=BACKWARDS,
-                   help="training step: auto = the hand-written step of model/fastpath.py where it can run (CPU, one "
-                        "process, pre-norm or no norm, no rope, gelu/relu, no dropout), else autograd; manual = "
-                        "refuse when it cannot; autograd = always the module's forward and loss.backward()")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="where to train: auto = CUDA when there is a GPU; under torchrun each process takes its "
-                        "LOCAL_RANK's GPU")
-    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                   help="under torchrun: how long a process waits for the others before giving up")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--film", type=int, default=FILM_FRAMES, metavar="N",
-                   help=f"record a training film of N frames (0 = none; at most {MAX_FILM_FRAMES}) into the checkpoint")
-    p.add_argument("--probe", default=None, metavar="TEXT",
-                   help="the film's probe prompt (its last 32 tokens; default: a held-out example of the corpus, "
-                        "one validation example of sort/copy/toy or the start of the validation text)")
-    p.add_argument("--out", type=Path, help="checkpoint path to save (.safetensors is added; a .json beside it)")
-    p.add_argument("--quiet", action="store_true", help="print only evaluation steps and the result")
-    return p
-
-
-# the config fields a CLI flag sets, for its refusals ("steps must be …" is said as "--steps must be …")
-FLAGS = {"steps": "--steps", "batch_size": "--batch-size", "lr": "--lr", "min_lr": "--min-lr", "warmup": "--warmup",
-         "decay_frac": "--decay-frac", "weight_decay": "--weight-decay", "eval_every": "--eval-every",
-         "seed": "--seed", "max_seconds": "--max-seconds", "block_size": "--block-size", "n_layers": "--layers",
-         "n_heads": "--heads", "d_model": "--d-model", "d_ff": "--d-ff", "dropout": "--dropout"}
-
-
-def _as_flags(message: str) -> str:
-    """A config's refusal in the words of the command line: its field names as their flags."""
-    return re.sub(r"\b(" + "|".join(FLAGS) + r")\b(=?)", lambda m: FLAGS[m.group(1)] + (" " if m.group(2) else ""),
-                  message)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be a whole number >= 1, got {args.threads}")
-    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
-        parser.error(f"--seed must be a whole number in [{SEED_RANGE[0]}, {SEED_RANGE[1]:,}], got {args.seed}")
-    if args.dist_timeout is not None and not args.dist_timeout > 0:
-        parser.error(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        ranks = distributed.from_env()
-        device = pick_device(args.device, ranks)
-        distributed.start(ranks, device, args.dist_timeout)
-    except distributed.DistributedError as exc:
-        print(f"cannot train: {exc}", file=sys.stderr)
-        return 2
-    try:
-        return _main(parser, args, argv, ranks, device)
-    except distributed.DistributedError as exc:
-        print(f"rank {ranks.rank}: cannot train: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # a collective that failed: another process died or stopped answering
-        if not ranks.active:
-            raise
-        print(f"rank {ranks.rank}: the distributed run stopped ({str(exc).splitlines()[0][:200]}); "
-              "no checkpoint was written", file=sys.stderr)
-        return 1
-    finally:
-        distributed.stop()
-
-
-def pick_device(name: str, ranks: distributed.Ranks) -> torch.device:
-    """--device: "auto" is CUDA when there is a GPU; under torchrun each process takes its LOCAL_RANK's."""
-    cuda = torch.cuda.is_available()
-    if name == "cuda" and not cuda:
-        raise distributed.DistributedError("--device cuda, but this machine has no CUDA GPU")
-    if name == "cpu" or not cuda:
-        return torch.device("cpu")
-    index = ranks.local_rank if ranks.active else 0
-    if index >= torch.cuda.device_count():
-        raise distributed.DistributedError(f"process {ranks.rank} wants GPU {index}, but this machine has "
-                                           f"{torch.cuda.device_count()}")
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def _setup(parser, args):
-    """The corpus and the two configs the flags ask for (ValueError names a bad value), or an exit
-    status after saying what is wrong."""
-    from .corpora import build_corpus, read_text_file
-    from .presets import PRESETS
-
-    if args.preset:
-        if args.preset not in PRESETS:
-            print(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
-            return 2
-        preset = PRESETS[args.preset]
-        if (preset.corpus == "text") != (args.text is not None):
-            need = "needs --text PATH" if preset.corpus == "text" else "brings its own corpus: leave out --text"
-            print(f"preset {args.preset!r} {need}", file=sys.stderr)
-            return 2
-        text = read_text_file(args.text) if args.text else None  # a text preset never stores its text
-        corpus = build_corpus(preset.corpus, preset.tokenizer, seed=args.seed, text=text)
-        mcfg = preset.model_config(corpus.tokenizer.vocab_size)
-        tcfg = preset.train
-        overrides = {
-            k: getattr(args, k)
-            for k in ("steps", "lr", "seed", "max_seconds", "bf16", "schedule", "decay_frac", "keep_best")
-            if getattr(args, k) != parser.get_default(k)
-        }
-        overrides["backward"] = args.backward
-        tcfg = TrainConfig(**{**asdict(tcfg), **overrides})
-    else:
-        text = read_text_file(args.text) if args.text else None
-        corpus = build_corpus("text" if text else args.corpus, args.tokenizer, seed=args.seed, text=text)
-        mcfg = ModelConfig(
-            vocab_size=corpus.tokenizer.vocab_size, block_size=args.block_size, n_layers=args.layers,
-            n_heads=args.heads, d_model=args.d_model, d_ff=args.d_ff, pos_encoding=args.pos, norm=args.norm,
-            activation=args.activation, dropout=args.dropout, bias=not args.no_bias, tie_weights=args.tie,
-        )
-        tcfg = TrainConfig(
-            steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
-            weight_decay=args.weight_decay, eval_every=args.eval_every, seed=args.seed,
-            max_seconds=args.max_seconds, bf16=args.bf16, schedule=args.schedule, decay_frac=args.decay_frac,
-            keep_best=args.keep_best, backward=args.backward,
-        )
-    probe_ids: list[int] = []
-    probe_text = args.probe if args.probe is not None else (PRESETS[args.preset].probe if args.preset else None)
-    if probe_text is not None:
-        probe_ids = clip_probe(corpus.tokenizer.encode(probe_text), mcfg.block_size)
-        if not probe_ids:
-            print("--probe gives no tokens; type some text, or leave it out for the default probe", file=sys.stderr)
-            return 2
-    elif args.film:
-        probe_ids = default_probe_ids(corpus, mcfg.block_size)
-    try:
-        tcfg = replace(tcfg, film_frames=args.film, probe_ids=tuple(probe_ids) if args.film else tcfg.probe_ids)
-    except ValueError as exc:
-        print(f"--film: {exc}", file=sys.stderr)
-        return 2
-    return corpus, mcfg, tcfg
-
-
-def _main(parser, args, argv, ranks: distributed.Ranks, device: torch.device) -> int:
-    from .checkpoint import save_checkpoint
-    from .presets import PRESETS
-
-    say = print if ranks.main else (lambda *a, **k: None)  # only rank 0 speaks
-    try:  # every value is checked where its config is built: a bad one ends the run with its sentence
-        setup = _setup(parser, args)
-    except OSError as exc:
-        parser.error(f"cannot read {args.text}: {exc.strerror or exc}")
-    except ValueError as exc:
-        parser.error(_as_flags(str(exc)))
-    if isinstance(setup, int):
-        return setup
-    corpus, mcfg, tcfg = setup
-    if device.type == "cuda":
-        tcfg = replace(tcfg, bf16=True)  # CUDA trains under bfloat16 autocast
-    torch.manual_seed(tcfg.seed)  # every rank builds the same initial weights
-    model = DecoderLM(mcfg).to(device)
-    try:
-        manual = uses_manual_step(model, tcfg, ranks)
-    except ValueError as exc:  # --backward manual on a run it cannot take
-        print(f"--backward: {exc}", file=sys.stderr)
-        return 2
-    say(json.dumps({"corpus": corpus.name, "params": model.n_params(), "model": mcfg.to_dict(),
-                    "device": str(device), "bf16": tcfg.bf16, "processes": ranks.world,
-                    "backward": "manual" if manual else "autograd"}))
-    last = None
-    for ev in train(model, corpus, tcfg, ranks=ranks):
-        last = ev
-        if ev.done or ev.val_loss is not None or not args.quiet:
-            say(json.dumps(ev.log_dict()), flush=True)
-    model.to("cpu")
-    if args.out and ranks.main:  # one writer; written whole or not at all (atomic_write)
-        meta = {
-            "corpus": corpus.name,
-            "command": "python -m model.train " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "steps": last.step,
-            "final_val_loss": round(last.val_loss, 4),
-            "final_train_loss": round(last.eval_train_loss, 4),
-            "seconds": round(last.elapsed, 1),
-            **({"kept_step": last.kept_step} if tcfg.keep_best else {}),
-            "summary": PRESETS[args.preset].summary if args.preset else "",
-            "quality": PRESETS[args.preset].quality if args.preset else "",
-            **({"film_frames": len(last.film.frames), "film_probe": corpus.tokenizer.decode(last.film.probe_ids)}
-               if last.film is not None else {}),
-        }
-        path = save_checkpoint(args.out, model, corpus.tokenizer, meta, film=last.film)
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-        say(f"saved {path}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import train_main
+
+    sys.exit(train_main())

@@ -26,7 +26,8 @@ from model.evaluation import held_out_examples, task_accuracy
 from model.generate import Decoder, Sampling, generate
 from model.presets import PRESETS
 from model.tokenizers import EOS
-from model.train import build_parser, evaluate
+from model.cli import train_parser
+from model.train import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
@@ -69,7 +70,7 @@ def command_args(name: str):
     """The recorded training command, parsed by the real CLI parser."""
     argv = shlex.split(record(name)["command"])
     assert argv[:3] == ["python", "-m", "model.train"]
-    return build_parser().parse_args(argv[3:])
+    return train_parser().parse_args(argv[3:])
 
 
 @cache
@@ -91,7 +92,7 @@ def corpus_for(name: str):
 
 def train_seed(name: str) -> int:
     args = command_args(name)
-    return args.seed if args.seed != build_parser().get_default("seed") else PRESETS[args.preset].train.seed
+    return args.seed if args.seed != train_parser().get_default("seed") else PRESETS[args.preset].train.seed
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -222,12 +223,12 @@ def test_assets_total_size_under_12_mb():
 
 def test_text_preset_reads_its_text_from_the_command_line(capsys):
     """A preset of the text corpus stores no text: the CLI needs --text for it, and refuses --text for the others."""
-    from model.train import main
+    from model.cli import train_main
 
     assert PRESETS["shakespeare"].corpus == "text"
-    assert main(["--preset", "shakespeare", "--steps", "1"]) == 2
+    assert train_main(["--preset", "shakespeare", "--steps", "1"]) == 2
     assert "needs --text" in capsys.readouterr().err
-    assert main(["--preset", "sort", "--text", str(SHAKESPEARE_TEXT), "--steps", "1"]) == 2
+    assert train_main(["--preset", "sort", "--text", str(SHAKESPEARE_TEXT), "--steps", "1"]) == 2
     assert "leave out --text" in capsys.readouterr().err
 
 

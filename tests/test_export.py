@@ -26,7 +26,7 @@ from lab.models import ModelEntry
 from lab.session import Session
 from model.config import ModelConfig
 from model.generate import Sampling
-from model.heads import task_targets
+from model.heads import task_of, task_targets
 from model.interventions import Intervention
 from model.tokenizers import CharTokenizer
 from model.transformer import DecoderLM
@@ -319,8 +319,9 @@ def test_head_roles_read_back_as_the_attention_scores(fixture, request):
     expect = reference_scores(weights, ids)
     roles = probing.head_roles(s)
     if "match" in [r.key for r in roles.roles]:
-        q, k = task_targets(probing.task_of(s.entry), [s.entry.tokenizer.piece(i) for i in ids], probing.GRAMMAR_NAMES)
-        pick = max if probing.task_of(s.entry) == "grammar" else np.mean  # grammar: the clearest pronoun
+        task = task_of(s.entry.meta.get("corpus"))
+        q, k = task_targets(task, [s.entry.tokenizer.piece(i) for i in ids], probing.GRAMMAR_NAMES)
+        pick = max if task == "grammar" else np.mean  # grammar: the clearest pronoun
         expect["match"] = np.array([[pick([weights[li, h, i, j] for i, j in zip(q, k)]) if len(q) else np.nan
                                      for h in range(weights.shape[1])] for li in range(weights.shape[0])])
     header, rows = read_csv(e)

@@ -217,20 +217,20 @@ def test_compile_keeps_the_autograd_step(grammar):
 
 
 def test_cli_takes_the_hand_written_step_by_default_and_refuses_it_clearly(capsys):
-    from model.train import main
+    from model.cli import train_main
 
-    assert main(["--corpus", "sort", "--steps", "3", "--eval-every", "0", "--film", "0", "--quiet"]) == 0
+    assert train_main(["--corpus", "sort", "--steps", "3", "--eval-every", "0", "--film", "0", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[0])["backward"] == "manual"
-    assert main(["--corpus", "sort", "--steps", "3", "--film", "0", "--quiet", "--backward", "autograd"]) == 0
+    assert train_main(["--corpus", "sort", "--steps", "3", "--film", "0", "--quiet", "--backward", "autograd"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[0])["backward"] == "autograd"
-    assert main(["--corpus", "sort", "--steps", "3", "--film", "0", "--pos", "rope", "--backward", "manual"]) == 2
+    assert train_main(["--corpus", "sort", "--steps", "3", "--film", "0", "--pos", "rope", "--backward", "manual"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("--backward: backward='manual' cannot train this run: rotary positions")
     assert "Traceback" not in err
 
 
 def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays():
-    from model.presets import BF16_PAYS_FROM, amx_available, train_tab_recipe
+    from lab.recipe import BF16_PAYS_FROM, amx_available, train_tab_recipe
 
     sort = build_corpus("sort")
     arch = dict(layers=2, heads=4, d_ff=256, pos_encoding="learned", norm="pre", activation="gelu", dropout=0.0,

@@ -19,7 +19,8 @@ from model.film import (
     film_from_tensors, film_to_tensors, frame_steps,
 )
 from model.heads import TASK_ROLES, head_scores, task_score
-from model.train import TrainConfig, evaluate, main, probe, train
+from model.cli import train_main, train_parser
+from model.train import TrainConfig, evaluate, probe, train
 from model.transformer import DecoderLM
 
 
@@ -606,7 +607,7 @@ def test_film_helpers():
 
 
 def test_cli_records_a_film_into_the_checkpoint(tmp_path, capsys):
-    assert main(["--preset", "sort", "--steps", "20", "--film", "8", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert train_main(["--preset", "sort", "--steps", "20", "--film", "8", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     ck = load_checkpoint(tmp_path / "s.safetensors")
     film = ck.film
     assert [f.step for f in film.frames] == frame_steps(20, 8) and film.task == "sort"
@@ -616,19 +617,18 @@ def test_cli_records_a_film_into_the_checkpoint(tmp_path, capsys):
     for a, b in zip(probe(ck.model, tuple(film.probe_ids)), film.frames[-1].attention):
         assert np.abs(a - b).max() <= 1e-6
     # --probe: the typed text; --film 0: no film
-    assert main(["--preset", "copy", "--steps", "5", "--film", "4", "--probe", "abcd|abcd",
+    assert train_main(["--preset", "copy", "--steps", "5", "--film", "4", "--probe", "abcd|abcd",
                  "--out", str(tmp_path / "c"), "--quiet"]) == 0
     film = load_checkpoint(tmp_path / "c.safetensors").film
     assert "".join(film.probe_tokens) == "abcd|abcd" and film.task == "copy" and len(film.frames) == 4
-    assert main(["--preset", "toy", "--steps", "5", "--film", "0", "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    assert train_main(["--preset", "toy", "--steps", "5", "--film", "0", "--out", str(tmp_path / "t"), "--quiet"]) == 0
     assert load_checkpoint(tmp_path / "t.safetensors").film is None
     assert "film_frames" not in json.loads((tmp_path / "t.json").read_text())
 
 
 def test_cli_film_defaults_and_refusals(capsys):
-    from model.train import build_parser
-    args = build_parser().parse_args([])
+    args = train_parser().parse_args([])
     assert args.film == FILM_FRAMES and args.probe is None
-    assert main(["--preset", "toy", "--steps", "5", "--film", "1"]) == 2
+    assert train_main(["--preset", "toy", "--steps", "5", "--film", "1"]) == 2
     assert "film_frames" in capsys.readouterr().err
-    assert main(["--preset", "toy", "--steps", "5", "--probe", ""]) == 2
+    assert train_main(["--preset", "toy", "--steps", "5", "--probe", ""]) == 2

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from model.config import ModelConfig
 from model.checkpoint import load_checkpoint
-from model.generate import GENERATE_ATTENTION, SEED_RANGE, Decoder, Sampling, adjust_probs, generate, main
+from model.cli import generate_main, generate_parser
+from model.generate import GENERATE_ATTENTION, SEED_RANGE, Decoder, Sampling, adjust_probs, generate
 from model.transformer import DecoderLM
 
 SORT = Path(__file__).resolve().parents[1] / "assets" / "sort.safetensors"
@@ -508,7 +509,7 @@ def test_none_never_captures_and_gives_the_same_tokens(model):
 
 
 def cli(capsys, *args: str) -> str:
-    assert main(["--checkpoint", str(SORT), "--prompt", "503124=", *args]) == 0
+    assert generate_main(["--checkpoint", str(SORT), "--prompt", "503124=", *args]) == 0
     return capsys.readouterr().out
 
 
@@ -542,14 +543,14 @@ def test_cli_json_has_one_line_per_step(capsys):
                                   ["--top-k", "-1"], ["--max-new-tokens", "-2"], ["--prompt", ""]])
 def test_cli_refuses_bad_values(capsys, args):
     with pytest.raises(SystemExit) as exc:
-        main(["--checkpoint", str(SORT), "--prompt", "503124=", *args])
+        generate_main(["--checkpoint", str(SORT), "--prompt", "503124=", *args])
     assert exc.value.code == 2
 
 
 def test_cli_help_covers_every_flag():
-    from model.generate import TEMPERATURE_RANGE, TOP_P_RANGE, build_parser
+    from model.generate import TEMPERATURE_RANGE, TOP_P_RANGE
 
-    parser = build_parser()
+    parser = generate_parser()
     text = " ".join(parser.format_help().split())
     for action in parser._actions:
         if action.option_strings and action.dest != "help":

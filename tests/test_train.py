@@ -18,7 +18,8 @@ from model.config import ModelConfig
 from model.corpora import build_corpus
 from model.generate import Decoder, Sampling, generate
 from model.presets import PRESETS
-from model.train import TrainConfig, build_parser, evaluate, main, train
+from model.cli import train_main, train_parser
+from model.train import TrainConfig, evaluate, train
 from model.transformer import DecoderLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +66,6 @@ INVALID = {
     "compile": ["fast"],
     "sdpa": ["cudnn"],
     "backward": ["fast", None, True],
-    "probe_every": [-1, 0.5],
     "probe_ids": [[1, 2], (1, -2), (1.5,)],
     "keep_best": ["yes", 1, None],
     "film_frames": [1, -1, 101, 2.5, True],
@@ -247,22 +247,26 @@ def test_eval_events_carry_val_loss(sort_corpus):
     assert events[-1].val_loss is not None
 
 
-def test_probe_captures_attention(sort_corpus):
+def test_the_film_records_the_attention_on_the_probe_during_training(sort_corpus):
+    # the film is the one record of attention while a model trains: frames at its steps, none elsewhere
     probe = tuple(sort_corpus.tokenizer.encode("503124=0"))
-    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=9, probe_every=4, probe_ids=probe)))
-    probed = [e for e in events if e.probe_attention is not None]
-    assert [e.step for e in probed] == [4, 8]
-    for e in probed:
-        assert len(e.probe_attention) == 1  # one layer
-        a = e.probe_attention[0]
+    events = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=9, film_frames=4, probe_ids=probe)))
+    framed = [e.frame for e in events if e.frame is not None]
+    assert [f.step for f in framed] == [0, 1, 4]  # frame 0 comes with the first event; the last is in the film
+    film = events[-1].film
+    assert [f.step for f in film.frames] == [0, 1, 4, 9]
+    for f in film.frames:
+        assert len(f.attention) == 1  # one layer
+        a = f.attention[0]
         assert a.shape == (2, len(probe), len(probe))
         assert abs(a.sum(-1) - 1).max() < 1e-5
         assert (a[:, 0, 1:] == 0).all()  # causal
+    assert not any(hasattr(e, "probe_attention") for e in events)  # no second mechanism beside the film
     # a probe longer than the context is cropped to its last block_size tokens
     long = tuple(sort_corpus.tokenizer.encode("5031245031245031245"))
-    ev = next(e for e in train(tiny_model(sort_corpus), sort_corpus, quick(steps=1, probe_every=1, probe_ids=long))
-              if e.probe_attention is not None)
-    assert ev.probe_attention[0].shape == (2, 16, 16)
+    film = list(train(tiny_model(sort_corpus), sort_corpus, quick(steps=1, film_frames=2, probe_ids=long)))[-1].film
+    assert film.probe_ids == list(long[-16:])
+    assert film.frames[-1].attention[0].shape == (2, 16, 16)
 
 
 def test_same_seed_same_losses(sort_corpus):
@@ -295,7 +299,7 @@ def test_toy_preset_reproduces_article_001():
 
 
 def test_toy_preset_through_cli_in_process(tmp_path, capsys):
-    assert main(["--preset", "toy", "--out", str(tmp_path / "toy"), "--quiet"]) == 0
+    assert train_main(["--preset", "toy", "--out", str(tmp_path / "toy"), "--quiet"]) == 0
     out = capsys.readouterr().out
     ckpt = load_checkpoint(tmp_path / "toy.safetensors")
     corpus = build_corpus("toy")
@@ -305,7 +309,7 @@ def test_toy_preset_through_cli_in_process(tmp_path, capsys):
 
 
 def test_cli_schedule_flags_override_a_preset(capsys):
-    assert main(["--preset", "toy", "--steps", "10", "--schedule", "wsd", "--decay-frac", "0.5"]) == 0
+    assert train_main(["--preset", "toy", "--steps", "10", "--schedule", "wsd", "--decay-frac", "0.5"]) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"step"')]
     expected = TrainConfig(**{**PRESETS["toy"].train.__dict__, "steps": 10, "schedule": "wsd", "decay_frac": 0.5})
     steps = [e for e in events if not e["done"]]
@@ -347,7 +351,7 @@ def test_cli_trains_and_saves_a_loadable_checkpoint(tmp_path, sort_corpus):
 
 
 def test_help_covers_every_flag():
-    parser = build_parser()
+    parser = train_parser()
     text = parser.format_help()
     flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
     assert len(flags) >= 25
@@ -379,7 +383,7 @@ def test_help_covers_every_flag():
 def test_cli_refuses_a_bad_value_with_a_sentence(capsys, args, said):
     """A bad flag ends the run as argparse does: usage, one sentence naming the flag, exit status 2."""
     with pytest.raises(SystemExit) as info:
-        main([*args, "--quiet"])
+        train_main([*args, "--quiet"])
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert f"python -m model.train: error: {said}" in err.strip().splitlines()[-1], err
@@ -395,7 +399,7 @@ def test_cli_bad_steps_exit_with_a_sentence_as_a_process():
 
 
 def test_cli_rejects_unknown_preset(capsys):
-    assert main(["--preset", "nope"]) == 2
+    assert train_main(["--preset", "nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
 
 
@@ -466,8 +470,30 @@ def test_keep_best_keeps_the_final_weights_when_they_are_the_best(sort_corpus):
 
 
 def test_cli_keep_best_flag(tmp_path, capsys):
-    assert build_parser().parse_args(["--keep-best"]).keep_best is True
-    assert build_parser().parse_args([]).keep_best is False
-    assert main(["--preset", "toy", "--steps", "10", "--keep-best", "--out", str(tmp_path / "toy"), "--quiet"]) == 0
+    assert train_parser().parse_args(["--keep-best"]).keep_best is True
+    assert train_parser().parse_args([]).keep_best is False
+    assert train_main(["--preset", "toy", "--steps", "10", "--keep-best", "--out", str(tmp_path / "toy"), "--quiet"]) == 0
     meta = json.loads((tmp_path / "toy.json").read_text())
     assert "--keep-best" in meta["command"] and meta["kept_step"] == 10  # the toy preset never evaluates mid-run
+
+
+# ------------------------------------------------------------------------------ which backward pass
+
+
+def test_the_train_tab_trains_with_the_hand_written_backward_as_the_learn_tab_and_train_say():
+    from lab.recipe import train_tab_defaults, train_tab_recipe
+    from model.train import uses_manual_step
+
+    for name in ("sort", "copy", "grammar", "toy"):
+        form = {k: v for k, v in train_tab_defaults(name).items() if k != "tokenizer"}
+        mcfg, tcfg = train_tab_recipe(build_corpus(name), seed=0, max_seconds=None, **form)
+        assert tcfg.backward == "auto"
+        assert uses_manual_step(DecoderLM(mcfg), tcfg), name  # on the CPU: the hand-written step
+    # with dropout the same recipe falls back to autograd, as both texts say
+    mcfg, tcfg = train_tab_recipe(build_corpus("sort"), seed=0, max_seconds=None,
+                                  **{**form, "dropout": 0.1})
+    assert not uses_manual_step(DecoderLM(mcfg), tcfg)
+    learn = (ROOT / "assets" / "learn.md").read_text(encoding="utf-8")
+    assert "The Train tab computes its gradients with a hand-written backward pass" in learn
+    assert "with PyTorch's autograd otherwise; the result is the same" in learn
+    assert "the Train tab trains its models with the hand-written\n    backward" in train.__doc__

@@ -21,7 +21,8 @@ from lab.models import BUILTINS
 from lab.checks import check_sampling
 from lab.session import Session, TrainingRun, removed_note
 from model.corpora import build_corpus
-from model.presets import PRESETS, TAB_CORPUS_PRESETS, train_tab_defaults, train_tab_recipe
+from lab.recipe import TAB_CORPUS_PRESETS, train_tab_defaults, train_tab_recipe
+from model.presets import PRESETS
 from model.train import evaluate, well_above_best
 from ui.train import RECIPE_KEYS, corpus_defaults, loss_figure, progress_html, upload_refused
 
@@ -267,7 +268,7 @@ def test_an_overfitting_run_is_told_so_and_keeps_the_best_weights():
     assert "'keep best' kept the weights" in done.message
     # the curve ends where the run ended (the last weights' loss); the kept model is the best one
     entry = s.models[run.name]
-    from model.presets import TAB_BATCH_SIZE, TAB_EVAL_BATCHES
+    from lab.recipe import TAB_BATCH_SIZE, TAB_EVAL_BATCHES
 
     corpus_val = _text_corpus().val
     kept_val = evaluate(entry.model, corpus_val, TAB_EVAL_BATCHES, TAB_BATCH_SIZE, entry.model.cfg.block_size, 1)
