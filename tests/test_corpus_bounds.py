@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+import model.bpe as bpe
 import model.corpora as corpora
 import model.tokenizers as tk
 from bench.corpus_build import NO_WORDS
@@ -22,7 +23,7 @@ from model.corpora import ENCODE_CHUNK_CHARS, MAX_TEXT_CHARS, Corpus, Stopped, b
 from model.tokenizers import BPE_TRAIN_SAMPLE_CHARS, MAX_VOCAB
 
 # A BPE part ends at the first place it can be cut after ENCODE_CHUNK_CHARS: within this many more
-LONGEST_PART = ENCODE_CHUNK_CHARS + tk._CUT_SCAN
+LONGEST_PART = ENCODE_CHUNK_CHARS + bpe._CUT_SCAN
 
 
 def watched_build(monkeypatch, text: str, kind: str) -> tuple[Corpus | ValueError, dict]:
@@ -30,7 +31,7 @@ def watched_build(monkeypatch, text: str, kind: str) -> tuple[Corpus | ValueErro
     calls, "trained": tokenizers trained, "sample": characters BPE merges were learned on, "parts": the
     character length of every part encoded on its own (None for a tokenizer that encodes the text whole)})."""
     seen = {"checks": 0, "trained": 0, "sample": None, "parts": None}
-    train, sample, cuts = corpora._train_tokenizer, tk._training_sample, tk._bpe_cuts
+    train, sample, cuts = corpora._train_tokenizer, bpe._training_sample, bpe._bpe_cuts
 
     def counted_train(*args):
         seen["trained"] += 1
@@ -48,8 +49,8 @@ def watched_build(monkeypatch, text: str, kind: str) -> tuple[Corpus | ValueErro
         return iter(at)
 
     monkeypatch.setattr(corpora, "_train_tokenizer", counted_train)
-    monkeypatch.setattr(tk, "_training_sample", measured_sample)
-    monkeypatch.setattr(tk, "_bpe_cuts", measured_cuts)
+    monkeypatch.setattr(bpe, "_training_sample", measured_sample)
+    monkeypatch.setattr(bpe, "_bpe_cuts", measured_cuts)
 
     def should_stop() -> bool:
         seen["checks"] += 1
@@ -158,14 +159,14 @@ def test_should_stop_ends_the_build_between_phases(monkeypatch):
         build_corpus("text", "bpe", text=text, should_stop=lambda: True)
 
     calls, encoded = [], []
-    chunks = tk.BPETokenizer.encode_chunks
+    chunks = bpe.BPETokenizer.encode_chunks
 
     def counted_chunks(self, *args, **kwargs):
         for part in chunks(self, *args, **kwargs):
             encoded.append(len(calls))  # the checks made before this part was encoded
             yield part
 
-    monkeypatch.setattr(tk.BPETokenizer, "encode_chunks", counted_chunks)
+    monkeypatch.setattr(bpe.BPETokenizer, "encode_chunks", counted_chunks)
 
     def stop_during_encoding() -> bool:
         calls.append(len(encoded))

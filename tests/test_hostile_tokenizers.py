@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-import model.tokenizers as tk
+import model.bpe as bpe
 from model.checkpoint import DEFAULT_LIMITS
 from model.tokenizers import (
     EOS,
@@ -82,7 +82,7 @@ def nothing_built(monkeypatch):
         built.append(type(self).__name__)
         original_init(self, vocab)
 
-    monkeypatch.setattr(tk, "HFTokenizer", NoHF)
+    monkeypatch.setattr(bpe, "HFTokenizer", NoHF)
     monkeypatch.setattr(Tokenizer, "__init__", spy_init)
     return built
 
@@ -117,7 +117,7 @@ BPE_ATTACKS = {
     "normalizer sequence": (edited("normalizer", {"type": "Sequence", "normalizers": []}), "normalizer"),
     # catastrophic backtracking, and other pre-tokenizers
     "backtracking regex": (edited("pre_tokenizer.pattern.Regex", "(a+)+b"), "pre_tokenizer.pattern.Regex"),
-    "regex plus one char": (edited("pre_tokenizer.pattern.Regex", tk._BPE_SPLIT + "|(a+)+b"),
+    "regex plus one char": (edited("pre_tokenizer.pattern.Regex", bpe._BPE_SPLIT + "|(a+)+b"),
                             "pre_tokenizer.pattern.Regex"),
     "string pattern": (edited("pre_tokenizer.pattern", {"String": " "}), "pre_tokenizer.pattern"),
     "other pre-tokenizer": (edited("pre_tokenizer", {"type": "ByteLevel", "add_prefix_space": False,
@@ -353,9 +353,9 @@ def test_trained_bpe_writes_exactly_the_allow_listed_structure():
     """If the HF library starts writing something else, this names it (rather than uploads failing)."""
     doc = json.loads(BPETokenizer.train(TEXT, vocab_size=70).to_dict()["tokenizer"])
     model = doc.pop("model")
-    assert doc == tk._BPE_TOP_FIXED
+    assert doc == bpe._BPE_TOP_FIXED
     vocab, merges = model.pop("vocab"), model.pop("merges")
-    assert model == tk._BPE_MODEL_FIXED
+    assert model == bpe._BPE_MODEL_FIXED
     assert all(isinstance(m, list) and len(m) == 2 for m in merges)
     assert sorted(vocab.values()) == list(range(len(vocab)))
 

@@ -328,7 +328,7 @@ def test_bpe_lone_surrogates_are_unknown_not_errors():
 
 
 def test_bpe_tokenizer_with_the_old_unbounded_split_still_loads():
-    from model.tokenizers import _BPE_SPLIT, _BPE_SPLIT_V1
+    from model.bpe import _BPE_SPLIT, _BPE_SPLIT_V1
 
     tok = BPETokenizer.train(TEXT, vocab_size=120)
     doc = json.loads(tok.to_dict()["tokenizer"])
