@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from . import distributed
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import save_checkpoint
 from .config import ACTIVATIONS, NORMS, POS_ENCODINGS, ModelConfig
 from .corpora import CORPUS_NAMES, build_corpus, read_text_file
 from .distributed import DEFAULT_TIMEOUT_S
@@ -303,7 +303,11 @@ def generate_parser() -> argparse.ArgumentParser:
         prog="python -m model.generate",
         description="Continue a prompt with a saved checkpoint, one token at a time.",
     )
-    p.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by model.train")
+    p.add_argument("--checkpoint", required=True,
+                   help="a .safetensors Decoder Lab checkpoint, a Hugging Face model folder, or a nanoGPT ckpt.pt")
+    p.add_argument("--meta", help="a nanoGPT run's meta.pkl (character vocabulary); looked for beside ckpt.pt")
+    p.add_argument("--tokenizer", help="GPT-2's tokenizer.json for a nanoGPT run on GPT-2's tokens "
+                                       "(default: the local Hugging Face cache; nothing is downloaded)")
     p.add_argument("--prompt", required=True, help="text to continue, encoded with the checkpoint's tokenizer")
     p.add_argument("--max-new-tokens", type=_whole, default=50,
                    help="stop after this many new tokens, or at <EOS> (default %(default)s)")
@@ -319,10 +323,12 @@ def generate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def open_model(source: str) -> tuple[DecoderLM, Tokenizer]:
+def open_model(source: str, meta: str | None = None, tokenizer: str | None = None) -> tuple[DecoderLM, Tokenizer]:
     """The model and tokenizer that --checkpoint names (ValueError says why a file cannot be opened)."""
-    ckpt = load_checkpoint(source)
-    return ckpt.model, ckpt.tokenizer
+    from .convert import open_source
+
+    opened = open_source(source, meta, tokenizer)
+    return opened.model, opened.tokenizer
 
 
 def generate_main(argv: list[str] | None = None) -> int:
@@ -332,7 +338,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        model, tok = open_model(args.checkpoint)
+        model, tok = open_model(args.checkpoint, args.meta, args.tokenizer)
         decoder = Decoder(model, tok.encode(args.prompt), sampling, capture_attention=False,
                           eos_id=tok.eos_id, piece=tok.piece)
     except ValueError as exc:

@@ -91,8 +91,8 @@ def gpt2_tokenizer_file(given: str | Path | None = None) -> Path:
         path = Path(given)
         if path.is_dir():
             path = path / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"no tokenizer file at {given}")
+        if path.name != "tokenizer.json" or not path.is_file():
+            raise ValueError(f"no tokenizer.json at {given} (give the file, or the folder that holds it)")
         return path
     from huggingface_hub import try_to_load_from_cache
 
@@ -238,14 +238,14 @@ def load_nanogpt(path: str | Path, meta: str | Path | None = None, tokenizer: st
                  **limits: Any) -> NanoGPTRun:
     """Open a nanoGPT ckpt.pt. meta: its meta.pkl (also looked for beside the checkpoint);
     tokenizer: GPT-2's tokenizer.json for a BPE run. Any problem is a ValueError sentence."""
-    from .families.gpt2 import from_state
-
     path = Path(path)
     if meta is None and (path.parent / "meta.pkl").is_file():
         meta = path.parent / "meta.pkl"
     chars = read_meta(meta) if meta is not None else None  # a bad meta.pkl is refused before the big file
     tensors, args, notes = read_checkpoint(path, **limits)
     config, state = gpt2_state(tensors, args)
+    from .families.gpt2 import from_state  # the GPT-2 importer builds the model
+
     if chars is not None:
         if chars.vocab_size - 1 != args["vocab_size"]:
             raise ValueError(f"meta.pkl has {chars.vocab_size - 1} characters but the model has "
@@ -255,8 +255,10 @@ def load_nanogpt(path: str | Path, meta: str | Path | None = None, tokenizer: st
     if args["vocab_size"] < GPT2_VOCAB:
         raise ValueError(f"this run has a vocabulary of {args['vocab_size']} tokens, not GPT-2's: "
                          f"give its meta.pkl with --meta")
-    from .hf_tokenizer import load_tokenizer_file  # noqa: the name is settled with the families' importer
+    from .hf_tokenizer import HFFileTokenizer
 
-    tok = load_tokenizer_file(gpt2_tokenizer_file(tokenizer))
+    # GPT-2 never puts a BOS token first; <|endoftext|> (50256) ends a text, as between nanoGPT's documents
+    tok = HFFileTokenizer.from_folder(gpt2_tokenizer_file(tokenizer).parent, False,
+                                      {"bos_token_id": GPT2_VOCAB - 1, "eos_token_id": GPT2_VOCAB - 1})
     model = from_state(config, state, tokenizer=tok)
     return NanoGPTRun(model, tok, notes)

@@ -1,0 +1,118 @@
+"""Every kind of model Decoder Lab opens, and writing any of them in its own format.
+
+`open_source(src)` opens, by what `src` is:
+
+* a `.safetensors` file: a Decoder Lab checkpoint (model/checkpoint.py), under LOCAL_LIMITS;
+* a folder: a Hugging Face model folder (model/families: GPT-2, GPT-Neo, GPT-NeoX, Llama);
+* any other file: a nanoGPT `ckpt.pt` (model/nanogpt.py), with its meta.pkl or GPT-2's tokenizer.
+
+These are files the person at the command line chose, so the app's upload limits (sized for
+visitors' files) do not apply; every file is still checked as the upload checks it.
+
+    python -m model.convert out-shakespeare-char/ckpt.pt --meta data/shakespeare_char/meta.pkl --out shakespeare.safetensors
+    python -m model.convert ./pythia-70m --out pythia-70m.safetensors
+
+The file written is what `model.checkpoint.save_checkpoint` writes; the app's upload opens it when
+the model is within the upload limits (`checkpoint.DEFAULT_LIMITS`), and says so otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import DEFAULT_LIMITS, Limits, load_checkpoint, save_checkpoint
+from .tokenizers import Tokenizer
+from .transformer import DecoderLM
+
+# Bounds for files the person running the command chose: any model the importers read (up to
+# model.families.common.MAX_PARAMS parameters) passes, and the checkpoint loader still checks it.
+LOCAL_LIMITS = Limits(max_file_bytes=16 * 1024**3, max_params=2_000_000_000, max_layers=256, max_heads=256,
+                      max_d_model=16_384, max_d_ff=65_536, max_block_size=131_072, max_vocab=300_000)
+
+
+@dataclass
+class Opened:
+    """A model ready to run, its tokenizer, and where it came from (saved as the checkpoint's meta)."""
+
+    model: DecoderLM
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str | Path | None = None) -> Opened:
+    """The model at `src` (see the module docstring). meta / tokenizer: a nanoGPT run's meta.pkl or
+    GPT-2 tokenizer.json (only for a ckpt.pt). Any problem is a ValueError with one sentence."""
+    path = Path(src)
+    if not path.exists():
+        raise ValueError(f"{src} does not exist")
+    nanogpt = path.is_file() and path.suffix != ".safetensors"
+    if not nanogpt and (meta is not None or tokenizer is not None):
+        raise ValueError("--meta and --tokenizer apply to a nanoGPT ckpt.pt only")
+    if path.is_dir():
+        from .families import open_folder
+
+        model, tok = open_folder(path)
+        return Opened(model, tok, {"source": "Hugging Face folder", "name": path.resolve().name})
+    if not nanogpt:
+        ckpt = load_checkpoint(path, LOCAL_LIMITS)
+        return Opened(ckpt.model, ckpt.tokenizer, ckpt.meta)
+    from .nanogpt import load_nanogpt
+
+    run = load_nanogpt(path, meta=meta, tokenizer=tokenizer)
+    return Opened(run.model, run.tokenizer, run.meta)
+
+
+def upload_refusal(model: DecoderLM, size: int) -> str | None:
+    """Why the app's upload would refuse this model (a file of `size` bytes), or None."""
+    if size > DEFAULT_LIMITS.max_file_bytes:
+        return f"the file is {size:,} bytes; the upload takes at most {DEFAULT_LIMITS.max_file_bytes:,}"
+    try:
+        DEFAULT_LIMITS.check(model.cfg)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _out_path(text: str) -> Path:
+    """argparse type: the file to write, ending in .safetensors."""
+    path = Path(text)
+    if path.suffix != ".safetensors":
+        raise argparse.ArgumentTypeError(f"{text!r} must end in .safetensors")
+    return path
+
+
+def convert_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m model.convert",
+        description="Write a model (Decoder Lab file, Hugging Face folder or nanoGPT ckpt.pt) as a Decoder Lab checkpoint.",
+    )
+    p.add_argument("source", help="a .safetensors Decoder Lab checkpoint, a Hugging Face model folder, or a nanoGPT ckpt.pt")
+    p.add_argument("--out", required=True, type=_out_path, help="the .safetensors file to write")
+    p.add_argument("--meta", help="a nanoGPT run's meta.pkl (character vocabulary); looked for beside ckpt.pt")
+    p.add_argument("--tokenizer", help="GPT-2's tokenizer.json for a nanoGPT run on GPT-2's tokens "
+                                       "(default: the local Hugging Face cache; nothing is downloaded)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = convert_parser()
+    args = parser.parse_args(argv)
+    try:
+        opened = open_source(args.source, args.meta, args.tokenizer)
+        path = save_checkpoint(args.out, opened.model, opened.tokenizer, opened.meta)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2
+    size = path.stat().st_size
+    print(f"wrote {path} ({opened.model.n_params():,} parameters, {size:,} bytes)")
+    refusal = upload_refusal(opened.model, size)
+    if refusal:
+        print(f"the app's upload will not take it ({refusal}); python -m model.generate --checkpoint opens it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""nanoGPT checkpoints: exact against transformers' GPT2LMHeadModel, and every hostile file refused.
+
+A nanoGPT ckpt.pt is built here the way nanoGPT's train.py writes one: the weights of a random
+GPT2LMHeadModel (exact GELU, as nanoGPT's nn.GELU) under nanoGPT's names and nn.Linear layout,
+model_args, an Adam-like optimizer state, iter_num, best_val_loss and the run's config, saved with
+torch.save; meta.pkl as nanoGPT's prepare.py writes it. Opening one starts a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from model.generate import Decoder, Sampling, generate
+from model.nanogpt import UNK_LOGIT, char_vocabulary, check_model_args, load_nanogpt, read_meta
+from model.safe_unpickle import MAX_TORCH_FILE_BYTES, load_plain_pickle, load_torch_weights
+
+CHARS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
+PROMPTS = ["the cat sat", "to be, or not", "a"]
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def reference(vocab: int, bias: bool = True, seed: int = 0, block: int = 32) -> GPT2LMHeadModel:
+    """A random GPT-2 with nanoGPT's choices (exact GELU, LayerNorm eps 1e-5, tied head), weights
+    large enough that the next-token distribution is far from uniform; without bias, biases are 0."""
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=16, n_positions=block, vocab_size=vocab, activation_function="gelu",
+                     layer_norm_epsilon=1e-5, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn_like(p) if bias else torch.zeros_like(p))
+            elif ".ln_" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def nanogpt_dict(ref: GPT2LMHeadModel, bias: bool = True, prefix: str = "") -> dict:
+    """The reference's weights as nanoGPT's state dict: same names, nn.Linear's (out, in) layout,
+    lm_head the same tensor as wte, no biases when bias=False, the causal-mask buffers of a run
+    without flash attention."""
+    sd = {}
+    for name, t in ref.state_dict().items():
+        if name == "lm_head.weight" or (name.endswith(".bias") and not bias):
+            continue
+        sd[prefix + name] = (t.t() if name.endswith(CONV1D) else t).contiguous().clone()
+    sd[prefix + "lm_head.weight"] = sd[prefix + "transformer.wte.weight"]
+    block = ref.config.n_positions
+    for i in range(ref.config.n_layer):
+        sd[f"{prefix}transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(block, block)).view(1, 1, block, block)
+    return sd
+
+
+def save_run(folder: Path, ref: GPT2LMHeadModel, bias: bool = True, prefix: str = "", chars=CHARS,
+             **changes) -> Path:
+    """ckpt.pt (and meta.pkl when `chars`) as nanoGPT writes them; `changes` replace entries."""
+    folder.mkdir(parents=True, exist_ok=True)
+    c = ref.config
+    sd = nanogpt_dict(ref, bias, prefix)
+    args = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.n_positions, bias=bias,
+                vocab_size=c.vocab_size, dropout=0.0)
+    params = [t for k, t in sd.items() if not k.endswith("attn.bias")]
+    optimizer = {"state": {i: {"step": torch.tensor(5.0), "exp_avg": torch.randn_like(t), "exp_avg_sq": t.abs()}
+                           for i, t in enumerate(params)},
+                 "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.99), "params": list(range(len(params)))}]}
+    ckpt = {"model": sd, "optimizer": optimizer, "model_args": args, "iter_num": 250,
+            "best_val_loss": torch.tensor(1.4697), "config": {"dataset": "shakespeare_char", "batch_size": 64}}
+    ckpt.update(changes)
+    torch.save(ckpt, folder / "ckpt.pt")
+    if chars is not None:
+        meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {ch: i for i, ch in enumerate(chars)}}
+        (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
+    return folder / "ckpt.pt"
+
+
+@pytest.mark.parametrize("bias,prefix", [(True, ""), (False, "_orig_mod.")])
+def test_char_run_matches_gpt2_reference(tmp_path, bias, prefix):
+    ref = reference(len(CHARS), bias)
+    run = load_nanogpt(save_run(tmp_path, ref, bias, prefix))
+    model, tok = run.model, run.tokenizer
+    assert run.meta["dataset"] == "shakespeare_char" and run.meta["iter_num"] == 250
+    stoi = {ch: i for i, ch in enumerate(CHARS)}
+    for prompt in PROMPTS:
+        theirs = [stoi[c] for c in prompt]
+        ours = tok.encode(prompt)
+        assert ours == [i + 1 for i in theirs]  # CharTokenizer keeps id 0 for <unk>
+        assert tok.decode(ours) == prompt
+        with torch.no_grad():
+            want = ref(torch.tensor([theirs]), output_attentions=True)
+            got = model(torch.tensor([ours]), return_attention=True)
+        assert torch.allclose(got.logits[..., 1:], want.logits, atol=1e-5, rtol=0)
+        assert torch.all(got.logits[..., 0] == UNK_LOGIT)
+        assert torch.softmax(got.logits[0, -1], -1)[0] == 0  # <unk> is never drawn
+        probs = torch.softmax(want.logits[0, -1], -1)
+        assert probs.max() > 4 / len(CHARS)  # far from uniform: the comparison has something to compare
+        assert len(got.attentions) == len(want.attentions) == 2
+        for a, b in zip(got.attentions, want.attentions):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0)
+        # greedy continuation, through the app's one generation loop (cached), equals the reference's argmax
+        decoder = Decoder(model, ours, Sampling(temperature=0.0), capture_attention=True)
+        steps = list(generate(decoder, 8))
+        ids = list(theirs)
+        for step in steps:
+            with torch.no_grad():
+                logits = ref(torch.tensor([ids])).logits[0, -1]
+            nxt = int(logits.argmax())
+            assert step.token_id == nxt + 1
+            assert abs(float(step.probs[step.token_id]) - float(torch.softmax(logits, -1)[nxt])) < 1e-6
+            ids.append(nxt)
+
+
+def test_compiled_and_plain_names_give_the_same_model(tmp_path):
+    ref = reference(len(CHARS))
+    a = load_nanogpt(save_run(tmp_path / "plain", ref)).model
+    b = load_nanogpt(save_run(tmp_path / "compiled", ref, prefix="_orig_mod.")).model
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_meta_pickle_read_as_plain_values(tmp_path):
+    path = tmp_path / "meta.pkl"
+    path.write_bytes(pickle.dumps({"vocab_size": 3, "itos": {0: "a", 1: "\n", 2: "b"},
+                                   "stoi": {"a": 0, "\n": 1, "b": 2}}))
+    tok = read_meta(path)
+    assert tok.vocab == ["<unk>", "a", "\n", "b"]
+    assert tok.encode("ba\n") == [3, 1, 2]
+
+
+class _Touch:
+    """A pickle payload that would create `path` when unpickled (by calling open)."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class _System:
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_meta_pickle_that_imports_anything_is_refused(tmp_path):
+    marker = tmp_path / "created"
+    from collections import OrderedDict
+
+    hostile = [
+        pickle.dumps({"vocab_size": 1, "itos": {0: _Touch(marker)}}),
+        pickle.dumps(_System(marker)),
+        pickle.dumps(OrderedDict(vocab_size=1)),  # even a harmless class is a class
+        pickle.dumps({"vocab_size": 1, "itos": {0: "a"}}, protocol=0).replace(b"(dp0", b"cos\nsystem\n(dp0"),
+    ]
+    for data in hostile:
+        with pytest.raises(ValueError, match="not loaded|not a valid pickle") as info:
+            load_plain_pickle(data, "meta.pkl")
+        assert "\n" not in str(info.value) and "Traceback" not in str(info.value)
+    assert not marker.exists()
+    for data in (b"", b"\x80\x04\x95", pickle.dumps({"a": 1})[:-3], b"not a pickle at all"):
+        with pytest.raises(ValueError, match="not a valid pickle"):
+            load_plain_pickle(data, "meta.pkl")
+    with pytest.raises(ValueError, match="at most"):
+        load_plain_pickle(b"\x80\x04" + b"N" * (5 * 1024 * 1024), "meta.pkl")
+
+
+@pytest.mark.parametrize("meta,needle", [
+    ([1, 2], "needs 'vocab_size' and 'itos'"),
+    ({"vocab_size": 2, "itos": {0: "a"}}, "every id from 0 to 1"),
+    ({"vocab_size": 2, "itos": {0: "a", 1: "bc"}}, "id 1 is not a single character"),
+    ({"vocab_size": 2, "itos": {0: "a", 1: "a"}}, "duplicate"),
+    ({"vocab_size": 2, "itos": {0: "a", 1: "b"}, "stoi": {"a": 1, "b": 0}}, "does not invert"),
+    ({"vocab_size": True, "itos": {}}, "vocab_size must be"),
+])
+def test_meta_with_a_wrong_structure_is_one_sentence(meta, needle):
+    with pytest.raises(ValueError, match=needle):
+        char_vocabulary(meta)
+
+
+def test_malicious_checkpoint_runs_nothing(tmp_path):
+    marker = tmp_path / "created"
+    torch.save({"model": _System(marker), "model_args": {}}, tmp_path / "zip.pt")
+    (tmp_path / "legacy.pt").write_bytes(pickle.dumps({"model": _Touch(marker)}, protocol=2))
+    for name, what in (("zip.pt", "posix.system"), ("legacy.pt", "open")):
+        with pytest.raises(ValueError, match=r"refused and nothing in it was run") as info:
+            load_nanogpt(tmp_path / name, meta=None)
+        assert what in str(info.value)
+    assert not marker.exists()
+
+
+def test_meta_is_refused_before_the_checkpoint_is_opened(tmp_path):
+    marker = tmp_path / "created"
+    path = save_run(tmp_path, reference(len(CHARS)))
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(_System(marker)))
+    with pytest.raises(ValueError, match="meta.pkl asks to import or call something"):
+        load_nanogpt(path)
+    assert not marker.exists()
+
+
+def test_truncated_and_huge_files(tmp_path):
+    path = save_run(tmp_path, reference(len(CHARS)))
+    data = path.read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cut.pt: not a PyTorch checkpoint that can be read"):
+        load_nanogpt(tmp_path / "cut.pt", meta=tmp_path / "meta.pkl")
+    huge = tmp_path / "huge.pt"
+    with huge.open("wb") as f:
+        f.truncate(MAX_TORCH_FILE_BYTES + 1)  # sparse: the size is checked before a byte is read
+    with pytest.raises(ValueError, match="huge.pt is 8,589,934,593 bytes; the limit is 8,589,934,592"):
+        load_nanogpt(huge, meta=tmp_path / "meta.pkl")
+
+
+def test_memory_cap_stops_the_reader(tmp_path):
+    """The child's address space may grow by 3 × the file + a margin: with no margin left the
+    same file is refused with a sentence instead of being read."""
+    path = save_run(tmp_path, reference(len(CHARS)))
+    size = path.stat().st_size
+    with pytest.raises(ValueError, match="needed more memory than the reader's cap"):
+        load_torch_weights(path, tmp_path, margin_bytes=-3 * size)
+    assert not (tmp_path / "tensors.safetensors").exists()
+
+
+def test_wrong_shapes_missing_tensors_and_nan(tmp_path):
+    ref = reference(len(CHARS))
+    sd = nanogpt_dict(ref)
+    cases = {
+        "shape": ({**sd, "transformer.h.1.mlp.c_fc.weight": torch.zeros(64, 8)},
+                  r"tensor transformer.h.1.mlp.c_fc.weight has shape \[64, 8\], but model_args say \[64, 16\]"),
+        "missing": ({k: v for k, v in sd.items() if k != "transformer.ln_f.weight"},
+                    r"missing \['transformer.ln_f.weight'\]"),
+        "nan": ({**sd, "transformer.wpe.weight": torch.full((32, 16), float("nan"))},
+                "transformer.wpe.weight contains NaN"),
+    }
+    for name, (state, needle) in cases.items():
+        path = save_run(tmp_path / name, ref, model=state)
+        with pytest.raises(ValueError, match=needle):
+            load_nanogpt(path)
+    path = save_run(tmp_path / "vocab", ref, chars=CHARS[:-1])
+    with pytest.raises(ValueError, match="meta.pkl has 34 characters but the model has 35 vocabulary rows"):
+        load_nanogpt(path)
+    path = save_run(tmp_path / "nometa", ref, chars=None)
+    with pytest.raises(ValueError, match="vocabulary of 35 tokens, not GPT-2's: give its meta.pkl with --meta"):
+        load_nanogpt(path)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (None, "no 'model_args'"),
+    ({"n_layer": 2, "n_head": 4, "n_embd": 16, "block_size": 32}, r"model_args\['vocab_size'\]"),
+    ({"n_layer": 2, "n_head": 3, "n_embd": 16, "block_size": 32, "vocab_size": 5}, "not divisible"),
+    ({"n_layer": 2, "n_head": 4, "n_embd": 16, "block_size": 32, "vocab_size": 5, "bias": "yes"}, "true or false"),
+])
+def test_model_args_checked(args, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_model_args(args)
