@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import DEFAULT_LIMITS, Limits, load_checkpoint, save_checkpoint
-from .tokenizers import Tokenizer
+from .tokenizers import MAX_VOCAB, Tokenizer
 from .transformer import DecoderLM
 
 # Bounds for files the person running the command chose: any model the importers read (up to
 # model.families.common.MAX_PARAMS parameters) passes, and the checkpoint loader still checks it.
 LOCAL_LIMITS = Limits(max_file_bytes=16 * 1024**3, max_params=2_000_000_000, max_layers=256, max_heads=256,
-                      max_d_model=16_384, max_d_ff=65_536, max_block_size=131_072, max_vocab=300_000)
+                      max_d_model=16_384, max_d_ff=65_536, max_block_size=131_072, max_vocab=MAX_VOCAB)
 
 
 @dataclass
