@@ -533,6 +533,57 @@ def test_return_annotations_say_what_comes_back():
     assert type(drawn) is FigureSpec and type(refused) is FigureSpec
 
 
+def test_every_public_builder_returns_one_figure_type():
+    """One figure type leaves viz: every public function that draws returns a FigureSpec, never a go.Figure
+    (with_filename hands back the figure it was given). A new builder must be added to `calls` below."""
+    from types import SimpleNamespace
+
+    t = 5
+    w, s = softmax_attention(2, t)
+    stack = np.stack([w, w])
+    role = SimpleNamespace(key="prev", name="previous-token", formula="A[i, i-1]", threshold=0.5)
+    roles_a, roles_b = {"prev": np.full((2, 2), 0.25)}, {"prev": np.full((2, 2), 0.75)}
+    probs = np.full((3, 4), 0.25)
+    calls = {
+        "attention_grid": lambda: attention_grid(w, tokens(t), 0, mask=causal_mask(t)),
+        "attention_head": lambda: attention_head(w[0], tokens(t), 0, 0, mask=causal_mask(t)),
+        "attention_overview": lambda: attention_overview(stack, tokens(t), mask=causal_mask(t)),
+        "attention_view": lambda: attention_view(stack, None, tokens(t), layer=0, head=None, view="all layers",
+                                                 causal=True, overview_max_tokens=t - 1),
+        "attention_difference": lambda: viz.attention_difference(w - w[::-1], tokens(t), layer=0, causal=True),
+        "compare_distributions": lambda: viz.compare_distributions(list("abcd"), probs[0], probs[1]),
+        "lens_grid": lambda: viz.lens_grid(probs, list("abcd"), top=2),
+        "role_overview": lambda: viz.role_overview(roles_a, [role]),
+        "score_changes": lambda: viz.score_changes(roles_a, roles_b, [role]),
+        "score_curves": lambda: viz.score_curves(np.arange(3), np.full((3, 2, 2), 0.5), score="previous-token",
+                                                 formula="A[i, i-1]", threshold=0.5),
+        "probabilities": lambda: probabilities(["a", "b"], np.array([0.5, 0.5])),
+        "loss_curve": lambda: loss_curve(np.arange(3), np.ones(3)),
+        "positional_table": lambda: positional_table(sinusoidal(4, 4), "rope"),
+        "positional_similarity": lambda: positional_similarity(np.eye(3)),
+        "no_positional_encoding": no_positional_encoding,
+        "message_figure": lambda: message_figure("hello"),
+    }
+    figure_types = {FigureSpec, go.Figure, viz.Figure}
+    builders = set()
+    for name in viz.__all__:
+        fn = getattr(viz, name)
+        if not callable(fn) or isinstance(fn, type):
+            continue
+        hint = typing.get_type_hints(fn).get("return")
+        if hint in figure_types or set(typing.get_args(hint)) & figure_types:
+            builders.add(name)
+    assert builders - calls.keys() == {"with_filename"}
+    assert calls.keys() <= builders
+    for name, call in calls.items():
+        assert typing.get_type_hints(getattr(viz, name))["return"] is FigureSpec, name
+        fig = call()
+        assert type(fig) is FigureSpec, name
+        assert json.loads(plot_json(fig))["layout"], name
+    spec = probabilities(["a"], np.array([1.0]))
+    assert viz.with_filename(spec, "x") is spec
+
+
 # ----------------------------------------------------------------------------- attention_view
 
 

@@ -1,4 +1,5 @@
-"""Tests for viz/heads.py (what each head does) and the head badges of viz.attention.attention_view.
+"""Tests for the head figures: viz/heads.py (role maps), viz/lens.py (logit lens), viz/compare.py (A/B),
+and the head badges of viz.attention.attention_view.
 
 Everything is read back from the JSON the browser would receive (typed arrays decoded), as in
 test_viz.py: the values in the cells, which cells carry a mark, the text and hover a learner sees.
@@ -25,12 +26,13 @@ from viz import (
     causal_mask,
     compare_distributions,
     decode_array,
-    logit_lens,
+    lens_grid,
     plot_json,
     role_overview,
     score_changes,
 )
-from viz.heads import DIFF_FLOOR, MARK_LINES, NAN_TEXT
+from viz._common import DIFF_FLOOR, MARK_LINES
+from viz.heads import NAN_TEXT
 from viz.sampling import ADJ_COLOUR, RAW_COLOUR
 
 STEP = 0.0005 + 1e-9  # milli-unit quantisation (attention_difference): half a step
@@ -308,9 +310,9 @@ def lens_case(rows: int = 4, vocab: int = 12, seed: int = 0) -> tuple[np.ndarray
     return probs, [f"w{i}" for i in range(vocab)]
 
 
-def test_logit_lens_rows_hold_each_layers_top_k():
+def test_lens_grid_rows_hold_each_layers_top_k():
     probs, pieces = lens_case()
-    spec = sent(logit_lens(probs, pieces, top=5))
+    spec = sent(lens_grid(probs, pieces, top=5))
     (trace,) = spec["data"]
     ids = np.argsort(-probs, axis=1)[:, :5]
     assert spec["layout"]["meta"]["ids"] == ids.tolist()
@@ -330,11 +332,11 @@ def test_logit_lens_rows_hold_each_layers_top_k():
 
 
 @pytest.mark.parametrize("final", [None, 3])
-def test_logit_lens_highlights_the_final_token_where_it_is_in_the_top(final):
+def test_lens_grid_highlights_the_final_token_where_it_is_in_the_top(final):
     probs, pieces = lens_case(rows=5, seed=2)
     probs[1:, 3] += 0.3  # token 3 climbs into the top from the second row on
     probs /= probs.sum(1, keepdims=True)
-    spec = sent(logit_lens(probs, pieces, top=3, final=final))
+    spec = sent(lens_grid(probs, pieces, top=3, final=final))
     target = int(np.argmax(probs[-1])) if final is None else final
     ids = np.argsort(-probs, axis=1)[:, :3]
     expected = {(r, k) for r in range(5) for k in range(3) if ids[r, k] == target}
@@ -350,10 +352,10 @@ def test_logit_lens_highlights_the_final_token_where_it_is_in_the_top(final):
     assert spec["layout"]["meta"]["first_row"] == first and spec["layout"]["meta"]["final"] == target
 
 
-def test_logit_lens_final_outside_every_top_and_escaping():
+def test_lens_grid_final_outside_every_top_and_escaping():
     pieces = ["<b>", "a", "b", "c", "d", "e"]
     probs = np.array([[0.5, 0.3, 0.1, 0.05, 0.03, 0.02]] * 3 + [[0.2, 0.4, 0.25, 0.1, 0.03, 0.02]])
-    spec = sent(logit_lens(probs, pieces, top=2, final=5, row_labels=["e", "l0", "l1", HOSTILE], title=HOSTILE))
+    spec = sent(lens_grid(probs, pieces, top=2, final=5, row_labels=["e", "l0", "l1", HOSTILE], title=HOSTILE))
     lay = spec["layout"]
     assert "shapes" not in lay and lay["meta"]["first_row"] is None  # token 5 is in no row's top 2
     assert "in no row's top 2" in lay["title"]["subtitle"]["text"]
@@ -363,7 +365,7 @@ def test_logit_lens_final_outside_every_top_and_escaping():
     assert lay["yaxis"]["ticktext"][3] == "&lt;img src=x onerror=alert(1)&gt;"
     assert lay["title"]["text"] == "&lt;img src=x onerror=alert(1)&gt;"
     # default final: the last row's argmax ("a"), bold where it is in the top 2 (every row)
-    bold = sent(logit_lens(probs, pieces, top=2))["data"][0]["text"]
+    bold = sent(lens_grid(probs, pieces, top=2))["data"][0]["text"]
     assert [row[1] for row in bold[:3]] + [bold[3][0]] == ["<b>a</b>"] * 4
 
 
@@ -378,17 +380,17 @@ def test_logit_lens_final_outside_every_top_and_escaping():
         ({"probs": np.full((4, 12), np.nan)}, "probs must be finite"),
     ],
 )
-def test_logit_lens_rejects_bad_input(kwargs, message):
+def test_lens_grid_rejects_bad_input(kwargs, message):
     probs, pieces = lens_case()
     args = {"probs": probs, "pieces": pieces, **kwargs}
     with pytest.raises(ValueError, match=message):
-        logit_lens(args.pop("probs"), args.pop("pieces"), **args)
+        lens_grid(args.pop("probs"), args.pop("pieces"), **args)
 
 
-def test_logit_lens_presentation_fonts():
+def test_lens_grid_presentation_fonts():
     probs, pieces = lens_case()
-    lay = sent(logit_lens(probs, pieces, presentation=True))["layout"]
-    normal = sent(logit_lens(probs, pieces))["layout"]
+    lay = sent(lens_grid(probs, pieces, presentation=True))["layout"]
+    normal = sent(lens_grid(probs, pieces))["layout"]
     for name in ("xaxis", "yaxis"):
         assert lay[name]["tickfont"]["size"] >= 16
     assert lay["hoverlabel"]["font"]["size"] >= 16 and lay["height"] > normal["height"]
@@ -588,7 +590,7 @@ def all_figures() -> list[FigureSpec]:
     return [
         role_overview(scores, ROLES, selected=(0, 1), marked=[(1, 2)]),
         score_changes(scores, make_scores(seed=9), ROLES),
-        logit_lens(probs, pieces),
+        lens_grid(probs, pieces),
         compare_distributions(pieces, probs[0], probs[-1]),
         attention_difference(diff_case(), [f"w{i}" for i in range(7)], layer=0, causal=True),
     ]
@@ -609,7 +611,7 @@ def test_new_figures_are_valid_plotly_on_transparent_backgrounds():
 
 
 def test_exports_and_return_annotations():
-    for name in ("role_overview", "score_changes", "logit_lens", "compare_distributions", "attention_difference"):
+    for name in ("role_overview", "score_changes", "lens_grid", "compare_distributions", "attention_difference"):
         fn = getattr(viz, name)
         assert name in viz.__all__ and typing.get_type_hints(fn)["return"] is FigureSpec
         assert fn.__doc__ and len(fn.__doc__.strip().splitlines()) > 2

@@ -70,7 +70,7 @@ def lens_figure(session: Session):
         return message_plot(NO_TEXT)
     lens = probing.logit_lens(session)
     title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
-    fig = viz.logit_lens(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
+    fig = viz.lens_grid(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
                          presentation=session.display.presentation, width_px=_width(session, 0.6))
     return to_plot(named(fig, model_stem(session.model_name), f"pos{lens.index}", "logit-lens"))
 

@@ -20,7 +20,7 @@ How the attention payload is kept small: values are sent as integer milli-units 
 in the narrowest integer type, and plotly.js is made to print them as decimals by swapping the
 number separators and formatting with d3 ``05,d`` (see viz._common), so hover reads "0.231".
 A causal map is sent as rectangular tiles that leave out the fully masked upper triangle, with
-the tile size picked per head by data size plus a per-trace cost (see viz.attention). gradio
+the tile size picked per head by data size plus a per-trace cost (see viz.attention_tiles). gradio
 receives the JSON without plotly's "/" escaping (see viz.payload). Measured payload sizes and
 build / render timings are kept in bench/RESULTS.md.
 """
@@ -28,7 +28,6 @@ build / render timings are kept in bench/RESULTS.md.
 from ._common import COLOUR_KEY, DIVERGING, MASKED_HINT, READABLE_TICK_PX, ROW_OUTLINE, SEQUENTIAL
 from .attention import (
     ATTENTION_VIEWS,
-    COLOUR_MODES,
     GRID_LABEL_LIMIT,
     HEAD_LABEL_LIMIT,
     OVERVIEW_MAX_T,
@@ -39,8 +38,11 @@ from .attention import (
     causal_mask,
 )
 from ._common import short_token
+from .attention_colour import COLOUR_MODES
+from .compare import attention_difference, compare_distributions
 from .film import score_curves
-from .heads import attention_difference, compare_distributions, logit_lens, role_overview, score_changes
+from .heads import role_overview, score_changes
+from .lens import lens_grid
 from .linking import decode_shade, shade_payload, shading
 from .payload import (
     Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, with_filename,
@@ -75,7 +77,7 @@ __all__ = [
     "decode_array",
     "decode_shade",
     "film_html",
-    "logit_lens",
+    "lens_grid",
     "loss_curve",
     "message_figure",
     "no_positional_encoding",

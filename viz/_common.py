@@ -183,3 +183,51 @@ def empty_note(text: str) -> dict:
     """A centred paper-coordinates annotation (already-escaped text)."""
     return {"text": text, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
             "font": {"size": 13, "color": TEXT_GREY}}
+
+
+# ----------------------------------------------------------------------------- pieces the head figures share
+# (the head-role maps in viz.heads, the logit lens in viz.lens, the A/B comparisons in viz.compare)
+
+EXPORT_BAR_PX = 30  # bottom margin of the overview figures: the page's PNG / SVG buttons sit there
+# A cell that reaches its role's threshold (or the model's final token in the logit lens): a thin
+# white line on a black one, inset in the cell. It reads on every Viridis and diverging colour and
+# on light and dark pages, and stays apart from the selected head's magenta outline (ROW_OUTLINE).
+MARK_LINES: tuple[dict, ...] = ({"color": "#000000", "width": 3}, {"color": "#ffffff", "width": 1.5})
+MARK_INSET = 0.36  # half-size of that outline, in cells
+DIFF_FLOOR = 0.05  # a B − A colour range is at least ±this, so noise stays pale
+
+
+def check_size(name: str, value: object, least: int) -> None:
+    """A size in pixels: a whole number ≥ `least` (max_height_px may also be None)."""
+    if value is None and name == "max_height_px":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{name} must be a whole number of pixels ≥ {least}, got {value!r}")
+
+
+def check_flag(name: str, value: object) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_width(width_px: int | None) -> None:
+    if width_px is not None:
+        check_size("width_px", width_px, 120)
+
+
+def title_text(title: str | None, default: str) -> str:
+    """The escaped caller title, or the (already safe) default."""
+    return default if title is None else esc(title)
+
+
+def wrap_parts(parts: list[str], font_px: float, width_px: float, sep: str = " · ") -> str:
+    """Join (escaped) note parts with `sep`, starting a new line ("<br>") where a line would be
+    wider than `width_px` at `font_px`."""
+    lines: list[str] = []
+    for part in parts:
+        part = wrapped(part, width_px / font_px)  # a part longer than a line is broken too
+        if lines and "<br>" not in part and text_width_em(lines[-1] + sep + part) * font_px <= width_px:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return "<br>".join(lines)

@@ -7,7 +7,7 @@ its job. The frame shown and the phase changes use the same markers as the loss 
 tab's attention figures ("L1 H2" is layer 1, head 2 there too).
 
 The scores travel as float64 typed arrays, so the figure JSON holds exactly the numbers given
-(a 41-frame film of a 4 × 4 model is about 20 KB on the wire).
+(its size on the wire: bench/RESULTS.md).
 """
 
 from __future__ import annotations

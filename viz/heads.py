@@ -1,21 +1,16 @@
-"""What each head does: head-score maps, the logit lens, and before/after comparisons.
+"""What each head does: one small layer × head map per head score, and the change of every score.
 
 * `role_overview`: one small layer × head map per head score (previous-token, induction, …), each
   cell showing its value; cells at or above the role's threshold are outlined, the selected head
   is outlined in magenta (`ROW_OUTLINE`) and ablated heads carry a "✕". A click on a cell names
   its head: every cell carries customdata [layer, head] and ``layout.meta.pick == "head"``.
 * `score_changes`: the same maps for the change of every score between two prompts (B − A).
-* `logit_lens`: the top next-token candidates read out after every layer, the model's own final
-  choice in bold and outlined, so a learner sees in which layer the answer appears.
-* `compare_distributions`: two next-token distributions (normal vs ablated, prompt A vs B) as
-  grouped bars over the union of their top candidates, each label giving the rank change.
-* `attention_difference`: one layer's attention of prompt B minus prompt A, one panel per head,
-  on the diverging scale (red = B attends more, blue = A attends more).
 
-Colours follow viz._common: scores in [0, 1] and probabilities on `SEQUENTIAL` (Viridis), signed
-changes on `DIVERGING`. The figures are `FigureSpec`s with transparent backgrounds and mid-grey
-text; presentation=True gives tick labels of at least `PRESENTATION_FONT_PX`. Every string that
-comes from a caller (token pieces, role names, labels, titles) is escaped.
+The logit lens is drawn by viz.lens, the A/B comparisons of distributions and attention by
+viz.compare. Colours follow viz._common: scores in [0, 1] on `SEQUENTIAL` (Viridis), signed changes
+on `DIVERGING`. The figures are `FigureSpec`s with transparent backgrounds and mid-grey text;
+presentation=True gives tick labels of at least `PRESENTATION_FONT_PX`. Every string that comes
+from a caller (role names, titles) is escaped.
 """
 
 from __future__ import annotations
@@ -27,63 +22,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._common import (
+    DIFF_FLOOR,
     DIVERGING,
+    EXPORT_BAR_PX,
     FONT,
-    MILLI,
+    MARK_INSET,
+    MARK_LINES,
     PRESENTATION_FONT_PX,
     ROW_OUTLINE,
     SEQUENTIAL,
     TEXT_GREY,
     TRANSPARENT,
+    check_flag,
+    check_width,
     colorscale,
     esc,
     hover_label,
-    nice_ticks,
-    short_token,
     text_width_em,
-    tick_label,
+    title_text,
     title_y,
+    wrap_parts,
     wrapped,
 )
-from .attention import (
-    GRID_LABEL_LIMIT,
-    _attention_figure,
-    _check_size,
-    _check_square,
-    _check_tokens,
-    _masks,
-    causal_mask,
-)
 from .payload import FigureSpec
-from .sampling import ADJ_COLOUR, MAX_HEIGHT_PX, RAW_COLOUR, bar_layout
 
-EXPORT_BAR_PX = 30  # bottom margin of the overview figures: the page's PNG / SVG buttons sit there
-
-# A cell that reaches its role's threshold (or the model's final token in the logit lens): a thin
-# white line on a black one, inset in the cell. It reads on every Viridis and diverging colour and
-# on light and dark pages, and stays apart from the selected head's magenta outline (ROW_OUTLINE).
-MARK_LINES: tuple[dict, ...] = ({"color": "#000000", "width": 3}, {"color": "#ffffff", "width": 1.5})
 MARKED_COLOUR = "#e4572e"  # the "✕" on an ablated head (the app's one highlight colour)
 NAN_TEXT = "–"
-_MARK_INSET = 0.36  # half-size of the threshold outline, in cells (the selected outline: _SELECT_INSET)
-_SELECT_INSET = 0.47
-DIFF_FLOOR = 0.05  # attention_difference: the colour range is at least ±this, so noise stays pale
+_SELECT_INSET = 0.47  # half-size of the selected head's outline, in cells (the role mark: MARK_INSET)
 NARROW_PX = 700  # role maps laid out narrower than this wrap to 3 (or, under 480 px, 2) columns
-
-
-def _check_flag(name: str, value: object) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
-def _check_width(width_px: int | None) -> None:
-    if width_px is not None:
-        _check_size("width_px", width_px, 120)
-
-
-def _title_text(title: str | None, default: str) -> str:
-    """The escaped caller title, or the (already safe) default."""
-    return default if title is None else esc(title)
 
 
 def _number(value: float, threshold: float | None = None, *, signed: bool = False) -> str:
@@ -206,7 +172,7 @@ def _score_maps(
     ncols = _columns(n, n_heads, fonts, width_px, left, cell_em)
     nrows = math.ceil(n / ncols)
     laid = width_px or 1000
-    legend = _wrap(legend, fonts.sub, laid - 20)
+    legend = wrap_parts(legend, fonts.sub, laid - 20)
     title = wrapped(title, (laid - 20) / fonts.title)  # whole on a phone: it says what the maps show
     margin = {"l": left, "r": 12, "b": EXPORT_BAR_PX,  # room for the page's PNG / SVG buttons (assets/explore.js)
               "t": math.ceil(8 + fonts.title * 1.25 * (title.count("<br>") + 1)
@@ -283,8 +249,8 @@ def _score_maps(
                                 "showarrow": False, "font": {"size": fonts.cell, "color": TEXT_GREY}})
         for li, h in panel.outlined:
             for line in MARK_LINES:
-                shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - _MARK_INSET,
-                               "x1": h + _MARK_INSET, "y0": li - _MARK_INSET, "y1": li + _MARK_INSET,
+                shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - MARK_INSET,
+                               "x1": h + MARK_INSET, "y0": li - MARK_INSET, "y1": li + MARK_INSET,
                                "line": dict(line), "fillcolor": TRANSPARENT, "layer": "above"})
         for li, h in marked:
             annotations.append({"text": "<b>✕</b>", "xref": xref, "yref": yref, "x": h - 0.46, "y": li - 0.44,
@@ -312,19 +278,6 @@ def _mark_hover(li: int, h: int, selected: tuple[int, int] | None, marked: set, 
     if selected == (li, h):
         extra += "<br>selected"
     return extra
-
-
-def _wrap(parts: list[str], font_px: float, width_px: float, sep: str = " · ") -> str:
-    """Join (escaped) note parts with `sep`, starting a new line ("<br>") where a line would be
-    wider than `width_px` at `font_px`."""
-    lines: list[str] = []
-    for part in parts:
-        part = wrapped(part, width_px / font_px)  # a part longer than a line is broken too
-        if lines and "<br>" not in part and text_width_em(lines[-1] + sep + part) * font_px <= width_px:
-            lines[-1] += sep + part
-        else:
-            lines.append(part)
-    return "<br>".join(lines)
 
 
 def role_overview(
@@ -356,8 +309,8 @@ def role_overview(
     "heads": H} and each panel's role key and axes, so a page can turn a click into a head.
     Raises ValueError for missing or inconsistent scores, or a selected / marked head out of range.
     """
-    _check_flag("presentation", presentation)
-    _check_width(width_px)
+    check_flag("presentation", presentation)
+    check_width(width_px)
     roles, n_layers, n_heads = _check_roles(scores, roles)
     if selected is not None:
         selected = _check_head("selected", selected, n_layers, n_heads)
@@ -411,7 +364,7 @@ def role_overview(
     if selected is not None:
         legend.append("magenta = selected head")
     return _score_maps(
-        panels, n_layers, n_heads, title=_title_text(title, "What each head does: one score per layer × head"),
+        panels, n_layers, n_heads, title=title_text(title, "What each head does: one score per layer × head"),
         legend=legend, selected=selected, marked=marked_list, marked_label=marked_label,
         presentation=presentation, width_px=width_px, viz_name="role_overview", cell_em=2.6,
     )
@@ -436,8 +389,8 @@ def score_changes(
     Hover: "layer 1, head 0 · induction: A 0.12 → B 0.55 (+0.43)". customdata and layout.meta as
     in `role_overview`. Raises ValueError for missing or inconsistent scores.
     """
-    _check_flag("presentation", presentation)
-    _check_width(width_px)
+    check_flag("presentation", presentation)
+    check_width(width_px)
     roles, n_layers, n_heads = _check_roles(scores_a, roles, "scores_a")
     _, layers_b, heads_b = _check_roles(scores_b, roles, "scores_b")
     if (layers_b, heads_b) != (n_layers, n_heads):
@@ -481,296 +434,7 @@ def score_changes(
     if any(r.threshold is not None for r in roles):
         legend.append("outlined: the head crosses the threshold (gains or loses the role)")
     return _score_maps(
-        panels, n_layers, n_heads, title=_title_text(title, "Head scores: prompt B − prompt A"),
+        panels, n_layers, n_heads, title=title_text(title, "Head scores: prompt B − prompt A"),
         legend=legend, selected=None, marked=[], marked_label="", presentation=presentation,
         width_px=width_px, viz_name="score_changes", cell_em=3.1,
     )
-
-
-# ----------------------------------------------------------------------------- logit lens
-
-
-def logit_lens(
-    probs: np.ndarray,
-    pieces: Sequence[str],
-    *,
-    top: int = 5,
-    row_labels: Sequence[str] | None = None,
-    final: int | None = None,
-    presentation: bool = False,
-    width_px: int | None = None,
-    title: str | None = None,
-) -> FigureSpec:
-    """The logit lens: the `top` next-token candidates read out after every layer, one row each.
-
-    probs: (R, V) next-token distributions; row r is read out after layer r − 1 (row 0 after the
-    embedding, the last row is the model's own output). pieces: the V display strings. row_labels:
-    R strings (default "embedding", "after layer 0", …, the last marked "(output)"). The rows run
-    downwards as the prediction forms (embedding at the top); columns are ranks 1..top; a cell's
-    colour is its probability (Viridis on [0, 1]) and its text the token piece (shortened, escaped).
-    final: the vocabulary id the model itself ranks first (default: the last row's argmax); every
-    cell holding it is bold and outlined, so a learner sees in which layer the answer appears.
-    width_px: the width laid out for (long pieces are shortened to fit their cell; default 720).
-    Hover: "after layer 1 · rank 2: 'tom' 0.213". layout.meta holds the ids shown per row.
-    Raises ValueError for inconsistent shapes or an out-of-range `final` or `top`.
-    """
-    _check_flag("presentation", presentation)
-    _check_width(width_px)
-    probs = np.asarray(probs, dtype=np.float64)
-    if probs.ndim != 2 or probs.shape[0] < 1 or probs.shape[1] < 1:
-        raise ValueError(f"probs must be 2-D (rows, vocabulary) with at least one of each, got shape {probs.shape}")
-    n_rows, vocab = probs.shape
-    pieces = [str(p) for p in pieces]
-    if len(pieces) != vocab:
-        raise ValueError(f"probs cover a vocabulary of {vocab} but {len(pieces)} token pieces were given")
-    if row_labels is None:
-        row_labels = ["embedding"] + [f"after layer {r - 1}" for r in range(1, n_rows)]
-        if n_rows > 1:
-            row_labels[-1] += " (output)"
-    row_labels = [str(r) for r in row_labels]
-    if len(row_labels) != n_rows:
-        raise ValueError(f"probs have {n_rows} rows but {len(row_labels)} row labels were given")
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
-        raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
-    top = min(int(top), vocab)
-    if not np.isfinite(probs).all():
-        raise ValueError("probs must be finite")
-    if final is None:
-        final = int(np.argmax(probs[-1]))
-    elif isinstance(final, bool) or not isinstance(final, (int, np.integer)) or not 0 <= final < vocab:
-        raise ValueError(f"final token id {final!r} is outside the vocabulary of {vocab} pieces")
-    final = int(final)
-
-    tick = PRESENTATION_FONT_PX if presentation else 11
-    title_px = 20 if presentation else 13
-    cell_h = 38 if presentation else 26
-    order = np.argsort(-probs, axis=1, kind="stable")[:, :top]  # (R, top), ties: lower id first
-    values = np.take_along_axis(probs, order, axis=1)
-    laid = width_px or 720
-    left = math.ceil(max(text_width_em(r) for r in row_labels) * tick + 14)
-    right = math.ceil(14 + (18 if presentation else 12) + 6 + 3 * tick + (17 if presentation else 11) * 1.4 + 10)
-    cell_px = (laid - left - right) / top
-    limit = max(4, min(16, int((cell_px - 8) / (0.6 * tick))))
-    safe_labels = [esc(r) for r in row_labels]
-    text, hover, outlined = [], [], []
-    for r in range(n_rows):
-        text_row, hover_row = [], []
-        for k in range(top):
-            tok = int(order[r, k])
-            piece = short_token(pieces[tok], limit)
-            if tok == final:
-                outlined.append((r, k))
-                piece = f"<b>{piece}</b>"
-            text_row.append(piece)
-            hover_row.append(f"{safe_labels[r]} · rank {k + 1}: '{esc(pieces[tok])}' {values[r, k]:.3f}"
-                             + (" · the model's final top token" if tok == final else ""))
-        text.append(text_row)
-        hover.append(hover_row)
-    first = next((r for r in range(n_rows) if final in order[r]), None)
-    sub_px = PRESENTATION_FONT_PX if presentation else 11
-    note = _wrap([f"bold, outlined = the model's final top token '{esc(pieces[final])}'",
-                  f"first in the top {top}: {safe_labels[first]}" if first is not None
-                  else f"in no row's top {top}"], sub_px, laid - 20, "; ")
-    margin = {"l": left, "r": right, "b": EXPORT_BAR_PX,
-              "t": math.ceil(8 + title_px * 1.25 + sub_px * (1.6 + 1.3 * (note.count("<br>") + 1)) + 6
-                             + tick * 1.4 + 6)}
-    height = math.ceil(margin["t"] + margin["b"] + n_rows * cell_h)
-    ticks = nice_ticks(0.0, 1.0, 5)
-    trace = {
-        "type": "heatmap", "z": values, "x0": 1, "dx": 1, "y0": 0, "dy": 1, "zmin": 0.0, "zmax": 1.0,
-        "colorscale": SEQUENTIAL, "xgap": 2, "ygap": 2, "text": text, "texttemplate": "%{text}",
-        "textfont": {"size": tick}, "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>",
-        "colorbar": {"title": {"text": "probability", "side": "right", "font": {"size": tick}},
-                     "tickmode": "array", "tickvals": ticks.tolist(), "ticktext": [tick_label(v) for v in ticks],
-                     "tickfont": {"size": tick}, "thickness": 18 if presentation else 12, "outlinewidth": 0,
-                     "len": 1.0},
-    }
-    shapes = [{"type": "rect", "xref": "x", "yref": "y", "x0": k + 1 - _MARK_INSET - 0.1,
-               "x1": k + 1 + _MARK_INSET + 0.1, "y0": r - _MARK_INSET, "y1": r + _MARK_INSET, "line": dict(line),
-               "fillcolor": TRANSPARENT, "layer": "above"} for r, k in outlined for line in MARK_LINES]
-    layout = {
-        "template": "none",
-        "font": {**FONT, "size": tick},
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "height": height,
-        "margin": margin,
-        "title": {"text": _title_text(title, "Logit lens: the next-token guess after every layer"), "x": 0.01,
-                  "xanchor": "left", "y": 1 - 8 / height, "yanchor": "top", "yref": "container",
-                  "font": {"size": title_px}, "subtitle": {"text": note, "font": {"size": sub_px}}},
-        "xaxis": {"side": "top", "range": [0.5, top + 0.5], "tickmode": "array", "tickvals": list(range(1, top + 1)),
-                  "ticktext": [f"rank {k}" for k in range(1, top + 1)], "tickfont": {"size": tick},
-                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True},
-        "yaxis": {"range": [n_rows - 0.5, -0.5], "tickmode": "array", "tickvals": list(range(n_rows)),
-                  "ticktext": safe_labels, "tickfont": {"size": tick}, "showgrid": False, "zeroline": False,
-                  "ticks": "", "fixedrange": True},
-        "hoverlabel": hover_label(18 if presentation else 12),
-        "hovermode": "closest",
-        "uirevision": "logit_lens",
-        "meta": {"viz": "logit_lens", "ids": order.tolist(), "final": final, "first_row": first,
-                 "rows": safe_labels},
-    }
-    if shapes:
-        layout["shapes"] = shapes
-    return FigureSpec([trace], layout)
-
-
-# ----------------------------------------------------------------------------- two distributions
-
-
-def _ranks(probs: np.ndarray) -> np.ndarray:
-    """1-based rank of every token (highest probability = 1; ties: lower id first)."""
-    order = np.argsort(-probs, kind="stable")
-    ranks = np.empty(probs.shape[0], dtype=np.int64)
-    ranks[order] = np.arange(1, probs.shape[0] + 1)
-    return ranks
-
-
-def compare_distributions(
-    pieces: Sequence[str],
-    before: np.ndarray,
-    after: np.ndarray,
-    *,
-    labels: tuple[str, str] = ("normal", "ablated"),
-    top: int = 10,
-    title: str | None = None,
-    presentation: bool = False,
-) -> FigureSpec:
-    """Two next-token distributions over one vocabulary as grouped horizontal bars.
-
-    The rows are the union of both top-`top` lists: `before`'s top in its order, then the tokens
-    only in `after`'s top (by `after`); when that does not fit in `MAX_HEIGHT_PX` (≤ 360 px) at a
-    legible size, both tops are cut shorter alike. `before` is drawn light (`RAW_COLOUR`), `after`
-    strong (`ADJ_COLOUR`), named by `labels` in the legend (e.g. ("prompt A", "prompt B")). Each row
-    label is the token piece and its rank under each distribution, "tom  1→3". Hover: both
-    probabilities, ranks and the difference. title: plain text (escaped). presentation: fonts ≥ 16 px.
-    layout.meta holds the ids shown and their ranks. Raises ValueError for inconsistent shapes.
-    """
-    _check_flag("presentation", presentation)
-    pieces = [str(p) for p in pieces]
-    n = len(pieces)
-    arrays = []
-    for name, probs in (("before", before), ("after", after)):
-        probs = np.asarray(probs, dtype=np.float64)
-        if probs.ndim != 1:
-            raise ValueError(f"{name} must be 1-D (vocabulary,), got shape {probs.shape}")
-        if probs.shape[0] != n:
-            raise ValueError(f"{name} has {probs.shape[0]} entries but {n} token pieces were given")
-        if n == 0:
-            raise ValueError(f"{name} is empty")
-        arrays.append(probs)
-    before, after = arrays
-    if isinstance(labels, str) or len(labels) != 2:
-        raise ValueError(f"labels must be two names (before, after), got {labels!r}")
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
-        raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
-    name_a, name_b = (esc(lab) for lab in labels)
-    font = PRESENTATION_FONT_PX if presentation else 11
-    title_font = 20 if presentation else 13
-    pitch = max(font * 1.3, 8 * 2 + 6)
-    margin = {"t": int(title_font * 1.6 + font * 1.6 + 10), "b": int(font * 1.4 * 2 + 12)}
-    rows_fit = max(1, int((MAX_HEIGHT_PX - margin["t"] - margin["b"]) // pitch))
-    rank_a, rank_b = _ranks(before), _ranks(after)
-    order_a, order_b = np.argsort(rank_a), np.argsort(rank_b)  # ids by rank
-    for k in range(min(int(top), n), 0, -1):
-        head_a = [int(i) for i in order_a[:k]]
-        seen = set(head_a)
-        ids = head_a + [int(i) for i in order_b[:k] if int(i) not in seen]
-        if len(ids) <= rows_fit:
-            break
-    ids = ids[:rows_fit]  # only when even the top 1 of each does not fit (never at 360 px)
-    rows = np.arange(len(ids), dtype=np.int32)
-    labels_y = [f"{short_token(pieces[i], 14)}  {rank_a[i]}→{rank_b[i]}" for i in ids]
-    hover = [f"'{esc(pieces[i])}' (id {i})<br>{name_a}: {before[i]:.4f} (rank {rank_a[i]})<br>"
-             f"{name_b}: {after[i]:.4f} (rank {rank_b[i]})<br>{name_b} − {name_a}: {after[i] - before[i]:+.4f}"
-             for i in ids]
-    label_em = max(text_width_em(pieces[i][:14]) + text_width_em(f"  {rank_a[i]}→{rank_b[i]}") for i in ids)
-    idx = np.array(ids, dtype=np.int64)
-
-    def bars(values: np.ndarray, name: str, colour: str) -> dict:
-        return {"type": "bar", "orientation": "h", "name": name, "x": values[idx].astype(np.float32), "y": rows,
-                "marker": {"color": colour}, "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
-
-    data = [bars(before, name_a, RAW_COLOUR), bars(after, name_b, ADJ_COLOUR)]
-    height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
-    margin.update(l=int(min(320, max(60, label_em * font + 14))), r=20)
-    peak = max(1e-9, float(before[idx].max()), float(after[idx].max()))
-    layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
-                        title=_title_text(title, f"Next-token probabilities: {name_a} vs {name_b}"),
-                        x_title=f"probability (labels: rank {name_a}→{name_b})", x_max=peak, rows=rows.tolist(),
-                        ticktext=labels_y, presentation=presentation, legend=True,
-                        meta={"viz": "compare_distributions", "ids": ids,
-                              "ranks_before": [int(rank_a[i]) for i in ids],
-                              "ranks_after": [int(rank_b[i]) for i in ids], "labels": [name_a, name_b]})
-    return FigureSpec(data, layout)
-
-
-# ----------------------------------------------------------------------------- attention B − A
-
-
-def attention_difference(
-    diff: np.ndarray,
-    tokens: Sequence[str],
-    *,
-    layer: int,
-    causal: bool,
-    width_px: int | None = None,
-    max_height_px: int | None = None,
-    presentation: bool = False,
-    title: str | None = None,
-    panel_notes: Mapping[int, str] | None = None,
-) -> FigureSpec:
-    """One layer's attention weights of prompt B minus prompt A, one panel per head.
-
-    diff: (H, T, T) = B − A over the positions both prompts share; tokens: T labels (the caller
-    joins differing tokens, e.g. "he→she"). Drawn like `attention_grid` (rows = queries, position 0
-    on top; the same panel layout, tick labels and wire format), on the `DIVERGING` scale shared by
-    every head and symmetric around 0: ±max(|diff|, `DIFF_FLOOR`), colour bar "B − A". causal: the
-    future positions (upper triangle) are masked and hatched; non-finite cells are masked too.
-    panel_notes: head → plain text appended to its panel title ("head 2 · largest change …").
-    Hover: "layer 0, head 2 / query "he→she" (5) → key "anna" (0) / B − A = +0.410".
-    width_px (default 1200), max_height_px, presentation as in `attention_view`; title: plain text.
-    Raises ValueError for inconsistent shapes or a bad layer.
-    """
-    _check_flag("causal", causal)
-    _check_flag("presentation", presentation)
-    diff = np.asarray(diff, dtype=np.float64)
-    if diff.ndim != 3:
-        raise ValueError(f"diff must be 3-D (heads, T, T), got shape {diff.shape}")
-    t = _check_square(diff.shape, "diff")
-    if diff.shape[0] < 1:
-        raise ValueError("diff has no heads")
-    tokens = _check_tokens(tokens, t)
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer < 0:
-        raise ValueError(f"layer must be a whole number ≥ 0, got {layer!r}")
-    width_px = 1200 if width_px is None else width_px
-    _check_size("width_px", width_px, 120)
-    _check_size("max_height_px", max_height_px, 120)
-    notes = dict(panel_notes or {})
-    n_heads = diff.shape[0]
-    bad = [h for h in notes if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h < n_heads]
-    if bad:
-        raise ValueError(f"panel_notes names heads {bad} but there are {n_heads} heads")
-    masked = np.broadcast_to(_masks(diff, causal_mask(t) if causal else None), diff.shape)
-    vals = np.abs(diff[~masked])
-    lim = max(float(vals.max()) if vals.size else 0.0, DIFF_FLOOR)
-    titles = [f"head {h}" + (f" · {esc(notes[h])}" if h in notes else "") for h in range(n_heads)]
-    default = f"Layer {int(layer)}: attention weights, prompt B − prompt A"
-    fig = _attention_figure(
-        diff, masked, tokens, ncols=None, panels=[(int(layer), h) for h in range(n_heads)], panel_titles=titles,
-        row_titles=None, kind="scores", title=_title_text(title, default), width_px=width_px,
-        max_height_px=max_height_px, focus=GRID_LABEL_LIMIT, presentation=presentation,
-    )
-    layout = dict(fig.layout)
-    ticks = nice_ticks(-lim, lim, 5)
-    colorbar = dict(layout["coloraxis"]["colorbar"])
-    colorbar["title"] = {**colorbar["title"], "text": "B − A"}
-    colorbar.update(tickvals=(ticks * MILLI).tolist(), ticktext=[("+" if v > 0 else "") + tick_label(v) for v in ticks])
-    layout["coloraxis"] = {**layout["coloraxis"], "cmin": -lim * MILLI, "cmax": lim * MILLI, "colorbar": colorbar}
-    template = dict(layout["template"])
-    heatmap = dict(template["data"]["heatmap"][0])
-    heatmap["hovertemplate"] = "%{meta}<br>query %{y} → key %{x}<br>B − A = %{z:+05,d}<extra></extra>"
-    template["data"] = {**template["data"], "heatmap": [heatmap]}
-    layout["template"] = template
-    layout["meta"] = {**layout["meta"], "kind": "difference", "difference": "B − A", "range": lim}
-    return FigureSpec(fig.data, layout)

@@ -1,7 +1,7 @@
 """Figures as self-contained HTML files: one figure (`standalone_html`) or a whole training film (`film_html`).
 
 Each file opens offline from a disk or a USB stick: plotly.js is inlined from the installed plotly
-package (`plotly.offline.get_plotlyjs()`, about 4.8 MB), the page uses the system's fonts and no
+package (`plotly.offline.get_plotlyjs()`), the page uses the system's fonts and no
 style sheet, image or script from elsewhere, so a browser fetches nothing. The figures travel as
 JSON in ``<script type="application/json">`` elements, with "<", ">" and "&" written as JSON
 escapes so no text in a figure (a token such as ``</script>``) can end the element; titles, notes
@@ -11,10 +11,7 @@ The film is a slider over frames, Play / Pause and the caption of the frame show
 ``Plotly.react`` on one div (plotly's own animation frames cannot swap the tiled heatmaps of an
 attention grid reliably). Each frame's figure is embedded once; layout entries a frame shares with
 the first frame (the template, colour axis, axes that did not change) are written once, in the
-first frame, and the page puts them back. Measured: a 40-frame film of a 2 × 4-head model on a
-32-token probe (one layer's 4-head grid per frame, as the app draws it) is 5.72 MB, of which plotly.js
-is 4.82 MB and the frames 0.90 MB (1.10 MB of figure JSON before the shared layout is taken out);
-a single-figure page is about 4.85 MB.
+first frame, and the page puts them back. Page sizes are in bench/RESULTS.md.
 """
 
 from __future__ import annotations

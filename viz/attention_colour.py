@@ -1,0 +1,79 @@
+"""How attention values are coloured: the colour modes for weights and the shared colour axis.
+
+Weights are drawn on `SEQUENTIAL` (0..1 as they are, each query row divided by its largest weight,
+or log10 of the weight), scores before softmax on `DIVERGING`, symmetric around 0 (see viz._common).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import DIVERGING, MILLI, SEQUENTIAL, colorscale, nice_ticks, tick_label
+from .attention_layout import Fonts
+
+COLOUR_MODES = ("linear", "row", "log")  # how weights are coloured; see attention_view
+LOG_FLOOR = -3.0  # colour="log": log10(weight) clipped to [LOG_FLOOR, 0]
+
+
+def check_colour(colour: str) -> None:
+    if colour not in COLOUR_MODES:
+        raise ValueError(f"colour must be one of {', '.join(map(repr, COLOUR_MODES))}, got {colour!r}")
+
+
+def colour_values(values: np.ndarray, masked: np.ndarray, colour: str) -> np.ndarray:
+    """Weights (N, T, T) as coloured: as they are ("linear"), each query row divided by its largest
+    unmasked weight ("row"; a row of zeros stays 0), or log10(weight) clipped to [LOG_FLOOR, 0]
+    ("log"). Masked cells come back NaN."""
+    vals = np.where(masked, np.nan, values)
+    if colour == "row":
+        with np.errstate(invalid="ignore"):
+            peak = np.max(np.where(masked, -np.inf, values), axis=-1, keepdims=True)
+        peak = np.where(np.isfinite(peak) & (peak > 0), peak, 1.0)
+        return np.clip(vals / peak, 0.0, 1.0)
+    if colour == "log":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.clip(np.log10(np.clip(vals, 0.0, None)), LOG_FLOOR, 0.0)
+    return vals
+
+
+def value_name(kind: str, colour: str) -> str:
+    if kind == "scores":
+        return "score"
+    return {"linear": "weight", "row": "weight ÷ row max", "log": "log₁₀ weight"}[colour]
+
+
+def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_scale: bool, fonts: Fonts,
+                 x: float, below: float | None = None) -> dict:
+    """The shared colour axis; its bar stands right of the panels at paper x = `x`, or, when
+    `below` is given, lies under them with its top at paper y = `below` (narrow figures)."""
+    if kind == "scores":
+        vals = q[~masked]
+        bound = float(np.abs(vals).max()) / MILLI if vals.size else 1.0
+        bound = bound or 1.0
+        lo, hi, scale = -bound, bound, DIVERGING
+    elif colour == "log":
+        lo, hi, scale = LOG_FLOOR, 0.0, SEQUENTIAL
+    else:
+        lo, hi, scale = 0.0, 1.0, SEQUENTIAL
+    ticks = nice_ticks(lo, hi, 4 if colour == "log" else 5)
+    return {
+        "cmin": lo * MILLI,
+        "cmax": hi * MILLI,
+        "colorscale": colorscale(scale),
+        "showscale": show_scale,
+        "colorbar": {
+            "title": {"text": value_name(kind, colour), "side": "right", "font": {"size": fonts.axis_title}},
+            "tickmode": "array",
+            "tickvals": (ticks * MILLI).tolist(),
+            "ticktext": [tick_label(v) for v in ticks],
+            "tickfont": {"size": fonts.colorbar},
+            "thickness": fonts.cb_thick,
+            "len": 1.0,
+            "x": x,
+            "xanchor": "left",
+            "outlinewidth": 0,
+            **({"orientation": "h", "x": 0.0, "y": below, "yanchor": "top", "len": min(1.0, x), "lenmode": "fraction",
+                "title": {"text": value_name(kind, colour), "side": "right", "font": {"size": fonts.axis_title}}}
+               if below is not None else {}),
+        },
+    }

@@ -1,0 +1,264 @@
+"""The attention-panels figure every attention view draws, and the checks on its input.
+
+`panels_figure` turns N (T, T) maps into one figure of N square heatmap panels sharing one colour
+axis (`attention_view`'s grid, single head and all-layers overview, and `attention_difference`).
+The conventions it follows are listed in viz.attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._common import (
+    FONT,
+    MASKED_HINT,
+    MILLI,
+    MILLI_FORMAT,
+    MILLI_SEPARATORS,
+    ROW_OUTLINE,
+    TOKEN_TICK_CHARS,
+    TRANSPARENT,
+    esc,
+    hatch_image,
+    hover_label,
+    short_token,
+    text_width_em,
+    title_y,
+    to_milli,
+    wrapped,
+)
+from .attention_colour import colour_axis, colour_values, value_name
+from .attention_layout import NORMAL_FONTS, PRESENTING_FONTS, SCALE_BELOW_PX, below_y, grid_geometry, pick_columns
+from .attention_tiles import ATTENTION_BUDGET, heatmap_tiles
+from .payload import FigureSpec
+
+KINDS = ("weights", "scores")
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be 'weights' or 'scores', got {kind!r}")
+
+
+def check_square(shape: tuple[int, ...], what: str = "attention") -> int:
+    tq, tk = shape[-2], shape[-1]
+    if tq != tk:
+        raise ValueError(f"{what} is {tq}×{tk} (query × key) but must be square")
+    if tq == 0:
+        raise ValueError(f"{what} is empty (0×0)")
+    return tq
+
+
+def check_tokens(tokens: Sequence[str], t: int) -> list[str]:
+    tokens = [str(tok) for tok in tokens]
+    if len(tokens) != t:
+        raise ValueError(f"attention is {t}×{t} but {len(tokens)} token labels were given")
+    return tokens
+
+
+def masked_cells(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Boolean masked-cell array shaped like `values`: non-finite input or `mask` True."""
+    masked = ~np.isfinite(values)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        t = values.shape[-1]
+        if mask.shape[-2:] != (t, t) or (mask.ndim > 2 and mask.shape != values.shape):
+            shape = "×".join(map(str, mask.shape))
+            raise ValueError(f"mask is {shape} but attention is {t}×{t}")
+        masked = masked | mask
+    return masked
+
+
+def check_weight_range(q: np.ndarray) -> None:
+    finite = q[np.isfinite(q)]
+    if finite.size and (finite.min() < -1 or finite.max() > MILLI + 1):
+        lo, hi = finite.min() / MILLI, finite.max() / MILLI
+        raise ValueError(
+            f"attention weights must lie in [0, 1] but range {lo:.3g}..{hi:.3g}; "
+            "pass kind='scores' for pre-softmax scores"
+        )
+
+
+# ----------------------------------------------------------------------------- figure
+
+
+def panels_figure(
+    values: np.ndarray,
+    masked: np.ndarray,
+    tokens: list[str],
+    *,
+    ncols: int | None,
+    panels: list[tuple[int, int]],
+    panel_titles: list[str],
+    row_titles: list[str] | None,
+    kind: str,
+    title: str,
+    width_px: int,
+    max_height_px: int | None,
+    focus: int | None,
+    colour: str = "linear",
+    presentation: bool = False,
+    query: int | None = None,
+    show_scale: bool = True,
+    title_prefix: str = "",
+) -> FigureSpec:
+    """Figure with one panel per values[k] (N, T, T); panels[k] = (layer, head) of that panel.
+
+    ncols None picks the columns (`pick_columns`). focus: label every position up to this many,
+    and past it open on the last `focus` positions (None: always show all). title_prefix (escaped)
+    goes before the title; a title wider than the figure is broken into lines (a phone)."""
+    n, t = values.shape[0], values.shape[-1]
+    if kind == "scores":
+        colour = "linear"  # the colour modes are for weights; scores keep their symmetric scale
+    if kind == "weights":
+        check_weight_range(to_milli(np.where(masked, np.nan, values)))
+        q = to_milli(colour_values(values, masked, colour))
+        if colour != "log":
+            q = np.clip(q, 0, MILLI)
+    else:
+        q = to_milli(np.where(masked, np.nan, values))
+    fonts = PRESENTING_FONTS if presentation else NORMAL_FONTS
+    visible = t if focus is None else min(t, focus)
+    offset = t - visible
+
+    ticktext = [short_token(tok) for tok in tokens]
+    label_em = max(text_width_em(tok if len(tok) <= TOKEN_TICK_CHARS else tok[: TOKEN_TICK_CHARS - 1] + "…")
+                   for tok in tokens)
+    label_em = max(label_em, 1.2)
+    subtitle = []
+    if masked.any():
+        subtitle.append(MASKED_HINT)
+    if offset:
+        subtitle.append(f"showing the last {visible} of {t} positions; drag to pan, double-click for all")
+    sub_text = " · ".join(subtitle)
+    if text_width_em(sub_text) * fonts.sub > width_px - 20:
+        sub_text = "<br>".join(subtitle)
+    sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
+    title = wrapped(title_prefix + title, (width_px - 20) / fonts.title)
+    cb_em = 4.5 if colour == "log" or kind == "scores" else 4.0
+    kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
+              sub_lines=sub_lines, panel_titles=any(panel_titles),
+              row_title_lines=2 if row_titles else 1, title_lines=title.count("<br>") + 1)
+    if ncols is None:
+        geo = pick_columns(n, visible, max_height_px=max_height_px, **kw)
+    else:
+        geo = grid_geometry(n, max(1, min(ncols, n)), visible, max_height_px=max_height_px, **kw)
+    margin, labels = geo.margin, geo.labels
+    plot_w = max(1.0, width_px - margin["l"] - margin["r"])
+    plot_h = max(1.0, geo.height - margin["t"] - margin["b"])
+    col_frac, row_frac = geo.panel / plot_w, geo.panel / plot_h
+    right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)
+
+    tickvals = np.arange((t - 1) % labels.step, t, labels.step)  # the newest position is always labelled
+    labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
+    tickfont = {"size": labels.font}
+    # Axis settings every panel shares travel once, as template defaults for all x / y axes. The
+    # categories stay on the first axes (the others match them): as template defaults plotly.js
+    # fails to draw matched category axes.
+    axis_common = {
+        "type": "category",
+        "tickmode": "array",
+        "tickvals": tickvals.astype(np.uint8 if t <= 256 else np.uint16),  # a typed array: half the JSON
+        "ticktext": [ticktext[i] for i in tickvals],
+        "tickfont": tickfont,
+        "showgrid": False,
+        "zeroline": False,
+        "ticks": "",
+        "constrain": "domain",
+        "title": {"standoff": 4},
+        "showticklabels": False,
+    }
+    value = value_name(kind, colour)
+    hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
+    title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(geo.height, fonts.title, title),
+                    "yanchor": "top", "yref": "container", "font": {"size": fonts.title}}
+    if sub_text:
+        title_layout["subtitle"] = {"text": sub_text, "font": {"size": fonts.sub}}
+    layout: dict = {
+        "template": {
+            "data": {"heatmap": [{"type": "heatmap", "coloraxis": "coloraxis", "hoverongaps": False,
+                                  "hovertemplate": hover}]},
+            "layout": {"xaxis": {**axis_common, "tickangle": -90 if labels.rotate else 0, "constraintoward": "left"},
+                       "yaxis": axis_common,
+                       # defaults sent once: the hatch behind masked cells (each panel's image only names
+                       # its axes), the panel titles' style
+                       "imagedefaults": {"source": hatch_image(geo.panel), "x": 0, "y": 1, "sizex": 1, "sizey": 1,
+                                         "xanchor": "left", "yanchor": "top", "sizing": "stretch", "layer": "below"},
+                       "annotationdefaults": {"xref": "paper", "yref": "paper", "xanchor": "center",
+                                              "yanchor": "bottom", "yshift": 2, "showarrow": False,
+                                              "font": {"size": fonts.panel_title}},
+                       # the query-row outline: a whole row, two lines per panel (ROW_OUTLINE)
+                       "shapedefaults": {"type": "rect", "x0": -0.5, "x1": t - 0.5, "fillcolor": TRANSPARENT,
+                                         "layer": "above"}},
+        },
+        "separators": MILLI_SEPARATORS,
+        "title": title_layout,
+        "font": {**FONT, "size": fonts.axis_title},
+        "height": geo.height,
+        "margin": margin,
+        "plot_bgcolor": TRANSPARENT,
+        "paper_bgcolor": TRANSPARENT,
+        "coloraxis": colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4),
+                                  below_y(geo, labels, fonts, plot_h) if show_scale and width_px < SCALE_BELOW_PX
+                                  else None),
+        "hoverlabel": hover_label(fonts.hover),
+        "uirevision": "attention",
+        "meta": {
+            "viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
+            "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
+            "label_px": labels.font, "label_step": labels.step,  # tick font and stride it was laid out with
+        },
+        "annotations": [],
+        "images": [],
+        "shapes": [],
+    }
+    data: list[dict] = []
+    for k in range(n):
+        row, col = divmod(k, geo.ncols)
+        suffix = "" if k == 0 else str(k + 1)
+        xref, yref = f"x{suffix}", f"y{suffix}"
+        x0 = col * (geo.panel + geo.hgap) / plot_w
+        y1 = 1 - row * (geo.panel + geo.vgap) / plot_h
+        bottom = row == geo.nrows - 1 or k + geo.ncols >= n
+        xaxis: dict = {"domain": [round(x0, 5), round(min(1.0, x0 + col_frac), 5)], "anchor": yref}
+        # square cells whatever width the page gives the figure
+        yaxis: dict = {"domain": [round(max(0.0, y1 - row_frac), 5), round(y1, 5)], "anchor": xref,
+                       "scaleanchor": xref}
+        if bottom:  # tick labels under the lowest panel of each column and left of each row only
+            xaxis["showticklabels"] = True
+        if col == 0:
+            yaxis["showticklabels"] = True
+        if k == 0:
+            # (categoryorder defaults to "array" when a categoryarray is given)
+            xaxis.update(categoryarray=labels_cat, range=[offset - 0.5, t - 0.5])
+            yaxis.update(categoryarray=labels_cat, range=[t - 0.5, offset - 0.5])
+        else:  # matched axes share the range (and its square cells: only the first y axis is anchored)
+            xaxis["matches"], yaxis["matches"] = "x", "y"
+            del yaxis["scaleanchor"]
+        if bottom and k == (geo.nrows - 1) * geo.ncols:
+            xaxis["title"] = {"text": "key position (attended to)"}
+        if col == 0:
+            yaxis["title"] = {"text": row_titles[row] if row_titles else "query position"}
+        layout[f"xaxis{suffix}"] = xaxis
+        layout[f"yaxis{suffix}"] = yaxis
+        layer, head = panels[k]
+        layout["meta"]["panels"].append({"xaxis": xref, "yaxis": yref, "layer": layer, "head": head})
+        if panel_titles[k]:
+            layout["annotations"].append({"text": panel_titles[k], "x": round(x0 + col_frac / 2, 5),
+                                          "y": round(y1, 5)})
+        if masked[k].any():
+            layout["images"].append({"xref": f"{xref} domain", "yref": f"{yref} domain"})
+        if query is not None:
+            for line in ROW_OUTLINE:
+                layout["shapes"].append({"xref": xref, "yref": yref, "y0": query - 0.5, "y1": query + 0.5,
+                                         "line": dict(line)})
+        data.extend(heatmap_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n, f"layer {layer}, head {head}"))
+    for key in ("annotations", "images", "shapes"):
+        if not layout[key]:
+            del layout[key]
+    return FigureSpec(data, layout)
