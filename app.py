@@ -24,14 +24,16 @@ from lab.limits import (
     SESSION_CAPACITY, STATE_TTL_S, UPLOAD_MAX_MB,
 )
 from lab.models import DEFAULT_MODEL
-from lab.session import Session
-from ui.common import RAW
+from lab.budget import SessionKey
+from lab.session import SESSIONS, Session
+from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
 )
 from ui.explore_tab import build_explore_tab
 from ui.http import RefuseMalformedCalls
-from ui.positional import PE_FORMULAS, positional
+from ui.positional import positional
+from ui.positional_tab import build_positional_tab
 from ui.share import page_load
 from ui.train import stop_training, train_model, upload_model
 from ui.film_tab import build_film_section
@@ -43,7 +45,6 @@ __all__ = [  # the handlers, importable from here as the API names them (tests a
 ]
 
 torch.set_num_threads(int(os.environ.get("DECODER_LAB_THREADS", "1")))  # one thread per request: bench/RESULTS.md
-LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 ASSETS = Path(__file__).resolve().parent / "assets"
 LEARN_PATH = ASSETS / "learn.md"
 
@@ -53,7 +54,9 @@ def build_demo() -> gr.Blocks:
     first.entry_for(DEFAULT_MODEL)  # loads the default model: a damaged asset fails at start-up
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # nothing leaves the machine
     with gr.Blocks(title="Decoder Lab", delete_cache=(600, 3600), analytics_enabled=False, fill_width=True) as demo:
-        ses = gr.State(Session(), time_to_live=STATE_TTL_S, delete_callback=Session.close)
+        # A tab's state is only the key of its session in the server's store (ui/common.py `handler`
+        # trades it for the session); when gradio deletes the state, the session is closed.
+        ses = gr.State(SessionKey(SESSIONS), time_to_live=STATE_TTL_S, delete_callback=SessionKey.close)
         gr.Markdown("**Decoder Lab**: a small GPT-style transformer you can step through, one token at a time.",
                     elem_id="header")
         with gr.Tabs():
@@ -62,11 +65,7 @@ def build_demo() -> gr.Blocks:
                 model_dd = explore["model"]
 
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
-                pe_info = gr.Markdown(elem_id="pe_info")
-                gr.Markdown(PE_FORMULAS, latex_delimiters=LATEX)
-                with gr.Row():
-                    pe_table = gr.Plot(label="Positions × dimensions", elem_id="pe_table")
-                    pe_sim = gr.Plot(label="Similarity of positions (cosine)", elem_id="pe_sim")
+                build_positional_tab(ses, model_dd, pe_tab)
 
             with gr.Tab("Train", id="train") as train_tab:
                 build_train_tab(ses, model_dd)
@@ -79,9 +78,6 @@ def build_demo() -> gr.Blocks:
         # Then a link's parameters (?model=…&prompt=…&steps=…) set the page up (ui/share.py).
         demo.load(page_load, explore["display_inputs"], explore["state_outputs"], api_name=False,
                   js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }", **RAW)
-        pe_tab.select(positional, [ses, model_dd], [pe_table, pe_sim, pe_info], api_name="positional", **RAW)
-        # The positional figures are drawn when their tab is shown, never while it is hidden: a plot
-        # drawn hidden is laid out at the wrong width (clipped colour bars) until the window resizes.
     return demo
 
 

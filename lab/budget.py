@@ -5,7 +5,8 @@ Four guards, each thread-safe, each with an injectable clock (tests pass a fake 
 - `RateLimiter`: token buckets per (client, action). `check(client, action)` takes a token or
   raises `UserError("Slow down: …")` saying when to try again. `client_key` turns a request's
   address (and, behind a proxy, its X-Forwarded-For) into the client.
-- `SessionStore`: the server's sessions by gradio's session hash. Gradio's own state store drops
+- `SessionStore`: the server's sessions by gradio's session hash, the one home of a person's
+  session; the page's gr.State holds only a `SessionKey` into it. Gradio's own state store drops
   the least recently used session once more than `state_session_capacity` exist, whatever it
   holds, and it makes a session for any new hash before any handler runs, so a burst of new hashes
   evicts people. Sessions kept here survive that; new ones are rate-limited per client, and when
@@ -50,7 +51,8 @@ from .limits import (
 )
 
 __all__ = [
-    "Tenant", "Rate", "RateLimiter", "client_key", "SessionStore", "ModelBudget", "DiskBudget", "model_bytes",
+    "Tenant", "Rate", "RateLimiter", "client_key", "SessionStore", "SessionKey", "ModelBudget", "DiskBudget",
+    "model_bytes",
     "charge", "replay_cost",
     "LIMITER", "MODEL_BUDGET", "DISK_BUDGET",
 ]
@@ -236,7 +238,7 @@ class SessionStore(Generic[T]):
     state without losing the person's session.
 
     `resolve(hash, client, given)` returns the session kept for `hash`; for a new hash it keeps
-    `given` (the fresh session gradio's gr.State made; `factory()` if that one is closed), after
+    `given` (a fresh session a caller made; `factory()` if there is none or that one is closed), after
     `limiter.check(client, "session")`, and sets its `client`. One client holds at most
     `client_sessions`: past that its own least recently used idle session is closed to make room,
     or the new one is refused if all of its sessions are in use. At `max_sessions`, the least
@@ -274,11 +276,13 @@ class SessionStore(Generic[T]):
                 gone.append(s)
         return gone
 
-    def resolve(self, session_hash: str | None, client: str | None, given: T, *, paid: bool = False) -> T:
+    def resolve(self, session_hash: str | None, client: str | None, given: T | None = None, *,
+                paid: bool = False) -> T:
         """The session of this tab (see the class); raises UserError for a new one that is refused.
-        `paid`: the new session's rate token was taken already (when its first call joined the queue)."""
+        `paid`: the new session's rate token was taken already (when its first call joined the queue).
+        Without a hash nothing is kept: the session is `given`, or a new one."""
         if not session_hash:
-            return given
+            return given if given is not None else self.factory()
         to_close: list[T] = []
         try:
             with self._lock:
@@ -309,14 +313,45 @@ class SessionStore(Generic[T]):
                         raise UserError("The server is full right now: every session in it is in use. "
                                         "Try again in a few minutes.")
                     to_close.append(self._sessions.pop(min(idle)[1]))
-                session = self.factory() if given.closed or any(s is given for s in self._sessions.values()) \
-                    else given
+                session = self.factory() if given is None or given.closed or \
+                    any(s is given for s in self._sessions.values()) else given
                 session.client = client
                 self._sessions[session_hash] = session
                 return session
         finally:
             for s in to_close:  # outside the lock: closing stops a run and deletes files
                 s.close()
+
+
+    def close(self, session_hash: str) -> None:
+        """Forget the session kept for `session_hash` and close it (its tab's state was deleted)."""
+        with self._lock:
+            session = self._sessions.pop(session_hash, None)
+        if session is not None:  # outside the lock, as in resolve
+            session.close()
+
+
+class SessionKey:
+    """What a page's gr.State holds: no session, only the way to its session in a `SessionStore`.
+
+    The handler wrapper (ui/common.py) trades it for the store's session of the call's session hash
+    and writes that hash here; when gradio deletes the tab's state (it expired, or the tab closed),
+    `close` closes that session. gr.State deep-copies its initial value for every visitor: each copy
+    is a new key to the same store.
+    """
+
+    __slots__ = ("store", "session_hash")
+
+    def __init__(self, store: SessionStore):
+        self.store = store
+        self.session_hash: str | None = None
+
+    def __deepcopy__(self, memo) -> SessionKey:
+        return SessionKey(self.store)
+
+    def close(self) -> None:
+        if self.session_hash:
+            self.store.close(self.session_hash)
 
 
 # ------------------------------------------------------------------------- own models

@@ -11,6 +11,7 @@ text and models as they were.
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import re
@@ -26,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from lab import budget, files, limits
 from lab.budget import (
-    DiskBudget, ModelBudget, RateLimiter, SessionStore, Tenant, client_key, model_bytes,
+    DiskBudget, ModelBudget, RateLimiter, SessionKey, SessionStore, Tenant, client_key, model_bytes,
 )
 from lab.checks import UserError
 from lab.session import Session
@@ -335,6 +336,24 @@ def test_a_closed_session_is_replaced_and_expired_ones_are_closed():
     fresh.act()
     store.resolve("c", "x", Fake(clock, "c"))
     assert b.closed and not fresh.closed and "b" not in store
+
+
+
+def test_a_page_holds_only_the_key_of_its_session_and_closing_the_key_closes_the_session():
+    clock = Clock()
+    store, made = make_store(clock, limiter=None)
+    key = copy.deepcopy(SessionKey(store))  # what gr.State hands each visitor: a fresh key to the same store
+    assert key.store is store and key.session_hash is None
+    mine = store.resolve("a", "x")  # the handler trades the key for the store's session: a new one here
+    assert mine is made[-1] and not mine.closed
+    key.session_hash = "a"
+    assert store.resolve("a", "x") is mine  # every later call finds the same one
+    SessionKey(store).close()  # a key no call used closes nothing
+    assert "a" in store and not mine.closed
+    key.close()  # gradio deleted the tab's state (it expired, or the tab closed)
+    assert mine.closed and "a" not in store
+    assert store.resolve("a", "x") is made[-1] is not mine  # the same tab calls again: a new session
+    assert store.resolve(None, None) is made[-1] and "a" in store and len(store) == 1  # no hash: not kept
 
 
 # --------------------------------------------------------------------------- models

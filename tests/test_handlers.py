@@ -8,6 +8,7 @@ window: the attention drawn is the attention the model used.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import html
 import json
@@ -25,6 +26,7 @@ import viz
 from lab.limits import MAX_NEW_TOKENS
 from lab.models import BUILTINS, DEFAULT_MODEL, counted
 from lab.session import Session
+from ui import explore_tab
 
 GRAMMAR = "grammar (built-in)"
 SORT = "sort digits (built-in)"
@@ -101,6 +103,30 @@ def test_build_demo_builds_without_launching():
                       "upload_model", "film", "head_roles", "logit_lens", "ablate", "edit_attention", "regenerate",
                       "clear_changes", "compare", "export_session", "import_session", "link", "export_numbers",
                       "export_page", "export_film_page"}
+
+
+
+def test_the_page_state_holds_only_a_key_which_the_handler_trades_for_the_servers_session():
+    """One home for a person's session: the server's store. The page's gr.State holds a key; the handler
+    finds the session by the call's session hash and hands the key, never the session, back to the state."""
+    from starlette.datastructures import Headers
+
+    from lab.budget import SessionKey
+    from lab.session import SESSIONS
+
+    key = copy.deepcopy(SessionKey(SESSIONS))  # what gr.State hands a new visitor
+    request = gr.Request(session_hash="handlers-test-key", client=None, headers=Headers({}))
+    try:
+        out = app.step(key, GRAMMAR, P, 0.0, 0, 1.0, 0, 0, "all", "weights", request)
+        session = SESSIONS.get("handlers-test-key")
+        assert isinstance(session, Session) and key.session_hash == "handlers-test-key"
+        assert out[0] is key and out[1] == session.tokens() and len(out[1]) == P_LEN + 1
+        out = app.step(key, GRAMMAR, P, 0.0, 0, 1.0, 0, 0, "all", "weights", request)
+        assert SESSIONS.get("handlers-test-key") is session and len(session.tokens()) == P_LEN + 2
+        assert app.probs_figure(session).plot == explore_tab.probs_after_step(key, request).plot
+    finally:
+        key.close()  # what gradio does when it deletes the tab's state
+    assert session.closed and SESSIONS.get("handlers-test-key") is None
 
 
 # ------------------------------------------------------------------------------- step
@@ -197,7 +223,7 @@ def test_step_limit_of_generated_tokens():
     do_step(ws, model=TOY, prompt="how is living in amsterdam <EOS>", temperature=1.0, seed=1)
     ws.decoder.eos_id = None  # this test is about the length limit: an <EOS> on the way must not end the text
     for _ in range(MAX_NEW_TOKENS - 2):  # fast-forward without drawing figures
-        ws._keep(ws.decoder.step())
+        ws.text.keep(ws.decoder.step())
     out = do_step(ws, model=TOY, prompt="how is living in amsterdam <EOS>", temperature=1.0, seed=1)
     assert len(out[1]) == 20 and f"20 tokens in view ({MAX_NEW_TOKENS} generated)" in out[2]
     assert len(ws.decoder.ids) - ws.decoder.prompt_len == MAX_NEW_TOKENS

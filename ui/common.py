@@ -1,9 +1,10 @@
 """What every handler of the wiring shares: errors as messages, one action per session, API values.
 
-`handler` wraps each event handler: it finds the server's own session for the tab (see
-lab.budget.SessionStore), checks the client's rate for costly actions (unless the door of
-ui/shares.py took that token when the call joined the queue), holds the session for the whole
-action, and turns every error into a message for the person.
+`handler` wraps each event handler: it trades the page's session key (its gr.State holds a
+lab.budget.SessionKey, never a session) for the server's own session of the tab (lab.budget.
+SessionStore, the one home of a person's session), checks the client's rate for costly actions
+(unless the door of ui/shares.py took that token when the call joined the queue), holds the session
+for the whole action, and turns every error into a message for the person.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import logging
 import gradio as gr
 
 import viz
-from lab.budget import LIMITER, client_key
+from lab.budget import LIMITER, SessionKey, client_key
 from lab.checks import UserError
-from lab.export import slug
+from lab.export import file_name
 from lab.session import SESSIONS, Session
 
 from .plots import to_plot
@@ -47,19 +48,37 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays
     if fn is None:
         return functools.partial(handler, exclusive=exclusive, rate=rate, replays=replays)
 
-    def prepared(args) -> list:
-        """The server's own session for this tab in place of gradio's copy (lab.budget.SessionStore),
-        after the client's rate for `rate` actions is checked."""
+    def prepared(args) -> tuple[list, SessionKey | None]:
+        """The arguments with the server's own session for this tab in place of the page's key (a
+        Session that a Python caller gives is used as it is when the call carries no session hash),
+        after the client's rate for `rate` actions is checked; and the page's key, if one came."""
         args = list(args)
+        key = args[0] if args and isinstance(args[0], SessionKey) else None
         request = next((a for a in args if isinstance(a, gr.Request)), None)
-        if request is not None and args and isinstance(args[0], Session):
+        if key is not None and request is None:
+            raise RuntimeError(f"{fn.__name__} takes the page's session key but no gr.Request to find the session by")
+        if request is not None and args and isinstance(args[0], (SessionKey, Session)):
             host = request.client.host if request.client else None
             client = client_key(host, request.headers.get("x-forwarded-for"))
             charged = charged_at_door(request)
-            args[0] = SESSIONS.resolve(request.session_hash, client, args[0], paid="session" in charged)
+            given = None if key is not None else args[0]
+            args[0] = SESSIONS.resolve(request.session_hash, client, given, paid="session" in charged)
+            if key is not None:
+                key.session_hash = request.session_hash
             if rate is not None and rate not in charged:
                 LIMITER.check(client, rate)
-        return args
+        return args, key
+
+    def keyed(result, session, key: SessionKey | None):
+        """What the handler returned, with the page's key wherever it returned the session (the page's
+        gr.State holds the key, never the session)."""
+        if key is None:
+            return result
+        if result is session:
+            return key
+        if isinstance(result, (tuple, list)):
+            return type(result)(key if r is session else r for r in result)
+        return result
 
     def turn(args):
         held = exclusive and args and isinstance(args[0], Session)
@@ -77,17 +96,18 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays
 
     def wrapped(*args):
         try:
-            args = prepared(args)
+            args, key = prepared(args)
             with turn(args):
-                return fn(*args)
+                return keyed(fn(*args), args[0], key)
         except Exception as exc:
             raise message(exc) from None
 
     def wrapped_gen(*args):  # gradio streams a handler only if it is a generator function itself
         try:
-            args = prepared(args)
-            with turn(args):
-                yield from fn(*args)
+            args, key = prepared(args)
+            with turn(args), contextlib.closing(fn(*args)) as updates:  # a cancelled stream stops the handler too
+                for update in updates:
+                    yield keyed(update, args[0], key)
         except Exception as exc:
             raise message(exc) from None
 
@@ -129,7 +149,7 @@ def api_example(component, value):
 def named(fig, *parts):
     """`fig` with the file name its PNG / SVG download gets: the parts (model, layer, head, step…)
     as ASCII, joined by "_"."""
-    return viz.with_filename(fig, "_".join(p for p in (slug(str(x)) for x in parts if x is not None) if p))
+    return viz.with_filename(fig, file_name(*parts))
 
 
 def message_plot(text: str):

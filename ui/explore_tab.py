@@ -17,7 +17,7 @@ from lab.limits import (
 from lab.models import DEFAULT_MODEL
 from lab.session import Session
 
-from .common import RAW, api_example
+from .common import RAW, api_example, handler
 from .explore import (
     NO_PROBS, NO_TEXT, example_choices, first_view, head_choices, layer_choices, generate, redraw_view, resample, reset, select_model,
     select_token, set_display, shift_head, show_caption, show_vocabulary, step, step_picture, undo, vocabulary_html,
@@ -34,6 +34,12 @@ SAME_EXAMPLE = "(prompt, example) => (prompt === example ? example : null)"
 # the link the server made is relative (it knows not the page's address): the page writes it out whole
 WHOLE_LINK = ("(page) => { const a = new DOMParser().parseFromString(page || '', 'text/html').querySelector('a[href]');"
               " return a ? new URL(a.getAttribute('href'), window.location.href).href : ''; }")
+
+
+@handler(exclusive=False)
+def probs_after_step(session, request: gr.Request = None):
+    """The next-token chart the page draws right after a Step's picture (not held: it only reads)."""
+    return probs_figure(session)
 
 
 def build_explore_tab(ses: gr.State, first: Session) -> dict:
@@ -129,7 +135,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     for trigger in (step_btn.click, prompt.submit):
         trigger(step_picture, step_inputs, [ses, tokens, status, attn_plot, caption], api_visibility="private",
                 show_progress="hidden", **explore_group).then(
-            probs_figure, ses, probs_plot, queue=False, api_visibility="private", show_progress="hidden")
+            probs_after_step, ses, probs_plot, queue=False, api_visibility="private", show_progress="hidden")
     # The API's /step returns everything at once (an invisible button: the same handler logic).
     gr.Button(visible=False).click(step, step_inputs, explore, api_name="step", **explore_group)
     # the caption above the attention follows what it shows (the API's answers leave it out)
