@@ -160,11 +160,23 @@ class Import(NamedTuple):
     bound_module: str | None  # the module that name stands for (`import a.b` binds a); None: not a module
 
 
+def importable_nodes(tree: ast.AST):
+    """Every node of a file but those under `if __name__ == "__main__":`: that block runs only when the file is
+    the program (as module `__main__`, as `python -m model.train` hands over to model/cli.py), never when the
+    file is imported, so its imports cannot close a loop."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if not (isinstance(child, ast.If) and ast.unparse(child.test) == "__name__ == '__main__'"))
+
+
 def project_imports(module: str, path: Path, modules) -> list[Import]:
     """Every import statement of one file, module level and inside functions, that names a project module."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in importable_nodes(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 prefixes = [".".join(alias.name.split(".")[:i]) for i in range(alias.name.count(".") + 1, 0, -1)]
@@ -235,6 +247,19 @@ def test_the_loop_finder_sees_a_loop_through_a_function_level_and_a_relative_imp
     graph = import_graph(tmp_path)
     assert graph["lab.a"] == {"lab.b": 1} and graph["lab.b"] == {"lab.c": 5}
     assert import_cycles(graph) == ["lab.a →(1) lab.b →(5) lab.c →(1) lab.a", "lab.b →(5) lab.c →(2) lab.b"]
+
+
+def test_a_program_block_hands_over_without_a_loop(tmp_path):
+    # model/train.py's `if __name__ == "__main__":` imports model/cli.py, which imports model/train.py: the
+    # block runs only as the program, so it is no loop; the same import anywhere else in the file is one
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "__init__.py").write_text("")
+    (tmp_path / "model" / "cli.py").write_text("from .train import train\n")
+    (tmp_path / "model" / "train.py").write_text(
+        'def train():\n    pass\n\n\nif __name__ == "__main__":\n    from .cli import main\n')
+    assert import_graph(tmp_path)["model.train"] == {} and import_cycles(import_graph(tmp_path)) == []
+    (tmp_path / "model" / "train.py").write_text("def train():\n    from .cli import main\n")
+    assert import_cycles(import_graph(tmp_path)) == ["model.cli →(1) model.train →(2) model.cli"]
 
 
 # namedtuple's public API spells its names with one underscore
