@@ -1,4 +1,4 @@
-"""Where a Step is fastest for the built-in models: CPU or CUDA (issue 16).
+"""Where a Step is fastest for the built-in models: CPU or CUDA.
 
 For each built-in model and text length, time the two things a Step does, on each device there is:
 the whole window's forward (a new prompt: prefill with attention) and one cached step of one token.

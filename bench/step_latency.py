@@ -7,13 +7,13 @@ same first Step through the lab (`lab.session.Session.step`), the two figures th
 gr.HighlightedText / gr.Textbox components postprocess the outputs into), then the next Step on
 the same text (the KV-cache path), and finally the first Step end to end through `app.step`.
 
-Then the head tools of issue 14 (lab.probing) on a session after its first Step, back to back in the
+Then the head tools (lab.probing) on a session after its first Step, back to back in the
 same run and threads, at the prompt lengths of --probe-lengths (default: 64 and 256 where --lengths
 has them): head roles (`probing.head_roles`, and `probing.badges`, the part of
 `app.attention_figure` that calls it), the logit lens at the last token, an ablation of L1H0
 (`set_ablation` + `effect`) in "zero" and in "mean" mode, an attention edit (the last token's row of
 L1H0 attends only to the first token) + `effect`, `compare` of two prompts of T tokens, and the
-head panel's refresh after a Step (`ui.heads.probe_views`). Each row carries the issue's target
+head panel's refresh after a Step (`ui.heads.probe_views`). Each row carries the tool's latency target
 (at T=64) and whether its median meets it.
 
 Prompt lengths 16, 64, 128, 256 tokens are cut from the grammar corpus; a prompt longer than the
@@ -128,7 +128,7 @@ def run_length(app, entry, comps, t: int, reps: int, warmup: int = 3) -> dict:
     )
 
 
-# Issue 14's targets (median ms, server side) at T=64; none is set at other lengths.
+# The head tools' latency targets (median ms, server side), set when the tools were designed: at T=64 only.
 PROBE_TARGETS_MS = {64: {"head_roles": 5.0, "head_badges": 5.0, "logit_lens": 10.0,
                          "ablate_zero": 30.0, "ablate_mean": 30.0}}
 PROBE_ROWS = (
@@ -261,7 +261,7 @@ def main() -> None:
     p.add_argument("--lengths", default="16,64,128,256", help="comma-separated prompt lengths in tokens")
     p.add_argument("--profile", type=int, default=0, help="also cProfile 20 first Steps at this prompt length")
     p.add_argument("--probe-lengths", default=None,
-                   help="prompt lengths for the head tools (issue 14); default: 64 and 256 where --lengths has "
+                   help="prompt lengths for the head tools; default: 64 and 256 where --lengths has "
                         "them; 'none' skips them")
     p.add_argument("--profile-probes", type=int, default=0, help="also cProfile each head tool at this length")
     args = p.parse_args()

@@ -42,9 +42,8 @@ from model.train import (
 from model.transformer import DecoderLM
 
 ROOT = Path(__file__).resolve().parents[1]
-# Measured on this 2-vCPU box (bench/RESULTS.md, issue 16): a cold compile of the training step costs
-# 31 s (default mode) to ~70 s (max-autotune) and saves 4.6 to ~8 ms of the 23.6 ms bf16 iteration,
-# so it earns its time back only after several thousand iterations.
+# `--compile auto` compiles only runs this long: a cold compile of the training step costs more than it saves
+# in a shorter run (the measurements are in bench/RESULTS.md, "on this CPU").
 COMPILE_PAYS_AFTER = 10_000
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
