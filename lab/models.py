@@ -53,7 +53,7 @@ class Builtin:
 
 
 # display name → shipped file, its example prompts (the first is the one offered by default) and
-# the view worth seeing first on that prompt (numbers from `python -m bench.first_views`)
+# the view worth seeing first on that prompt (numbers from `python -m lab.first_views`)
 BUILTIN_MODELS = {
     "grammar (built-in)": Builtin(
         "grammar.safetensors",

@@ -1,4 +1,7 @@
-"""Head scores of every built-in model on its first example prompt: where the first views come from.
+"""The evidence behind each built-in's first view: its head scores on its first example prompt.
+
+Beside the captions it backs (`FirstView` in lab/models.py, shown by lab/captions.py): when a built-in
+is retrained or a caption rewritten, this prints the numbers to choose the view and word the caption by.
 
 For each built-in this prints, layer × head, the scores of `model.heads` (previous-token,
 first-token, self, induction, entropy) on the first example prompt as the app computes it (the
@@ -7,7 +10,9 @@ attention shows after Generate; induction is undefined until a token repeats). F
 it adds the task-match score to the known ideal pattern, and for every model the evidence behind
 the caption of its `FirstView` (lab/models.py); tests/test_first_views.py checks those claims.
 
-    python -m bench.first_views [--new 16]
+    python -m lab.first_views [--new 16]
+
+A tool for whoever edits the captions, not part of the app: nothing imports it.
 """
 
 from __future__ import annotations
