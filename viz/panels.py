@@ -30,7 +30,16 @@ from ._common import (
     wrapped,
 )
 from .attention_colour import colour_axis, colour_values, value_name
-from .attention_layout import NORMAL_FONTS, PRESENTING_FONTS, SCALE_BELOW_PX, below_y, grid_geometry, pick_columns
+from .attention_layout import (
+    NORMAL_FONTS,
+    PRESENTING_FONTS,
+    SCALE_BELOW_PX,
+    Fonts,
+    Geometry,
+    below_y,
+    grid_geometry,
+    pick_columns,
+)
 from .attention_tiles import ATTENTION_BUDGET, heatmap_tiles
 from .payload import FigureSpec
 
@@ -115,47 +124,108 @@ def panels_figure(
     n, t = values.shape[0], values.shape[-1]
     if kind == "scores":
         colour = "linear"  # the colour modes are for weights; scores keep their symmetric scale
-    if kind == "weights":
-        check_weight_range(to_milli(np.where(masked, np.nan, values)))
-        q = to_milli(colour_values(values, masked, colour))
-        if colour != "log":
-            q = np.clip(q, 0, MILLI)
-    else:
-        q = to_milli(np.where(masked, np.nan, values))
+    q = _milli_values(values, masked, kind, colour)
     fonts = PRESENTING_FONTS if presentation else NORMAL_FONTS
     visible = t if focus is None else min(t, focus)
     offset = t - visible
 
-    ticktext = [short_token(tok) for tok in tokens]
+    sub_text = _subtitle(masked.any(), offset, visible, t, fonts.sub, width_px)
+    title = wrapped(title_prefix + title, (width_px - 20) / fonts.title)
+    geo = _fit(n, visible, tokens, title, sub_text, fonts=fonts, ncols=ncols, width_px=width_px,
+               max_height_px=max_height_px, cb_em=4.5 if colour == "log" or kind == "scores" else 4.0,
+               show_scale=show_scale, panel_titles=any(panel_titles), row_titles=bool(row_titles))
+    margin, labels = geo.margin, geo.labels
+    plot_w = max(1.0, width_px - margin["l"] - margin["r"])
+    plot_h = max(1.0, geo.height - margin["t"] - margin["b"])
+    right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)
+
+    value = value_name(kind, colour)
+    hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
+    title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(geo.height, fonts.title, title),
+                    "yanchor": "top", "yref": "container", "font": {"size": fonts.title}}
+    if sub_text:
+        title_layout["subtitle"] = {"text": sub_text, "font": {"size": fonts.sub}}
+    layout: dict = {
+        "template": _template(t, [short_token(tok) for tok in tokens], geo, fonts, hover),
+        "separators": MILLI_SEPARATORS,
+        "title": title_layout,
+        "font": {**FONT, "size": fonts.axis_title},
+        "height": geo.height,
+        "margin": margin,
+        "plot_bgcolor": TRANSPARENT,
+        "paper_bgcolor": TRANSPARENT,
+        "coloraxis": colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4),
+                                 below_y(geo, labels, fonts, plot_h) if show_scale and width_px < SCALE_BELOW_PX
+                                 else None),
+        "hoverlabel": hover_label(fonts.hover),
+        "uirevision": "attention",
+        "meta": {
+            "viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
+            "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
+            "label_px": labels.font, "label_step": labels.step,  # tick font and stride it was laid out with
+        },
+        "annotations": [],
+        "images": [],
+        "shapes": [],
+    }
+    labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
+    data: list[dict] = []
+    for k in range(n):
+        xref, yref = _add_panel(layout, k, n, geo, (plot_w, plot_h), t, offset, labels_cat,
+                                row_titles, panel_titles[k], bool(masked[k].any()), query)
+        layer, head = panels[k]
+        layout["meta"]["panels"].append({"xaxis": xref, "yaxis": yref, "layer": layer, "head": head})
+        data.extend(heatmap_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n, f"layer {layer}, head {head}"))
+    for key in ("annotations", "images", "shapes"):
+        if not layout[key]:
+            del layout[key]
+    return FigureSpec(data, layout)
+
+
+def _milli_values(values: np.ndarray, masked: np.ndarray, kind: str, colour: str) -> np.ndarray:
+    """The values as they are coloured, in milli-units, NaN where masked (weights are checked to be in [0, 1])."""
+    if kind != "weights":
+        return to_milli(np.where(masked, np.nan, values))
+    check_weight_range(to_milli(np.where(masked, np.nan, values)))
+    q = to_milli(colour_values(values, masked, colour))
+    return q if colour == "log" else np.clip(q, 0, MILLI)
+
+
+def _fit(n: int, visible: int, tokens: list[str], title: str, sub_text: str, *, fonts: Fonts, ncols: int | None,
+         width_px: int, max_height_px: int | None, cb_em: float, show_scale: bool, panel_titles: bool,
+         row_titles: bool) -> Geometry:
+    """The layout of n panels showing `visible` positions, with room for the longest tick label, the
+    (wrapped) title and subtitle; ncols None picks the columns."""
     label_em = max(text_width_em(tok if len(tok) <= TOKEN_TICK_CHARS else tok[: TOKEN_TICK_CHARS - 1] + "…")
                    for tok in tokens)
     label_em = max(label_em, 1.2)
+    sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
+    kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
+              sub_lines=sub_lines, panel_titles=panel_titles,
+              row_title_lines=2 if row_titles else 1, title_lines=title.count("<br>") + 1)
+    if ncols is None:
+        return pick_columns(n, visible, max_height_px=max_height_px, **kw)
+    return grid_geometry(n, max(1, min(ncols, n)), visible, max_height_px=max_height_px, **kw)
+
+
+def _subtitle(any_masked: bool, offset: int, visible: int, t: int, font_px: float, width_px: int) -> str:
+    """The hatch legend and the "showing the last …" note: one line, or two when one is too wide."""
     subtitle = []
-    if masked.any():
+    if any_masked:
         subtitle.append(MASKED_HINT)
     if offset:
         subtitle.append(f"showing the last {visible} of {t} positions; drag to pan, double-click for all")
     sub_text = " · ".join(subtitle)
-    if text_width_em(sub_text) * fonts.sub > width_px - 20:
+    if text_width_em(sub_text) * font_px > width_px - 20:
         sub_text = "<br>".join(subtitle)
-    sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
-    title = wrapped(title_prefix + title, (width_px - 20) / fonts.title)
-    cb_em = 4.5 if colour == "log" or kind == "scores" else 4.0
-    kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
-              sub_lines=sub_lines, panel_titles=any(panel_titles),
-              row_title_lines=2 if row_titles else 1, title_lines=title.count("<br>") + 1)
-    if ncols is None:
-        geo = pick_columns(n, visible, max_height_px=max_height_px, **kw)
-    else:
-        geo = grid_geometry(n, max(1, min(ncols, n)), visible, max_height_px=max_height_px, **kw)
-    margin, labels = geo.margin, geo.labels
-    plot_w = max(1.0, width_px - margin["l"] - margin["r"])
-    plot_h = max(1.0, geo.height - margin["t"] - margin["b"])
-    col_frac, row_frac = geo.panel / plot_w, geo.panel / plot_h
-    right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)
+    return sub_text
 
+
+def _template(t: int, ticktext: list[str], geo: Geometry, fonts: Fonts, hover: str) -> dict:
+    """What every panel shares, sent once as template defaults: the heatmap trace style, the axes'
+    ticks, the hatch image, the panel titles' style and the query-row outline."""
+    labels = geo.labels
     tickvals = np.arange((t - 1) % labels.step, t, labels.step)  # the newest position is always labelled
-    labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
     tickfont = {"size": labels.font}
     # Axis settings every panel shares travel once, as template defaults for all x / y axes. The
     # categories stay on the first axes (the others match them): as template defaults plotly.js
@@ -173,92 +243,64 @@ def panels_figure(
         "title": {"standoff": 4},
         "showticklabels": False,
     }
-    value = value_name(kind, colour)
-    hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
-    title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(geo.height, fonts.title, title),
-                    "yanchor": "top", "yref": "container", "font": {"size": fonts.title}}
-    if sub_text:
-        title_layout["subtitle"] = {"text": sub_text, "font": {"size": fonts.sub}}
-    layout: dict = {
-        "template": {
-            "data": {"heatmap": [{"type": "heatmap", "coloraxis": "coloraxis", "hoverongaps": False,
-                                  "hovertemplate": hover}]},
-            "layout": {"xaxis": {**axis_common, "tickangle": -90 if labels.rotate else 0, "constraintoward": "left"},
-                       "yaxis": axis_common,
-                       # defaults sent once: the hatch behind masked cells (each panel's image only names
-                       # its axes), the panel titles' style
-                       "imagedefaults": {"source": hatch_image(geo.panel), "x": 0, "y": 1, "sizex": 1, "sizey": 1,
-                                         "xanchor": "left", "yanchor": "top", "sizing": "stretch", "layer": "below"},
-                       "annotationdefaults": {"xref": "paper", "yref": "paper", "xanchor": "center",
-                                              "yanchor": "bottom", "yshift": 2, "showarrow": False,
-                                              "font": {"size": fonts.panel_title}},
-                       # the query-row outline: a whole row, two lines per panel (ROW_OUTLINE)
-                       "shapedefaults": {"type": "rect", "x0": -0.5, "x1": t - 0.5, "fillcolor": TRANSPARENT,
-                                         "layer": "above"}},
-        },
-        "separators": MILLI_SEPARATORS,
-        "title": title_layout,
-        "font": {**FONT, "size": fonts.axis_title},
-        "height": geo.height,
-        "margin": margin,
-        "plot_bgcolor": TRANSPARENT,
-        "paper_bgcolor": TRANSPARENT,
-        "coloraxis": colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4),
-                                  below_y(geo, labels, fonts, plot_h) if show_scale and width_px < SCALE_BELOW_PX
-                                  else None),
-        "hoverlabel": hover_label(fonts.hover),
-        "uirevision": "attention",
-        "meta": {
-            "viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
-            "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
-            "label_px": labels.font, "label_step": labels.step,  # tick font and stride it was laid out with
-        },
-        "annotations": [],
-        "images": [],
-        "shapes": [],
+    return {
+        "data": {"heatmap": [{"type": "heatmap", "coloraxis": "coloraxis", "hoverongaps": False,
+                              "hovertemplate": hover}]},
+        "layout": {"xaxis": {**axis_common, "tickangle": -90 if labels.rotate else 0, "constraintoward": "left"},
+                   "yaxis": axis_common,
+                   # defaults sent once: the hatch behind masked cells (each panel's image only names
+                   # its axes), the panel titles' style
+                   "imagedefaults": {"source": hatch_image(geo.panel), "x": 0, "y": 1, "sizex": 1, "sizey": 1,
+                                     "xanchor": "left", "yanchor": "top", "sizing": "stretch", "layer": "below"},
+                   "annotationdefaults": {"xref": "paper", "yref": "paper", "xanchor": "center",
+                                          "yanchor": "bottom", "yshift": 2, "showarrow": False,
+                                          "font": {"size": fonts.panel_title}},
+                   # the query-row outline: a whole row, two lines per panel (ROW_OUTLINE)
+                   "shapedefaults": {"type": "rect", "x0": -0.5, "x1": t - 0.5, "fillcolor": TRANSPARENT,
+                                     "layer": "above"}},
     }
-    data: list[dict] = []
-    for k in range(n):
-        row, col = divmod(k, geo.ncols)
-        suffix = "" if k == 0 else str(k + 1)
-        xref, yref = f"x{suffix}", f"y{suffix}"
-        x0 = col * (geo.panel + geo.hgap) / plot_w
-        y1 = 1 - row * (geo.panel + geo.vgap) / plot_h
-        bottom = row == geo.nrows - 1 or k + geo.ncols >= n
-        xaxis: dict = {"domain": [round(x0, 5), round(min(1.0, x0 + col_frac), 5)], "anchor": yref}
-        # square cells whatever width the page gives the figure
-        yaxis: dict = {"domain": [round(max(0.0, y1 - row_frac), 5), round(y1, 5)], "anchor": xref,
-                       "scaleanchor": xref}
-        if bottom:  # tick labels under the lowest panel of each column and left of each row only
-            xaxis["showticklabels"] = True
-        if col == 0:
-            yaxis["showticklabels"] = True
-        if k == 0:
-            # (categoryorder defaults to "array" when a categoryarray is given)
-            xaxis.update(categoryarray=labels_cat, range=[offset - 0.5, t - 0.5])
-            yaxis.update(categoryarray=labels_cat, range=[t - 0.5, offset - 0.5])
-        else:  # matched axes share the range (and its square cells: only the first y axis is anchored)
-            xaxis["matches"], yaxis["matches"] = "x", "y"
-            del yaxis["scaleanchor"]
-        if bottom and k == (geo.nrows - 1) * geo.ncols:
-            xaxis["title"] = {"text": "key position (attended to)"}
-        if col == 0:
-            yaxis["title"] = {"text": row_titles[row] if row_titles else "query position"}
-        layout[f"xaxis{suffix}"] = xaxis
-        layout[f"yaxis{suffix}"] = yaxis
-        layer, head = panels[k]
-        layout["meta"]["panels"].append({"xaxis": xref, "yaxis": yref, "layer": layer, "head": head})
-        if panel_titles[k]:
-            layout["annotations"].append({"text": panel_titles[k], "x": round(x0 + col_frac / 2, 5),
-                                          "y": round(y1, 5)})
-        if masked[k].any():
-            layout["images"].append({"xref": f"{xref} domain", "yref": f"{yref} domain"})
-        if query is not None:
-            for line in ROW_OUTLINE:
-                layout["shapes"].append({"xref": xref, "yref": yref, "y0": query - 0.5, "y1": query + 0.5,
-                                         "line": dict(line)})
-        data.extend(heatmap_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n, f"layer {layer}, head {head}"))
-    for key in ("annotations", "images", "shapes"):
-        if not layout[key]:
-            del layout[key]
-    return FigureSpec(data, layout)
+
+
+def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float, float], t: int, offset: int,
+               labels_cat: list[str], row_titles: list[str] | None, panel_title: str, any_masked: bool,
+               query: int | None) -> tuple[str, str]:
+    """Panel k's axes, title, hatch and query-row outline added to `layout`; returns its (xaxis, yaxis) names."""
+    plot_w, plot_h = plot_wh
+    col_frac, row_frac = geo.panel / plot_w, geo.panel / plot_h
+    row, col = divmod(k, geo.ncols)
+    suffix = "" if k == 0 else str(k + 1)
+    xref, yref = f"x{suffix}", f"y{suffix}"
+    x0 = col * (geo.panel + geo.hgap) / plot_w
+    y1 = 1 - row * (geo.panel + geo.vgap) / plot_h
+    bottom = row == geo.nrows - 1 or k + geo.ncols >= n
+    xaxis: dict = {"domain": [round(x0, 5), round(min(1.0, x0 + col_frac), 5)], "anchor": yref}
+    # square cells whatever width the page gives the figure
+    yaxis: dict = {"domain": [round(max(0.0, y1 - row_frac), 5), round(y1, 5)], "anchor": xref,
+                   "scaleanchor": xref}
+    if bottom:  # tick labels under the lowest panel of each column and left of each row only
+        xaxis["showticklabels"] = True
+    if col == 0:
+        yaxis["showticklabels"] = True
+    if k == 0:
+        # (categoryorder defaults to "array" when a categoryarray is given)
+        xaxis.update(categoryarray=labels_cat, range=[offset - 0.5, t - 0.5])
+        yaxis.update(categoryarray=labels_cat, range=[t - 0.5, offset - 0.5])
+    else:  # matched axes share the range (and its square cells: only the first y axis is anchored)
+        xaxis["matches"], yaxis["matches"] = "x", "y"
+        del yaxis["scaleanchor"]
+    if bottom and k == (geo.nrows - 1) * geo.ncols:
+        xaxis["title"] = {"text": "key position (attended to)"}
+    if col == 0:
+        yaxis["title"] = {"text": row_titles[row] if row_titles else "query position"}
+    layout[f"xaxis{suffix}"] = xaxis
+    layout[f"yaxis{suffix}"] = yaxis
+    if panel_title:
+        layout["annotations"].append({"text": panel_title, "x": round(x0 + col_frac / 2, 5),
+                                      "y": round(y1, 5)})
+    if any_masked:
+        layout["images"].append({"xref": f"{xref} domain", "yref": f"{yref} domain"})
+    if query is not None:
+        for line in ROW_OUTLINE:
+            layout["shapes"].append({"xref": xref, "yref": yref, "y0": query - 0.5, "y1": query + 0.5,
+                                     "line": dict(line)})
+    return xref, yref

@@ -172,43 +172,9 @@ def film_layout(payload: dict, i: int) -> dict:
     return {**{k: v for k, v in payload["base"].items() if k not in dropped}, **patch}
 
 
-def film_html(frames: Sequence[Figure], *, title: str, steps: list[int], captions: list[str] | None = None) -> str:
-    """A whole training film in one self-contained HTML page.
-
-    frames: one figure per film frame (a `FigureSpec` or `go.Figure`, e.g. that frame's attention
-    grid from `attention_view`); steps: the training step of each frame (the slider reads
-    "step N"); captions: an optional text per frame, shown under the controls. The page has a
-    slider over the frames, Play (from the first frame when at the last) and Pause, and draws the
-    frame with ``Plotly.react`` on one div. ``window.labFilm`` = {show(i), index(), play(), pause(),
-    playing()} is there for scripts and tests. The data is in ``<script type="application/json"
-    id="film-data">`` (`film_payload`).
-    """
-    title = _text("title", title)
-    frames = list(frames)
-    if not frames:
-        raise ValueError("a film needs at least one frame")
-    steps = list(steps)
-    if len(steps) != len(frames):
-        raise ValueError(f"{len(frames)} frames but {len(steps)} steps")
-    for s in steps:
-        if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
-            raise TypeError(f"steps must be whole numbers, got {s!r}")
-    if captions is not None:
-        captions = [_text("caption", c) for c in captions]
-        if len(captions) != len(frames):
-            raise ValueError(f"{len(frames)} frames but {len(captions)} captions")
-    payload = film_payload(frames, steps, captions)
-    n = len(frames)
-    body = (
-        f"<h1>{html.escape(title)}</h1>\n"
-        "<div class=\"controls\">\n"
-        "  <button type=\"button\" id=\"play\">Play</button>\n"
-        "  <button type=\"button\" id=\"pause\" disabled>Pause</button>\n"
-        f"  <input type=\"range\" id=\"slider\" min=\"0\" max=\"{n - 1}\" step=\"1\" value=\"0\" aria-label=\"film frame\">\n"
-        "  <span id=\"step-label\" aria-live=\"polite\"></span>\n"
-        "</div>\n<p id=\"caption\"></p>\n<div id=\"figure\" class=\"figure\"></div>"
-    )
-    return _page(title, body, "film-data", payload, """
+# The film page's program: draws frame i (the shared layout with the frame's own entries put back),
+# one drawing at a time, and plays the frames every FILM_FRAME_MS.
+_FILM_SCRIPT = """
 (function () {
   var film = JSON.parse(document.getElementById("film-data").textContent);
   var name = JSON.parse(document.getElementById("figure-name").textContent);
@@ -262,4 +228,43 @@ def film_html(frames: Sequence[Figure], *, title: str, steps: list[int], caption
                     drawn: function () { return current; }, playing: function () { return timer !== null; }};
   show(0);
 })();
-""")
+"""
+
+
+def film_html(frames: Sequence[Figure], *, title: str, steps: list[int], captions: list[str] | None = None) -> str:
+    """A whole training film in one self-contained HTML page.
+
+    frames: one figure per film frame (a `FigureSpec` or `go.Figure`, e.g. that frame's attention
+    grid from `attention_view`); steps: the training step of each frame (the slider reads
+    "step N"); captions: an optional text per frame, shown under the controls. The page has a
+    slider over the frames, Play (from the first frame when at the last) and Pause, and draws the
+    frame with ``Plotly.react`` on one div. ``window.labFilm`` = {show(i), index(), play(), pause(),
+    playing()} is there for scripts and tests. The data is in ``<script type="application/json"
+    id="film-data">`` (`film_payload`).
+    """
+    title = _text("title", title)
+    frames = list(frames)
+    if not frames:
+        raise ValueError("a film needs at least one frame")
+    steps = list(steps)
+    if len(steps) != len(frames):
+        raise ValueError(f"{len(frames)} frames but {len(steps)} steps")
+    for s in steps:
+        if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
+            raise TypeError(f"steps must be whole numbers, got {s!r}")
+    if captions is not None:
+        captions = [_text("caption", c) for c in captions]
+        if len(captions) != len(frames):
+            raise ValueError(f"{len(frames)} frames but {len(captions)} captions")
+    payload = film_payload(frames, steps, captions)
+    n = len(frames)
+    body = (
+        f"<h1>{html.escape(title)}</h1>\n"
+        "<div class=\"controls\">\n"
+        "  <button type=\"button\" id=\"play\">Play</button>\n"
+        "  <button type=\"button\" id=\"pause\" disabled>Pause</button>\n"
+        f"  <input type=\"range\" id=\"slider\" min=\"0\" max=\"{n - 1}\" step=\"1\" value=\"0\" aria-label=\"film frame\">\n"
+        "  <span id=\"step-label\" aria-live=\"polite\"></span>\n"
+        "</div>\n<p id=\"caption\"></p>\n<div id=\"figure\" class=\"figure\"></div>"
+    )
+    return _page(title, body, "film-data", payload, _FILM_SCRIPT)
