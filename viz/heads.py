@@ -174,9 +174,7 @@ def _score_maps(
     laid = width_px or 1000
     legend = wrap_parts(legend, fonts.sub, laid - 20)
     title = wrapped(title, (laid - 20) / fonts.title)  # whole on a phone: it says what the maps show
-    margin = {"l": left, "r": 12, "b": EXPORT_BAR_PX,  # room for the page's PNG / SVG buttons (assets/explore.js)
-              "t": math.ceil(8 + fonts.title * 1.25 * (title.count("<br>") + 1)
-                             + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1)) if legend else 0) + 6)}
+    margin = _margin(left, fonts, title, legend)
     title_px = fonts.panel_title * 1.5 + 4  # a panel's title, above it
     panel_h = n_layers * fonts.cell_h
     tick_px = fonts.tick * 1.4 + 8  # head labels under a panel
@@ -216,17 +214,8 @@ def _score_maps(
         x1 = min(1.0, x0 + panel_w / plot_w)
         top = 1 - (row * row_h + title_px) / plot_h
         bottom = top - panel_h / plot_h
-        layout[f"xaxis{suffix}"] = {
-            "domain": [round(x0, 5), round(x1, 5)], "anchor": yref, "range": [-0.5, n_heads - 0.5],
-            "tickmode": "array", "tickvals": list(range(n_heads)), "ticktext": [f"H{h}" for h in range(n_heads)],
-            "tickfont": {"size": fonts.tick}, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
-        }
-        layout[f"yaxis{suffix}"] = {
-            "domain": [round(max(0.0, bottom), 5), round(top, 5)], "anchor": xref, "range": [n_layers - 0.5, -0.5],
-            "tickmode": "array", "tickvals": list(range(n_layers)),
-            "ticktext": [f"L{li}" for li in range(n_layers)], "tickfont": {"size": fonts.tick},
-            "showticklabels": col == 0, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
-        }
+        layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = _panel_axes((x0, x1), (bottom, top), xref, yref,
+                                                                     n_layers, n_heads, fonts.tick, col == 0)
         layout["meta"]["panels"].append({"key": panel.key, "xaxis": xref, "yaxis": yref})
         shown_title = panel.title
         if panel.short_title is not None and text_width_em(panel.title) * fonts.panel_title > panel_w:
@@ -234,40 +223,82 @@ def _score_maps(
         annotations.append({"text": shown_title, "xref": "paper", "yref": "paper", "x": round((x0 + x1) / 2, 5),
                             "y": round(top, 5), "xanchor": "center", "yanchor": "bottom", "yshift": 3,
                             "showarrow": False, "font": {"size": fonts.panel_title}})
-        trace = {
-            "type": "heatmap", "z": panel.z, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": panel.zmin,
-            "zmax": panel.zmax, "colorscale": colorscale(panel.scale), "showscale": False, "xgap": 2, "ygap": 2,
-            "text": panel.text, "texttemplate": "%{text}", "textfont": {"size": fonts.cell},
-            "hovertext": panel.hover, "hovertemplate": "%{hovertext}<extra></extra>", "customdata": customdata,
-            "meta": panel.key, "name": panel.key,
-        }
-        if xref != "x":
-            trace["xaxis"], trace["yaxis"] = xref, yref
-        data.append(trace)
-        for li, h in zip(*np.nonzero(np.isnan(panel.z))):  # undefined: a grey dash (cell text would be white)
-            annotations.append({"text": NAN_TEXT, "xref": xref, "yref": yref, "x": int(h), "y": int(li),
-                                "showarrow": False, "font": {"size": fonts.cell, "color": TEXT_GREY}})
-        for li, h in panel.outlined:
-            for line in MARK_LINES:
-                shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - MARK_INSET,
-                               "x1": h + MARK_INSET, "y0": li - MARK_INSET, "y1": li + MARK_INSET,
-                               "line": dict(line), "fillcolor": TRANSPARENT, "layer": "above"})
-        for li, h in marked:
-            annotations.append({"text": "<b>✕</b>", "xref": xref, "yref": yref, "x": h - 0.46, "y": li - 0.44,
-                                "xanchor": "left", "yanchor": "top", "showarrow": False, "borderpad": 0,
-                                "bgcolor": "rgba(255,255,255,0.85)",
-                                "font": {"size": round(fonts.cell * 1.05), "color": MARKED_COLOUR},
-                                "hovertext": esc(marked_label)})
-        if selected is not None:
-            li, h = selected
-            for line in ROW_OUTLINE:
-                shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - _SELECT_INSET,
-                               "x1": h + _SELECT_INSET, "y0": li - _SELECT_INSET, "y1": li + _SELECT_INSET,
-                               "line": dict(line), "fillcolor": TRANSPARENT, "layer": "above"})
+        data.append(_panel_trace(panel, fonts, customdata, xref, yref))
+        panel_shapes, panel_notes = _panel_marks(panel, xref, yref, fonts, marked, marked_label, selected)
+        shapes += panel_shapes
+        annotations += panel_notes
     if shapes:
         layout["shapes"] = shapes
     layout["annotations"] = annotations
     return FigureSpec(data, layout)
+
+
+def _margin(left: int, fonts: _MapFonts, title: str, legend: str) -> dict:
+    """The maps' margins: room for the layer labels, the (wrapped) title and legend, and the export buttons."""
+    return {"l": left, "r": 12, "b": EXPORT_BAR_PX,  # room for the page's PNG / SVG buttons (assets/explore.js)
+            "t": math.ceil(8 + fonts.title * 1.25 * (title.count("<br>") + 1)
+                           + (fonts.sub * (1.6 + 1.3 * (legend.count("<br>") + 1)) if legend else 0) + 6)}
+
+
+def _panel_axes(xs: tuple[float, float], ys: tuple[float, float], xref: str, yref: str, n_layers: int,
+                n_heads: int, tick_px: float, first_column: bool) -> tuple[dict, dict]:
+    """A panel's x axis (heads) and y axis (layers, layer 0 at the top) over paper domains xs and ys."""
+    (x0, x1), (bottom, top) = xs, ys
+    xaxis = {
+        "domain": [round(x0, 5), round(x1, 5)], "anchor": yref, "range": [-0.5, n_heads - 0.5],
+        "tickmode": "array", "tickvals": list(range(n_heads)), "ticktext": [f"H{h}" for h in range(n_heads)],
+        "tickfont": {"size": tick_px}, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
+    }
+    yaxis = {
+        "domain": [round(max(0.0, bottom), 5), round(top, 5)], "anchor": xref, "range": [n_layers - 0.5, -0.5],
+        "tickmode": "array", "tickvals": list(range(n_layers)),
+        "ticktext": [f"L{li}" for li in range(n_layers)], "tickfont": {"size": tick_px},
+        "showticklabels": first_column, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
+    }
+    return xaxis, yaxis
+
+
+def _panel_trace(panel: _Panel, fonts: _MapFonts, customdata: list, xref: str, yref: str) -> dict:
+    """A panel's heatmap: its values coloured, each cell's text and hover, [layer, head] as customdata."""
+    trace = {
+        "type": "heatmap", "z": panel.z, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": panel.zmin,
+        "zmax": panel.zmax, "colorscale": colorscale(panel.scale), "showscale": False, "xgap": 2, "ygap": 2,
+        "text": panel.text, "texttemplate": "%{text}", "textfont": {"size": fonts.cell},
+        "hovertext": panel.hover, "hovertemplate": "%{hovertext}<extra></extra>", "customdata": customdata,
+        "meta": panel.key, "name": panel.key,
+    }
+    if xref != "x":
+        trace["xaxis"], trace["yaxis"] = xref, yref
+    return trace
+
+
+def _panel_marks(panel: _Panel, xref: str, yref: str, fonts: _MapFonts, marked: list[tuple[int, int]],
+                 marked_label: str, selected: tuple[int, int] | None) -> tuple[list[dict], list[dict]]:
+    """A panel's marks as (shapes, annotations): a dash where a score is undefined, the role's outline,
+    a "✕" on each marked head and the selected head's outline."""
+    shapes: list[dict] = []
+    annotations: list[dict] = []
+    for li, h in zip(*np.nonzero(np.isnan(panel.z))):  # undefined: a grey dash (cell text would be white)
+        annotations.append({"text": NAN_TEXT, "xref": xref, "yref": yref, "x": int(h), "y": int(li),
+                            "showarrow": False, "font": {"size": fonts.cell, "color": TEXT_GREY}})
+    for li, h in panel.outlined:
+        for line in MARK_LINES:
+            shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - MARK_INSET,
+                           "x1": h + MARK_INSET, "y0": li - MARK_INSET, "y1": li + MARK_INSET,
+                           "line": dict(line), "fillcolor": TRANSPARENT, "layer": "above"})
+    for li, h in marked:
+        annotations.append({"text": "<b>✕</b>", "xref": xref, "yref": yref, "x": h - 0.46, "y": li - 0.44,
+                            "xanchor": "left", "yanchor": "top", "showarrow": False, "borderpad": 0,
+                            "bgcolor": "rgba(255,255,255,0.85)",
+                            "font": {"size": round(fonts.cell * 1.05), "color": MARKED_COLOUR},
+                            "hovertext": esc(marked_label)})
+    if selected is not None:
+        li, h = selected
+        for line in ROW_OUTLINE:
+            shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - _SELECT_INSET,
+                           "x1": h + _SELECT_INSET, "y0": li - _SELECT_INSET, "y1": li + _SELECT_INSET,
+                           "line": dict(line), "fillcolor": TRANSPARENT, "layer": "above"})
+    return shapes, annotations
 
 
 def _mark_hover(li: int, h: int, selected: tuple[int, int] | None, marked: set, marked_label: str) -> str:

@@ -61,30 +61,8 @@ def lens_grid(
     """
     check_flag("presentation", presentation)
     check_width(width_px)
-    probs = np.asarray(probs, dtype=np.float64)
-    if probs.ndim != 2 or probs.shape[0] < 1 or probs.shape[1] < 1:
-        raise ValueError(f"probs must be 2-D (rows, vocabulary) with at least one of each, got shape {probs.shape}")
-    n_rows, vocab = probs.shape
-    pieces = [str(p) for p in pieces]
-    if len(pieces) != vocab:
-        raise ValueError(f"probs cover a vocabulary of {vocab} but {len(pieces)} token pieces were given")
-    if row_labels is None:
-        row_labels = ["embedding"] + [f"after layer {r - 1}" for r in range(1, n_rows)]
-        if n_rows > 1:
-            row_labels[-1] += " (output)"
-    row_labels = [str(r) for r in row_labels]
-    if len(row_labels) != n_rows:
-        raise ValueError(f"probs have {n_rows} rows but {len(row_labels)} row labels were given")
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
-        raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
-    top = min(int(top), vocab)
-    if not np.isfinite(probs).all():
-        raise ValueError("probs must be finite")
-    if final is None:
-        final = int(np.argmax(probs[-1]))
-    elif isinstance(final, bool) or not isinstance(final, (int, np.integer)) or not 0 <= final < vocab:
-        raise ValueError(f"final token id {final!r} is outside the vocabulary of {vocab} pieces")
-    final = int(final)
+    probs, pieces, row_labels, top, final = _checked(probs, pieces, row_labels, top, final)
+    n_rows = probs.shape[0]
 
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
@@ -97,25 +75,12 @@ def lens_grid(
     cell_px = (laid - left - right) / top
     limit = max(4, min(16, int((cell_px - 8) / (0.6 * tick))))
     safe_labels = [esc(r) for r in row_labels]
-    text, hover, outlined = [], [], []
-    for r in range(n_rows):
-        text_row, hover_row = [], []
-        for k in range(top):
-            tok = int(order[r, k])
-            piece = short_token(pieces[tok], limit)
-            if tok == final:
-                outlined.append((r, k))
-                piece = f"<b>{piece}</b>"
-            text_row.append(piece)
-            hover_row.append(f"{safe_labels[r]} · rank {k + 1}: '{esc(pieces[tok])}' {values[r, k]:.3f}"
-                             + (" · the model's final top token" if tok == final else ""))
-        text.append(text_row)
-        hover.append(hover_row)
+    text, hover, outlined = _cells(order, values, pieces, final, limit, safe_labels)
     first = next((r for r in range(n_rows) if final in order[r]), None)
     sub_px = PRESENTATION_FONT_PX if presentation else 11
     note = wrap_parts([f"bold, outlined = the model's final top token '{esc(pieces[final])}'",
-                  f"first in the top {top}: {safe_labels[first]}" if first is not None
-                  else f"in no row's top {top}"], sub_px, laid - 20, "; ")
+                       f"first in the top {top}: {safe_labels[first]}" if first is not None
+                       else f"in no row's top {top}"], sub_px, laid - 20, "; ")
     margin = {"l": left, "r": right, "b": EXPORT_BAR_PX,
               "t": math.ceil(8 + title_px * 1.25 + sub_px * (1.6 + 1.3 * (note.count("<br>") + 1)) + 6
                              + tick * 1.4 + 6)}
@@ -158,3 +123,55 @@ def lens_grid(
     if shapes:
         layout["shapes"] = shapes
     return FigureSpec([trace], layout)
+
+
+def _checked(probs, pieces: Sequence[str], row_labels: Sequence[str] | None, top, final
+             ) -> tuple[np.ndarray, list[str], list[str], int, int]:
+    """`lens_grid`'s input checked: probs as float64, the pieces and row labels as strings (the
+    default labels filled in), `top` capped at the vocabulary, `final` (default: the last row's argmax)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[0] < 1 or probs.shape[1] < 1:
+        raise ValueError(f"probs must be 2-D (rows, vocabulary) with at least one of each, got shape {probs.shape}")
+    n_rows, vocab = probs.shape
+    pieces = [str(p) for p in pieces]
+    if len(pieces) != vocab:
+        raise ValueError(f"probs cover a vocabulary of {vocab} but {len(pieces)} token pieces were given")
+    if row_labels is None:
+        row_labels = ["embedding"] + [f"after layer {r - 1}" for r in range(1, n_rows)]
+        if n_rows > 1:
+            row_labels[-1] += " (output)"
+    row_labels = [str(r) for r in row_labels]
+    if len(row_labels) != n_rows:
+        raise ValueError(f"probs have {n_rows} rows but {len(row_labels)} row labels were given")
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+        raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
+    top = min(int(top), vocab)
+    if not np.isfinite(probs).all():
+        raise ValueError("probs must be finite")
+    if final is None:
+        final = int(np.argmax(probs[-1]))
+    elif isinstance(final, bool) or not isinstance(final, (int, np.integer)) or not 0 <= final < vocab:
+        raise ValueError(f"final token id {final!r} is outside the vocabulary of {vocab} pieces")
+    final = int(final)
+    return probs, pieces, row_labels, top, final
+
+
+def _cells(order: np.ndarray, values: np.ndarray, pieces: list[str], final: int, limit: int,
+           safe_labels: list[str]) -> tuple[list[list[str]], list[list[str]], list[tuple[int, int]]]:
+    """Each cell's text (the piece, bold where it is `final`) and hover, and the (row, rank) cells to outline."""
+    n_rows, top = order.shape
+    text, hover, outlined = [], [], []
+    for r in range(n_rows):
+        text_row, hover_row = [], []
+        for k in range(top):
+            tok = int(order[r, k])
+            piece = short_token(pieces[tok], limit)
+            if tok == final:
+                outlined.append((r, k))
+                piece = f"<b>{piece}</b>"
+            text_row.append(piece)
+            hover_row.append(f"{safe_labels[r]} · rank {k + 1}: '{esc(pieces[tok])}' {values[r, k]:.3f}"
+                             + (" · the model's final top token" if tok == final else ""))
+        text.append(text_row)
+        hover.append(hover_row)
+    return text, hover, outlined
