@@ -77,8 +77,9 @@ OPTIONAL = {
 
 
 def benchmarks() -> list[str]:
-    """Every benchmark module in bench/ (all modules but the helpers)."""
-    return sorted(p.stem for p in HERE.glob("*.py") if p.stem not in HELPERS)
+    """Every benchmark in bench/: its modules but the helpers, and its packages run by a __main__ (fuzz)."""
+    return sorted([p.stem for p in HERE.glob("*.py") if p.stem not in HELPERS]
+                  + [p.parent.name for p in HERE.glob("*/__main__.py")])
 
 
 def plan_for(quick: bool, only: set[str], include: set[str]) -> list[tuple[str, list[str]]]:

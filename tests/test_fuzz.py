@@ -1,12 +1,12 @@
 """The public API under a stateful fuzzer: any endpoint, any value for any argument, in any order.
 
-A hypothesis `RuleBasedStateMachine` drives bench/fuzz.py's `Fuzzer` against the running app (the
+A hypothesis `RuleBasedStateMachine` drives bench/fuzz's `Fuzzer` against the running app (the
 `app_server` fixture): the endpoints and their parameters come from `Client.view_api`, so an endpoint
 added later is fuzzed too. Hypothesis chooses the rules' order and a seed for each rule's choices.
 Each example opens twin sessions; its rules send calls through
 gradio_client or as hand-made HTTP (NaN, infinity, FileData naming server paths, the wrong number of
 arguments) and upload hostile checkpoints (mutated tokenizer, config and meta JSON); before them, once
-per run, a long training on a third session is stopped. Every call is checked (bench/fuzz.py says how):
+per run, a long training on a third session is stopped. Every call is checked (bench/fuzz/__init__.py says how):
 
 * it succeeds, or it is refused with a clear message (not the generic error, no file path, Python
   type or exception name, traceback or cache hash, at most 400 characters);
@@ -106,7 +106,7 @@ def test_fuzz_the_api(app_server, tmp_path):
                 fz.new_pair()  # each example: a fresh pair of twin sessions
 
         @rule(seed=SEED)
-        def act(self, seed):  # the fuzzer's own mix (bench/fuzz.py, Fuzzer.act)
+        def act(self, seed):  # the fuzzer's own mix (bench/fuzz/fuzzer.py, Fuzzer.act)
             if calls_left():
                 fz.act(draw(seed))
 
