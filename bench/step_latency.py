@@ -157,26 +157,26 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
 
     def ablate(mode):
         def run():
-            probing.set_ablation(session, ["L1H0"], mode, False)
-            e = probing.effect(session)
-            probing.clear(session)
+            session.set_ablation(["L1H0"], mode, False)
+            e = session.effect()
+            session.clear_probe()
             return e
         return run
 
     def edit():
-        probing.set_edit(session, 1, 0, last, 0)
-        e = probing.effect(session)
-        probing.clear(session)
+        session.set_edit(1, 0, last, 0)
+        e = session.effect()
+        session.clear_probe()
         return e
 
     return (
-        ("head_roles", lambda: probing.head_roles(session)),
+        ("head_roles", lambda: session.head_roles()),
         ("head_badges", lambda: head_badges(session, 0)),
-        ("logit_lens", lambda: probing.logit_lens(session, last)),
+        ("logit_lens", lambda: session.lens(last)),
         ("ablate_zero", ablate("zero")),
         ("ablate_mean", ablate("mean")),
         ("edit", edit),
-        ("compare", lambda: probing.compare(session, DEFAULT_MODEL, prompt_a, prompt_b)),
+        ("compare", lambda: session.compare(DEFAULT_MODEL, prompt_a, prompt_b)),
         ("probe_views", lambda: probe_views(session, 0, 0)),
     )
 

@@ -12,10 +12,8 @@ Plain text: the wiring escapes it for the page (tokens such as <EOS> must stay t
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,9 +21,6 @@ from model import heads
 
 from . import probing
 from .models import ModelEntry
-
-if TYPE_CHECKING:
-    from .session import Attention, Session
 
 _NUMBER = re.compile(r"\b\d\.\d\d\b")
 SEPARATORS = ("␣", "⏎")  # how the character tokenizers show a space and a line break
@@ -144,28 +139,13 @@ def caption(entry: ModelEntry, weights, scores, tokens: Sequence[str], ids: Sequ
             f"weight ({row[top]:.2f}) on “{tokens[top]}” (position {top}). Click a token to see its row.")
 
 
-# ------------------------------------------------------------------------- on a person's session
+# ------------------------------------------------------------------------- the head tools' change
 
 
-def shown_attention(session: Session) -> tuple[Attention | None, str]:
-    """The attention the Explore figure draws, and the change it is drawn under in a few words ('' for
-    none): the model's own attention on the text, or, while the head tools ablate heads or edit a row,
-    the attention the model computes under that change."""
-    att = session.attention()
-    changed = probing.changed_attention(session) if att is not None else None
-    if changed is None:
-        return att, ""
-    return dataclasses.replace(att, weights=changed[0], scores=changed[1]), change_mark(session)
-
-
-def shown_roles(session: Session, att: Attention) -> probing.HeadRoles:
-    """The heads' scores read off the attention drawn (under a change, its own)."""
-    return probing.compute_head_roles(session.entry, session.decoder.window, att.weights, att.tokens)
-
-
-def change_mark(session: Session) -> str:
-    """The head tools' change, short enough for a figure title: "L1H0 ablated (mean) · L1H0 row 11 edited"."""
-    p, parts = session.probe, []
+def change_mark(settings: probing.ProbeSettings, start: int) -> str:
+    """The head tools' change, short enough for a figure title: "L1H0 ablated (mean) · L1H0 row 11 edited"
+    (`start`: the window's first position in the whole text)."""
+    p, parts = settings, []
     if p.heads or p.keep_only:
         listed = [probing.head_label(*h) for h in p.heads]
         listed = ", ".join(listed[:3]) + (f" +{len(listed) - 3} more" if len(listed) > 3 else "")
@@ -173,25 +153,19 @@ def change_mark(session: Session) -> str:
             listed = f"all heads but {listed}" if listed else "all heads"
         parts.append(f"{listed} ablated ({p.mode})")
     if p.edit is not None:
-        parts.append(f"{probing.head_label(p.edit.layer, p.edit.head)} row {p.edit.query - session.decoder.start} edited")
+        parts.append(f"{probing.head_label(p.edit.layer, p.edit.head)} row {p.edit.query - start} edited")
     return " · ".join(parts)
 
 
-def session_caption(session: Session, model_name, layer, head, view) -> str | None:
-    """The line above the Explore attention for this view (head "all" = every head): of the text drawn,
-    or before any text, a built-in's own line at its own view (what the first Step shows). None for an
-    own model before any text (the page has its own invitation)."""
-    att, change = shown_attention(session)
-    if att is None:
-        entry = session.entry_for(model_name)
-        fv = entry.first_view
-        if fv is not None and (layer, head, view) == (fv.layer, fv.head, fv.view):
-            return fv.caption
-        if not entry.builtin:
-            return None
-        which = "every layer" if view == "all layers" else f"layer {layer}, " + (
-            "every head" if head == "all" else f"head {head}")
-        return f"Press Step to see where each token looks in {which}."
-    v = session.check_view(None, layer, head, view)
-    return caption(session.entry, att.weights, att.scores, att.tokens, session.decoder.window, v.layer, v.head,
-                   v.view, change=change)
+def no_text_caption(entry: ModelEntry, layer, head, view) -> str | None:
+    """The line above the Explore attention before any text: a built-in's own line at its own view
+    (what the first Step shows), else an invitation to press Step. None for an own model (the page has
+    its own invitation)."""
+    fv = entry.first_view
+    if fv is not None and (layer, head, view) == (fv.layer, fv.head, fv.view):
+        return fv.caption
+    if not entry.builtin:
+        return None
+    which = "every layer" if view == "all layers" else f"layer {layer}, " + (
+        "every head" if head == "all" else f"head {head}")
+    return f"Press Step to see where each token looks in {which}."

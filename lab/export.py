@@ -24,8 +24,6 @@ import csv
 import io
 import json
 import math
-import re
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -34,6 +32,7 @@ import numpy as np
 
 from . import probing
 from .checks import UserError, check_choice, check_int
+from .files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
 
 if TYPE_CHECKING:
     from .session import Session
@@ -47,7 +46,6 @@ PROBABILITY_COLUMNS = ["rank", "token_id", "piece", "probability", "adjusted", "
 LOSS_COLUMNS = ["step", "train_loss", "val_loss"]
 LENS_COLUMNS = ["stage", "rank", "token_id", "piece", "probability"]
 EFFECT_COLUMNS = ["rank_before", "rank_after", "token_id", "piece", "before", "after"]
-_STEM_MAX = 40
 
 
 @dataclass
@@ -104,17 +102,6 @@ def _number(value) -> float | None:
     """A float for JSON: the value as the Python float it equals; None when not finite."""
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def slug(text: str, limit: int = _STEM_MAX) -> str:
-    """`text` as part of a file stem: ASCII letters and digits, the rest as "-"."""
-    text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:limit].strip("-")
-
-
-def model_stem(name: str) -> str:
-    """A model's name in a file stem: "grammar (built-in)" → "grammar", "my sort model" → "my-sort-model"."""
-    return slug(name.removesuffix(" (built-in)")) or "model"
 
 
 def _stem(*parts) -> str:
@@ -210,10 +197,10 @@ def _role_json(role) -> dict:
 
 
 def head_roles(session: Session) -> Export:
-    """Every head's scores on the current window (`probing.head_roles`), at full precision, with
+    """Every head's scores on the current window (`Session.head_roles`), at full precision, with
     the role each plays most clearly; the JSON adds each score's formula and threshold."""
     _need_text(session)
-    roles = probing.head_roles(session)
+    roles = session.head_roles()
     columns = roles.columns()
     rows = roles.rows(digits=None)  # the page's table at full precision
     data = {**_text_json(session, "head_roles"), "columns": columns, "rows": rows,
@@ -286,12 +273,12 @@ def loss_history(session: Session, model_name) -> Export:
 # -------------------------------------------------------------------------- logit lens
 
 
-def logit_lens(session: Session, index=None, top=LENS_TOP) -> Export:
+def lens_export(session: Session, index=None, top=LENS_TOP) -> Export:
     """The logit lens at window position `index` (default: the selected token, else the last):
     the `top` most probable next tokens after the embedding and after each layer."""
     _need_text(session)
     top = min(check_int("top", top, 1, MAX_TOP), session.entry.tokenizer.vocab_size)  # a small vocabulary: all of it
-    lens = probing.logit_lens(session, index)
+    lens = session.lens(index)
     rows = []
     for label, row in zip(lens.labels, lens.probs):  # as Lens.top, at full precision and with the token ids
         for rank, i in enumerate(np.argsort(-row, kind="stable")[:top].tolist(), start=1):
@@ -310,8 +297,8 @@ def effect(session: Session, index=None) -> Export:
     """The next-token distribution after window position `index` without and with the session's
     ablation or edit (`probing.effect`), every token, most probable before first."""
     _need_text(session)
-    e = probing.effect(session, index)
-    before_rank, after_rank = probing._ranks(e.before), probing._ranks(e.after)
+    e = session.effect(index)
+    before_rank, after_rank = probing.ranks(e.before), probing.ranks(e.after)
     order = np.argsort(-e.before, kind="stable").tolist()
     rows = [[int(before_rank[i]), int(after_rank[i]), int(i), e.pieces[i], _number(e.before[i]), _number(e.after[i])]
             for i in order]
@@ -329,7 +316,7 @@ def comparison(session: Session, model_name, prompt_a, prompt_b) -> Export:
     """Prompt A against prompt B (`probing.compare`): every head's scores on each prompt and B − A,
     at full precision; the JSON adds the tokens, B − A attention on the common positions per
     layer and head (null where masked), and both next-token distributions."""
-    c = probing.compare(session, model_name, prompt_a, prompt_b)
+    c = session.compare(model_name, prompt_a, prompt_b)
     columns = c.columns()
     rows = c.rows(digits=None)  # full precision, None where undefined
     n = c.common

@@ -11,13 +11,17 @@ older than `RUN_FILES_MAX_AGE_S`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
+import unicodedata
 import uuid
 from pathlib import Path
 
 from .limits import RUN_FILES_MAX_AGE_S
+
+STEM_MAX = 40  # characters of one part of a file name
 
 # gradio's cache folder, as gradio.utils.get_upload_folder() finds it (lab/ does not import gradio)
 GRADIO_CACHE = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
@@ -51,3 +55,22 @@ def sweep_runs(max_age_s: float = RUN_FILES_MAX_AGE_S) -> None:
                 shutil.rmtree(d, ignore_errors=True)
         except OSError:
             pass
+
+
+# ------------------------------------------------------------------ names of downloads
+
+
+def slug(text: str, limit: int = STEM_MAX) -> str:
+    """`text` as part of a file stem: ASCII letters and digits, the rest as "-"."""
+    text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:limit].strip("-")
+
+
+def model_stem(name: str) -> str:
+    """A model's name in a file stem: "grammar (built-in)" → "grammar", "my sort model" → "my-sort-model"."""
+    return slug(name.removesuffix(" (built-in)")) or "model"
+
+
+def file_name(*parts) -> str:
+    """A figure's download name: the parts (model, layer, head, step…) as ASCII, joined by "_"."""
+    return "_".join(p for p in (slug(str(x)) for x in parts if x is not None) if p)

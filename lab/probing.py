@@ -1,11 +1,12 @@
 """Asking a model what its heads do, on one person's text: head roles, the logit lens, ablation,
 attention edits, and prompt A against prompt B.
 
-Everything here is computed live from the session's model and text by the engine's own forward
+Everything here is computed live from the text's model and window by the engine's own forward
 (`DecoderLM.forward(..., intervention=, return_residuals=)`): nothing is estimated or cached
-across texts. The settings a person chose (heads to ablate, a row to edit) live in
-`ProbeSettings` on the session, so they stay while the text grows step by step and can be saved
-with it; the functions take the session and return plain numbers for the wiring to draw.
+across texts. The settings a person chose (heads to ablate, a row to edit) are a `ProbeSettings`
+the session keeps, so they stay while the text grows step by step and can be saved with it.
+The functions are plain: they take the text (lab.text.Text: its model, window and selected
+token) and the settings, and return plain numbers or new settings; the session's verbs call them.
 
 Positions: `index` arguments are positions in the window shown (0 = its first token); an edit's
 query and key are stored as positions in the whole text, so they stay put while the window grows.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -27,13 +28,12 @@ from model.heads import (
     ROLE_ORDER, ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_of, task_score, task_targets,
 )
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
+from model.transformer import logit_lens
 
 from .checks import UserError, check_choice, check_int
 from .limits import MAX_NEW_TOKENS
 from .models import ModelEntry
-
-if TYPE_CHECKING:
-    from .session import Session
+from .text import Text, encode_prompt
 
 GRAMMAR_NAMES = {**{n: "f" for n in FEMALE_NAMES}, **{n: "m" for n in MALE_NAMES}}
 SCORE_ROLES = ("previous_token", "first_token", "self_attention", "induction", "entropy")
@@ -198,23 +198,6 @@ def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[
     return HeadRoles(roles_for(entry), scores, list(tokens))
 
 
-def head_roles(session: Session) -> HeadRoles | None:
-    """The head roles on the session's current window (None before the first Step)."""
-    att = session.attention()
-    if att is None:
-        return None
-    d = session.decoder
-    # a Step draws the badges, the overview and the table from one computation: kept while the
-    # text (model, tokens, and the very attention arrays, which every change of the text replaces) stays
-    key = (id(session.entry), tuple(d.window), tuple(id(w) for w in att.weights))
-    cached = session._roles
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    roles = compute_head_roles(session.entry, d.window, att.weights, att.tokens)
-    session._roles = (key, roles)
-    return roles
-
-
 # ---------------------------------------------------------------------------- the forward
 
 
@@ -225,35 +208,33 @@ def _forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention |
                            return_residuals=residuals)
 
 
-def _window_intervention(session: Session, settings: ProbeSettings | None = None) -> Intervention | None:
-    """The session's intervention (or `settings`') in window positions; refuses settings that do not
-    fit this text."""
-    settings = session.probe if settings is None else settings
+def window_intervention(text: Text, settings: ProbeSettings) -> Intervention | None:
+    """The settings' intervention in window positions; refuses settings that do not fit this text."""
     iv = settings.intervention()
-    if iv is None or session.decoder is None:
+    if iv is None or text.decoder is None:
         return None
-    d = session.decoder
+    d = text.decoder
     e = settings.edit
     if e is not None and not (d.start <= e.query < len(d.ids) and (e.key is None or d.start <= e.key)):
         raise UserError("The edited attention row is no longer in the text shown; set the edit again.")
     iv = iv.within(d.start, 0, len(d.window))
     try:
-        iv.validate(session.entry.model.cfg, len(d.window))
+        iv.validate(text.entry.model.cfg, len(d.window))
     except ValueError as exc:
         raise UserError(f"These settings cannot run: {exc}.") from None
     return iv
 
 
-def _need_text(session: Session) -> None:
-    if session.decoder is None:
+def need_text(text: Text) -> None:
+    if text.decoder is None:
         raise UserError("Press Step first: these tools work on the text in the Explore tab.")
 
 
-def _index(session: Session, index) -> int:
+def position(text: Text, index) -> int:
     """A window position (default: the selected token, else the last)."""
-    n = len(session.decoder.window)
+    n = len(text.decoder.window)
     if index is None:
-        index = session.query if session.query is not None and session.query < n else n - 1
+        index = text.query if text.query is not None and text.query < n else n - 1
     return check_int("token position", index, 0, n - 1)
 
 
@@ -283,15 +264,16 @@ class Lens:
         return out
 
 
-def logit_lens(session: Session, index=None) -> Lens:
+def lens_readout(text: Text, index=None) -> Lens:
     """What the model would predict after `index` (default: the selected token) if it stopped
-    after each layer: the residual stream through the final norm and the output head."""
-    _need_text(session)
-    index = _index(session, index)
-    d, entry = session.decoder, session.entry
+    after each layer: the residual stream through the final norm and the output head
+    (model.transformer.logit_lens)."""
+    need_text(text)
+    index = position(text, index)
+    d, entry = text.decoder, text.entry
     out = _forward(entry, d.window, residuals=True)
     with torch.inference_mode():
-        logits = torch.stack([entry.model.read_out(r) for r in out.residuals])[:, 0, index]  # (L + 1, V)
+        logits = logit_lens(entry.model, out.residuals)[:, 0, index]  # (L + 1, V)
     probs = torch.softmax(logits.double(), dim=-1).numpy()
     labels = ["embedding"] + [f"after layer {i}" for i in range(len(out.residuals) - 1)]
     tok = entry.tokenizer
@@ -312,7 +294,7 @@ class Move:
 
 @dataclass
 class Effect:
-    """The next-token distribution after window position `index` without and with the session's
+    """The next-token distribution after window position `index` without and with the settings'
     intervention (both float64, from the same forward path), and KL(before ‖ after) in bits."""
 
     pieces: list[str]
@@ -344,61 +326,58 @@ def kl_bits(log_p: np.ndarray, log_q: np.ndarray) -> float:
     return float(np.sum(p * (log_p - log_q)) / math.log(2))
 
 
-def _ranks(probs: np.ndarray) -> np.ndarray:
+def ranks(probs: np.ndarray) -> np.ndarray:
     order = np.argsort(-probs, kind="stable")
     ranks = np.empty_like(order)
     ranks[order] = np.arange(1, len(order) + 1)
     return ranks
 
 
-def effect(session: Session, index=None) -> Effect:
-    """The effect of the session's settings on the prediction after `index` (default: the
-    selected token): before = the plain forward, after = the same forward with the intervention."""
-    _need_text(session)
-    index = _index(session, index)
-    d, entry = session.decoder, session.entry
-    iv = _window_intervention(session)
+def effect(text: Text, settings: ProbeSettings, index=None) -> Effect:
+    """The effect of the settings on the prediction after `index` (default: the selected token):
+    before = the plain forward, after = the same forward with the intervention."""
+    need_text(text)
+    index = position(text, index)
+    d, entry = text.decoder, text.entry
+    iv = window_intervention(text, settings)
     before = _forward(entry, d.window).logits[0, index].double()
     after = before if iv is None else _forward(entry, d.window, iv).logits[0, index].double()
     log_p, log_q = torch.log_softmax(before, -1).numpy(), torch.log_softmax(after, -1).numpy()
     p, q = torch.softmax(before, -1).numpy(), torch.softmax(after, -1).numpy()
-    rp, rq = _ranks(p), _ranks(q)
+    rp, rq = ranks(p), ranks(q)
     tok = entry.tokenizer
     pieces = [tok.piece(i) for i in range(tok.vocab_size)]
     top = list(dict.fromkeys([*np.argsort(-p, kind="stable")[:TOP_MOVES], *np.argsort(-q, kind="stable")[:TOP_MOVES]]))
     moves = [Move(pieces[i], float(p[i]), float(q[i]), int(rp[i]), int(rq[i])) for i in top]
-    what = session.probe.describe([tok.piece(i) for i in d.window], d.start)
+    what = settings.describe([tok.piece(i) for i in d.window], d.start)
     return Effect(pieces, p, q, kl_bits(log_p, log_q), index, tok.piece(d.window[index]), what, moves)
 
 
-def set_ablation(session: Session, heads, mode, keep_only) -> ProbeSettings:
-    """Choose the heads to ablate and how (an empty list and keep_only False: none). Everything is
-    checked first; a refused setting changes nothing."""
-    entry = session.entry if session.entry is not None else None
-    if entry is None:
+def with_ablation(text: Text, settings: ProbeSettings, heads, mode, keep_only) -> ProbeSettings:
+    """The settings with these heads to ablate and how (an empty list and keep_only False: none),
+    checked against the text's model; the edit stays."""
+    if text.entry is None:
         raise UserError("Press Step first: ablation works on the text in the Explore tab.")
-    cfg = entry.model.cfg
+    cfg = text.entry.model.cfg
     chosen = parse_heads(heads, cfg.n_layers, cfg.n_heads)
     mode = check_choice("ablation mode", mode, ABLATION_MODES)
     if not isinstance(keep_only, bool):
         raise UserError("keep only must be true or false.")
     if keep_only and not chosen:
         raise UserError("“Keep only these” needs at least one head to keep.")
-    new = ProbeSettings(chosen, mode, keep_only, session.probe.edit)
-    _window_intervention(session, new)  # refused here, before anything changes
-    session.probe = new
+    new = ProbeSettings(chosen, mode, keep_only, settings.edit)
+    window_intervention(text, new)  # refused here, before anything changes
     return new
 
 
-def set_edit(session: Session, layer, head, query, key) -> ProbeSettings:
-    """Replace one attention row: head `head` of `layer`, at window position `query`, attends only
-    to window position `key` ("uniform": every allowed key equally; "off" or None: no edit)."""
-    _need_text(session)
-    d, cfg = session.decoder, session.entry.model.cfg
+def with_edit(text: Text, settings: ProbeSettings, layer, head, query, key) -> ProbeSettings:
+    """The settings with one attention row replaced: head `head` of `layer`, at window position
+    `query`, attends only to window position `key` ("uniform": every allowed key equally; "off" or
+    None: no edit)."""
+    need_text(text)
+    d, cfg = text.decoder, text.entry.model.cfg
     if key is None or key == "off":
-        new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only, None)
-        session.probe = new
-        return new
+        return ProbeSettings(settings.heads, settings.mode, settings.keep_only, None)
     layer = check_int("layer", layer, 0, cfg.n_layers - 1)
     head = check_int("head", head, 0, cfg.n_heads - 1)
     n = len(d.window)
@@ -412,33 +391,41 @@ def set_edit(session: Session, layer, head, query, key) -> ProbeSettings:
                             f"can only look at positions 0–{query}.")
         k = check_int("key position", key, 0, limit)
     edit = AttentionEdit(layer, head, d.start + query, None if k is None else d.start + k)
-    new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only, edit)
-    _window_intervention(session, new)  # refused here, before anything changes
-    session.probe = new
+    new = ProbeSettings(settings.heads, settings.mode, settings.keep_only, edit)
+    window_intervention(text, new)  # refused here, before anything changes
     return new
 
 
-def restore_edit(session: Session, layer, head, query, key) -> ProbeSettings:
-    """Set an edit as `ProbeSettings` keeps it (query and key positions in the whole text; key None =
-    uniform), as a session file brings it back: also when its row has slid out of the window since it
-    was set (the tools then say so, as they did before the file was saved)."""
-    _need_text(session)
-    d, cfg = session.decoder, session.entry.model.cfg
+def with_restored_edit(text: Text, settings: ProbeSettings, layer, head, query, key) -> ProbeSettings:
+    """The settings with an edit as `ProbeSettings` keeps it (query and key positions in the whole
+    text; key None = uniform), as a session file brings it back: also when its row has slid out of
+    the window since it was set (the tools then say so, as they did before the file was saved)."""
+    need_text(text)
+    d, cfg = text.decoder, text.entry.model.cfg
     layer = check_int("layer", layer, 0, cfg.n_layers - 1)
     head = check_int("head", head, 0, cfg.n_heads - 1)
     query = check_int("query position", query, 0, len(d.ids) - 1)
     limit = query if cfg.mask == "causal" else len(d.ids) - 1
     key = None if key is None else check_int("key position", key, 0, limit)
-    new = ProbeSettings(session.probe.heads, session.probe.mode, session.probe.keep_only,
-                        AttentionEdit(layer, head, query, key))
+    new = ProbeSettings(settings.heads, settings.mode, settings.keep_only, AttentionEdit(layer, head, query, key))
     if query >= d.start and (key is None or key >= d.start):
-        _window_intervention(session, new)  # in the window: it must run on this text
-    session.probe = new
+        window_intervention(text, new)  # in the window: it must run on this text
     return new
 
 
-def clear(session: Session) -> None:
-    session.probe = ProbeSettings()
+def with_selected_edit(text: Text, settings: ProbeSettings, head, key) -> ProbeSettings:
+    """`with_edit` for the selected token, with the head as a label ("L1H0") and the key as the page
+    sends it (a position as text, "uniform" or "off")."""
+    need_text(text)
+    if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
+        key = int(key)  # anything else that is text (“²”, “3.5”) is left to with_edit's check, which names it
+    if key is None or key == "off":
+        return with_edit(text, settings, None, None, None, None)
+    cfg = text.entry.model.cfg
+    if not isinstance(head, str):
+        raise UserError("Choose the head whose row to edit, e.g. L1H0.")
+    ((layer, h),) = parse_heads([head], cfg.n_layers, cfg.n_heads)
+    return with_edit(text, settings, layer, h, selected(text), key)
 
 
 # ----------------------------------------------------------------------------- regenerate
@@ -455,16 +442,16 @@ class Regeneration:
     what: str
 
 
-def regenerate(session: Session, sampling: Sampling, n) -> Regeneration:
-    """Continue the current text `n` tokens twice with the same seed: plainly and under the
-    session's settings (heads ablated, row edited), to see where the two part."""
-    _need_text(session)
+def regenerate(text: Text, settings: ProbeSettings, sampling: Sampling, n) -> Regeneration:
+    """Continue the text `n` tokens twice with the same seed: plainly and under the settings (heads
+    ablated, row edited), to see where the two part."""
+    need_text(text)
     n = check_int("tokens to regenerate", n, 1, min(MAX_REGENERATE, MAX_NEW_TOKENS))
-    iv = session.probe.intervention()
+    iv = settings.intervention()
     if iv is None:
         raise UserError("Choose heads to ablate (or an attention row to edit) first.")
-    _window_intervention(session)  # the settings must fit the text
-    d, entry = session.decoder, session.entry
+    window_intervention(text, settings)  # the settings must fit the text
+    d, entry = text.decoder, text.entry
     texts = []
     for intervention in (None, iv):
         dec = Decoder(entry.model, list(d.ids), sampling, eos_id=entry.tokenizer.eos_id, piece=entry.tokenizer.piece,
@@ -475,7 +462,7 @@ def regenerate(session: Session, sampling: Sampling, n) -> Regeneration:
     if first is None and len(normal) != len(changed):
         first = min(len(normal), len(changed))
     tok = entry.tokenizer
-    return Regeneration(normal, changed, first, session.probe.describe([tok.piece(i) for i in d.window], d.start))
+    return Regeneration(normal, changed, first, settings.describe([tok.piece(i) for i in d.window], d.start))
 
 
 # --------------------------------------------------------------------------------- compare
@@ -534,11 +521,8 @@ class Comparison:
         return cols
 
 
-def compare(session: Session, model_name, prompt_a, prompt_b) -> Comparison:
+def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
     """Run both prompts through the model and line them up position by position."""
-    from .session import encode_prompt  # the session module imports this one
-
-    entry = session.entry_for(model_name)
     ids_a, notes_a = encode_prompt(prompt_a, entry)
     ids_b, notes_b = encode_prompt(prompt_b, entry)
     tok = entry.tokenizer
@@ -565,104 +549,87 @@ def compare(session: Session, model_name, prompt_a, prompt_b) -> Comparison:
 # ------------------------------------------------------------------- what the page shows
 
 
-def selected(session: Session) -> int | None:
+def selected(text: Text) -> int | None:
     """The window position the tools read (the selected token, else the last); None without a text."""
-    if session.decoder is None:
+    if text.decoder is None:
         return None
-    return _index(session, None)
+    return position(text, None)
 
 
-def head_labels(session: Session) -> list[str]:
+def head_labels(text: Text) -> list[str]:
     """Every head of the text's model as the page names it ("L1H0"); none before the first Step."""
-    if session.entry is None:
+    if text.entry is None:
         return []
-    cfg = session.entry.model.cfg
+    cfg = text.entry.model.cfg
     return [head_label(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
 
 
-def shape(session: Session) -> tuple[int, int]:
+def shape(text: Text) -> tuple[int, int]:
     """(layers, heads) of the text's model."""
-    cfg = session.entry.model.cfg
+    cfg = text.entry.model.cfg
     return cfg.n_layers, cfg.n_heads
 
 
-def check_shown(session: Session, layer, head) -> tuple[int | None, int | None]:
+def check_shown(text: Text, layer, head) -> tuple[int | None, int | None]:
     """The layer and head the attention shows (None: none, or "all" heads), checked against the text's
     model before a handler changes anything (a refused call leaves the head settings as they were)."""
-    if session.entry is None:  # no text: the tools draw nothing that needs them
+    if text.entry is None:  # no text: the tools draw nothing that needs them
         return None, None
-    n_layers, n_heads = shape(session)
+    n_layers, n_heads = shape(text)
     layer = None if layer is None else check_int("layer", layer, 0, n_layers - 1)
     head = None if head is None or head == "all" else check_int("head", head, 0, n_heads - 1)
     return layer, head
 
 
-def ablated(session: Session) -> list[tuple[int, int]]:
-    """The heads the settings ablate (keep-only resolved), sorted."""
-    if not session.probe.active or session.entry is None:
+def ablated(text: Text, settings: ProbeSettings) -> list[tuple[int, int]]:
+    """The heads the settings ablate on the text's model (keep-only resolved), sorted."""
+    if not settings.active or text.entry is None:
         return []
-    return sorted(session.probe.intervention().ablated_heads(session.entry.model.cfg))
+    return sorted(settings.intervention().ablated_heads(text.entry.model.cfg))
 
 
-def badges(session: Session, layer: int, roles: HeadRoles | None = None) -> dict[int, str]:
-    """What each head of `layer` is on this text (its strongest role, from `roles`, default the
-    model as trained) and what the person changed in it (ablated, row edited), for the attention
-    panels' titles."""
-    roles = head_roles(session) if roles is None else roles
+def badges(text: Text, settings: ProbeSettings, layer: int, roles: HeadRoles | None) -> dict[int, str]:
+    """What each head of `layer` is on this text (its strongest role, from `roles`) and what the
+    person changed in it (ablated, row edited), for the attention panels' titles."""
     out = roles.badges(layer) if roles is not None else {}
-    for layer_, h in ablated(session):
+    for layer_, h in ablated(text, settings):
         if layer_ == layer:
-            out[h] = " · ".join(filter(None, [out.get(h), f"✕ {MODE_WORDS[session.probe.mode]}"]))
-    e = session.probe.edit
+            out[h] = " · ".join(filter(None, [out.get(h), f"✕ {MODE_WORDS[settings.mode]}"]))
+    e = settings.edit
     if e is not None and e.layer == layer:
         out[e.head] = " · ".join(filter(None, [out.get(e.head), "✎ row edited"]))
     return out
 
 
-def key_choices(session: Session) -> list[tuple[str, str]]:
+def key_choices(text: Text) -> list[tuple[str, str]]:
     """What the selected token's edited row may attend to: off, uniform, or one allowed position."""
     out = [("no edit", "off"), ("uniform (every allowed key)", "uniform")]
-    q = selected(session)
+    q = selected(text)
     if q is None:
         return out
-    n = len(session.decoder.window)
-    limit = q if session.entry.model.cfg.mask == "causal" else n - 1
-    tokens = [p for p, _ in session.tokens()]
+    n = len(text.decoder.window)
+    limit = q if text.entry.model.cfg.mask == "causal" else n - 1
+    tokens = [p for p, _ in text.tokens()]
     return out + [(f"{j}: {tokens[j]}", str(j)) for j in range(limit + 1)]
 
 
-def edit_state(session: Session) -> tuple[str | None, str]:
+def edit_state(text: Text, settings: ProbeSettings) -> tuple[str | None, str]:
     """The edit as the page shows it: (its head's label or None, "off" | "uniform" | key position)."""
-    e = session.probe.edit
-    if e is None or session.decoder is None:
+    e = settings.edit
+    if e is None or text.decoder is None:
         return None, "off"
-    return head_label(e.layer, e.head), "uniform" if e.key is None else str(e.key - session.decoder.start)
+    return head_label(e.layer, e.head), "uniform" if e.key is None else str(e.key - text.decoder.start)
 
 
-def edit_selected(session: Session, head, key) -> ProbeSettings:
-    """`set_edit` for the selected token, with the head as a label ("L1H0") and the key as the page
-    sends it (a position as text, "uniform" or "off")."""
-    _need_text(session)
-    if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
-        key = int(key)  # anything else that is text (“²”, “3.5”) is left to set_edit's check, which names it
-    if key is None or key == "off":
-        return set_edit(session, None, None, None, None)
-    cfg = session.entry.model.cfg
-    if not isinstance(head, str):
-        raise UserError("Choose the head whose row to edit, e.g. L1H0.")
-    ((layer, h),) = parse_heads([head], cfg.n_layers, cfg.n_heads)
-    return set_edit(session, layer, h, selected(session), key)
-
-
-def changed_attention(session: Session) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+def changed_attention(text: Text, settings: ProbeSettings) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
     """The attention of the text shown under the person's settings (heads ablated, a row edited):
     per layer (H, T, T) weights (the ones that multiplied the values) and scores, from the engine's
     forward with the change. None without settings, or when they no longer fit the text."""
-    if session.decoder is None or not session.probe.active:
+    if text.decoder is None or not settings.active:
         return None
     try:
-        iv = _window_intervention(session)
+        iv = window_intervention(text, settings)
     except UserError:
         return None
-    out = _forward(session.entry, session.decoder.window, iv, attention=True)
+    out = _forward(text.entry, text.decoder.window, iv, attention=True)
     return [a[0].float().numpy() for a in out.attentions], [s[0].float().numpy() for s in out.scores]

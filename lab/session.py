@@ -291,6 +291,11 @@ class Session:
 
     # ----------------------------------------------------------------------- read-outs
 
+    def frame(self, layer, head, view) -> Frame:
+        """What the page draws for the text as it stands, for this view (checked against the text's
+        model; with no text there is nothing to check or draw)."""
+        return self._frame(self._view(self.entry, (layer, head, view)) if self.decoder is not None else None)
+
     def tokens(self) -> list[tuple[str, str]]:
         """(display piece, "prompt" | "generated") for every token in the current window."""
         return self.text.tokens()

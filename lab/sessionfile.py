@@ -33,6 +33,7 @@ from .checks import UserError, check_choice, check_sampling
 from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
 from .models import ModelEntry
 from .session import HEAD_TOOLS, Session, View, encode_prompt
+from .uploads import checkpoint_data
 
 FORMAT = "decoder-lab-session"
 VERSION = 1
@@ -74,7 +75,7 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
     if entry.builtin:
         model = {"builtin": entry.name, "sha256": builtin_checksum(session, entry.name)}
     else:
-        model = {"name": entry.name, "checkpoint": base64.b64encode(Session.checkpoint_data(entry)).decode("ascii")}
+        model = {"name": entry.name, "checkpoint": base64.b64encode(checkpoint_data(entry)).decode("ascii")}
     probe = session.probe
     if session.decoder is None:
         # no text (after Reset): the heads chosen stay for the next text on this model (on another model
@@ -190,7 +191,7 @@ def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list) 
         if not isinstance(action, dict) or action.get("do") not in ("step", "generate", "undo"):
             raise _bad(f"action {i + 1} is not a Step, Generate or Undo")
         if action["do"] == "undo":
-            if scratch.decoder is None or not scratch.undo():
+            if scratch.decoder is None or not scratch.undo().undone:
                 raise _bad(f"action {i + 1} undoes a token the text does not have")
             continue
         sampling = _sampling(action.get("sampling"), seed)
@@ -204,7 +205,7 @@ def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list) 
             if action["do"] == "step":
                 scratch.step(name, prompt, sampling, force=tokens[0])
             else:
-                made = [s.token_id for s in scratch.generate(name, prompt, sampling, len(tokens), force=tokens)]
+                made = [f.step.token_id for f in scratch.generate(name, prompt, sampling, len(tokens), force=tokens)]
                 if made != tokens:  # a text ended by <EOS> cannot go on
                     raise ValueError("the text ended early")
         except UserError:
@@ -251,12 +252,12 @@ def _probe(scratch: Session, doc: dict, name: str) -> None:
             scratch.probe = dataclasses.replace(scratch.probe, mode=check_choice("ablation mode", mode, ABLATION_MODES))
         else:
             if scratch.decoder is None:  # kept after Reset, for the next text on this model
-                scratch.entry = scratch.entry_for(name)
-            probing.set_ablation(scratch, heads, mode, keep_only)
+                scratch.select_model(name)
+            scratch.set_ablation(heads, mode, keep_only)
         if edit is not None and scratch.decoder is not None:  # (without a text: an edit of a text gone, dropped)
             if not isinstance(edit, dict):
                 raise UserError("the edit is not an object")
-            probing.restore_edit(scratch, edit.get("layer"), edit.get("head"), edit.get("query"), edit.get("key"))
+            scratch.restore_edit(edit.get("layer"), edit.get("head"), edit.get("query"), edit.get("key"))
     except UserError as exc:
         raise _bad(f"its head settings do not fit ({str(exc).rstrip('.')})") from None
 

@@ -104,7 +104,7 @@ def local(steps: int = 1) -> Session:
 def test_head_roles_follow_the_text_and_label_the_heads(page, shots):
     p = page
     step(p, 13)
-    roles = probing.head_roles(local())
+    roles = local().head_roles()
     note = wait_text(p, "#roles_note", "L1H0")
     assert f"L1H0 {roles.label(1, 0)}" in note  # "pronoun → name head: 0.76 ≥ 0.5"
     assert roles.label(1, 0) == "pronoun → name head: 0.76 ≥ 0.5"
@@ -117,7 +117,7 @@ def test_head_roles_follow_the_text_and_label_the_heads(page, shots):
     assert "pronoun → name 0.61" in plot_title(p, "attention")
     # the next Step recomputes the roles on the longer text
     step(p, 14)
-    after = probing.head_roles(local(2))
+    after = local(2).head_roles()
     wait_text(p, "#roles_note", "L2H3" if after.label(2, 3) else "Labelled")
     assert all(f"L{lay}H{h} {after.label(lay, h)}" in text(p, "#roles_note")
                for lay in range(3) for h in range(4) if after.label(lay, h))
@@ -138,14 +138,14 @@ def test_ablate_edit_and_regenerate(page, shots):
     p.tab("Ablate & edit")
     p.page.locator("#ablate_heads label", has_text="L2H3").click()
     s = local()
-    probing.set_ablation(s, ["L2H3"], "zero", False)
-    e = probing.effect(s)
+    s.set_ablation(["L2H3"], "zero", False)
+    e = s.effect()
     note = wait_text(p, "#effect_note", "L2H3 zeroed")
     assert f"KL(before ‖ after) = {e.kl_bits:.3f} bits" in note
     assert "KL(before ‖ after)" in wait_title(p, "effect", "KL")
     p.click("regenerate")
     regen = wait_text(p, "#regen", "with L2H3 zeroed")
-    r = probing.regenerate(s, GREEDY, 24)
+    r = s.regenerate(GREEDY, 24)
     assert " ".join(r.normal[:5]) in " ".join(regen.split())
     if r.first_difference is not None:
         assert p.page.locator("#regen .lab-first").count() == 2
@@ -159,11 +159,11 @@ def test_ablate_edit_and_regenerate(page, shots):
     p.page.locator("#edit_key input").click()
     p.page.get_by_role("option", name="0: anna").click()
     note = wait_text(p, "#effect_note", "attends to only “anna”")
-    probing.clear(s)
-    probing.set_ablation(s, ["L2H3"], "zero", False)
+    s.clear_probe()
+    s.set_ablation(["L2H3"], "zero", False)
     s.select(11)
-    probing.set_edit(s, 1, 0, 11, 0)
-    assert f"{probing.effect(s).kl_bits:.3f} bits" in note
+    s.set_edit(1, 0, 11, 0)
+    assert f"{s.effect().kl_bits:.3f} bits" in note
 
 
 def test_clicking_a_panel_picks_the_head_to_ablate(page):

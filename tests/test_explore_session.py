@@ -58,7 +58,7 @@ def test_generate_starts_again_for_a_new_prompt_or_seed():
 def test_every_token_keeps_the_distribution_it_was_drawn_from():
     s = Session()
     entry = BUILTINS.get(GRAMMAR)
-    steps = [s.step(GRAMMAR, P, S) for _ in range(4)]
+    steps = [s.step(GRAMMAR, P, S).step for _ in range(4)]
     d = s.decoder
     for k, st in enumerate(steps):
         index = d.prompt_len + k
@@ -75,7 +75,7 @@ def test_every_token_keeps_the_distribution_it_was_drawn_from():
 def test_the_after_bars_follow_other_sampling_settings_without_generating():
     s = Session()
     entry = BUILTINS.get(GRAMMAR)
-    steps = [s.step(GRAMMAR, P, S) for _ in range(2)]
+    steps = [s.step(GRAMMAR, P, S).step for _ in range(2)]
     ids = list(s.decoder.ids)
     index = s.decoder.prompt_len  # the first generated token
     same = s.probabilities(index, Sampling(temperature=1.0))  # the settings it was drawn with (any seed)
@@ -118,17 +118,17 @@ def test_a_bad_token_index_is_refused_or_means_the_last(index):
 
 def test_undo_brings_back_the_previous_distribution():
     s = Session()
-    first = s.step(GRAMMAR, P, S)
+    first = s.step(GRAMMAR, P, S).step
     s.step(GRAMMAR, P, S)
-    assert s.undo()
+    assert s.undo().undone
     p = s.probabilities()
     assert p.chosen == first.token_id and not p.typed
     np.testing.assert_array_equal(p.adjusted, first.adjusted)
     assert s.last_step.token_id == first.token_id
-    assert s.undo()
+    assert s.undo().undone
     p = s.probabilities()  # back at the prompt: the last prompt token's prediction
     assert p.typed and p.index == s.decoder.prompt_len - 1
-    assert not s.undo()  # the prompt itself never goes
+    assert not s.undo().undone  # the prompt itself never goes
 
 
 def test_a_text_ended_by_eos_refuses_more_tokens_and_undo_reopens_it():
@@ -136,7 +136,7 @@ def test_a_text_ended_by_eos_refuses_more_tokens_and_undo_reopens_it():
     entry = BUILTINS.get(COPY)
     prompt = entry.examples[0]
     greedy = Sampling(temperature=0.0, seed=0)
-    steps = list(s.generate(COPY, prompt, greedy, MAX_NEW_TOKENS))
+    steps = [f.step for f in s.generate(COPY, prompt, greedy, MAX_NEW_TOKENS)]
     assert steps[-1].eos, "the copy model ends its answer with <EOS>"
     n = len(s.decoder.ids)
     with pytest.raises(UserError, match="ended this text with <EOS>"):
@@ -144,7 +144,7 @@ def test_a_text_ended_by_eos_refuses_more_tokens_and_undo_reopens_it():
     with pytest.raises(UserError, match="<EOS>"):
         list(s.generate(COPY, prompt, greedy, 5))
     assert len(s.decoder.ids) == n  # nothing changed
-    assert s.undo()
+    assert s.undo().undone
     s.step(COPY, prompt, greedy)  # the same <EOS> again, greedily
     assert s.last_step.eos
 

@@ -317,7 +317,7 @@ def test_head_roles_read_back_as_the_attention_scores(fixture, request):
     weights = np.stack([a[0].double().numpy() for a in forward(s).attentions])
     ids = list(s.decoder.window)
     expect = reference_scores(weights, ids)
-    roles = probing.head_roles(s)
+    roles = s.head_roles()
     if "match" in [r.key for r in roles.roles]:
         task = task_of(s.entry.meta.get("corpus"))
         q, k = task_targets(task, [s.entry.tokenizer.piece(i) for i in ids], probing.GRAMMAR_NAMES)
@@ -410,7 +410,7 @@ def test_logit_lens_reads_back_as_the_residual_stream(juliet):
         own_logits = out.logits[0, index]
     # the last row is the model's own distribution
     np.testing.assert_allclose(expect[-1], torch.softmax(own_logits.double(), -1).numpy(), atol=ATOL)
-    e = export.logit_lens(juliet, index, top=7)
+    e = export.lens_export(juliet, index, top=7)
     data = check_common(e, "logit_lens", juliet)
     header, rows = read_csv(e)
     assert header == export.LENS_COLUMNS
@@ -429,11 +429,11 @@ def test_logit_lens_reads_back_as_the_residual_stream(juliet):
 
 
 def test_effect_reads_back_as_two_forwards(grammar):
-    probing.set_ablation(grammar, ["L1H0"], "zero", False)
+    grammar.set_ablation(["L1H0"], "zero", False)
     try:
         e = export.effect(grammar)
     finally:
-        probing.clear(grammar)
+        grammar.clear_probe()
     ids = torch.tensor([grammar.decoder.window])
     with torch.inference_mode():
         before = torch.softmax(grammar.entry.model(ids).logits[0, -1].double(), -1).numpy()
@@ -508,7 +508,7 @@ def test_to_csv_round_trips_awkward_text():
 
 def test_names_are_ascii_stems(own, juliet):
     for e in (export.attention(own, 0, 0), export.probabilities(own), export.head_roles(own),
-              export.logit_lens(own), export.effect(own), export.comparison(own, OWN, "ab", "ba")):
+              export.lens_export(own), export.effect(own), export.comparison(own, OWN, "ab", "ba")):
         assert STEM.match(e.name), e.name
         assert e.name.startswith("mine-mega-q_")
         assert read_json(e)["model"] == OWN
@@ -544,8 +544,8 @@ REFUSALS = [
     (lambda s: export.probabilities(s, 0), "first token"),
     (lambda s: export.probabilities(s, 38), "token index must be a whole number between 0 and 37"),
     (lambda s: export.probabilities(s, 1.5), "token index"),
-    (lambda s: export.logit_lens(s, 99), "token position"),
-    (lambda s: export.logit_lens(s, None, 0), "top must be a whole number between 1 and 1000"),
+    (lambda s: export.lens_export(s, 99), "token position"),
+    (lambda s: export.lens_export(s, None, 0), "top must be a whole number between 1 and 1000"),
     (lambda s: export.effect(s, -1), "token position"),
     (lambda s: export.loss_history(s, SHAKESPEARE + "x"), "Unknown model"),
     (lambda s: export.loss_history(s, None), "model must be given by its name"),
@@ -564,7 +564,7 @@ def test_refusals_change_nothing(juliet, call, fragment):
 
 @pytest.mark.parametrize("call", [
     lambda s: export.attention(s, 0, 0), lambda s: export.attention(s, 0, None, "scores"),
-    lambda s: export.probabilities(s), lambda s: export.head_roles(s), lambda s: export.logit_lens(s),
+    lambda s: export.probabilities(s), lambda s: export.head_roles(s), lambda s: export.lens_export(s),
     lambda s: export.effect(s),
 ])
 def test_exports_of_the_text_need_a_text(call):

@@ -67,7 +67,7 @@ def window(s: Session) -> torch.Tensor:
 
 
 def test_roles_are_the_scores_of_the_attention_drawn(grammar):
-    roles = probing.head_roles(grammar)
+    roles = grammar.head_roles()
     att = grammar.attention()
     a = np.stack(att.weights).astype(np.float64)  # (L, H, T, T): what the Explore figure draws
     L, H, T, _ = a.shape
@@ -88,7 +88,7 @@ def test_roles_are_the_scores_of_the_attention_drawn(grammar):
 
 def test_grammar_pronoun_head_is_labelled_by_what_it_does(grammar):
     """The head the README points to (layer 1, head 0: "he" → "tom") gets the pronoun → name label."""
-    roles = probing.head_roles(grammar)
+    roles = grammar.head_roles()
     toks = grammar.attention().tokens
     he, tom = toks.index("he"), toks.index("tom")
     weight = float(grammar.attention().weights[1][0, he, tom])
@@ -101,11 +101,11 @@ def test_grammar_pronoun_head_is_labelled_by_what_it_does(grammar):
 def test_copy_induction_head_is_labelled_once_the_copy_starts():
     s = Session()
     s.step(COPY, "hcbpadlk|", GREEDY)  # the example prompt and one Step: "h" comes again
-    assert probing.head_roles(s).label(0, 1).startswith("induction head: ")
+    assert s.head_roles().label(0, 1).startswith("induction head: ")
     for _ in s.generate(COPY, "hcbpadlk|", GREEDY, 6):
         pass
     assert "".join(p for p, _ in s.tokens()) == "hcbpadlk|hcbpadl"
-    roles = probing.head_roles(s)
+    roles = s.head_roles()
     induction = [(layer, h) for layer in range(roles.shape[0]) for h in range(roles.shape[1])
                  if (found := roles.strongest(layer, h)) and found[0].key in ("induction", "match")]
     assert (0, 1) in induction  # the head the copy model's first view names
@@ -118,26 +118,26 @@ def test_trained_and_uploaded_models_get_their_tasks_role(tmp_path, train_sort):
     progress = train_sort(s, layers=2, steps=30)
     name = progress.run.name
     s.step(name, "503124=", GREEDY)
-    roles = probing.head_roles(s)
+    roles = s.head_roles()
     assert [r.key for r in roles.roles][-1] == "match" and roles.roles[-1].name == "sort match"
     other = Session()
     uploaded = other.upload(str(progress.download))
     other.step(uploaded, "503124=", GREEDY)
-    again = probing.head_roles(other)
+    again = other.head_roles()
     for key in roles.scores:
         np.testing.assert_allclose(again.scores[key], roles.scores[key], atol=1e-6)
-    probing.set_ablation(other, ["L0H1"], "zero", False)
-    assert probing.effect(other).kl_bits > 0  # the uploaded model's heads can be ablated too
+    other.set_ablation(["L0H1"], "zero", False)
+    assert other.effect().kl_bits > 0  # the uploaded model's heads can be ablated too
 
 
 def test_roles_are_recomputed_at_every_step():
     s = Session()
     s.step(GRAMMAR, "anna found the key", GREEDY)
-    before = probing.head_roles(s)
+    before = s.head_roles()
     assert np.isnan(before.scores["induction"]).all()  # no token repeats: undefined, not 0
     for _ in range(4):
         s.step(GRAMMAR, "anna found the key", GREEDY)
-    after = probing.head_roles(s)
+    after = s.head_roles()
     assert len(after.tokens) == len(before.tokens) + 4
     assert not np.allclose(after.scores["previous_token"], before.scores["previous_token"])
 
@@ -147,15 +147,15 @@ def test_roles_kept_for_one_text_are_never_stale():
     s = Session()
     hot = Sampling(temperature=1.5, seed=1)
     s.step(GRAMMAR, "anna found the key", hot)
-    first = probing.head_roles(s)
-    assert probing.head_roles(s) is first  # the same text: reused
+    first = s.head_roles()
+    assert s.head_roles() is first  # the same text: reused
     for action in (lambda: s.undo(), lambda: s.step(GRAMMAR, "anna found the key", hot),
                    lambda: s.step(GRAMMAR, "anna found the key", Sampling(temperature=1.5, seed=2)),
                    lambda: s.step(COPY, "hcbpadlk|", GREEDY)):
         action()
         att = s.attention()
         fresh = probing.compute_head_roles(s.entry, s.decoder.window, att.weights, att.tokens)
-        got = probing.head_roles(s)
+        got = s.head_roles()
         for key in fresh.scores:
             np.testing.assert_array_equal(got.scores[key], fresh.scores[key])
 
@@ -168,7 +168,7 @@ def test_lens_last_row_is_the_models_own_distribution(variant):
     s = own_session(*variant)
     model = s.entry.model
     for index in (0, 3, len(s.decoder.window) - 1):
-        lens = probing.logit_lens(s, index)
+        lens = s.lens(index)
         with torch.inference_mode():
             logits = model(window(s)).logits[0, index]
         own = torch.softmax(logits.double(), -1).numpy()
@@ -189,7 +189,7 @@ def test_lens_rows_are_the_residual_stream_read_out(grammar):
     finally:
         for h in hooks:
             h.remove()
-    lens = probing.logit_lens(grammar, 11)
+    lens = grammar.lens(11)
     assert len(seen) == model.cfg.n_layers == 3
     for layer, out in enumerate(seen):
         with torch.inference_mode():
@@ -202,10 +202,10 @@ def test_lens_rows_are_the_residual_stream_read_out(grammar):
 def test_lens_follows_the_selected_token(grammar):
     grammar.select(4)
     try:
-        assert probing.logit_lens(grammar).index == 4
+        assert grammar.lens().index == 4
     finally:
-        grammar.query = None
-    assert probing.logit_lens(grammar).index == len(grammar.decoder.window) - 1
+        grammar.select_last()
+    assert grammar.lens().index == len(grammar.decoder.window) - 1
 
 
 # ------------------------------------------------------------------------ ablation and edits
@@ -230,8 +230,8 @@ def _expected(s: Session, index: int, heads=(), mode="zero", edits=()):
 @pytest.mark.parametrize("mode", ["zero", "mean", "uniform"])
 def test_ablation_effect_matches_by_hand(variant, mode):
     s = own_session(*variant)
-    probing.set_ablation(s, ["L1H0", "L0H1"], mode, False)
-    e = probing.effect(s)
+    s.set_ablation(["L1H0", "L0H1"], mode, False)
+    e = s.effect()
     last = len(s.decoder.window) - 1
     p, q = _expected(s, last, heads=[(0, 1), (1, 0)], mode=mode)
     assert_close_and_telling(e.before, e.after, p, q)
@@ -250,16 +250,16 @@ def assert_close_and_telling(before, after, p, q):
 
 def test_no_heads_is_bit_for_bit_the_normal_forward(grammar):
     s = grammar
-    probing.set_ablation(s, [], "zero", False)
+    s.set_ablation([], "zero", False)
     assert not s.probe.active and s.probe.intervention() is None
-    probing.set_ablation(s, ["L0H0"], "zero", False)
+    s.set_ablation(["L0H0"], "zero", False)
     try:
-        e = probing.effect(s)
+        e = s.effect()
         with torch.inference_mode():
             plain = torch.softmax(s.entry.model(window(s)).logits[0, -1].double(), -1).numpy()
         assert np.array_equal(e.before, plain)
     finally:
-        probing.clear(s)
+        s.clear_probe()
 
 
 @pytest.mark.parametrize("variant", VARIANTS[::4])
@@ -267,31 +267,31 @@ def test_attention_edit_matches_by_hand(variant):
     s = own_session(*variant)
     n = len(s.decoder.window)
     s.select(n - 2)
-    probing.set_edit(s, 1, 1, n - 2, 2)
-    e = probing.effect(s)
+    s.set_edit(1, 1, n - 2, 2)
+    e = s.effect()
     assert e.index == n - 2
     p, q = _expected(s, n - 2, edits=[(1, 1, n - 2, 2)])
     assert_close_and_telling(e.before, e.after, p, q)
-    probing.set_edit(s, 0, 0, n - 2, "uniform")
+    s.set_edit(0, 0, n - 2, "uniform")
     p, q = _expected(s, n - 2, edits=[(0, 0, n - 2, None)])
-    assert_close_and_telling(e.before, probing.effect(s).after, p, q)
-    assert "every allowed key equally" in probing.effect(s).what
+    assert_close_and_telling(e.before, s.effect().after, p, q)
+    assert "every allowed key equally" in s.effect().what
 
 
 def test_keep_only_ablates_every_other_head():
     s = own_session()
-    probing.set_ablation(s, ["L0H0"], "zero", True)
-    kept = probing.effect(s).after
-    probing.set_ablation(s, ["L0H1", "L1H0", "L1H1"], "zero", False)
-    np.testing.assert_array_equal(probing.effect(s).after, kept)
+    s.set_ablation(["L0H0"], "zero", True)
+    kept = s.effect().after
+    s.set_ablation(["L0H1", "L1H0", "L1H1"], "zero", False)
+    np.testing.assert_array_equal(s.effect().after, kept)
 
 
 def test_ablation_stays_while_the_text_grows():
     s = own_session()
-    probing.set_ablation(s, ["L1H1"], "mean", False)
+    s.set_ablation(["L1H1"], "mean", False)
     s.step("mine", "abcabcab", GREEDY)
     assert s.probe.heads == ((1, 1),)
-    e = probing.effect(s)
+    e = s.effect()
     p, q = _expected(s, len(s.decoder.window) - 1, heads=[(1, 1)], mode="mean")
     assert_close_and_telling(e.before, e.after, p, q)
 
@@ -299,8 +299,8 @@ def test_ablation_stays_while_the_text_grows():
 def test_settings_lifecycle():
     s = Session()
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
-    probing.set_ablation(s, ["L1H0"], "zero", False)
-    probing.set_edit(s, 2, 1, 11, 9)
+    s.set_ablation(["L1H0"], "zero", False)
+    s.set_edit(2, 1, 11, 9)
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)  # the same text goes on: everything stays
     assert s.probe.heads == ((1, 0),) and s.probe.edit == AttentionEdit(2, 1, 11, 9)
     s.undo()
@@ -313,28 +313,28 @@ def test_settings_lifecycle():
 
 
 @pytest.mark.parametrize("call, fragment", [
-    (lambda s: probing.set_ablation(s, ["L9H0"], "zero", False), "layers 0–2"),
-    (lambda s: probing.set_ablation(s, ["L0H7"], "zero", False), "heads 0–3"),
-    (lambda s: probing.set_ablation(s, ["head one"], "zero", False), "L<layer>H<head>"),
-    (lambda s: probing.set_ablation(s, "L0H1; rm -rf", "zero", False), "L<layer>H<head>"),
-    (lambda s: probing.set_ablation(s, 42, "zero", False), "list"),
-    (lambda s: probing.set_ablation(s, [[0, True]], "zero", False), "L<layer>H<head>"),
-    (lambda s: probing.set_ablation(s, ["L0H0"], "shuffle", False), "ablation mode"),
-    (lambda s: probing.set_ablation(s, ["L0H0"], "zero", "yes"), "true or false"),
-    (lambda s: probing.set_ablation(s, [], "zero", True), "at least one head"),
-    (lambda s: probing.set_ablation(s, ["L0H0"] * 99, "zero", False), "12"),
-    (lambda s: probing.set_edit(s, 0, 0, 3, 7), "comes after the query"),
-    (lambda s: probing.set_edit(s, 0, 0, 99, 0), "query position"),
-    (lambda s: probing.set_edit(s, 5, 0, 3, 0), "layer"),
-    (lambda s: probing.set_edit(s, 0, 0, 3, "left"), "key position"),
-    (lambda s: probing.set_edit(s, 1, 0, 3, 1), "both ablated"),
-    (lambda s: probing.logit_lens(s, 999), "token position"),
-    (lambda s: probing.logit_lens(s, "x"), "token position"),
+    (lambda s: s.set_ablation(["L9H0"], "zero", False), "layers 0–2"),
+    (lambda s: s.set_ablation(["L0H7"], "zero", False), "heads 0–3"),
+    (lambda s: s.set_ablation(["head one"], "zero", False), "L<layer>H<head>"),
+    (lambda s: s.set_ablation("L0H1; rm -rf", "zero", False), "L<layer>H<head>"),
+    (lambda s: s.set_ablation(42, "zero", False), "list"),
+    (lambda s: s.set_ablation([[0, True]], "zero", False), "L<layer>H<head>"),
+    (lambda s: s.set_ablation(["L0H0"], "shuffle", False), "ablation mode"),
+    (lambda s: s.set_ablation(["L0H0"], "zero", "yes"), "true or false"),
+    (lambda s: s.set_ablation([], "zero", True), "at least one head"),
+    (lambda s: s.set_ablation(["L0H0"] * 99, "zero", False), "12"),
+    (lambda s: s.set_edit(0, 0, 3, 7), "comes after the query"),
+    (lambda s: s.set_edit(0, 0, 99, 0), "query position"),
+    (lambda s: s.set_edit(5, 0, 3, 0), "layer"),
+    (lambda s: s.set_edit(0, 0, 3, "left"), "key position"),
+    (lambda s: s.set_edit(1, 0, 3, 1), "both ablated"),
+    (lambda s: s.lens(999), "token position"),
+    (lambda s: s.lens("x"), "token position"),
 ])
 def test_refusals_change_nothing(call, fragment):
     s = Session()
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
-    probing.set_ablation(s, ["L1H0"], "zero", False)
+    s.set_ablation(["L1H0"], "zero", False)
     before = (s.probe, list(s.decoder.ids), s.query)
     with pytest.raises(UserError, match=fragment):
         call(s)
@@ -343,12 +343,12 @@ def test_refusals_change_nothing(call, fragment):
 
 def test_tools_need_a_text():
     s = Session()
-    for call in (lambda: probing.logit_lens(s), lambda: probing.effect(s),
-                 lambda: probing.set_ablation(s, ["L0H0"], "zero", False),
-                 lambda: probing.set_edit(s, 0, 0, 0, 0), lambda: probing.regenerate(s, GREEDY, 3)):
+    for call in (lambda: s.lens(), lambda: s.effect(),
+                 lambda: s.set_ablation(["L0H0"], "zero", False),
+                 lambda: s.set_edit(0, 0, 0, 0), lambda: s.regenerate(GREEDY, 3)):
         with pytest.raises(UserError, match="Step first"):
             call()
-    assert probing.head_roles(s) is None
+    assert s.head_roles() is None
 
 
 # ----------------------------------------------------------------------------- regenerate
@@ -378,8 +378,8 @@ def _slow_continuation(model, ids, sampling, n, iv, eos_id, block):
 def test_regenerate_matches_a_slow_loop(sampling, mode):
     s = Session()
     s.step(GRAMMAR, "anna found the key . she gave it to tom because he asked", GREEDY)
-    probing.set_ablation(s, ["L1H1", "L2H3"], mode, False)
-    r = probing.regenerate(s, sampling, 12)
+    s.set_ablation(["L1H1", "L2H3"], mode, False)
+    r = s.regenerate(sampling, 12)
     model, tok = s.entry.model, s.entry.tokenizer
     normal = _slow_continuation(model, s.decoder.ids, sampling, 12, None, tok.eos_id, model.cfg.block_size)
     changed = _slow_continuation(model, s.decoder.ids, sampling, 12, s.probe.intervention(), tok.eos_id,
@@ -393,16 +393,16 @@ def test_regenerate_matches_a_slow_loop(sampling, mode):
 def test_regenerate_marks_where_they_part():
     s = Session()
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
-    probing.set_edit(s, 1, 0, 11, 0)
-    r = probing.regenerate(s, GREEDY, 12)
+    s.set_edit(1, 0, 11, 0)
+    r = s.regenerate(GREEDY, 12)
     assert r.first_difference is not None
     assert r.normal[: r.first_difference] == r.changed[: r.first_difference]
     assert r.normal[r.first_difference] != r.changed[r.first_difference]
     with pytest.raises(UserError, match="tokens to regenerate"):
-        probing.regenerate(s, GREEDY, 10_000)
-    probing.clear(s)
+        s.regenerate(GREEDY, 10_000)
+    s.clear_probe()
     with pytest.raises(UserError, match="Choose heads"):
-        probing.regenerate(s, GREEDY, 4)
+        s.regenerate(GREEDY, 4)
 
 
 # --------------------------------------------------------------------------------- compare
@@ -410,7 +410,7 @@ def test_regenerate_marks_where_they_part():
 
 def test_compare_is_two_plain_forwards():
     s = Session()
-    c = probing.compare(s, GRAMMAR, "anna found the key . she", "tom found the key . he")
+    c = s.compare(GRAMMAR, "anna found the key . she", "tom found the key . he")
     model, tok = s.entry_for(GRAMMAR).model, s.entry_for(GRAMMAR).tokenizer
     outs = []
     for text in ("anna found the key . she", "tom found the key . he"):
@@ -432,7 +432,7 @@ def test_compare_is_two_plain_forwards():
 
 
 def test_compare_says_when_lengths_differ():
-    c = probing.compare(Session(), GRAMMAR, "anna found the key . she", "tom found the old key . he")
+    c = Session().compare(GRAMMAR, "anna found the key . she", "tom found the old key . he")
     assert c.common == 6 and len(c.tokens_b) == 7
     assert any("6 and 7 tokens" in n for n in c.notes)
     assert all(d.shape[-1] == 6 for d in c.diff)
@@ -441,7 +441,7 @@ def test_compare_says_when_lengths_differ():
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v[3] == "bidirectional"][:3])
 def test_compare_bidirectional_models_say_so(variant):
     s = own_session(*variant)
-    c = probing.compare(s, "mine", "abcab", "abcad")
+    c = s.compare("mine", "abcab", "abcad")
     assert any("both directions" in n for n in c.notes)
     assert c.roles_a.scores["previous_token"].shape == (2, 2)
 
@@ -450,7 +450,7 @@ def test_compare_bidirectional_models_say_so(variant):
                                             ("anna", 5, "text"), ("x" * 5000, "anna", "limit")])
 def test_compare_refusals(a, b, fragment):
     with pytest.raises(UserError, match=fragment):
-        probing.compare(Session(), GRAMMAR, a, b)
+        Session().compare(GRAMMAR, a, b)
 
 
 def test_role_formulas_are_stated():
@@ -464,16 +464,16 @@ def test_the_learn_tabs_worked_example_holds():
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
     s.select(11)
     assert float(s.attention().weights[1][0, 11, 9]) == pytest.approx(0.756, abs=5e-4)
-    probing.set_ablation(s, ["L1H0"], "zero", False)
-    assert probing.effect(s).kl_bits < 0.001  # the bright cell does nothing for this token
+    s.set_ablation(["L1H0"], "zero", False)
+    assert s.effect().kl_bits < 0.001  # the bright cell does nothing for this token
     t = Session()
     t.step(GRAMMAR, GRAMMAR_PROMPT + " asked", GREEDY)
     t.undo()  # the text ends at "asked": the tools read the prediction after it
     her, him = t.entry.tokenizer.encode("her")[0], t.entry.tokenizer.encode("him")[0]
-    probing.set_ablation(t, ["L1H0"], "zero", False)
-    e = probing.effect(t)
+    t.set_ablation(["L1H0"], "zero", False)
+    e = t.effect()
     assert e.before[her] == pytest.approx(0.996, abs=5e-4)
     assert [e.after[her], e.after[him], e.kl_bits] == pytest.approx([0.526, 0.473, 0.893], abs=1.5e-3)
-    probing.set_ablation(t, ["L1H0", "L0H3"], "zero", False)
-    e = probing.effect(t)
+    t.set_ablation(["L1H0", "L0H3"], "zero", False)
+    e = t.effect()
     assert [e.after[him], e.kl_bits] == pytest.approx([0.690, 1.654], abs=1.5e-3)

@@ -112,9 +112,9 @@ def probed_session():
 
     s = Session()
     app.step(s, GRAMMAR, P, 1.0, 0, 1.0, 3, 0, "all", "weights")
-    probing.set_ablation(s, ["L0H1"], "zero", False)
+    s.set_ablation(["L0H1"], "zero", False)
     s.select(5)
-    probing.set_edit(s, 1, 0, 5, 2)
+    s.set_edit(1, 0, 5, 2)
     return s
 
 

@@ -29,8 +29,8 @@ def busy_session() -> Session:
     list(s.generate(GRAMMAR, P, Sampling(temperature=1.2, top_p=0.9, seed=5), 6))
     s.undo()
     s.step(GRAMMAR, P, HOT)
-    probing.set_ablation(s, ["L1H0", "L2H3"], "mean", False)
-    probing.set_edit(s, 0, 2, 11, 3)
+    s.set_ablation(["L1H0", "L2H3"], "mean", False)
+    s.set_edit(0, 2, 11, 3)
     s.select(11)
     s.set_display(colour="log", presentation=True)
     s.show_tool("ablate")
@@ -63,11 +63,11 @@ def test_a_saved_session_opens_the_same_value_for_value(tmp_path):
     assert t.probe == s.probe and t.query == 11
     assert (t.display.colour, t.display.presentation, t.display.tool) == ("log", True, "ablate")
     # the numbers the head tools show are the same too
-    e, f = probing.effect(s), probing.effect(t)
+    e, f = s.effect(), t.effect()
     np.testing.assert_array_equal(e.after, f.after)
-    np.testing.assert_array_equal(probing.logit_lens(s).probs, probing.logit_lens(t).probs)
+    np.testing.assert_array_equal(s.lens().probs, t.lens().probs)
     # and the text goes on the same way: the sampler was restored where it was
-    a, b = s.step(GRAMMAR, P, HOT), t.step(GRAMMAR, P, HOT)
+    a, b = s.step(GRAMMAR, P, HOT).step, t.step(GRAMMAR, P, HOT).step
     assert a.token_id == b.token_id
     np.testing.assert_array_equal(a.probs, b.probs)
 
@@ -253,23 +253,23 @@ def test_heads_chosen_after_reset_reopen_and_stay_for_the_next_text(tmp_path):
     s = Session()
     s.step(SORT, "503124=", HOT)
     s.select(3)
-    probing.set_edit(s, 0, 1, 3, 1)
+    s.set_edit(0, 1, 3, 1)
     s.reset()
-    probing.set_ablation(s, ["L1H2"], "mean", False)
+    s.set_ablation(["L1H2"], "mean", False)
     assert s.probe.edit is None  # the edited row went with its text
     t = Session()
     open_through_page(t, save_through_page(s, SORT, "503124=", 0, 2))
     assert t.probe == s.probe and t.tokens() == []
-    a, b = s.step(SORT, "503124=", HOT), t.step(SORT, "503124=", HOT)
+    a, b = s.step(SORT, "503124=", HOT).step, t.step(SORT, "503124=", HOT).step
     assert a.token_id == b.token_id and t.probe.heads == ((1, 2),)
-    np.testing.assert_array_equal(probing.effect(s).after, probing.effect(t).after)
+    np.testing.assert_array_equal(s.effect().after, t.effect().after)
 
 
 def test_head_settings_of_another_model_are_not_saved_with_this_one(tmp_path):
     s = Session()
     s.step(GRAMMAR, P, HOT)
     s.reset()
-    probing.set_ablation(s, ["L2H3"], "zero", False)  # the grammar model has layer 2; sort does not
+    s.set_ablation(["L2H3"], "zero", False)  # the grammar model has layer 2; sort does not
     s.select_model(SORT)
     assert s.probe == probing.ProbeSettings()
     t = Session()
@@ -284,17 +284,17 @@ def test_an_edit_whose_row_slid_out_of_the_window_reopens(tmp_path):
     s.step(SORT, "503124=", HOT)
     s.step(SORT, "503124=", HOT)
     s.select(8)
-    probing.set_edit(s, 0, 1, 8, 1)
+    s.set_edit(0, 1, 8, 1)
     list(s.generate(SORT, "503124=", HOT, 10, force=[5] * 10))  # the tokens forced: no <EOS> ends it early
     assert len(s.decoder.ids) == 19 and s.decoder.start > 1  # the key (position 1) is out of the window
     with pytest.raises(UserError, match="no longer in the text shown") as said:
-        probing.effect(s)
+        s.effect()
     t = Session()
     open_through_page(t, save_through_page(s, SORT, "503124=", 0, 1))
     assert t.probe == s.probe and t.probe.edit is not None
     assert_same_text(s, t)
     with pytest.raises(UserError) as again:
-        probing.effect(t)
+        t.effect()
     assert str(again.value) == str(said.value)
 
 

@@ -111,8 +111,8 @@ def figures(s: Session, layer, head, view) -> list:
             payload(lambda: explore.probs_figure(s, s.query)),
             payload(lambda: heads.effect_views(s)[:2]),
             payload(lambda: heads.roles_figure(s, layer, head if head != "all" else None)),
-            payload(lambda: heads.lens_figure(s)),
-            s.status(), probing.edit_state(s), probing.ablated(s)]
+            payload(lambda: heads.show_lens(s)),
+            s.status(), probing.edit_state(s.text, s.probe), probing.ablated(s.text, s.probe)]
 
 
 views = st.tuples(st.integers(0, 1), st.sampled_from(["all", "all", 0, 1, 2, 3]), st.sampled_from(ATTENTION_VIEWS))

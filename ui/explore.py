@@ -15,14 +15,16 @@ import time
 import gradio as gr
 
 import viz
-from lab import captions, probing
+from lab import captions
 from lab.checks import check_sampling
-from lab.export import model_stem
+from lab.export import file_name, model_stem
 from lab.limits import OVERVIEW_MAX_TOKENS
+from lab.frame import Frame
 from lab.models import ModelEntry
 from lab.session import Session
+from lab.text import Probabilities
 
-from .common import handler, message_plot, named
+from .common import handler, message_plot
 from .plots import to_plot
 
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
@@ -33,51 +35,57 @@ OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a toke
 
 def attention_figure(session: Session, layer, head, view):
     """The attention picture of the session's current text, for a gr.Plot."""
-    spec = attention_spec(session, layer, head, view)
-    return message_plot(NO_TEXT) if spec is None else to_plot(spec)
+    return attention_plot(session.frame(layer, head, view))
 
 
 def attention_spec(session: Session, layer, head, view):
     """The attention figure itself (None without a text), named for its download."""
-    att, change = captions.shown_attention(session)
+    return frame_spec(session.frame(layer, head, view))
+
+
+def attention_plot(frame: Frame):
+    """A Frame's attention picture, for a gr.Plot."""
+    spec = frame_spec(frame)
+    return message_plot(NO_TEXT) if spec is None else to_plot(spec)
+
+
+def frame_spec(frame: Frame):
+    """A Frame's attention figure (None without a text), named for its download."""
+    att, v = frame.attention, frame.view
     if att is None:
         return None
-    v = session.check_view(None, layer, head, view)
-    d = session.display
-
-    # under a change, the panels' role badges are read off the attention drawn
-    badges = probing.badges(session, v.layer, roles=captions.shown_roles(session, att) if change else None)
-
     # The figure fits below the page's controls (one screen, also at a projector's 1280×720): where
     # its cells are too small for readable labels, viz labels every k-th token instead.
     spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
-                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=d.plot_width,
-                              max_height_px=d.plot_height, presentation=d.presentation, colour=d.colour,
-                              badges=badges, title_prefix=f"{change} · " if change else None)
+                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=frame.plot_width,
+                              max_height_px=frame.plot_height, presentation=frame.presentation, colour=frame.colour,
+                              badges=frame.badges, title_prefix=f"{frame.change} · " if frame.change else None)
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
-        spec.layout.setdefault("meta", {})["change"] = change  # what the head tools changed ('' = nothing)
+        spec.layout.setdefault("meta", {})["change"] = frame.change  # what the head tools changed ('' = nothing)
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
                                                                         causal=att.causal)
-    which = "all-layers" if v.view == "all layers" else f"L{v.layer}H{'all' if v.head is None else v.head}"
-    return named(spec, model_stem(session.model_name), which, f"attention {v.view}", f"{len(att.tokens)} tokens")
+    return viz.with_filename(spec, frame.attention_file)
 
 
-def view_caption(session: Session, model_name, layer, head, view) -> str:
-    """The line above the attention, true of what it shows (Markdown: tokens stay text)."""
-    line = captions.session_caption(session, model_name, layer, head, view)
+def caption_markdown(line: str | None) -> str:
+    """The line above the attention as the page shows it (Markdown: tokens stay text)."""
     return OWN_MODEL_CAPTION if line is None else html.escape(line, quote=False)
 
 
-def probs_figure(session: Session, index=None, sampling=None):
-    """The distribution the token at window position `index` (default: the last) was drawn from; with
-    `sampling` (the Sampling section's settings), its "after" bars are what those settings make of it."""
-    p = session.probabilities(index, sampling)
-    presentation = session.display.presentation
+def view_caption(session: Session, model_name, layer, head, view) -> str:
+    """The line above the attention, true of what it shows."""
+    frame = session.frame(layer, head, view)
+    if frame.attention is None:
+        return caption_markdown(captions.no_text_caption(session.entry_for(model_name), layer, head, view))
+    return caption_markdown(frame.caption)
+
+
+def probs_chart(p: Probabilities | None, first_token: str | None, presentation: bool, chart_height: int, name: str):
+    """The distribution a token was drawn from, for a gr.Plot (a message when there is none)."""
     if p is None:
-        tokens = session.tokens()
-        if not tokens:
+        if first_token is None:
             return message_plot(NO_PROBS)
-        return message_plot(f"“{tokens[0][0]}” is the first token: nothing comes before it to predict it from.")
+        return message_plot(f"“{first_token}” is the first token: nothing comes before it to predict it from.")
     piece = p.pieces[p.chosen]
     piece = piece if len(piece) <= 16 else piece[:15] + "…"  # the figure escapes it
     if p.typed:
@@ -87,13 +95,27 @@ def probs_figure(session: Session, index=None, sampling=None):
     else:
         title = f"“{piece}” (position {p.index}) was drawn from this"
     fig = viz.probabilities(p.pieces, p.probs, adjusted=p.adjusted, chosen=p.chosen, top=10, title=title,
-                            presentation=presentation, typed=p.typed, max_height_px=session.display.chart_height)
-    return to_plot(named(fig, model_stem(session.model_name), f"pos{p.index}", "probabilities"))
+                            presentation=presentation, typed=p.typed, max_height_px=chart_height)
+    return to_plot(viz.with_filename(fig, name))
 
 
-def explore_outputs(session: Session, layer, head, view):
-    return (session, session.tokens(), session.status(), probs_figure(session),
-            attention_figure(session, layer, head, view))
+def probs_figure(session: Session, index=None, sampling=None):
+    """The distribution the token at window position `index` (default: the last) was drawn from; with
+    `sampling` (the Sampling section's settings), its "after" bars are what those settings make of it."""
+    p = session.probabilities(index, sampling)
+    tokens = session.tokens() if p is None else None
+    name = file_name(model_stem(session.model_name), f"pos{p.index}", "probabilities") if p is not None else ""
+    d = session.display
+    return probs_chart(p, tokens[0][0] if tokens else None, d.presentation, d.chart_height, name)
+
+
+def frame_probs(frame: Frame):
+    """A Frame's next-token chart, for a gr.Plot."""
+    return probs_chart(frame.probs, frame.first_token, frame.presentation, frame.chart_height, frame.probs_file)
+
+
+def explore_outputs(session: Session, frame: Frame):
+    return session, frame.tokens, frame.status, frame_probs(frame), attention_plot(frame)
 
 
 def example_choices(examples) -> list[tuple[str, str]]:
@@ -123,27 +145,21 @@ def first_view(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, st
 # ------------------------------------------------------------------------------ handlers
 
 
-def _step(session: Session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view) -> None:
-    sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
-    session.step(model_name, prompt, sampling)
-
-
 @handler
 def step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
          request: gr.Request = None):
     """One new token: sample from the model's distribution, then show what it attended to."""
-    _step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
-    return explore_outputs(session, layer, head, view)
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    return explore_outputs(session, session.step(model_name, prompt, sampling, view=(layer, head, view)))
 
 
 @handler
 def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
                  request: gr.Request = None):
     """`step` without the probability chart, which the page fetches right after the picture."""
-    _step(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view)
-    return (session, session.tokens(), session.status(), attention_figure(session, layer, head, view),
-            view_caption(session, model_name, layer, head, view))
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    frame = session.step(model_name, prompt, sampling, view=(layer, head, view))
+    return session, frame.tokens, frame.status, attention_plot(frame), caption_markdown(frame.caption)
 
 
 @handler(rate="generate")  # no ZeroGPU decorator: generation runs on the CPU (it never touches CUDA)
@@ -152,30 +168,27 @@ def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_n
     """Up to `max_new` more tokens (the text goes on; a new model, prompt or seed starts it again),
     streaming the text."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
-    session.check_view(model_name, layer, head, view)
     last_yield = 0.0
-    for s in session.generate(model_name, prompt, sampling, max_new):
-        if time.perf_counter() - last_yield > 0.3 and not s.eos:  # the text streams; the figures come at the end
+    for frame in session.generate(model_name, prompt, sampling, max_new, view=(layer, head, view)):
+        if frame.complete:  # the last token's: the figures come at the end
+            yield explore_outputs(session, frame)
+        elif time.perf_counter() - last_yield > 0.3 and not frame.step.eos:  # the text streams
             last_yield = time.perf_counter()
-            yield session, session.tokens(), session.status(), gr.skip(), gr.skip()
-    yield explore_outputs(session, layer, head, view)
+            yield session, frame.tokens, frame.status, gr.skip(), gr.skip()
 
 
 @handler
 def undo(session, layer, head, view, request: gr.Request = None):
     """Take the last generated token back; the chart shows what the token before it was drawn from."""
-    if session.model_name is not None:
-        session.check_view(None, layer, head, view)
-    session.undo()
-    return explore_outputs(session, layer, head, view)
+    return explore_outputs(session, session.undo(view=(layer, head, view)))
 
 
 @handler
 def reset(session, model_name, request: gr.Request = None):
     """Start again from the prompt (which stays as the person typed it)."""
     session.entry_for(model_name)  # checked before the text goes
-    session.reset()
-    return session, [], "", probs_figure(session), message_plot(NO_TEXT)
+    frame = session.reset()
+    return session, frame.tokens, frame.status, frame_probs(frame), message_plot(NO_TEXT)
 
 
 @handler

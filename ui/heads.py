@@ -1,7 +1,7 @@
 """The head tools' handlers (Explore tab, below the text): head roles, the logit lens, ablation
 and attention edits, regeneration side by side, and prompt A against prompt B.
 
-Each checks its inputs, calls lab.probing on the person's session, draws with one viz function
+Each checks its inputs, calls a head-tool verb of the person's session, draws with one viz function
 and returns what the page shows. `probe_views` runs after every change of the text (Step,
 Generate, Undo, Reset) and of the selected token, so every tool follows the text as it grows.
 """
@@ -44,13 +44,14 @@ def _width(session: Session, share: float = 1.0) -> int:
 
 
 def roles_figure(session: Session, layer=None, head=None):
-    roles = probing.head_roles(session)
+    roles = session.head_roles()
     if roles is None:
         return message_plot(NO_TEXT), ""
     selected = None
     if isinstance(layer, int) and isinstance(head, int):
         selected = (layer, head)
-    fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=probing.ablated(session),
+    marked = probing.ablated(session.text, session.probe)
+    fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=marked,
                             presentation=session.display.presentation, width_px=_width(session))
     fig = named(fig, model_stem(session.model_name), "head-roles", f"{len(roles.tokens)}tokens")
     return to_plot(fig), roles_note(roles)
@@ -65,10 +66,10 @@ def roles_note(roles: probing.HeadRoles) -> str:
     return said + " Click a cell to show that head above; hover for the formula."
 
 
-def lens_figure(session: Session):
-    if probing.selected(session) is None:
+def show_lens(session: Session):
+    if probing.selected(session.text) is None:
         return message_plot(NO_TEXT)
-    lens = probing.logit_lens(session)
+    lens = session.lens()
     title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
     fig = viz.lens_grid(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
                          presentation=session.display.presentation, width_px=_width(session, 0.6))
@@ -78,11 +79,11 @@ def lens_figure(session: Session):
 def effect_views(session: Session):
     """The before/after chart, its sentence and its numbers (for the API), for the selected token,
     from one computation of the effect (a message and {"active": false} without settings)."""
-    if probing.selected(session) is None:
+    if probing.selected(session.text) is None:
         return message_plot(NO_TEXT), "", {"active": False}
     if not session.probe.active:
         return message_plot(NO_SETTINGS), "", {"active": False}
-    e = probing.effect(session)
+    e = session.effect()
     title = f"After “{e.token}” (position {e.index}): KL(before ‖ after) = {e.kl_bits:.3f} bits"
     fig = viz.compare_distributions(e.pieces, e.before, e.after, labels=("model as trained", "with the change"),
                                     title=title, presentation=session.display.presentation)
@@ -99,12 +100,12 @@ def probe_views(session: Session, layer, head):
     tool = session.display.tool
     roles_fig, note = roles_figure(session, layer, head) if tool == "roles" else (gr.skip(), gr.skip())
     effect_fig, effect_md, _ = effect_views(session) if tool == "ablate" else (gr.skip(), gr.skip(), None)
-    lens = lens_figure(session) if tool == "lens" else gr.skip()
-    edit_head, current = probing.edit_state(session)
-    choices = probing.key_choices(session)
+    lens = show_lens(session) if tool == "lens" else gr.skip()
+    edit_head, current = probing.edit_state(session.text, session.probe)
+    choices = probing.key_choices(session.text)
     if current not in [v for _, v in choices]:
         current = "off"
-    heads = probing.head_labels(session)
+    heads = probing.head_labels(session.text)
     if edit_head is None:
         shown = probing.head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else None
         edit_head = shown if shown in heads else (heads[0] if heads else None)
@@ -114,7 +115,7 @@ def probe_views(session: Session, layer, head):
 
 
 def query_note(session: Session) -> str:
-    q = probing.selected(session)
+    q = probing.selected(session.text)
     if q is None:
         return ""
     return (f"Query: “{html.escape(session.tokens()[q][0], quote=False)}” (position {q}), the token selected in the "
@@ -128,20 +129,20 @@ def query_note(session: Session) -> str:
 def refresh(session, layer, head, query=None, request: gr.Request = None):
     """The head tools after the text or the selected token (`query`, a window position; None =
     the last token) changed."""
-    layer, head = probing.check_shown(session, layer, head)
-    if probing.selected(session) is not None:
+    layer, head = probing.check_shown(session.text, layer, head)
+    if probing.selected(session.text) is not None:
         n = len(session.tokens())
         if isinstance(query, (int, float)) and not isinstance(query, bool) and 0 <= query < n:
             session.select(int(query))
         else:
-            session.query = None
+            session.select_last()
     return probe_views(session, layer, head)
 
 
 @handler
 def show_tool(session, tool, layer, head, request: gr.Request = None):
     """A head tool's tab was shown: draw it for the current text."""
-    layer, head = probing.check_shown(session, layer, head)
+    layer, head = probing.check_shown(session.text, layer, head)
     session.show_tool(tool)
     return probe_views(session, layer, head)
 
@@ -149,7 +150,7 @@ def show_tool(session, tool, layer, head, request: gr.Request = None):
 @handler
 def head_roles_table(session, request: gr.Request = None):
     """The scores of every head on the session's current text, one row per head."""
-    roles = probing.head_roles(session)
+    roles = session.head_roles()
     if roles is None:
         raise UserError("Press Step first: head roles are computed on the text in the Explore tab.")
     return {"columns": roles.columns(), "data": roles.rows(), "tokens": roles.tokens,
@@ -158,22 +159,22 @@ def head_roles_table(session, request: gr.Request = None):
 
 
 @handler
-def logit_lens(session, index, request: gr.Request = None):
+def lens_readout(session, index, request: gr.Request = None):
     """The next-token distribution after each layer at token `index` (None: the selected one)."""
-    if probing.selected(session) is None:
+    if probing.selected(session.text) is None:
         raise UserError("Press Step first: the logit lens reads the text in the Explore tab.")
     if index is not None:
         session.select(index)
-    lens = probing.logit_lens(session)
-    return lens_figure(session), {"index": lens.index, "token": lens.token,
+    lens = session.lens()
+    return show_lens(session), {"index": lens.index, "token": lens.token,
                                   "columns": ["stage", "rank", "token", "probability"], "data": lens.top()}
 
 
 @handler
 def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.Request = None):
     """Ablate these heads (zero / mean / uniform; or all others with keep_only) and show the effect."""
-    layer, head = probing.check_shown(session, layer, head)
-    probing.set_ablation(session, heads or [], mode, keep_only)
+    layer, head = probing.check_shown(session.text, layer, head)
+    session.set_ablation(heads or [], mode, keep_only)
     fig, md, data = effect_views(session)
     roles = roles_figure(session, layer, head)[0] if session.display.tool == "roles" else gr.skip()
     return fig, md, roles, data
@@ -182,14 +183,14 @@ def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.R
 @handler
 def edit_attention(session, head, key, request: gr.Request = None):
     """Replace the selected token's row of one head ("L1H0"): only `key` (a position), "uniform", or "off"."""
-    probing.edit_selected(session, head, key)
+    session.edit_selected(head, key)
     return effect_views(session)
 
 
 @handler
 def clear_settings(session, layer, head, request: gr.Request = None):
-    layer, head = probing.check_shown(session, layer, head)
-    probing.clear(session)
+    layer, head = probing.check_shown(session.text, layer, head)
+    session.clear_probe()
     return probe_views(session, layer, head)
 
 
@@ -197,7 +198,7 @@ def clear_settings(session, layer, head, request: gr.Request = None):
 def regenerate(session, temperature, top_k, top_p, seed, n, request: gr.Request = None):
     """The text continued twice with the same seed, plainly and with the change, side by side."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
-    r = probing.regenerate(session, sampling, n)
+    r = session.regenerate(sampling, n)
     return continuations_html(r, regeneration_key(session)), {"normal": r.normal, "changed": r.changed,
                                    "first_difference": r.first_difference, "what": r.what}
 
@@ -242,9 +243,9 @@ def pick_head(session, pick, picking, chosen, model_name, request: gr.Request = 
     parts = pick.split(",") if isinstance(pick, str) else []
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
         raise UserError("Click a cell of the overview or a panel of the attention.")
-    if not probing.head_labels(session):
+    if not probing.head_labels(session.text):
         raise UserError("Press Step first.")
-    ((layer, head),) = probing.parse_heads([[int(parts[0]), int(parts[1])]], *probing.shape(session))
+    ((layer, head),) = probing.parse_heads([[int(parts[0]), int(parts[1])]], *probing.shape(session.text))
     if picking is True:
         chosen = list(chosen or [])
         label = probing.head_label(layer, head)
@@ -256,7 +257,7 @@ def pick_head(session, pick, picking, chosen, model_name, request: gr.Request = 
 @handler
 def compare(session, model_name, prompt_a, prompt_b, layer, request: gr.Request = None):
     """Prompt A against prompt B on one model: attention B − A per head, score changes, next tokens."""
-    c = probing.compare(session, model_name, prompt_a, prompt_b)
+    c = session.compare(model_name, prompt_a, prompt_b)
     L = len(c.diff)
     layer = check_int("layer", layer, 0, L - 1) if layer is not None else L - 1
     p = session.display.presentation

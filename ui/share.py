@@ -143,7 +143,7 @@ def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Requ
     elif what == "loss_history":
         exp = export.loss_history(session, model_name)
     else:
-        exp = getattr(export, what)(session)
+        exp = export.lens_export(session) if what == "logit_lens" else getattr(export, what)(session)
     data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
     path = session.save_file(exp.name, f".{fmt}", data)
     return str(path)

@@ -1,0 +1,98 @@
+"""What the Explore page draws after an action (Step, Generate, Undo, Reset): one `Frame`.
+
+A Frame holds every number and word of the text, the next-token chart and the attention figure
+for the view asked for, read off the model's own results once, so the wiring draws it with viz
+without coming back to the lab. Under the head tools' change (heads ablated, a row edited) the
+attention, its badges and its caption are the ones the model computes under that change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from model.generate import Step
+
+from . import captions, probing
+from .display import Display, View
+from .files import file_name, model_stem
+from .text import Attention, Probabilities, Text
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One action's result, as the page draws it.
+
+    step: the token this action added (None when it added none). undone: Undo took a token back.
+    complete: the figures' numbers are here (False for the tokens a Generate streams before its
+    last, and for actions called without a view). tokens, status: the text and the lines under it.
+    probs: the distribution the last token was drawn from (None: no text, or only its first token,
+    whose piece is `first_token`). attention: the window's attention as drawn (under the change
+    `change` names, '' for none); view, badges (head → its role and change) and caption go with it.
+    The display sizes lay the figures out; `stem` is the model's name in file names, `attention_file`
+    and `probs_file` the two figures' download names.
+    """
+
+    step: Step | None = None
+    undone: bool = False
+    complete: bool = False
+    tokens: list[tuple[str, str]] = field(default_factory=list)
+    status: str = ""
+    probs: Probabilities | None = None
+    first_token: str | None = None
+    attention: Attention | None = None
+    change: str = ""
+    view: View | None = None
+    badges: dict[int, str] = field(default_factory=dict)
+    caption: str | None = None
+    presentation: bool = False
+    colour: str = "linear"
+    plot_width: int = 0
+    plot_height: int = 0
+    chart_height: int = 0
+    stem: str = "model"
+    attention_file: str = ""
+    probs_file: str = ""
+
+
+def shown_attention(text: Text, settings: probing.ProbeSettings) -> tuple[Attention | None, str]:
+    """The attention the Explore figure draws, and the change it is drawn under in a few words ('' for
+    none): the model's own attention on the text, or, while the head tools ablate heads or edit a row,
+    the attention the model computes under that change."""
+    att = text.attention()
+    changed = probing.changed_attention(text, settings) if att is not None else None
+    if changed is None:
+        return att, ""
+    return (Attention(changed[0], changed[1], att.tokens, att.causal),
+            captions.change_mark(settings, text.decoder.start))
+
+
+def drawn_caption(text: Text, att: Attention, change: str, view: View) -> str:
+    """The line above the attention drawn (plain text), true of the numbers drawn."""
+    return captions.caption(text.entry, att.weights, att.scores, att.tokens, text.decoder.window, view.layer,
+                            view.head, view.view, change=change)
+
+
+def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, view: View | None,
+               roles: Callable[[], probing.HeadRoles | None], told: list[str] = (), step: Step | None = None,
+               undone: bool = False) -> Frame:
+    """The Frame of the text as it is now; with `view`, complete with the figures' numbers
+    (`roles`: the heads' roles on the text as the model computed it, asked for only when drawn)."""
+    tokens, status = text.tokens(), text.status(told)
+    stem = model_stem(text.entry.name) if text.entry is not None else "model"
+    if view is None or text.decoder is None:
+        return Frame(step, undone, view is not None, tokens, status, view=view, stem=stem,
+                     presentation=display.presentation, colour=display.colour, plot_width=display.plot_width,
+                     plot_height=display.plot_height, chart_height=display.chart_height)
+    probs = text.probabilities()
+    att, change = shown_attention(text, settings)
+    # under a change, the panels' role badges are read off the attention drawn
+    drawn_roles = (probing.compute_head_roles(text.entry, text.decoder.window, att.weights, att.tokens)
+                   if change else roles())
+    badges = probing.badges(text, settings, view.layer, drawn_roles)
+    which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{'all' if view.head is None else view.head}"
+    return Frame(step, undone, True, tokens, status, probs, tokens[0][0] if probs is None else None, att, change,
+                 view, badges, drawn_caption(text, att, change, view), display.presentation, display.colour,
+                 display.plot_width, display.plot_height, display.chart_height, stem,
+                 file_name(stem, which, f"attention {view.view}", f"{len(att.tokens)} tokens"),
+                 "" if probs is None else file_name(stem, f"pos{probs.index}", "probabilities"))

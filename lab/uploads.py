@@ -1,0 +1,33 @@
+"""Models in and out of a session as files: a checkpoint's bytes for its download, and a refused
+upload said in a learner's words (the checks themselves are model.checkpoint's)."""
+
+from __future__ import annotations
+
+from model.checkpoint import checkpoint_bytes
+
+from .models import ModelEntry
+
+UPLOAD_DETAIL_CHARS = 160  # the exact reason, shortened: a message stays a few lines (bench/fuzz.py bounds it)
+
+
+def checkpoint_data(entry: ModelEntry) -> bytes:
+    """The model as the bytes of one .safetensors file: weights, tokenizer, meta with its examples, film."""
+    return checkpoint_bytes(entry.model, entry.tokenizer, {**entry.meta, "examples": list(entry.examples)},
+                            film=entry.film)
+
+
+def reserved_bytes(cfg) -> int:
+    """Memory a checkpoint of this config takes once built: its weights and positional buffers (float32)."""
+    return 4 * cfg.n_params() + 2 * 4 * cfg.block_size * cfg.d_model
+
+
+def upload_refusal(reason: str) -> str:
+    """A refused upload in a learner's words first; the exact reason after, for whoever needs it."""
+    if reason.startswith(("not a safetensors", "safetensors header", "file is ")) or "8-byte" in reason:
+        what = "This file is not a Decoder Lab model (.safetensors): it is not a safetensors file at all."
+    elif reason.startswith("not a Decoder Lab checkpoint"):
+        what = "This file is a safetensors file, but not a Decoder Lab model: it lacks the model's description."
+    else:
+        what = "This file is not a Decoder Lab model this app can load (.safetensors): part of it is damaged."
+    reason = reason if len(reason) <= UPLOAD_DETAIL_CHARS else reason[: UPLOAD_DETAIL_CHARS - 1] + "…"
+    return f"{what} Load a model saved with the Train tab's Download button. Details: {reason}."
