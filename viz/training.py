@@ -161,33 +161,13 @@ def loss_curve(
     if (val_steps is None) != (val is None):
         raise ValueError("give both val_steps and val, or neither")
     val_steps, val = _series("validation", val_steps, val)
-    data = []
-    if steps.size:
-        data.append({"type": "scatter", "name": "train", "x": steps, "y": train,
-                     "mode": "lines" if steps.size > 1 else "markers",
-                     "line": {"color": TRAIN_COLOUR, "width": 1.5}, "marker": {"color": TRAIN_COLOUR, "size": 6},
-                     "hovertemplate": "step %{x}: train loss %{y:.4f}<extra></extra>"})
-    if val_steps.size:
-        data.append({"type": "scatter", "name": "validation", "x": val_steps, "y": val, "mode": "lines+markers",
-                     "line": {"color": VAL_COLOUR, "width": 1.5}, "marker": {"color": VAL_COLOUR, "size": 5},
-                     "hovertemplate": "step %{x}: validation loss %{y:.4f}<extra></extra>"})
+    data = _loss_traces(steps, train, val_steps, val)
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, (int, np.integer))
                                     or total_steps < 1):
         raise ValueError(f"total_steps must be a whole number >= 1, got {total_steps!r}")
     marker_step = _check_step("marker_step", marker_step)
-    phases = []
-    for item in phase_steps:
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ValueError(f"phase_steps must hold (step, label) pairs, got {item!r}")
-        phases.append((_check_step("phase step", item[0]), str(item[1])))
-    phases.sort(key=lambda p: p[0])
-    losses = np.concatenate([train, val])
-    losses = losses[np.isfinite(losses)]
-    top = float(losses.max()) * 1.05 if losses.size and losses.max() > 0 else 1.0
-    positive = losses[losses > 0]
-    if log_y is None:
-        log_y = bool(positive.size) and float(positive.max()) > LOG_RATIO * float(positive.min())
-    log_y = bool(log_y) and positive.size > 0  # a log axis needs a positive loss
+    phases = _checked_phases(phase_steps)
+    top, log_y, log_bottom = _loss_range(np.concatenate([train, val]), log_y)
     if isinstance(plot_px, bool) or not isinstance(plot_px, (int, float, np.integer, np.floating)) \
             or not math.isfinite(plot_px) or plot_px < 50:
         raise ValueError(f"plot_px must be a width in pixels ≥ 50, got {plot_px!r}")
@@ -208,7 +188,7 @@ def loss_curve(
         "yaxis": {"title": {"text": "loss (log scale)" if log_y else "loss"}, "showgrid": True,
                   "gridcolor": GRID_GREY, "zeroline": False, "tickfont": axis_font,
                   **({"type": "log", "exponentformat": "power",  # 10⁻⁴, not plotly's SI "100µ"
-                      "range": [math.floor(math.log10(float(positive.min()))), math.log10(top)]}
+                      "range": [log_bottom, math.log10(top)]}
                      if log_y else {"range": [0, top]})},
         "legend": {"orientation": "h", "x": 1, "y": 1.0, "xanchor": "right", "yanchor": "bottom",
                    "font": {"size": tick}},
@@ -219,30 +199,14 @@ def loss_curve(
     }
     if total_steps is not None:
         layout["xaxis"]["range"] = [0, int(total_steps)]
-    shapes, annotations = [], []
-    if kept_step is not None:
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": kept_step, "x1": kept_step,
-                       "y0": 0, "y1": 1, "line": {"color": VAL_COLOUR, "width": 1, "dash": "dot"}})
-        annotations.append({"x": kept_step, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom",
-                            "text": f"kept: step {int(kept_step)}", "showarrow": False,
-                            "font": {"size": label_px, "color": VAL_COLOUR}})
+    shapes, annotations = _kept_marks(kept_step, label_px)
     if phases:
         span = float(total_steps) if total_steps is not None else max(
             [float(steps.max()) if steps.size else 0.0, float(val_steps.max()) if val_steps.size else 0.0,
              *(p[0] for p in phases)])
-        for step, _ in phases:
-            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
-                           "line": PHASE_LINE})
-        for item in phase_labels(phases, span, CHAR_EM * label_px, plot_px):
-            side = item["side"]
-            edge = side == "edge"
-            annotations.append({"x": 1 if edge else item["x"], "y": 1, "xref": "paper" if edge else "x",
-                                "yref": "paper", "xanchor": "right" if edge else side,
-                                "yanchor": "top", "align": "left" if side == "left" else "right",
-                                "xshift": {"left": LABEL_GAP_PX / 2, "right": -LABEL_GAP_PX / 2}.get(side, 0),
-                                "yshift": -2 - item["row"] * label_px * LINE_EM,
-                                "text": "<br>".join(esc(t) for t in item["lines"]), "showarrow": False,
-                                "font": {"size": label_px, "color": TEXT_GREY}})
+        phase_shapes, phase_notes = _phase_marks(phases, span, label_px, plot_px)
+        shapes += phase_shapes
+        annotations += phase_notes
     if marker_step is not None:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": marker_step, "x1": marker_step,
                        "y0": 0, "y1": 1, "line": FRAME_LINE})
@@ -258,3 +222,70 @@ def loss_curve(
             "log_y": log_y}
     layout["meta"] = meta
     return FigureSpec(data, layout)
+
+def _loss_traces(steps: np.ndarray, train: np.ndarray, val_steps: np.ndarray, val: np.ndarray) -> list[dict]:
+    """The train line (a marker while there is one point) and the validation line with markers."""
+    data = []
+    if steps.size:
+        data.append({"type": "scatter", "name": "train", "x": steps, "y": train,
+                     "mode": "lines" if steps.size > 1 else "markers",
+                     "line": {"color": TRAIN_COLOUR, "width": 1.5}, "marker": {"color": TRAIN_COLOUR, "size": 6},
+                     "hovertemplate": "step %{x}: train loss %{y:.4f}<extra></extra>"})
+    if val_steps.size:
+        data.append({"type": "scatter", "name": "validation", "x": val_steps, "y": val, "mode": "lines+markers",
+                     "line": {"color": VAL_COLOUR, "width": 1.5}, "marker": {"color": VAL_COLOUR, "size": 5},
+                     "hovertemplate": "step %{x}: validation loss %{y:.4f}<extra></extra>"})
+    return data
+
+
+def _loss_range(losses: np.ndarray, log_y: bool | None) -> tuple[float, bool, int | None]:
+    """(top of the y axis, whether it is a log axis, its bottom power of ten) for these losses."""
+    losses = losses[np.isfinite(losses)]
+    top = float(losses.max()) * 1.05 if losses.size and losses.max() > 0 else 1.0
+    positive = losses[losses > 0]
+    if log_y is None:
+        log_y = bool(positive.size) and float(positive.max()) > LOG_RATIO * float(positive.min())
+    log_y = bool(log_y) and positive.size > 0  # a log axis needs a positive loss
+    return top, log_y, math.floor(math.log10(float(positive.min()))) if log_y else None
+
+
+def _checked_phases(phase_steps: Sequence[tuple[int, str]]) -> list[tuple[int | float, str]]:
+    """(step, label) pairs checked, labels as text, in step order."""
+    phases = []
+    for item in phase_steps:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ValueError(f"phase_steps must hold (step, label) pairs, got {item!r}")
+        phases.append((_check_step("phase step", item[0]), str(item[1])))
+    phases.sort(key=lambda p: p[0])
+    return phases
+
+
+def _kept_marks(kept_step: int | None, label_px: float) -> tuple[list[dict], list[dict]]:
+    """(shapes, annotations): a dotted line and "kept: step N" at the step whose weights were kept."""
+    if kept_step is None:
+        return [], []
+    return ([{"type": "line", "xref": "x", "yref": "paper", "x0": kept_step, "x1": kept_step,
+              "y0": 0, "y1": 1, "line": {"color": VAL_COLOUR, "width": 1, "dash": "dot"}}],
+            [{"x": kept_step, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom",
+              "text": f"kept: step {int(kept_step)}", "showarrow": False,
+              "font": {"size": label_px, "color": VAL_COLOUR}}])
+
+
+def _phase_marks(phases: list[tuple[int | float, str]], span: float, label_px: float,
+                 plot_px: float) -> tuple[list[dict], list[dict]]:
+    """(shapes, annotations): a dotted line at each phase change and its label, placed by `phase_labels`."""
+    shapes, annotations = [], []
+    for step, _ in phases:
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
+                       "line": PHASE_LINE})
+    for item in phase_labels(phases, span, CHAR_EM * label_px, plot_px):
+        side = item["side"]
+        edge = side == "edge"
+        annotations.append({"x": 1 if edge else item["x"], "y": 1, "xref": "paper" if edge else "x",
+                            "yref": "paper", "xanchor": "right" if edge else side,
+                            "yanchor": "top", "align": "left" if side == "left" else "right",
+                            "xshift": {"left": LABEL_GAP_PX / 2, "right": -LABEL_GAP_PX / 2}.get(side, 0),
+                            "yshift": -2 - item["row"] * label_px * LINE_EM,
+                            "text": "<br>".join(esc(t) for t in item["lines"]), "showarrow": False,
+                            "font": {"size": label_px, "color": TEXT_GREY}})
+    return shapes, annotations
