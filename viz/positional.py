@@ -106,7 +106,8 @@ def positional_table(table: np.ndarray, kind: str, *, presentation: bool = False
         wrapped = np.angle(np.exp(1j * table))  # (−π, π]
         return _heatmap_figure(
             wrapped, lo=-np.pi, hi=np.pi, scale=CYCLIC,
-            title="RoPE rotation angle θᵢ·pos (rad), wrapped to (−π, π]: low pairs turn fast, high pairs slowly",
+            title="RoPE rotation angle θᵢ·pos (rad), wrapped to (−π, π]: "
+                  "low pairs turn fast, high pairs slowly",
             xtitle=f"frequency pair i (rotates dims 2i, 2i+1), {d} pairs",
             hover="position %{y}, pair %{x}: θ·pos mod 2π = ", cbar="angle (rad)", **common,
         )

@@ -263,7 +263,8 @@ def film_html(frames: Sequence[Figure], *, title: str, steps: list[int], caption
         "<div class=\"controls\">\n"
         "  <button type=\"button\" id=\"play\">Play</button>\n"
         "  <button type=\"button\" id=\"pause\" disabled>Pause</button>\n"
-        f"  <input type=\"range\" id=\"slider\" min=\"0\" max=\"{n - 1}\" step=\"1\" value=\"0\" aria-label=\"film frame\">\n"
+        f"  <input type=\"range\" id=\"slider\" min=\"0\" max=\"{n - 1}\" step=\"1\" value=\"0\" "
+        "aria-label=\"film frame\">\n"
         "  <span id=\"step-label\" aria-live=\"polite\"></span>\n"
         "</div>\n<p id=\"caption\"></p>\n<div id=\"figure\" class=\"figure\"></div>"
     )
