@@ -52,6 +52,7 @@ tally), `fuzzer` (`Fuzzer`: one checked call, and the mix of actions); `__main__
 from .checks import leaks, shorten
 from .fuzzer import Fuzzer
 from .knowledge import BUILTINS
+from .log import LogWatch
 from .values import RandomDraw
 
-__all__ = ["BUILTINS", "Fuzzer", "RandomDraw", "leaks", "shorten"]  # what tests/test_fuzz.py drives it with
+__all__ = ["BUILTINS", "Fuzzer", "LogWatch", "RandomDraw", "leaks", "shorten"]  # what tests/test_fuzz.py drives it with
