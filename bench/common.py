@@ -27,7 +27,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 def _command() -> str:
     """How this process was started, as `python -m bench.<name> ARGS` when it was run as a module."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    head = ["-m", spec.name] if spec is not None and spec.name else [sys.argv[0]]
+    name = spec.name.removesuffix(".__main__") if spec is not None and spec.name else None  # a package: its name
+    head = ["-m", name] if name else [sys.argv[0]]
     return "python " + " ".join(shlex.quote(a) for a in [*head, *sys.argv[1:]])
 
 
