@@ -11,7 +11,6 @@ text and models as they were.
 
 from __future__ import annotations
 
-import copy
 import gc
 import os
 import re
@@ -340,20 +339,13 @@ def test_a_closed_session_is_replaced_and_expired_ones_are_closed():
 
 
 def test_a_page_holds_only_the_key_of_its_session_and_closing_the_key_closes_the_session():
-    clock = Clock()
-    store, made = make_store(clock, limiter=None)
-    key = copy.deepcopy(SessionKey(store))  # what gr.State hands each visitor: a fresh key to the same store
-    assert key.store is store and key.session_hash is None
-    mine = store.resolve("a", "x")  # the handler trades the key for the store's session: a new one here
-    assert mine is made[-1] and not mine.closed
-    key.session_hash = "a"
-    assert store.resolve("a", "x") is mine  # every later call finds the same one
-    SessionKey(store).close()  # a key no call used closes nothing
-    assert "a" in store and not mine.closed
+    store, made = make_store(Clock(), limiter=None)
+    key = SessionKey(store)  # what gr.State holds: no session, only its key
+    mine, key.session_hash = store.resolve("a", "x"), "a"  # the handler trades the key for a new session here
+    assert mine is made[-1] and store.resolve("a", "x") is mine  # and for the same one on every later call
     key.close()  # gradio deleted the tab's state (it expired, or the tab closed)
-    assert mine.closed and "a" not in store
-    assert store.resolve("a", "x") is made[-1] is not mine  # the same tab calls again: a new session
-    assert store.resolve(None, None) is made[-1] and "a" in store and len(store) == 1  # no hash: not kept
+    assert mine.closed and "a" not in store and store.resolve("a", "x") is made[-1] is not mine
+    assert store.resolve(None, None) is made[-1] and len(store) == 1  # no hash: a new session, not kept
 
 
 # --------------------------------------------------------------------------- models
