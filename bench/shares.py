@@ -18,7 +18,7 @@ Step latency (n, median, p95, max, in ms), the victim's refusals and the abuser'
 - `link_flood`: page loads of a `steps=256` link, each under a new session hash, not waiting;
 - `import_flood`: session files opened from new sessions, as fast as admitted.
 
-The target (issue of per-address shares): the victim's p95 ≤ 1.5 s during each abuse. On a shared,
+The target, set with the per-address shares: the victim's p95 ≤ 1.5 s during each abuse. On a shared,
 loaded machine the victim's latency also carries the load of everything else; read it next to
 `machine` (load averages) and the baseline.
 """
