@@ -1,9 +1,9 @@
 """Decoder Lab: train or load a small GPT-style model and watch what it computes.
 
 Run locally with `python app.py` (http://127.0.0.1:7860) or as a Hugging Face Space. This file
-lays out the page and binds each control to its handler; the handlers live in ui/ (one module per
-tab): each checks its inputs, calls one verb of the person's `lab.session.Session`, draws with
-one `viz` function and returns it.
+assembles the page from its tabs, each laid out and bound to its handlers by a ui/*_tab.py, and
+launches it. The handlers live in ui/ too (one module per tab): each checks its inputs, calls one
+verb of the person's `lab.session.Session`, draws with one `viz` function and returns it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from lab.limits import (
     QUEUE_SIZE,
     SESSION_CAPACITY, STATE_TTL_S, UPLOAD_MAX_MB,
 )
-from lab.models import DEFAULT_MODEL
 from lab.budget import SessionKey
+from lab.models import DEFAULT_MODEL
 from lab.session import SESSIONS, Session
 from ui.common import LATEX, RAW
 from ui.explore import (
