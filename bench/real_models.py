@@ -46,17 +46,19 @@ def cpu_model() -> str:
         return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
 
 
-def references():
-    """{name: transformers model} with random weights of the real shapes (eager attention)."""
+def reference(name: str):
+    """A transformers model of `name`'s real shape with random weights (eager attention)."""
     from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()  # 12 × 768, 50257 tokens, 1024 positions
-    pythia = GPTNeoXForCausalLM(GPTNeoXConfig(
-        vocab_size=50304, hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048,
-        max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000, use_parallel_residual=True,
-        hidden_act="gelu", tie_word_embeddings=False, attn_implementation="eager")).eval()
-    return {"gpt2": gpt2, "pythia-70m": pythia}
+    if name == "gpt2":  # 12 layers × 768, 50257 tokens, 1024 positions: 124 M parameters
+        return GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()
+    if name == "pythia-70m":
+        return GPTNeoXForCausalLM(GPTNeoXConfig(
+            vocab_size=50304, hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048,
+            max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000, use_parallel_residual=True,
+            hidden_act="gelu", tie_word_embeddings=False, attn_implementation="eager")).eval()
+    raise SystemExit(f"unknown model {name!r}; choose gpt2 or pythia-70m")
 
 
 def ours(ref):
@@ -193,19 +195,18 @@ def main() -> None:
     torch.set_num_threads(1)
     emit("real_models.machine", cpu=cpu_model(), torch_threads=torch.get_num_threads(), torch=torch.__version__)
     skip = set(args.skip.split(","))
-    refs = references()
     for name in args.models.split(","):
-        ref = refs[name]
+        ref = reference(name)
         model = ours(ref)
         if "step" not in skip:
             for T in LENGTHS:
                 bench_step(name, ref, model, T, args.reps)
         if "generate" not in skip:
             bench_generate(name, ref, model, args.gen_reps)
-        del model
+        del model, ref
         gc.collect()
-    if "memory" not in skip and "gpt2" in refs:
-        bench_memory(refs["gpt2"])
+    if "memory" not in skip:
+        bench_memory(reference("gpt2"))
 
 
 def argparse_hidden() -> str:

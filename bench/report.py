@@ -120,6 +120,18 @@ def table(rs: list[dict]) -> str:
                 f"{r['steps_per_s']} Steps/s, median {lat.get('median')} ms, p95 {lat.get('p95')} ms, "
                 f"errors {sum(r['errors'].values())}, queue-full {r['queue_full_refusals']}",
                 "p95 ≤ 1.5 s, 0 errors", ok, r)
+    for r in rs:  # bench.real_models: Decoder Lab against transformers on real model sizes, one thread
+        if r.get("bench") == "real_models.step":
+            add(f"{r['model']} cached Step with attention, T={r['T']}, vs transformers",
+                f"{r['ratio_step']}× ({r['decoder_step_ms']} vs {r['transformers_ms']} ms; model forward alone "
+                f"{r['engine_forward_ms']} ms, {r['ratio_forward']}×)", "≤ 1.0×", r["ratio_step"] <= 1.0, r)
+        elif r.get("bench") == "real_models.generate":
+            add(f"{r['model']} greedy generation of {r['new_tokens']} tokens vs transformers' generate",
+                f"{r['ratio']}× ({r['decoder_lab_tok_s']} vs {r['transformers_tok_s']} tokens/s; same tokens: "
+                f"{r['same_tokens']})", "≥ 1.0×", r["ratio"] >= 1.0, r)
+        elif r.get("bench") == "real_models.memory":
+            add(f"{r['model']} opened: resident memory vs fp32 weights",
+                f"{r['ratio']}× ({r['rss_added_mb']} vs {r['fp32_weights_mb']} MB)", "≤ 1.2×", r["ratio"] <= 1.2, r)
     return "\n".join(lines)
 
 

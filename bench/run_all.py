@@ -46,6 +46,7 @@ FULL = [
     ("fuzz", ["--calls", "10000"]),
     ("train_bench", []),
     ("train_race", []),
+    ("real_models", ["--reps", "7", "--gen-reps", "3"]),
 ]
 QUICK = [
     ("step_latency", ["--reps", "2", "--lengths", "16,64"]),
@@ -65,6 +66,7 @@ QUICK = [
     ("fuzz", ["--calls", "200"]),
     ("train_race", ["--iters", "40", "--check-every", "20"]),
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
+    ("real_models", ["--reps", "1", "--gen-reps", "1", "--models", "pythia-70m", "--skip", "memory"]),
 ]
 # Left out unless asked for: name -> (the flag that includes it, why it is left out).
 OPTIONAL = {
