@@ -313,7 +313,7 @@ def effect(session: Session, index=None) -> Export:
 
 
 def comparison(session: Session, model_name, prompt_a, prompt_b) -> Export:
-    """Prompt A against prompt B (`probing.compare`): every head's scores on each prompt and B − A,
+    """Prompt A against prompt B (`lab.compare`): every head's scores on each prompt and B − A,
     at full precision; the JSON adds the tokens, B − A attention on the common positions per
     layer and head (null where masked), and both next-token distributions."""
     c = session.compare(model_name, prompt_a, prompt_b)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from model.generate import Step
 
 from . import captions, probing
+from .roles import HeadRoles, compute_head_roles
 from .display import Display, View
 from .files import file_name, model_stem
 from .text import Attention, Probabilities, Text
@@ -74,7 +75,7 @@ def drawn_caption(text: Text, att: Attention, change: str, view: View) -> str:
 
 
 def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, view: View | None,
-               roles: Callable[[], probing.HeadRoles | None], told: list[str] = (), step: Step | None = None,
+               roles: Callable[[], HeadRoles | None], told: list[str] = (), step: Step | None = None,
                undone: bool = False) -> Frame:
     """The Frame of the text as it is now; with `view`, complete with the figures' numbers
     (`roles`: the heads' roles on the text as the model computed it, asked for only when drawn)."""
@@ -87,7 +88,7 @@ def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, vi
     probs = text.probabilities()
     att, change = shown_attention(text, settings)
     # under a change, the panels' role badges are read off the attention drawn
-    drawn_roles = (probing.compute_head_roles(text.entry, text.decoder.window, att.weights, att.tokens)
+    drawn_roles = (compute_head_roles(text.entry, text.decoder.window, att.weights, att.tokens)
                    if change else roles())
     badges = probing.badges(text, settings, view.layer, drawn_roles)
     which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{'all' if view.head is None else view.head}"

@@ -1,5 +1,5 @@
-"""Asking a model what its heads do, on one person's text: head roles, the logit lens, ablation,
-attention edits, and prompt A against prompt B.
+"""Asking a model what its heads do, on one person's text: the logit lens, ablation, attention
+edits and regeneration with them (head roles are lab.roles', prompt A against B lab.compare's).
 
 Everything here is computed live from the text's model and window by the engine's own forward
 (`DecoderLM.forward(..., intervention=, return_residuals=)`): nothing is estimated or cached
@@ -22,21 +22,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from model.corpora import FEMALE_NAMES, MALE_NAMES
 from model.generate import Decoder, Sampling, generate
-from model.heads import (
-    ROLE_ORDER, ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_of, task_score, task_targets,
-)
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
 from model.transformer import logit_lens
 
 from .checks import UserError, check_choice, check_int
 from .limits import MAX_NEW_TOKENS
 from .models import ModelEntry
-from .text import Text, encode_prompt
+from .roles import HeadRoles
+from .text import Text
 
-GRAMMAR_NAMES = {**{n: "f" for n in FEMALE_NAMES}, **{n: "m" for n in MALE_NAMES}}
-SCORE_ROLES = ("previous_token", "first_token", "self_attention", "induction", "entropy")
 TOP_MOVES = 5  # how many of the top candidates a summary follows
 LENS_TOP = 5
 MAX_REGENERATE = 64  # tokens per continuation of "Regenerate": two continuations side by side stay readable
@@ -122,86 +117,10 @@ class ProbeSettings:
         return " · ".join(parts) if parts else "nothing changed"
 
 
-# ---------------------------------------------------------------------------- head roles
-
-
-@dataclass
-class HeadRoles:
-    """Every score of every head on one text: scores[key] is (L, H), NaN where a score is undefined
-    on this text (e.g. induction with no repeated token). roles: the scores shown, in order."""
-
-    roles: tuple[Role, ...]
-    scores: dict[str, np.ndarray]
-    tokens: list[str]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return next(iter(self.scores.values())).shape
-
-    def strongest(self, layer: int, head: int) -> tuple[Role, float] | None:
-        """The role this head plays most clearly on this text (its score ≥ threshold), or None."""
-        found = strongest_role(self.scores, layer, head, roles=self._ranked())
-        if found is None:
-            return None
-        return next(r for r in self.roles if r.key == found[0]), found[1]
-
-    def _ranked(self) -> list[Role]:
-        # the task's own role first (the most specific), then the general ones in model.heads' order
-        return [r for r in self.roles if r.key == "match"] + [ROLES[k] for k in ROLE_ORDER]
-
-    def badge(self, layer: int, head: int) -> str:
-        """The head's strongest role and score, e.g. "previous-token 0.92" ('' when none)."""
-        found = self.strongest(layer, head)
-        return "" if found is None else f"{found[0].name} {found[1]:.2f}"
-
-    def label(self, layer: int, head: int) -> str:
-        """The plain label with its threshold: "previous-token head: 0.92 ≥ 0.5" ('' when none)."""
-        found = self.strongest(layer, head)
-        if found is None:
-            return ""
-        role, value = found
-        return f"{role.name} head: {value:.2f} ≥ {role.threshold:g}"
-
-    def badges(self, layer: int) -> dict[int, str]:
-        return {h: b for h in range(self.shape[1]) if (b := self.badge(layer, h))}
-
-    def columns(self) -> list[str]:
-        return ["layer", "head", *(r.key for r in self.roles), "role"]
-
-    def rows(self, digits: int | None = 4) -> list[list]:
-        """The table of `/head_roles`: layer, head, one column per score (rounded to `digits`; None: full
-        precision; None where undefined), role."""
-        L, H = self.shape
-        out = []
-        for layer in range(L):
-            for head in range(H):
-                values = [None if np.isnan(v := float(self.scores[r.key][layer, head]))
-                          else (v if digits is None else round(v, digits)) for r in self.roles]
-                found = self.strongest(layer, head)
-                out.append([layer, head, *values, "" if found is None else found[0].name])
-        return out
-
-
-def roles_for(entry: ModelEntry) -> tuple[Role, ...]:
-    task = task_of(entry.meta.get("corpus"))
-    return tuple(ROLES[k] for k in SCORE_ROLES) + ((TASK_ROLES[task],) if task else ())
-
-
-def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[np.ndarray],
-                       tokens: Sequence[str]) -> HeadRoles:
-    """Every head's scores on these tokens from their attention (one (H, T, T) array per layer)."""
-    scores = head_scores(weights, ids)
-    task = task_of(entry.meta.get("corpus"))
-    if task:
-        q, k = task_targets(task, tokens, GRAMMAR_NAMES)
-        scores["match"] = task_score(task, np.stack(weights), q, k)
-    return HeadRoles(roles_for(entry), scores, list(tokens))
-
-
 # ---------------------------------------------------------------------------- the forward
 
 
-def _forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention | None = None,
+def forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention | None = None,
              residuals: bool = False, attention: bool = False):
     with torch.inference_mode():
         return entry.model(torch.tensor([list(ids)]), return_attention=attention, intervention=intervention,
@@ -271,7 +190,7 @@ def lens_readout(text: Text, index=None) -> Lens:
     need_text(text)
     index = position(text, index)
     d, entry = text.decoder, text.entry
-    out = _forward(entry, d.window, residuals=True)
+    out = forward(entry, d.window, residuals=True)
     with torch.inference_mode():
         logits = logit_lens(entry.model, out.residuals)[:, 0, index]  # (L + 1, V)
     probs = torch.softmax(logits.double(), dim=-1).numpy()
@@ -340,8 +259,8 @@ def effect(text: Text, settings: ProbeSettings, index=None) -> Effect:
     index = position(text, index)
     d, entry = text.decoder, text.entry
     iv = window_intervention(text, settings)
-    before = _forward(entry, d.window).logits[0, index].double()
-    after = before if iv is None else _forward(entry, d.window, iv).logits[0, index].double()
+    before = forward(entry, d.window).logits[0, index].double()
+    after = before if iv is None else forward(entry, d.window, iv).logits[0, index].double()
     log_p, log_q = torch.log_softmax(before, -1).numpy(), torch.log_softmax(after, -1).numpy()
     p, q = torch.softmax(before, -1).numpy(), torch.softmax(after, -1).numpy()
     rp, rq = ranks(p), ranks(q)
@@ -465,87 +384,6 @@ def regenerate(text: Text, settings: ProbeSettings, sampling: Sampling, n) -> Re
     return Regeneration(normal, changed, first, settings.describe([tok.piece(i) for i in d.window], d.start))
 
 
-# --------------------------------------------------------------------------------- compare
-
-
-@dataclass
-class Comparison:
-    """Prompt A against prompt B on one model.
-
-    tokens_a, tokens_b: the pieces; common: how many positions are compared (the shorter length);
-    diff: per layer (H, common, common) = B's weights − A's on the common positions;
-    roles_a, roles_b: head scores of each prompt on its own text; probs_a, probs_b: the
-    next-token distributions after each prompt; notes: what a learner should know (lengths differ…).
-    """
-
-    tokens_a: list[str]
-    tokens_b: list[str]
-    common: int
-    diff: list[np.ndarray]
-    roles_a: HeadRoles
-    roles_b: HeadRoles
-    probs_a: np.ndarray
-    probs_b: np.ndarray
-    pieces: list[str]
-    notes: list[str]
-    causal: bool
-
-    def aligned_tokens(self) -> list[str]:
-        """One label per common position: the token, or "a→b" where the prompts differ."""
-        return [a if a == b else f"{a}→{b}" for a, b in zip(self.tokens_a, self.tokens_b)]
-
-    def kl_bits(self) -> float:
-        return kl_bits(np.log(np.maximum(self.probs_a, 1e-300)), np.log(np.maximum(self.probs_b, 1e-300)))
-
-    def rows(self, digits: int | None = 4) -> list[list]:
-        """The table of `/compare`: layer, head, then score A, score B and B − A per score (rounded to
-        `digits`; None: full precision); None where a score is undefined."""
-        def value(x: float):
-            return None if not np.isfinite(x) else (x if digits is None else round(x, digits))
-
-        L, H = self.roles_a.shape
-        out = []
-        for layer in range(L):
-            for head in range(H):
-                row = [layer, head]
-                for r in self.roles_a.roles:
-                    a, b = float(self.roles_a.scores[r.key][layer, head]), float(self.roles_b.scores[r.key][layer, head])
-                    row += [value(a), value(b), value(b - a)]
-                out.append(row)
-        return out
-
-    def columns(self) -> list[str]:
-        cols = ["layer", "head"]
-        for r in self.roles_a.roles:
-            cols += [f"{r.key} A", f"{r.key} B", f"{r.key} B−A"]
-        return cols
-
-
-def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
-    """Run both prompts through the model and line them up position by position."""
-    ids_a, notes_a = encode_prompt(prompt_a, entry)
-    ids_b, notes_b = encode_prompt(prompt_b, entry)
-    tok = entry.tokenizer
-    outs = [_forward(entry, ids, attention=True) for ids in (ids_a, ids_b)]
-    weights = [[w[0].float().numpy() for w in o.attentions] for o in outs]
-    tokens = [[tok.piece(i) for i in ids] for ids in (ids_a, ids_b)]
-    n = min(len(ids_a), len(ids_b))
-    causal = entry.model.cfg.mask == "causal"
-    notes = [f"Prompt A: {m}" for m in notes_a] + [f"Prompt B: {m}" for m in notes_b]
-    if len(ids_a) != len(ids_b):
-        notes.append(f"The prompts have {len(ids_a)} and {len(ids_b)} tokens: positions are compared one by one "
-                     f"over the first {n} (the common part); the head scores and next-token distributions use "
-                     "each whole prompt.")
-    if not causal:
-        notes.append("This model attends in both directions, so the common positions also look at tokens past "
-                     "them; the difference includes that.")
-    diff = [wb[:, :n, :n] - wa[:, :n, :n] for wa, wb in zip(*weights)]
-    roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
-    probs = [torch.softmax(o.logits[0, -1].double(), -1).numpy() for o in outs]
-    return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
-                      [tok.piece(i) for i in range(tok.vocab_size)], notes, causal)
-
-
 # ------------------------------------------------------------------- what the page shows
 
 
@@ -631,5 +469,5 @@ def changed_attention(text: Text, settings: ProbeSettings) -> tuple[list[np.ndar
         iv = window_intervention(text, settings)
     except UserError:
         return None
-    out = _forward(text.entry, text.decoder.window, iv, attention=True)
+    out = forward(text.entry, text.decoder.window, iv, attention=True)
     return [a[0].float().numpy() for a in out.attentions], [s[0].float().numpy() for s in out.scores]

@@ -31,6 +31,7 @@ from model.film import Film
 from model.generate import Sampling, generate
 
 from . import files, probing
+from .compare import Comparison, compare
 from .budget import DISK_BUDGET, LIMITER, MODEL_BUDGET, SessionStore
 from .checks import UserError, check_int
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
@@ -39,6 +40,7 @@ from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
 from .ownmodels import OwnModels, entry_bytes, release_freed_memory, removed_note
 from .probing import ProbeSettings
+from .roles import HeadRoles, compute_head_roles
 from .recipe import train_tab_defaults
 from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
 from .training import TrainingRun, TrainProgress, check_form, final_message, follow, new_entry, on_device, prepare
@@ -340,7 +342,7 @@ class Session:
 
     # ---------------------------------------------------------------------- head tools
 
-    def head_roles(self) -> probing.HeadRoles | None:
+    def head_roles(self) -> HeadRoles | None:
         """The head roles on the current window (None before the first Step)."""
         att = self.attention()
         if att is None:
@@ -351,7 +353,7 @@ class Session:
         key = (id(self.entry), tuple(d.window), tuple(id(w) for w in att.weights))
         if self._roles is not None and self._roles[0] == key:
             return self._roles[1]
-        roles = probing.compute_head_roles(self.entry, d.window, att.weights, att.tokens)
+        roles = compute_head_roles(self.entry, d.window, att.weights, att.tokens)
         self._roles = (key, roles)
         return roles
 
@@ -391,9 +393,9 @@ class Session:
         """The text continued `n` tokens twice, plainly and under the settings."""
         return probing.regenerate(self.text, self.probe, sampling, n)
 
-    def compare(self, model_name, prompt_a, prompt_b) -> probing.Comparison:
+    def compare(self, model_name, prompt_a, prompt_b) -> Comparison:
         """Prompt A against prompt B on a model."""
-        return probing.compare(self.entry_for(model_name), prompt_a, prompt_b)
+        return compare(self.entry_for(model_name), prompt_a, prompt_b)
 
     def adopt(self, scratch: "Session", name: str) -> str:
         """Take over what a scratch session built (lab.sessionfile: a replayed session file): its own

@@ -37,9 +37,10 @@ def test_the_cli_trains_on_cuda_with_bf16(tmp_path):
 @cuda
 def test_the_train_tab_trains_on_cuda_and_steps_on_the_cpu(monkeypatch):
     import lab.session as ls
+    import lab.training
     from model.generate import Sampling
 
-    monkeypatch.setattr(ls, "TRAIN_DEVICE", "cuda")
+    monkeypatch.setattr(lab.training, "TRAIN_DEVICE", "cuda")
     s = ls.Session()
     for p in s.train("sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 100, 3e-3, 0):
         pass

@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from lab import export, probing
+from lab import export
 from lab.checks import UserError
 from lab.models import ModelEntry
+from lab.roles import GRAMMAR_NAMES
 from lab.session import Session
 from model.config import ModelConfig
 from model.generate import Sampling
@@ -320,7 +321,7 @@ def test_head_roles_read_back_as_the_attention_scores(fixture, request):
     roles = s.head_roles()
     if "match" in [r.key for r in roles.roles]:
         task = task_of(s.entry.meta.get("corpus"))
-        q, k = task_targets(task, [s.entry.tokenizer.piece(i) for i in ids], probing.GRAMMAR_NAMES)
+        q, k = task_targets(task, [s.entry.tokenizer.piece(i) for i in ids], GRAMMAR_NAMES)
         pick = max if task == "grammar" else np.mean  # grammar: the clearest pronoun
         expect["match"] = np.array([[pick([weights[li, h, i, j] for i, j in zip(q, k)]) if len(q) else np.nan
                                      for h in range(weights.shape[1])] for li in range(weights.shape[0])])

@@ -18,6 +18,7 @@ import torch
 from lab import probing
 from lab.checks import UserError
 from lab.models import ModelEntry
+from lab.roles import SCORE_ROLES, compute_head_roles
 from lab.session import Session
 from model.config import ModelConfig
 from model.generate import Sampling, adjust_probs
@@ -154,7 +155,7 @@ def test_roles_kept_for_one_text_are_never_stale():
                    lambda: s.step(COPY, "hcbpadlk|", GREEDY)):
         action()
         att = s.attention()
-        fresh = probing.compute_head_roles(s.entry, s.decoder.window, att.weights, att.tokens)
+        fresh = compute_head_roles(s.entry, s.decoder.window, att.weights, att.tokens)
         got = s.head_roles()
         for key in fresh.scores:
             np.testing.assert_array_equal(got.scores[key], fresh.scores[key])
@@ -454,7 +455,7 @@ def test_compare_refusals(a, b, fragment):
 
 
 def test_role_formulas_are_stated():
-    for key in probing.SCORE_ROLES:
+    for key in SCORE_ROLES:
         assert ROLES[key].formula and ROLES[key].meaning
 
 

@@ -20,6 +20,7 @@ from lab.limits import MAX_USER_MODELS, TRAIN_CORPORA, TRAIN_LIMITS
 from lab.models import BUILTINS
 from lab.checks import check_sampling
 from lab.session import Session, TrainingRun, removed_note
+from lab.training import probe_ids
 from model.corpora import build_corpus
 from lab.recipe import TAB_CORPUS_PRESETS, train_tab_defaults, train_tab_recipe
 from model.presets import PRESETS
@@ -88,7 +89,7 @@ def test_every_recipe_fits_its_corpus_examples_and_probe(corpus_name):
             assert whole <= block, (corpus_name, whole, block)
         preset_block = PRESETS[TAB_CORPUS_PRESETS[corpus_name]].model["block_size"]
         assert block == max(preset_block, corpus.train.x.shape[1] + 1)  # the built-in model's context
-    probe = Session._probe_ids(corpus, corpus_name, None, block)
+    probe = probe_ids(corpus, corpus_name, None, block)
     held_out = corpus.val.x[0] if corpus.val.x.dim() == 2 else corpus.val.x
     assert probe == held_out[:len(probe)].tolist() and len(probe) <= block  # the example from its first token
     if corpus.kind == "examples":

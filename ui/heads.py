@@ -16,6 +16,7 @@ import gradio as gr
 
 import viz
 from lab import probing
+from lab.roles import HeadRoles
 from lab.checks import UserError, check_int, check_sampling
 from lab.export import model_stem
 from lab.session import Session
@@ -57,7 +58,7 @@ def roles_figure(session: Session, layer=None, head=None):
     return to_plot(fig), roles_note(roles)
 
 
-def roles_note(roles: probing.HeadRoles) -> str:
+def roles_note(roles: HeadRoles) -> str:
     """The labelled heads in words, with each label's threshold, and what each score means."""
     L, H = roles.shape
     found = [f"**{probing.head_label(layer, h)}** {lab}" for layer in range(L) for h in range(H)
