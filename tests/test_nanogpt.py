@@ -117,6 +117,41 @@ def test_char_run_matches_gpt2_reference(tmp_path, bias, prefix):
             ids.append(nxt)
 
 
+def test_gpt2_token_run_with_padded_vocabulary(tmp_path, monkeypatch):
+    """A run on GPT-2's tokens (no meta.pkl): nanoGPT pads the vocabulary to 50304 rows. The
+    tokenizer.json comes from --tokenizer (here a byte-level BPE of 300 tokens trained on the spot);
+    rows past the tokenizer are computed exactly and never sampled."""
+    import huggingface_hub.constants
+
+    from tests.families_reference import hf_tokenizer, write_tokenizer
+
+    ref = reference(50304, block=64)
+    path = save_run(tmp_path / "run", ref, chars=None)
+    write_tokenizer(tmp_path / "tok", 300)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ValueError, match="give its tokenizer.json with --tokenizer"):
+        load_nanogpt(path)  # not in the (empty) local cache, and nothing is downloaded
+    run = load_nanogpt(path, tokenizer=tmp_path / "tok" / "tokenizer.json")
+    theirs_tok = hf_tokenizer(tmp_path / "tok")
+    for prompt in ("Once upon a time", " the fox met a bear"):
+        ids = run.tokenizer.encode(prompt)
+        assert ids == theirs_tok(prompt)["input_ids"]
+        with torch.no_grad():
+            want = ref(torch.tensor([ids]), output_attentions=True)
+            got = run.model(torch.tensor([ids]), return_attention=True)
+        assert torch.allclose(got.logits, want.logits, atol=1e-5, rtol=0)
+        for a, b in zip(got.attentions, want.attentions):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0)
+        steps = list(generate(Decoder(run.model, ids, Sampling(temperature=0.0)), 5))
+        context = list(ids)
+        for step in steps:
+            with torch.no_grad():
+                logits = ref(torch.tensor([context])).logits[0, -1]
+            assert step.token_id == int(logits[:300].argmax())  # padded rows are never drawn
+            assert step.probs[300:].sum() == 0
+            context.append(step.token_id)
+
+
 def test_compiled_and_plain_names_give_the_same_model(tmp_path):
     ref = reference(len(CHARS))
     a = load_nanogpt(save_run(tmp_path / "plain", ref)).model
