@@ -91,3 +91,19 @@ def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[
         q, k = task_targets(task, tokens, GRAMMAR_NAMES)
         scores["match"] = task_score(task, np.stack(weights), q, k)
     return HeadRoles(roles_for(entry), scores, list(tokens))
+
+
+class RolesCache:
+    """The head roles of one text, computed once: a Step draws the badges, the overview and the table
+    from one computation, kept while the text (model, tokens, and the very attention arrays, which
+    every change of the text replaces) stays."""
+
+    def __init__(self) -> None:
+        self.key, self.roles = None, None
+
+    def get(self, entry: ModelEntry, window: Sequence[int], att) -> HeadRoles:
+        """The roles on `window` from `att` (lab.text.Attention), computed unless this text's are kept."""
+        key = (id(entry), tuple(window), tuple(id(w) for w in att.weights))
+        if self.key != key:
+            self.key, self.roles = key, compute_head_roles(entry, window, att.weights, att.tokens)
+        return self.roles

@@ -1,17 +1,12 @@
 """One person's lab: the lock that keeps their actions one at a time, their share of the server's
 budgets, their files, and the verbs the wiring calls.
 
-A `Session` is built from parts with one concept each: the text being generated and its history
-(lab.text.Text), how figures are drawn (lab.display), their own models (lab.ownmodels), the
-head tools' settings (lab.probing.ProbeSettings) and the training run (lab.training). The Gradio
-wiring keeps one per browser tab and talks to it only through its verbs (`step`, `generate`,
-`undo`, `reset`, `select_model`, `train`, `stop_training`, `upload`, `close`, the head tools')
-and its read-outs. Nothing here imports gradio; what goes wrong because of what a person asked
-for raises `UserError` with a message for them.
-
-A Step's path: the Explore handler → Session.step (checks, starts or continues the text) →
-model.generate.generate (one loop) → Decoder.step → DecoderLM.forward; Session.step returns one
-`lab.frame.Frame` of everything the page draws, which the handler draws with viz.
+A `Session` is built from parts with one concept each: the text and its history (lab.text), how
+figures are drawn (lab.display), own models (lab.ownmodels), the head tools' settings
+(lab.probing) and the training run (lab.training). The wiring keeps one per browser tab and calls
+its verbs (`step`, `generate`, `undo`, `reset`, `select_model`, `train`, `upload`, `close`, the head
+tools') and read-outs; Step, Generate, Undo and Reset return a `lab.frame.Frame` of what the page
+draws (README: "The path of a Step"). No gradio here: a refusal is a `UserError` for the person.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from model.checkpoint import atomic_write, load_checkpoint
+from model.checkpoint import atomic_write
 from model.film import Film
 from model.generate import Sampling, generate
 
@@ -40,15 +35,14 @@ from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
 from .ownmodels import OwnModels, entry_bytes, release_freed_memory, removed_note
 from .probing import ProbeSettings
-from .roles import HeadRoles, compute_head_roles
+from .roles import HeadRoles, RolesCache
 from .recipe import train_tab_defaults
 from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
 from .training import TrainingRun, TrainProgress, check_form, final_message, follow, new_entry, on_device, prepare
-from .uploads import checkpoint_data, reserved_bytes, upload_refusal
+from .uploads import checkpoint_data, load_upload, reserved_bytes
 
-# what other modules import from here by the names they always had
-__all__ = ["Session", "SESSIONS", "BUSY_WAIT_S", "HEAD_TOOLS", "MAX_LOG", "View", "Display", "Attention",
-           "Probabilities", "TrainingRun", "TrainProgress", "encode_prompt", "removed_note"]
+__all__ = ["Session", "SESSIONS", "BUSY_WAIT_S", "HEAD_TOOLS", "MAX_LOG", "View", "Display", "Attention",  # read
+           "Probabilities", "TrainingRun", "TrainProgress", "encode_prompt", "removed_note"]  # from here too
 
 # How long an action waits for the same session's previous one (a Generate) to end; a test server sets it
 # far above any Generate it streams (DECODER_LAB_BUSY_WAIT_S), so that a slow machine waits, never refuses
@@ -64,7 +58,7 @@ class Session:
         self.own = OwnModels()
         self.display = Display()
         self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
-        self._roles = None  # the head roles of the current text, computed once per text
+        self._roles = RolesCache()  # the head roles of the current text, computed once per text
         # a session file or a link just set up this model's text: the model list's change event that
         # follows (its value set by the same answer) must keep it, not start again
         self.keep_on_select: str | None = None
@@ -286,7 +280,7 @@ class Session:
         """The text goes; the heads chosen to ablate stay for the next text on this model, an edited row
         (positions of the text that went) does not."""
         self.text.clear()
-        self._roles = None
+        self._roles = RolesCache()
         self.probe = dataclasses.replace(self.probe, edit=None)
         self._hold()  # less memory: always granted
         return self._frame(None)
@@ -347,15 +341,7 @@ class Session:
         att = self.attention()
         if att is None:
             return None
-        d = self.decoder
-        # a Step draws the badges, the overview and the table from one computation: kept while the
-        # text (model, tokens, and the very attention arrays, which every change of the text replaces) stays
-        key = (id(self.entry), tuple(d.window), tuple(id(w) for w in att.weights))
-        if self._roles is not None and self._roles[0] == key:
-            return self._roles[1]
-        roles = compute_head_roles(self.entry, d.window, att.weights, att.tokens)
-        self._roles = (key, roles)
-        return roles
+        return self._roles.get(self.entry, self.decoder.window, att)
 
     def lens(self, index=None) -> probing.Lens:
         """The logit lens at window position `index` (default: the selected token)."""
@@ -410,7 +396,7 @@ class Session:
             self.own.add(own, nbytes)  # the oldest go, to make room
         else:
             self._hold(text=scratch.text.nbytes())
-        self.text, self.probe, self._roles = scratch.text, scratch.probe, None
+        self.text, self.probe, self._roles = scratch.text, scratch.probe, RolesCache()
         d = scratch.display
         self.display = dataclasses.replace(self.display, colour=d.colour, presentation=d.presentation, tool=d.tool)
         self._hold()
@@ -506,15 +492,7 @@ class Session:
         def reserve(cfg) -> None:  # the memory is granted before a tensor is allocated
             self._hold(self.own.kept_after_adding(name), reserved_bytes(cfg))
 
-        try:  # the file stays where gradio put it (its cache sweeps it): a path may name someone else's file
-            ck = load_checkpoint(path, before_build=reserve)
-        except UserError as exc:  # the memory budget's refusal in `reserve`: the file itself was read fine
-            MODEL_BUDGET.hold(self, held_before)
-            raise UserError(f"This model was refused because the server's memory budget is full (the file is "
-                            f"not damaged): {str(exc).rstrip('.')}.") from None
-        except ValueError as exc:
-            MODEL_BUDGET.hold(self, held_before)  # a reservation for a file that failed later is given back
-            raise UserError(upload_refusal(str(exc))) from None
+        ck = load_upload(path, reserve, give_back=lambda: MODEL_BUDGET.hold(self, held_before))
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
         removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples,
                                              film=ck.film))

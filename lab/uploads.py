@@ -1,10 +1,12 @@
-"""Models in and out of a session as files: a checkpoint's bytes for its download, and a refused
-upload said in a learner's words (the checks themselves are model.checkpoint's)."""
+"""Models in and out of a session as files: a checkpoint's bytes for its download, an uploaded
+checkpoint loaded within the memory budget, and a refusal in a learner's words (the checks
+themselves are model.checkpoint's)."""
 
 from __future__ import annotations
 
-from model.checkpoint import checkpoint_bytes
+from model.checkpoint import Checkpoint, checkpoint_bytes, load_checkpoint
 
+from .checks import UserError
 from .models import ModelEntry
 
 UPLOAD_DETAIL_CHARS = 160  # the exact reason, shortened: a message stays a few lines (bench/fuzz.py bounds it)
@@ -31,3 +33,18 @@ def upload_refusal(reason: str) -> str:
         what = "This file is not a Decoder Lab model this app can load (.safetensors): part of it is damaged."
     reason = reason if len(reason) <= UPLOAD_DETAIL_CHARS else reason[: UPLOAD_DETAIL_CHARS - 1] + "…"
     return f"{what} Load a model saved with the Train tab's Download button. Details: {reason}."
+
+
+def load_upload(path: str, reserve, give_back) -> Checkpoint:
+    """The checkpoint at `path`, checked; `reserve(cfg)` asks the memory budget before a tensor is
+    allocated. A refusal calls `give_back()` (the budget's reservation goes) and says why in a
+    sentence: the budget was full, or the file is not a model this app loads."""
+    try:  # the file stays where gradio put it (its cache sweeps it): a path may name someone else's file
+        return load_checkpoint(path, before_build=reserve)
+    except UserError as exc:  # the memory budget's refusal in `reserve`: the file itself was read fine
+        give_back()
+        raise UserError(f"This model was refused because the server's memory budget is full (the file is "
+                        f"not damaged): {str(exc).rstrip('.')}.") from None
+    except ValueError as exc:
+        give_back()  # a reservation for a file that failed later is given back
+        raise UserError(upload_refusal(str(exc))) from None
