@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import DEFAULT_LIMITS, Limits, load_checkpoint, save_checkpoint
-from .tokenizers import MAX_VOCAB, Tokenizer
+from .tokenizers import MAX_VOCAB, TOKENIZER_KINDS, Tokenizer
 from .transformer import DecoderLM
 
 # Bounds for files the person running the command chose: any model the importers read (up to
@@ -66,6 +66,15 @@ def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str 
     return Opened(run.model, run.tokenizer, run.meta)
 
 
+def check_storable(opened: Opened) -> None:
+    """Refuse, before anything is written, a model whose file the checkpoint loader could not open
+    again: its tokenizer must be one of the kinds a Decoder Lab file holds (TOKENIZER_KINDS)."""
+    kind = opened.tokenizer.kind
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"a Decoder Lab file cannot hold this model's {kind} tokenizer (tokenizer.json) yet, so "
+                         f"nothing was written; python -m model.generate --checkpoint opens the source itself")
+
+
 def upload_refusal(model: DecoderLM, size: int) -> str | None:
     """Why the app's upload would refuse this model (a file of `size` bytes), or None."""
     if size > DEFAULT_LIMITS.max_file_bytes:
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         opened = open_source(args.source, args.meta, args.tokenizer)
+        check_storable(opened)
         path = save_checkpoint(args.out, opened.model, opened.tokenizer, opened.meta)
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2

@@ -133,6 +133,16 @@ def test_convert_decoder_lab_file_round_trips(tmp_path):
         assert ka == kb and torch.equal(va, vb)
 
 
+def test_convert_refuses_what_it_could_not_open_again(tmp_path):
+    """The checkpoint loader reads the char, word and bpe tokenizers of Decoder Lab files only: a
+    Hugging Face folder's tokenizer.json is refused with a sentence and no file is left behind."""
+    _, folder = hf_folder(tmp_path)
+    out = tmp_path / "gpt2-tiny.safetensors"
+    _refused(run("model.convert", str(folder), "--out", str(out)), "model.convert",
+             "a Decoder Lab file cannot hold this model's hf tokenizer (tokenizer.json) yet, so nothing was written")
+    assert not out.exists()
+
+
 def _refused(done: subprocess.CompletedProcess, prog: str, sentence: str) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
