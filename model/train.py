@@ -302,73 +302,24 @@ def train(
     g = torch.Generator().manual_seed(cfg.seed)
     block = model.cfg.block_size
     device = model.tok_emb.weight.device
-    if uses_manual_step(model, cfg, ranks):
-        # one hand-written step on flat weights (model/fastpath.py): the same loss and gradients with a fifth
-        # of the operations; the model's parameters become views of its fp32 master weights until the end
-        manual = ManualStep(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, bf16=cfg.bf16)
-        opt = manual.optimizer
-    else:
-        manual = None
-        trained = wrap(model, ranks, device)  # DDP averages the gradients of the ranks' shares
-        opt = make_optimizer(model, cfg)
-        step_loss = make_loss_fn(cfg)
+    optimizer_step = _OptimizerStep(model, cfg, ranks, device)
     share = ranks.share(cfg.batch_size)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
     start = time.perf_counter()
     tokens = 0
     model.train()
     step = 0
     reason = "finished"
     best_val, best_step, best_state = None, None, None
-    frames: list[Frame] = []
-    pending: list[Frame] = []  # recorded, not yet handed out with an event
-    film_frames = cfg.film_frames if ranks.main else 0
-    if film_frames:
-        probe_ids = (clip_probe(cfg.probe_ids, block) if cfg.probe_ids
-                     else default_probe_ids(corpus, block))
-        if not probe_ids or max(probe_ids) >= model.cfg.vocab_size:
-            raise ValueError(f"the film's probe must be 1 or more token ids below the vocabulary size "
-                             f"{model.cfg.vocab_size}")
-        film_at = set(frame_steps(cfg.steps, cfg.film_frames))
-        film_batches = min(cfg.eval_batches, FILM_EVAL_BATCHES)
-
-        def record(at: int) -> Frame:
-            # evaluate() and probe() draw batches from generators of their own and run in eval
-            # mode (no dropout): nothing here touches the training's random numbers or weights
-            return Frame(
-                step=at, attention=probe(model, tuple(probe_ids)),
-                train_loss=evaluate(model, corpus.train, film_batches, cfg.batch_size, block, cfg.seed + 2),
-                val_loss=evaluate(model, corpus.val, film_batches, cfg.batch_size, block, cfg.seed + 1),
-            )
-
-        frames.append(record(0))
-        pending.append(frames[-1])
+    film = _FilmRecording(model, corpus, cfg) if cfg.film_frames and ranks.main else None
     try:
         while step < cfg.steps:
-            stop = 0
-            if should_stop is not None and should_stop():
-                stop = 1
-            elif cfg.max_seconds is not None and time.perf_counter() - start > cfg.max_seconds:
-                stop = 2
-            stop = ranks.largest(stop)  # the ranks stop together (one alone would leave the others waiting)
-            if stop:
-                reason = "stopped" if stop == 1 else "time limit"
+            reason = _stop_reason(should_stop, cfg.max_seconds, start, ranks) or reason
+            if reason != "finished":
                 break
             lr = cfg.lr_at(step)
-            for group in opt.param_groups:
-                group["lr"] = lr
             x, y = corpus.train.get_batch(cfg.batch_size, block, g)  # the global batch, on every rank
             x, y = x[share].to(device, non_blocking=True), y[share].to(device, non_blocking=True)
-            if manual is not None:
-                loss = manual.step(x, y, cfg.grad_clip)  # forward, backward, clipping and AdamW
-            else:
-                with autocast, _sdpa_context(cfg.sdpa):
-                    loss = step_loss(trained, x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
+            loss = optimizer_step(x, y, lr)
             step += 1
             tokens += x.numel() * ranks.world
             elapsed = time.perf_counter() - start
@@ -383,15 +334,11 @@ def train(
                     if cfg.keep_best:  # a copy, not a view: the next optimizer step changes the weights in place
                         best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             ev.best_val_loss, ev.best_step = best_val, best_step
-            if film_frames and step in film_at and step < cfg.steps:  # the last frame: on the final model
-                frames.append(record(step))
-                pending.append(frames[-1])
-            if pending:
-                ev.frame = pending.pop(0)
+            if film is not None:
+                ev.frame = film.after_step(step)
             yield ev
     finally:
-        if manual is not None:
-            manual.release()  # every parameter its own storage again, as before the run
+        optimizer_step.release()
         model.eval()
     elapsed = time.perf_counter() - start
     # The same batches as every evaluation during the run, so the losses compare exactly.
@@ -404,22 +351,115 @@ def train(
         val = evaluate(model, corpus.val, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 1)
         kept_step = best_step
     tr = evaluate(model, corpus.train, cfg.eval_batches, cfg.batch_size, block, cfg.seed + 2)
-    film = None
-    if film_frames:
-        if frames[-1].step == step:  # stopped right after a frame (or before the first step): the final model's
-            frames.pop()
-        frames.append(record(step))
-        film = Film(probe_ids=list(probe_ids), probe_tokens=[corpus.tokenizer.piece(i) for i in probe_ids],
-                    frames=frames, total_steps=cfg.steps, task=task_of(corpus.name),
-                    kept_step=kept_step if kept_step != step else None)
     # The final event's losses are fresh evaluations of the finished model, so train_loss is
     # the evaluated train loss rather than the last batch's.
     yield TrainEvent(
         step=step, total_steps=cfg.steps, train_loss=tr, val_loss=val, eval_train_loss=tr,
         lr=cfg.lr_at(max(0, step - 1)), tokens_per_s=tokens / max(elapsed, 1e-9), elapsed=elapsed,
         done=True, stop_reason=reason, best_val_loss=best_val, best_step=best_step, kept_step=kept_step,
-        end_val_loss=end_val, film=film,
+        end_val_loss=end_val, film=None if film is None else film.finish(step, kept_step),
     )
+
+
+def _stop_reason(should_stop: Callable[[], bool] | None, max_seconds: float | None, start: float,
+                 ranks: Ranks) -> str | None:
+    """Why the run stops before its next step ("stopped", "time limit"), or None to go on. The ranks stop
+    together: one alone would leave the others waiting."""
+    stop = 0
+    if should_stop is not None and should_stop():
+        stop = 1
+    elif max_seconds is not None and time.perf_counter() - start > max_seconds:
+        stop = 2
+    stop = ranks.largest(stop)
+    return {0: None, 1: "stopped", 2: "time limit"}[stop]
+
+
+class _OptimizerStep:
+    """One training step of a run (forward, backward, clipping, AdamW) at a given learning rate, with the
+    backward pass `uses_manual_step` picks: the hand-written one of model/fastpath.py or autograd's."""
+
+    def __init__(self, model: DecoderLM, cfg: TrainConfig, ranks: Ranks, device: torch.device) -> None:
+        self.model, self.cfg = model, cfg
+        self.manual = None
+        if uses_manual_step(model, cfg, ranks):
+            # one hand-written step on flat weights (model/fastpath.py): the same loss and gradients with a fifth
+            # of the operations; the model's parameters become views of its fp32 master weights until release()
+            self.manual = ManualStep(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, bf16=cfg.bf16)
+            self.optimizer = self.manual.optimizer
+        else:
+            self.trained = wrap(model, ranks, device)  # DDP averages the gradients of the ranks' shares
+            self.optimizer = make_optimizer(model, cfg)
+            self.loss_fn = make_loss_fn(cfg)
+            self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cfg.bf16
+                             else contextlib.nullcontext())
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
+        """Take the step on batch (x, y); the batch's loss (before the update)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.manual is not None:
+            return self.manual.step(x, y, self.cfg.grad_clip)
+        with self.autocast, _sdpa_context(self.cfg.sdpa):
+            loss = self.loss_fn(self.trained, x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return loss
+
+    def release(self) -> None:
+        """Every parameter its own storage again, as before the run (the hand-written step's flat weights)."""
+        if self.manual is not None:
+            self.manual.release()
+
+
+class _FilmRecording:
+    """A run's film as it is recorded (see `train`): frame 0 on creation, a frame after each step of
+    `frame_steps` but the last, handed out one per event in step order, and the final model's frame at the end.
+
+    evaluate() and probe() draw batches from generators of their own and run in eval mode (no dropout):
+    recording touches none of the training's random numbers or weights."""
+
+    def __init__(self, model: DecoderLM, corpus, cfg: TrainConfig) -> None:
+        block = model.cfg.block_size
+        self.probe_ids = clip_probe(cfg.probe_ids, block) if cfg.probe_ids else default_probe_ids(corpus, block)
+        if not self.probe_ids or max(self.probe_ids) >= model.cfg.vocab_size:
+            raise ValueError(f"the film's probe must be 1 or more token ids below the vocabulary size "
+                             f"{model.cfg.vocab_size}")
+        self.model, self.corpus, self.cfg = model, corpus, cfg
+        self.at = set(frame_steps(cfg.steps, cfg.film_frames))
+        self.batches = min(cfg.eval_batches, FILM_EVAL_BATCHES)
+        self.frames: list[Frame] = []
+        self.pending: list[Frame] = []  # recorded, not yet handed out with an event
+        self._record(0)
+
+    def _record(self, step: int) -> None:
+        m, split, cfg = self.model, self.corpus, self.cfg
+        block = m.cfg.block_size
+        frame = Frame(
+            step=step, attention=probe(m, tuple(self.probe_ids)),
+            train_loss=evaluate(m, split.train, self.batches, cfg.batch_size, block, cfg.seed + 2),
+            val_loss=evaluate(m, split.val, self.batches, cfg.batch_size, block, cfg.seed + 1),
+        )
+        self.frames.append(frame)
+        self.pending.append(frame)
+
+    def after_step(self, step: int) -> Frame | None:
+        """Record the frame of `step` when it has one (the last step's is the final model's: `finish`), and
+        hand out the next frame due."""
+        if step in self.at and step < self.cfg.steps:
+            self._record(step)
+        return self.pending.pop(0) if self.pending else None
+
+    def finish(self, step: int, kept_step: int) -> Film:
+        """The whole film, its last frame the final model's (after keep_best) at the last step run."""
+        if self.frames[-1].step == step:  # stopped right after a frame (or before the first step)
+            self.frames.pop()
+        self._record(step)
+        return Film(probe_ids=list(self.probe_ids), probe_tokens=[self.corpus.tokenizer.piece(i) for i in self.probe_ids],
+                    frames=self.frames, total_steps=self.cfg.steps, task=task_of(self.corpus.name),
+                    kept_step=kept_step if kept_step != step else None)
 
 
 @torch.no_grad()
