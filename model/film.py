@@ -327,7 +327,7 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
 
     Checks: the metadata's fields and types; 1 ≤ frames ≤ MAX_FILM_FRAMES; steps strictly increasing
     within [0, total_steps]; finite losses; probe ids in the vocabulary, 1 ≤ length ≤
-    min(block_size, MAX_PROBE_TOKENS), one display piece per id; task None/"sort"/"copy"; kept_step
+    min(block_size, MAX_PROBE_TOKENS), one display piece per id; task None or one of model.heads.TASKS; kept_step
     within the steps; exactly one float32 tensor per layer of shape (F, H, T·(T+1)/2) (a causal model,
     lower triangles) or (F, H, T, T) (zero above the diagonal for a causal model); values finite in
     [0, 1]; every row sums to 1 (± 1e-3) over the keys it may see.
