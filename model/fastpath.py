@@ -50,6 +50,13 @@ def unsupported(model: DecoderLM) -> str | None:
         return "a bidirectional mask"
     if cfg.dropout:
         return "dropout > 0"
+    # the options of imported families (model/families) it does not write out by hand
+    defaults = {"attn_scale": "inverse_sqrt", "gelu_approximate": "none", "norm_kind": "layernorm",
+                "norm_eps": 1e-5, "parallel_residual": False, "attn_window": (), "qkv_bias": None,
+                "attn_out_bias": None, "mlp_bias": None, "norm_bias": None, "n_kv_heads": None}
+    for name, default in defaults.items():
+        if getattr(cfg, name) != default:
+            return f"{name}={getattr(cfg, name)!r} (it handles the default, {default!r})"
     if not hasattr(torch, "_fused_adamw_"):
         return "this torch build, which has no fused AdamW kernel"
     return None

@@ -74,6 +74,16 @@ def adjust_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return probs / probs.sum()
 
 
+def mask_padding(logits: torch.Tensor, vocab_used: int | None) -> torch.Tensor:
+    """Logits (..., V) with the padded vocabulary rows (ids >= vocab_used, which no tokenizer
+    token stands for; ModelConfig.vocab_used) set to -inf: probability 0, never sampled."""
+    if vocab_used is None or vocab_used >= logits.shape[-1]:
+        return logits
+    out = logits.clone()
+    out[..., vocab_used:] = float("-inf")
+    return out
+
+
 @dataclass
 class Step:
     """One generated token and what produced it.
@@ -176,7 +186,8 @@ class Decoder:
         the sampled one (a replay of a recorded text); the sampler advances exactly as it would,
         and a token the settings could not have produced (probability 0) is refused (ValueError)."""
         s = sampling or self.sampling
-        logits = self.logits.float().cpu()  # sample on the CPU with the CPU generator, whatever the device
+        # sample on the CPU with the CPU generator, whatever the device; padded rows never come next
+        logits = mask_padding(self.logits.float().cpu(), self.model.cfg.vocab_used)
         probs = torch.softmax(logits, dim=-1)
         adjusted = adjust_probs(logits, s)
         if force is not None and not (isinstance(force, int) and 0 <= force < adjusted.numel() and adjusted[force] > 0):

@@ -70,42 +70,57 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
 
 
 def rope_angles(n_positions: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Rotation angle pos * base^(-2i/head_dim) for each position and dimension pair: (P, head_dim/2)."""
+    """Rotation angle pos * base^(-2i/head_dim) for each position and dimension pair: (P, head_dim/2).
+
+    With a rotary fraction below 1 pass the rotated dimensions (ModelConfig.rope_dim) as head_dim:
+    the frequencies are spread over the rotated part only, as in GPT-NeoX."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     return (torch.arange(n_positions, dtype=torch.float64).unsqueeze(1) * inv_freq).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) of the last dim by the given angles.
+    """Rotate consecutive pairs (x[2i], x[2i+1]) of the first 2 * cos.shape[-1] dims of the last
+    dim by the given angles; the dimensions after them pass through unrotated (partial rotary).
 
-    x: (B, H, T, hd); cos/sin: (T, hd/2).
+    x: (B, H, T, hd); cos/sin: (T, rd/2) with rd <= hd.
     """
+    rd = 2 * cos.shape[-1]
+    if rd < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)  # (B, H, T, hd)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.flatten(-2)
 
 
-def causal_mask(t_query: int, t_key: int, device: torch.device | None = None) -> torch.Tensor:
+def causal_mask(t_query: int, t_key: int, device: torch.device | None = None, window: int = 0) -> torch.Tensor:
     """Boolean (Tq, Tk) mask, True where attention is NOT allowed (key after query).
 
-    Queries are the last Tq positions of the Tk keys, as in incremental decoding.
+    Queries are the last Tq positions of the Tk keys, as in incremental decoding. window > 0 also
+    masks keys `window` or more positions before the query (a local layer sees its last `window`
+    keys, its own included, as GPT-Neo's local attention does).
     """
     # With a cache the Tq new queries sit after Tk - Tq cached keys, so query row i is at
     # absolute position i + offset; without a cache offset is 0 and this is the usual triangle.
     offset = t_key - t_query
     q = torch.arange(t_query, device=device).unsqueeze(1) + offset  # (Tq, 1)
     k = torch.arange(t_key, device=device).unsqueeze(0)  # (1, Tk)
+    if window:
+        return (k > q) | (k <= q - window)  # (Tq, Tk)
     return k > q  # (Tq, Tk)
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if cfg.attn_out_proj else None
+        self.n_heads, self.head_dim, self.kv_heads = cfg.n_heads, cfg.head_dim, cfg.kv_heads
+        # queries of every head, then keys and values of every key/value head, in one matrix
+        self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.part_bias("qkv"))
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.part_bias("attn_out")) if cfg.attn_out_proj else None
         self.dropout = cfg.dropout
+        self.window = cfg.window(layer)  # 0: every earlier key; w: the last w keys only
+        # None keeps torch's and the written-out path's 1/sqrt(hs); GPT-Neo does not scale
+        self.scale = None if cfg.attn_scale == "inverse_sqrt" else 1.0
 
     def forward(
         self,
@@ -117,8 +132,16 @@ class SelfAttention(nn.Module):
         plan: LayerPlan | None = None,
     ) -> tuple[torch.Tensor, LayerCache | None, torch.Tensor | None, torch.Tensor | None]:
         B, T, C = x.shape
-        # one matmul for all three projections, then split heads: each of q, k, v is (B, H, T, hs)
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        H, Hkv, hs = self.n_heads, self.kv_heads, self.head_dim
+        if Hkv == H:
+            # one matmul for all three projections, then split heads: each of q, k, v is (B, H, T, hs)
+            q, k, v = self.qkv(x).view(B, T, 3, H, hs).permute(2, 0, 3, 1, 4)
+        else:
+            # grouped-query attention: fewer key/value heads; the cache keeps them grouped
+            q, k, v = self.qkv(x).split((H * hs, Hkv * hs, Hkv * hs), dim=-1)
+            q = q.view(B, T, H, hs).transpose(1, 2)  # (B, H, T, hs)
+            k = k.view(B, T, Hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
+            v = v.view(B, T, Hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
         if rope is not None:
             # rotate before caching: cached keys keep the rotation of their own positions
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -126,33 +149,45 @@ class SelfAttention(nn.Module):
             k = torch.cat((past.k, k), dim=2)
             v = torch.cat((past.v, v), dim=2)
         new_cache = LayerCache(k, v) if want_cache else None
+        if Hkv != H:
+            # query head h reads key/value head h // (H / Hkv): each group's keys repeated per query head
+            k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, T_key, hs)
+            v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, T_key, hs)
         t_key = k.shape[2]
         causal = self.cfg.mask == "causal"
         drop = self.dropout if self.training else 0.0
+        scale = {} if self.scale is None else {"scale": self.scale}
 
-        if not want_attention and plan is None:
+        if self.window and t_key > 1 and (not want_attention and plan is None):
+            # a local layer: its band of allowed keys is passed to the fused kernel explicitly
+            allowed = ~causal_mask(T, t_key, x.device, self.window)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop, **scale)
+            weights = scores = None
+        elif not want_attention and plan is None:
             # Fused path: torch's kernel never materialises the weights, so it is faster and
             # leaner, but there is nothing to show. The mask is chosen to match `causal_mask`:
             if not causal or T == 1:
                 # bidirectional masks nothing; a single causal query is the last position and
                 # may see every key, so it needs no mask either
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, **scale)
             elif t_key == T:
                 # no cache: the plain lower triangle
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, **scale)
             else:
                 # several new queries after cached keys: is_causal would align the triangle to
                 # the top-left corner (wrong here), so pass the offset mask explicitly
                 allowed = ~causal_mask(T, t_key, x.device)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop, **scale)
             weights = scores = None
         else:
             # Explicit path, for when the caller wants to see attention: the same maths written
             # out, returning exactly the weights that multiply V.
             # scaled dot products (Vaswani et al. 2017, eq. 1): (B, H, T, T_key); rows are queries
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            scores = q @ k.transpose(-2, -1)
+            if self.scale is None:
+                scores = scores * (1.0 / math.sqrt(self.head_dim))
             if causal:
-                scores = scores.masked_fill(causal_mask(T, t_key, x.device), float("-inf"))
+                scores = scores.masked_fill(causal_mask(T, t_key, x.device, self.window), float("-inf"))
             weights = torch.softmax(scores, dim=-1)  # exp(-inf) = 0: masked weights are exactly zero
             if plan is not None:
                 weights = self._edit_weights(weights, plan, T, t_key, causal)
@@ -174,7 +209,7 @@ class SelfAttention(nn.Module):
         if not uniform_heads and not plan.edits:
             return weights
         allowed = (
-            ~causal_mask(T, t_key, weights.device)
+            ~causal_mask(T, t_key, weights.device, self.window)
             if causal
             else torch.ones(T, t_key, dtype=torch.bool, device=weights.device)
         )
@@ -211,9 +246,10 @@ class FeedForward(nn.Module):
         super().__init__()
         d, f = cfg.d_model, cfg.ff_dim
         self.swiglu = cfg.activation == "swiglu"
-        self.up = nn.Linear(d, 2 * f if self.swiglu else f, bias=cfg.bias)
-        self.down = nn.Linear(f, d, bias=cfg.bias)
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        # swiglu: `up` holds the gate's rows, then the value's (Shazeer 2020, as in Llama)
+        self.up = nn.Linear(d, 2 * f if self.swiglu else f, bias=cfg.part_bias("mlp"))
+        self.down = nn.Linear(f, d, bias=cfg.part_bias("mlp"))
+        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU(approximate=cfg.gelu_approximate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
@@ -225,18 +261,44 @@ class FeedForward(nn.Module):
         return self.down(h)
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019): LayerNorm without the mean or bias."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The configured normalisation over d_model (LayerNorm or RMSNorm)."""
+    if cfg.norm_kind == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.part_bias("norm"))
+
+
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.norm_mode = cfg.norm
-        make_norm = (lambda: nn.LayerNorm(cfg.d_model, bias=cfg.bias)) if cfg.norm != "none" else nn.Identity
-        self.norm1 = make_norm()
-        self.attn = SelfAttention(cfg)
+        self.parallel = cfg.parallel_residual
+        norm = (lambda: make_norm(cfg)) if cfg.norm != "none" else nn.Identity
+        self.norm1 = norm()
+        self.attn = SelfAttention(cfg, layer)
         self.ffn = FeedForward(cfg) if cfg.ff_dim > 0 else None
-        self.norm2 = make_norm() if self.ffn is not None else nn.Identity()
+        self.norm2 = norm() if self.ffn is not None else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, rope, past, want_cache, want_attention, plan=None):
+        if self.parallel:
+            # GPT-NeoX's parallel residual: both branches read the same x (Wang & Komatsuzaki's GPT-J)
+            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan)
+            m = self.drop(self.ffn(self.norm2(x))) if self.ffn is not None else 0.0
+            return m + self.drop(a) + x, cache, w, s
         if self.norm_mode == "post":
             a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention, plan)
             x = self.norm1(x + self.drop(a))
@@ -264,12 +326,12 @@ class DecoderLM(nn.Module):
                 "pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False
             )
         if cfg.pos_encoding == "rope":
-            angles = rope_angles(cfg.block_size, cfg.head_dim, cfg.pe_base)
+            angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base)  # (block_size, rope_dim/2)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.norm_f = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
@@ -363,7 +425,7 @@ class DecoderLM(nn.Module):
         """The positional information the model actually uses, for display.
 
         sinusoidal/learned: the (block_size, d_model) table added to the embeddings.
-        rope: the (block_size, head_dim/2) rotation angles in radians. none: None.
+        rope: the (block_size, rope_dim/2) rotation angles in radians. none: None.
         """
         pe = self.cfg.pos_encoding
         if pe == "learned":
@@ -371,7 +433,7 @@ class DecoderLM(nn.Module):
         if pe == "sinusoidal":
             return pe, self.pe_table.clone()
         if pe == "rope":
-            return pe, rope_angles(self.cfg.block_size, self.cfg.head_dim, self.cfg.pe_base)
+            return pe, rope_angles(self.cfg.block_size, self.cfg.rope_dim, self.cfg.pe_base)
         return pe, None
 
 

@@ -1,0 +1,61 @@
+"""Pretrained model families opened from Hugging Face model folders.
+
+`open_folder(path)` reads config.json's `model_type`, picks the family's importer and returns
+`(DecoderLM, HFFileTokenizer)`:
+
+    model_type   family                                  example checkpoints
+    gpt2         GPT-2 (gpt2.py)                         gpt2, distilgpt2
+    gpt_neo      GPT-Neo (neo.py)                        roneneldan/TinyStories-*
+    gpt_neox     GPT-NeoX (neox.py)                      EleutherAI/pythia-*
+    llama        Llama (llama.py)                        SmolLM2, TinyLlama
+
+Any other model_type is refused by name. See common.py for what is checked before loading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..hf_tokenizer import HFFileTokenizer
+from ..transformer import DecoderLM
+from . import common, gpt2, llama, neo, neox
+from .common import Family
+
+FAMILIES: tuple[Family, ...] = (gpt2.FAMILY, neo.FAMILY, neox.FAMILY, llama.FAMILY)
+# families whose tokenizer puts a BOS token first when its own files say so (the others never do)
+BOS_FAMILIES = frozenset({"Llama"})
+
+
+def family_of(hf: dict) -> Family:
+    """The importer for config.json's model_type, or a ValueError naming the architecture."""
+    model_type = hf.get("model_type")
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    known = ", ".join(t for f in FAMILIES for t in f.model_types)
+    shown = common._short(model_type) if model_type is not None else "missing"
+    raise ValueError(f"model_type {shown} is not a supported architecture (supported: {known})")
+
+
+def open_folder(path: str | Path, expect: Family | None = None,
+                max_params: int = common.MAX_PARAMS) -> tuple[DecoderLM, HFFileTokenizer]:
+    """The model and tokenizer of a Hugging Face model folder (config.json, safetensors weights,
+    tokenizer.json). expect: refuse folders of any other family. Bad folders are a ValueError with
+    one sentence; nothing is allocated before the config and the weight headers agree."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{folder.name or path} is not a folder")
+    hf = common.read_config(folder)
+    family = family_of(hf)
+    if expect is not None and family is not expect:
+        raise ValueError(f"this folder holds a {family.name} model, not a {expect.name} one")
+    family.model_config(hf)  # refuse unsupported options before reading anything else
+    tokenizer = HFFileTokenizer.from_folder(folder, family.name in BOS_FAMILIES, hf)
+    model = common.open_weights(folder, family, hf, tokenizer.vocab_size, max_params)
+    if tokenizer.vocab_size > model.cfg.vocab_size:
+        raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
+                         f"{model.cfg.vocab_size:,} embedding rows; they do not belong together")
+    return model, tokenizer
+
+
+__all__ = ["FAMILIES", "family_of", "open_folder"]

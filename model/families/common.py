@@ -1,0 +1,324 @@
+"""What every family importer shares: reading a Hugging Face model folder safely.
+
+A folder holds config.json, the weights as model.safetensors or as shards listed in
+model.safetensors.index.json, and tokenizer.json. The files are the ones the person running the
+app chose, but a folder can still be damaged or mislabelled, so nothing is allocated before it is
+checked: the config's sizes give the parameter count (bounded by `MAX_PARAMS`), every tensor's
+name, dtype and shape are read from the safetensors headers and compared with what the config
+implies, and only then are the tensors read, one at a time, as float32, and checked finite.
+
+Each family module (gpt2, neo, neox, llama) supplies three pure functions, following
+TransformerLens's one-file-per-family weight conversions:
+
+* `model_config(hf) -> ModelConfig`: the engine's config, every number read from config.json;
+* `expected_shapes(hf, cfg) -> dict[name, shape]`: the tensors the folder must hold (`OPTIONAL`
+  names may be absent, `IGNORED` suffixes are buffers older files carry and are skipped);
+* `convert(hf, cfg, tensors) -> state dict`: the engine's parameters, re-laid where the layouts
+  differ (behaviour lives in the config, never in the weights).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..config import ModelConfig
+from ..transformer import DecoderLM
+
+# The largest model a folder may describe: 2 billion parameters is 8 GB of float32 (SmolLM2-1.7B
+# fits; a config asking for more is refused before anything is allocated).
+MAX_PARAMS = 2_000_000_000
+MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few kilobytes
+MAX_HEADER_BYTES = 100_000_000  # a safetensors JSON header: a few hundred bytes per tensor
+MAX_SHARDS = 1_000
+# safetensors dtypes an importer reads (each converted to float32 for the engine)
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+class Family:
+    """One family's importer: its name, its model_type values and its three functions."""
+
+    def __init__(self, name: str, model_types: tuple[str, ...], model_config: Callable, expected_shapes: Callable,
+                 convert: Callable, prefixes: tuple[str, ...] = (), ignored: tuple[str, ...] = (),
+                 optional: tuple[str, ...] = (), aliases: dict[str, str] | None = None):
+        self.name, self.model_types, self.optional = name, model_types, frozenset(optional)
+        self.aliases = aliases or {}  # other names files use for a tensor (after the prefix) -> ours
+        self.model_config, self.expected_shapes, self.convert = model_config, expected_shapes, convert
+        self.prefixes = prefixes  # prefixes a file may put before every name (e.g. "transformer.")
+        self.ignored = ignored  # name suffixes of buffers (masks, rotary tables) that are skipped
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A small JSON file, or a ValueError naming it."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        raise ValueError(f"the folder has no {path.name}") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path.name} is {size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError(f"{path.name} is not valid JSON") from None
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    hf = read_json(folder / "config.json", "model config")
+    if not isinstance(hf, dict):
+        raise ValueError("config.json must hold a JSON object")
+    return hf
+
+
+# ------------------------------------------------------------------ reading config.json numbers
+
+
+def whole(hf: dict, key: str, default: Any = None, minimum: int = 1) -> int:
+    """hf[key] as a whole number >= minimum (default when absent and a default is given)."""
+    value = hf.get(key, default)
+    if value is None and default is None:
+        raise ValueError(f"config.json has no {key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"config.json's {key} must be a whole number >= {minimum}, got {_short(value)}")
+    return value
+
+
+def real(hf: dict, key: str, default: Any = None) -> float:
+    value = hf.get(key, default)
+    if value is None:
+        raise ValueError(f"config.json has no {key}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"config.json's {key} must be a positive number, got {_short(value)}")
+    return float(value)
+
+
+def flag(hf: dict, key: str, default: bool) -> bool:
+    value = hf.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"config.json's {key} must be true or false, got {_short(value)}")
+    return value
+
+
+def refuse_unless(condition: bool, sentence: str) -> None:
+    if not condition:
+        raise ValueError(sentence)
+
+
+def rope_settings(hf: dict, theta_keys: tuple[str, ...], fraction_keys: tuple[str, ...],
+                  fraction_default: float) -> tuple[float, float]:
+    """(theta, rotary fraction) from either config.json form: transformers 5's `rope_parameters`
+    dict, or the older top-level keys (rope_theta / rotary_emb_base, rotary_pct, rope_scaling).
+    Only the default rotary is implemented: any scaling type is refused by name."""
+    params = hf.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ValueError("config.json's rope_parameters must be an object")
+    params = params or {}
+    scaling = hf.get("rope_scaling")
+    for kind in (params.get("rope_type", "default"), (scaling or {}).get("rope_type", (scaling or {}).get("type"))):
+        if kind not in (None, "default"):
+            raise ValueError(f"RoPE scaling type {_short(kind)} is not supported; only the default rotary is")
+    merged = {**hf, **params}
+    theta = next((real(merged, k) for k in ("rope_theta", *theta_keys) if k in merged), 10000.0)
+    fraction = next((real(merged, k) for k in ("partial_rotary_factor", *fraction_keys) if k in merged),
+                    fraction_default)
+    refuse_unless(theta > 1.0, f"config.json's rope theta must be above 1, got {theta}")
+    refuse_unless(fraction <= 1.0, f"config.json's rotary fraction must be at most 1, got {fraction}")
+    return theta, fraction
+
+
+# ------------------------------------------------------------------ safetensors, checked first
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder (one file, or the shards its index lists)."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        doc = read_json(index, "shard index")
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError("model.safetensors.index.json has no weight_map of tensor names to files")
+        names = sorted(set(weight_map.values()))
+        if len(names) > MAX_SHARDS:
+            raise ValueError(f"the index lists {len(names):,} shards; at most {MAX_SHARDS:,} are read")
+        files = []
+        for name in names:
+            path = folder / name
+            # a shard is a plain file in this folder: no path into another directory
+            if Path(name).name != name or not name.endswith(".safetensors") or not path.is_file():
+                raise ValueError(f"the shard {_short(name)} listed in the index is not a .safetensors file in the folder")
+            files.append(path)
+        return files
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+        raise ValueError("this folder holds PyTorch pickle weights (.bin), which are not opened because "
+                         "unpickling can run code; use the model's safetensors files instead")
+    raise ValueError("the folder has no model.safetensors (or model.safetensors.index.json)")
+
+
+def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} from a safetensors file's header, without reading any tensor."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise ValueError(f"{path.name} is not a safetensors file")
+            (length,) = struct.unpack("<Q", raw)
+            if length > MAX_HEADER_BYTES:
+                raise ValueError(f"{path.name}'s header claims {length:,} bytes; it is not a sound safetensors file")
+            header = json.loads(f.read(length))
+        size = path.stat().st_size
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError(f"{path.name} is not a readable safetensors file") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name} is not a safetensors file")
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+            raise ValueError(f"{path.name} describes tensor {_short(name)} badly")
+        dtype, shape, offsets = entry.get("dtype"), entry["shape"], entry.get("data_offsets")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise ValueError(f"{path.name} gives tensor {_short(name)} an invalid shape")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= size - 8 - length):
+            raise ValueError(f"{path.name} is truncated or its header points past its end")
+        out[name] = (dtype, tuple(shape))
+    return out
+
+
+def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[int, ...]],
+                 optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every expected tensor as float32, after the headers were checked against `expected`."""
+    from safetensors import safe_open
+
+    where: dict[str, tuple[Path, str]] = {}  # canonical name -> (file, name in the file)
+    for path in files:
+        for name, (dtype, shape) in read_header(path).items():
+            canonical = _canonical(name, family)
+            if canonical not in expected and canonical.endswith(family.ignored):
+                continue  # a buffer (causal mask, rotary table) that older files carry
+            if canonical not in expected:
+                raise ValueError(f"the weights hold a tensor {_short(name)} that a {family.name} model "
+                                 "with this config.json does not have; the config and the weights disagree")
+            if canonical in where:
+                raise ValueError(f"the weights hold {_short(canonical)} twice")
+            if dtype not in DTYPES:
+                raise ValueError(f"tensor {_short(name)} is stored as {_short(dtype)}; only "
+                                 f"{', '.join(DTYPES)} weights are read")
+            if shape != expected[canonical]:
+                raise ValueError(f"tensor {_short(name)} has shape {list(shape)} but this config.json needs "
+                                 f"{list(expected[canonical])}; the config and the weights disagree")
+            where[canonical] = (path, name)
+    missing = sorted(set(expected) - set(where) - optional)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ValueError(f"the weights lack the tensor {missing[0]}{more} that this config.json needs")
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for path in sorted({p for p, _ in where.values()}):
+            with safe_open(str(path), framework="pt") as f:
+                for canonical, (p, name) in where.items():
+                    if p == path:
+                        tensors[canonical] = f.get_tensor(name).to(torch.float32)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"the safetensors data could not be read ({type(exc).__name__})") from None
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise ValueError(f"tensor {name} holds NaN or infinite values")
+    return tensors
+
+
+def _canonical(name: str, family: Family) -> str:
+    for prefix in family.prefixes:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    return family.aliases.get(name, name)
+
+
+def pairs_from_halves(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: int) -> torch.Tensor:
+    """Re-lay the rows of a query or key projection (n_heads * head_dim, ...) from rotate-half order
+    (GPT-NeoX, Llama: dimension i turns with i + rope_dim/2) to the engine's consecutive pairs
+    (2i turns with 2i + 1). q.k is unchanged by permuting both the same way, so attention is too."""
+    half = rope_dim // 2
+    order = torch.arange(rope_dim).view(2, half).t().reshape(-1)  # 0, h, 1, h+1, ...
+    order = torch.cat([order, torch.arange(rope_dim, head_dim)])  # dimensions past rope_dim stay
+    return w.reshape(n_heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+
+
+def check_size(cfg: ModelConfig, max_params: int = MAX_PARAMS) -> None:
+    n = cfg.n_params()
+    if n > max_params:
+        raise ValueError(f"config.json describes a model of {n:,} parameters; the limit is {max_params:,}")
+
+
+def build(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
+    """A DecoderLM holding exactly `state` (every parameter given, nothing left over)."""
+    with torch.device("meta"):
+        model = DecoderLM(cfg)  # no memory for random weights that are replaced right away
+    want = {k for k in model.state_dict() if not (cfg.tie_weights and k == "head.weight")}
+    if set(state) != want:
+        lost = sorted(want - set(state)) or sorted(set(state) - want)
+        raise ValueError(f"the converted weights do not match the model ({lost[0]})")
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_weights:
+        model.head.weight = model.tok_emb.weight
+    # buffers (positional tables, rotary angles) are not in the state: compute them for real
+    _rebuild_buffers(model, cfg)
+    return model.eval()
+
+
+def _rebuild_buffers(model: DecoderLM, cfg: ModelConfig) -> None:
+    from ..transformer import rope_angles, sinusoidal_table
+
+    if cfg.pos_encoding == "sinusoidal":
+        model.register_buffer("pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False)
+    if cfg.pos_encoding == "rope":
+        angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base)
+        model.register_buffer("rope_cos", angles.cos(), persistent=False)
+        model.register_buffer("rope_sin", angles.sin(), persistent=False)
+
+
+def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab_used: int | None = None,
+               max_params: int = MAX_PARAMS) -> DecoderLM:
+    """A DecoderLM from a family's config.json dict and its tensors (names with or without the
+    family's prefix); every expected tensor but the optional ones must be there."""
+    tensors = {_canonical(k, family): v for k, v in tensors.items()}
+    cfg = family.model_config(hf)
+    if vocab_used is not None and vocab_used < cfg.vocab_size:
+        cfg = cfg.replace(vocab_used=vocab_used)
+    check_size(cfg, max_params)
+    expected = family.expected_shapes(hf, cfg)
+    for name, t in tensors.items():
+        if name not in expected:
+            raise ValueError(f"a {family.name} model with this config has no tensor {_short(name)}")
+        if tuple(t.shape) != expected[name]:
+            raise ValueError(f"tensor {name} has shape {list(t.shape)}; this config needs {list(expected[name])}")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"tensor {name} holds NaN or infinite values")
+    missing = sorted(set(expected) - set(tensors) - family.optional)
+    if missing:
+        raise ValueError(f"the weights lack the tensor {missing[0]} that this config needs")
+    return build(cfg, family.convert(hf, cfg, {k: v.to(torch.float32) for k, v in tensors.items()}))
+
+
+def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None = None,
+                 max_params: int = MAX_PARAMS) -> DecoderLM:
+    """The model of a folder whose config.json was read as `hf`."""
+    cfg = family.model_config(hf)
+    check_size(cfg, max_params)  # before any header is read or tensor allocated
+    files = weight_files(folder)
+    expected = family.expected_shapes(hf, cfg)
+    tensors = read_tensors(files, family, expected, family.optional)
+    return from_state(family, hf, tensors, vocab_used, max_params)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,200 @@
+"""A Hugging Face `tokenizer.json` (byte-level BPE, or SentencePiece-style BPE) behind the app's
+`Tokenizer` interface, through the `tokenizers` library.
+
+These files come with a model folder that the person running the app chose, so they are trusted
+as the model's own (unlike tokenizers inside uploaded checkpoints, which model/tokenizers.py
+validates field by field); they are still size-bounded and must parse.
+
+* Pieces are shown as people read them: GPT-2's byte alphabet (`Ġ` for a space, `Ċ` for a
+  newline) and SentencePiece's `▁` are turned back into the text they stand for, then made
+  visible as the app's own pieces are (`display_piece`: a space shows as `␣`).
+* BOS: whether `encode` puts a beginning-of-sequence token first follows the family
+  (`add_bos`): GPT-2, GPT-Neo and GPT-NeoX never do; Llama-style tokenizers do when their
+  post-processor does, or when tokenizer_config.json says `add_bos_token: true`. The first-token
+  ("sink") head score depends on it, so `bos_id` and `add_bos` are attributes the app can show.
+* The vocabulary may be smaller than the model's embedding (padded rows): see
+  ModelConfig.vocab_used.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from .tokenizers import Encoded, Tokenizer, display_piece
+
+MAX_TOKENIZER_BYTES = 50_000_000  # GPT-2's tokenizer.json is 1.4 MB, Llama 3's 9 MB
+MAX_TOKENIZER_VOCAB = 300_000
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, reversed (character -> byte)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:  # bytes that are not printable are moved past 255, in order
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class HFFileTokenizer(Tokenizer):
+    """The tokenizer of a Hugging Face model folder (`kind = "hf"`)."""
+
+    kind = "hf"
+
+    def __init__(self, hf: HFTokenizer, add_bos: bool = False, bos_token: str | None = None,
+                 eos_token: str | None = None) -> None:
+        # The base class's constructor checks the app's own small vocabularies (an <unk> entry,
+        # at most 50,000 tokens); a pretrained vocabulary is the model's own, so it is not called.
+        self._hf = hf
+        size = hf.get_vocab_size(with_added_tokens=True)
+        if not 0 < size <= MAX_TOKENIZER_VOCAB:
+            raise ValueError(f"tokenizer.json has {size:,} tokens; at most {MAX_TOKENIZER_VOCAB:,} are read")
+        self._size = size
+        self._byte_level = _uses(hf, "ByteLevel")
+        self.bos_id = hf.token_to_id(bos_token) if bos_token else None
+        self._eos = hf.token_to_id(eos_token) if eos_token else None
+        self.add_bos = bool(add_bos and self.bos_id is not None)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, family_adds_bos: bool, hf_config: dict | None = None) -> "HFFileTokenizer":
+        """The folder's tokenizer.json (with tokenizer_config.json's BOS/EOS tokens when present).
+
+        family_adds_bos: False for families that never prepend BOS (GPT-2, Neo, NeoX); True lets the
+        tokenizer's own files decide (its post-processor, or add_bos_token)."""
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise ValueError("the folder has no tokenizer.json (only tokenizer.json files are read)") from None
+        if size > MAX_TOKENIZER_BYTES:
+            raise ValueError(f"tokenizer.json is {size:,} bytes; at most {MAX_TOKENIZER_BYTES:,} are read")
+        try:
+            hf = HFTokenizer.from_str(path.read_text(encoding="utf-8"))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # the Rust library reports bad files as exceptions (or panics)
+            raise ValueError("tokenizer.json could not be read by the tokenizers library") from None
+        settings = _tokenizer_config(folder)
+        bos = _token_text(settings.get("bos_token")) or _config_token(hf, hf_config, "bos_token_id")
+        eos = _token_text(settings.get("eos_token")) or _config_token(hf, hf_config, "eos_token_id")
+        add_bos = False
+        if family_adds_bos and bos is not None:
+            bos_id = hf.token_to_id(bos)
+            by_processor = bos_id is not None and hf.encode("a", add_special_tokens=True).ids[:1] == [bos_id]
+            add_bos = bool(settings.get("add_bos_token", by_processor))
+        return cls(hf, add_bos, bos, eos)
+
+    # ------------------------------------------------------------------ the Tokenizer interface
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    @property
+    def unk_id(self) -> int | None:  # byte-level BPE encodes every text: there is no unknown token
+        return None
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos
+
+    @property
+    def vocab(self) -> list[str]:
+        return [self._raw_token(i) for i in range(self._size)]
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._hf.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if self.add_bos else ids
+
+    def encode_verbose(self, text: str) -> Encoded:
+        ids = self.encode(text)
+        return Encoded(ids=ids, pieces=[self.piece(i) for i in ids], unknown=[])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._hf.decode([self._check_id(i) for i in ids], skip_special_tokens=False)
+
+    def piece(self, token_id: int) -> str:
+        """The token as text a person reads, whitespace made visible (`␣the`, never `Ġthe`)."""
+        return display_piece(self.text_of(token_id))
+
+    def text_of(self, token_id: int) -> str:
+        """The text one token stands for (an incomplete UTF-8 sequence shows as �)."""
+        raw = self._raw_token(self._check_id(token_id))
+        if self._hf.id_to_token(token_id) is not None and self._is_special(token_id):
+            return raw
+        if self._byte_level:
+            table = _byte_decoder()
+            if all(c in table for c in raw):
+                return bytes(table[c] for c in raw).decode("utf-8", errors="replace")
+            return raw
+        if raw.startswith("<0x") and raw.endswith(">") and len(raw) == 6:  # SentencePiece byte fallback
+            try:
+                return bytes([int(raw[3:5], 16)]).decode("utf-8", errors="replace")
+            except ValueError:
+                return raw
+        return raw.replace("▁", " ")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "tokenizer": self._hf.to_str(), "add_bos": self.add_bos}
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self._size, self.add_bos))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _raw_token(self, i: int) -> str:
+        token = self._hf.id_to_token(i)
+        return "" if token is None else token
+
+    def _is_special(self, i: int) -> bool:
+        return i in self._special_ids()
+
+    def _special_ids(self) -> frozenset[int]:
+        cached = getattr(self, "_specials", None)
+        if cached is None:
+            cached = frozenset(i for i, t in self._hf.get_added_tokens_decoder().items() if t.special)
+            self._specials = cached
+        return cached
+
+
+def _uses(hf: HFTokenizer, kind: str) -> bool:
+    """Whether the tokenizer's pre-tokenizer or decoder is (or contains) a `kind` step."""
+    doc = json.loads(hf.to_str())
+    return kind in json.dumps(doc.get("pre_tokenizer")) or kind in json.dumps(doc.get("decoder"))
+
+
+def _tokenizer_config(folder: Path) -> dict[str, Any]:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    from .families.common import read_json
+
+    doc = read_json(path, "tokenizer config")
+    return doc if isinstance(doc, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _config_token(hf: HFTokenizer, hf_config: dict | None, key: str) -> str | None:
+    """The text of config.json's bos/eos token id, when the tokenizer has it."""
+    value = (hf_config or {}).get(key)
+    if isinstance(value, list) and value:  # some configs list several end tokens; the first is used
+        value = value[0]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return hf.id_to_token(value)
+    return None
