@@ -457,8 +457,9 @@ class _FilmRecording:
         if self.frames[-1].step == step:  # stopped right after a frame (or before the first step)
             self.frames.pop()
         self._record(step)
-        return Film(probe_ids=list(self.probe_ids), probe_tokens=[self.corpus.tokenizer.piece(i) for i in self.probe_ids],
-                    frames=self.frames, total_steps=self.cfg.steps, task=task_of(self.corpus.name),
+        pieces = [self.corpus.tokenizer.piece(i) for i in self.probe_ids]
+        return Film(probe_ids=list(self.probe_ids), probe_tokens=pieces, frames=self.frames,
+                    total_steps=self.cfg.steps, task=task_of(self.corpus.name),
                     kept_step=kept_step if kept_step != step else None)
 
 
