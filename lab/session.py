@@ -38,7 +38,7 @@ from .probing import ProbeSettings
 from .roles import HeadRoles, RolesCache
 from .recipe import train_tab_defaults
 from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
-from .training import TrainingRun, TrainProgress, check_form, final_message, follow, new_entry, on_device, prepare
+from .training import TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
 from .uploads import checkpoint_data, load_upload, reserved_bytes
 
 __all__ = ["Session", "SESSIONS", "BUSY_WAIT_S", "HEAD_TOOLS", "MAX_LOG", "View", "Display", "Attention",  # read
@@ -59,8 +59,7 @@ class Session:
         self.display = Display()
         self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
         self._roles = RolesCache()  # the head roles of the current text, computed once per text
-        # a session file or a link just set up this model's text: the model list's change event that
-        # follows (its value set by the same answer) must keep it, not start again
+        # a session file or link just set up this model's text: the model list's change event it causes keeps it
         self.keep_on_select: str | None = None
         self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
@@ -68,9 +67,8 @@ class Session:
         self.touched = time.monotonic()  # its last action: the server's budgets take from idle sessions first
         self.dropped: list[str] = []  # what the server took to make room, told to the person once
         self._starting: threading.Event | None = None  # the stop of a training whose corpus is being built
-        # One action at a time per session: a Step sent while the same session's Generate streams
-        # waits for it instead of interleaving with it. A plain Lock (not RLock), because gradio may
-        # resume a streaming handler on another thread than the one that started it.
+        # One action at a time: a Step sent while the same session's Generate streams waits for it. A plain
+        # Lock (not RLock): gradio may resume a streaming handler on another thread than the one that started it.
         self._turn = threading.Lock()
 
     # the text's read-outs, by the names the rest of the lab reads them
@@ -83,10 +81,7 @@ class Session:
     log = property(lambda self: self.text.log)
     models = property(lambda self: self.own.models)
 
-    @property
-    def query(self) -> int | None:
-        """The token selected in the text (window position; None = the last)."""
-        return self.text.query
+    query = property(lambda self: self.text.query)  # the token selected in the text (window position; None: the last)
 
     @contextlib.contextmanager
     def turn(self, wait_s: float = BUSY_WAIT_S):
@@ -155,10 +150,7 @@ class Session:
             return self.builtins.get(name)
         raise UserError(f"Unknown model {name[:60]!r}. Pick one from the list.")
 
-    @property
-    def model_name(self) -> str | None:
-        """The model of the text in progress (None before the first Step)."""
-        return None if self.entry is None else self.entry.name
+    model_name = property(lambda self: None if self.entry is None else self.entry.name)  # None before the first Step
 
     def check_view(self, model_name, layer, head, view) -> View:
         """The view settings checked against that model (None: the text's own, even if it has left
@@ -442,24 +434,15 @@ class Session:
     def _run_training(self, corpus, corpus_name, mcfg, tcfg, stop: threading.Event) -> Iterator[TrainProgress]:
         files.sweep_runs()  # long-running servers: old run folders go even when no session closed
         entry = new_entry(corpus, corpus_name, mcfg, tcfg, self.own.unique_name(f"my {corpus_name} model"))
-        tcfg, on_gpu = on_device(entry.model, tcfg)
+        yield from run_training(entry, corpus, tcfg, stop, self._join_run, lambda: self.closed, self._save_for_download,
+                                lambda: setattr(self, "touched", time.monotonic()))
+
+    def _join_run(self, entry: ModelEntry, run: TrainingRun) -> list[str]:
+        """A new run's model joins the models, selectable (and kept) even if the run is cancelled mid-way."""
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
-            removed = self._add_model(entry)  # selectable (and kept) even if the run is cancelled mid-way
-            run = self.run = TrainingRun(entry.name, stop=stop, total_steps=tcfg.steps, max_seconds=tcfg.max_seconds,
-                                         keep_best=tcfg.keep_best, removed=removed)  # a Stop while the corpus was built counts
-        notes = [removed_note(removed)] if removed else []
-        try:
-            ev = yield from follow(run, entry, corpus, tcfg, notes)
-        finally:
-            run.done = True
-            self.touched = time.monotonic()
-            entry.model.eval()
-            if on_gpu:
-                entry.model.to("cpu")
-        if self.closed:  # the session was closed while training: save nothing nobody can fetch
-            return
-        path = self._save_for_download(entry)
-        yield TrainProgress(final_message(run, ev, path is not None, notes), run, done=True, download=path)
+            removed = self._add_model(entry)
+            self.run = run  # a Stop while the corpus was built counts
+        return removed
 
     def stop_training(self) -> None:
         """End the session's training at its next step, or before it begins if it is still starting."""

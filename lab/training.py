@@ -28,6 +28,7 @@ from .limits import (
     TRAIN_MAX_SECONDS,
 )
 from .models import ModelEntry, usable_examples
+from .ownmodels import removed_note
 from .recipe import OWN_TOKENIZER, train_tab_recipe
 
 # Training runs on the GPU only when asked (or on ZeroGPU); stepping a model this small is fastest on the CPU.
@@ -185,6 +186,30 @@ def on_device(model, tcfg: TrainConfig) -> tuple[TrainConfig, bool]:
         model.to("cuda")
         return dataclasses.replace(tcfg, bf16=True), True
     return tcfg, False
+
+
+def run_training(entry: ModelEntry, corpus, tcfg: TrainConfig, stop: threading.Event, join, closed, save,
+                 touch) -> Iterator[TrainProgress]:
+    """Train `entry`'s model, reporting as it goes. join(entry, run): the model joins the person's models
+    (it may refuse; returns the models removed to make room); closed(): the session is gone (nothing
+    is saved); save(entry): its download (None if the disk is full); touch(): the session acted."""
+    tcfg, on_gpu = on_device(entry.model, tcfg)
+    run = TrainingRun(entry.name, stop=stop, total_steps=tcfg.steps, max_seconds=tcfg.max_seconds,
+                      keep_best=tcfg.keep_best)
+    run.removed = join(entry, run)
+    notes = [removed_note(run.removed)] if run.removed else []
+    try:
+        ev = yield from follow(run, entry, corpus, tcfg, notes)
+    finally:
+        run.done = True
+        touch()
+        entry.model.eval()
+        if on_gpu:
+            entry.model.to("cpu")
+    if closed():  # the session was closed while training: save nothing nobody can fetch
+        return
+    path = save(entry)
+    yield TrainProgress(final_message(run, ev, path is not None, notes), run, done=True, download=path)
 
 
 def follow(run: TrainingRun, entry: ModelEntry, corpus, tcfg: TrainConfig, notes: list[str]):
