@@ -213,9 +213,9 @@ def with_unk_row(model: DecoderLM) -> DecoderLM:
     state["head.weight"] = torch.cat([torch.zeros(1, C), head])
     old_bias = state.get("head.bias", torch.zeros(cfg.vocab_size))
     state["head.bias"] = torch.cat([torch.full((1,), UNK_LOGIT), old_bias])
-    out = DecoderLM(new_cfg)
-    out.load_state_dict(state, strict=True)
-    return out.eval()
+    from .families.common import build
+
+    return build(new_cfg, state)  # every parameter given: no random initialisation first
 
 
 def read_checkpoint(path: str | Path, max_bytes: int = MAX_TORCH_FILE_BYTES,
