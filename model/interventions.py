@@ -199,6 +199,12 @@ class Intervention:
                         f"attention edit key {e.key} is masked for query {e.query}: under the causal "
                         f"mask a query may only attend to keys 0..{e.query}"
                     )
+                window = cfg.window(e.layer)
+                if window and e.key <= e.query - window:
+                    raise ValueError(
+                        f"attention edit key {e.key} is outside layer {e.layer}'s local window: query "
+                        f"{e.query} attends only to keys {e.query - window + 1}..{e.query}"
+                    )
 
     def layer_plans(self, cfg: ModelConfig, seq_len: int, start: int = 0) -> list[LayerPlan | None]:
         """Validate, then one plan per layer (None for a layer the intervention does not touch)."""

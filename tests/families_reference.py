@@ -48,7 +48,8 @@ def write_tokenizer(folder: Path, vocab_size: int, bos: bool = False) -> None:
 
 def sharpen(model: torch.nn.Module, seed: int = 0, gain: float = 2.0, conv1d: bool = False) -> None:
     """Random weights large enough that attention and the next-token distribution are far from
-    uniform: N(0, gain^2 / fan_in) matrices, N(0, 1) embeddings, norms' weights around 1."""
+    uniform: N(0, gain^2 / fan_in) matrices (gain 1 for queries and keys), N(0, 1) embeddings,
+    norms' weights around 1."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -62,7 +63,10 @@ def sharpen(model: torch.nn.Module, seed: int = 0, gain: float = 2.0, conv1d: bo
             else:
                 conv = conv1d and any(part in name for part in ("c_attn", "c_proj", "c_fc"))
                 fan_in = p.shape[0] if conv else p.shape[1]  # GPT-2's Conv1D stores (in, out)
-                p.copy_(noise * gain / math.sqrt(fan_in))
+                # query/key projections at gain 1: scores stay near 10, where float32 still resolves
+                # attention to 1e-6 (at scores near 20 its rounding alone moves weights by 1e-6)
+                qk = any(part in name for part in ("c_attn", "q_proj", "k_proj", "query_key_value"))
+                p.copy_(noise * (1.0 if qk else gain) / math.sqrt(fan_in))
 
 
 def save_reference(model: torch.nn.Module, folder: Path, vocab_size: int, bos: bool = False, **save) -> Path:
@@ -112,6 +116,9 @@ def check_against_reference(ref: torch.nn.Module, folder: Path, prompts=PROMPTS,
             theirs = ref.generate(x, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
                                   suppress_tokens=padded or None)[0, len(ids):].tolist()
         assert ours == theirs, f"greedy continuation {ours} != transformers' {theirs}"
+        # the same through the fused kernel and the cache, attention not captured
+        dec = Decoder(model, ids, Sampling(temperature=0.0), eos_id=None, piece=tok.piece)
+        assert [s.token_id for s in generate(dec, new_tokens, attention="none")] == theirs
 
 
 def check_cache_and_tools(model, ids: list[int]) -> None:
@@ -131,6 +138,11 @@ def check_cache_and_tools(model, ids: list[int]) -> None:
             for layer, a in enumerate(step.attentions):
                 assert torch.allclose(a[0, :, 0], full.attentions[layer][0, :, t, : t + 1], atol=1e-12, rtol=0)
     assert torch.allclose(torch.stack(logits), full.logits[0], atol=1e-9, rtol=0)
+    with torch.no_grad():  # torch's fused kernel (no weights to show) with the same mask and scale
+        fused = exact(x)
+        fused_step = exact(x[:, -1:], cache=exact(x[:, :-1], cache=KVCache([])).cache)
+    assert torch.allclose(fused.logits, full.logits, atol=1e-9, rtol=0)
+    assert torch.allclose(fused_step.logits[0, -1], full.logits[0, -1], atol=1e-9, rtol=0)
     with torch.no_grad():
         full = model(x, return_attention=True, return_residuals=True)
     # the logit lens's last row is the model's own logits, exactly

@@ -49,13 +49,13 @@ def open_folder(path: str | Path, expect: Family | None = None,
     family = family_of(hf)
     if expect is not None and family is not expect:
         raise ValueError(f"this folder holds a {family.name} model, not a {expect.name} one")
-    family.model_config(hf)  # refuse unsupported options before reading anything else
+    cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
+    common.check_size(cfg, max_params)
     tokenizer = HFFileTokenizer.from_folder(folder, family.name in BOS_FAMILIES, hf)
-    model = common.open_weights(folder, family, hf, tokenizer.vocab_size, max_params)
-    if tokenizer.vocab_size > model.cfg.vocab_size:
+    if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
-                         f"{model.cfg.vocab_size:,} embedding rows; they do not belong together")
-    return model, tokenizer
+                         f"{cfg.vocab_size:,} embedding rows; they do not belong together")
+    return common.open_weights(folder, family, hf, tokenizer.vocab_size, max_params), tokenizer
 
 
 __all__ = ["FAMILIES", "family_of", "open_folder"]

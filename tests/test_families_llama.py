@@ -1,0 +1,58 @@
+"""Llama folders (SmolLM2, TinyLlama) held to transformers' LlamaForCausalLM on random small models:
+RMSNorm, rotate-half rotary re-laid, grouped-query attention, SwiGLU, BOS per the tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from families_reference import check_against_reference, save_reference, sharpen
+from model.families import open_folder
+from model.heads import first_token
+
+pytest.importorskip("transformers")
+
+VOCAB = 300
+CASES = {
+    # GQA 3:1, theta 100,000 (SmolLM2's), untied head, a tokenizer that prepends <s>
+    "gqa": dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                intermediate_size=40, rope_theta=100000.0),
+    # one key/value head for all (multi-query), head size 4, tied head, biases on, no BOS
+    "mqa_bias_tied": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                          intermediate_size=24, attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+}
+BOS = {"gqa": True, "mqa_bias_tied": False}
+
+
+def build(name: str, folder):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=40, bos_token_id=1, eos_token_id=0,
+                      attn_implementation="eager", **CASES[name])
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    sharpen(ref, seed=len(name))
+    return ref, save_reference(ref, folder / name, VOCAB, bos=BOS[name])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_llama_matches_transformers(name, tmp_path):
+    ref, folder = build(name, tmp_path)
+    check_against_reference(ref, folder)
+
+
+def test_bos_follows_the_tokenizer_and_groups_stay_grouped(tmp_path):
+    _, folder = build("gqa", tmp_path)
+    model, tok = open_folder(folder)
+    assert tok.add_bos and tok.bos_id == 1 and tok.encode("Once")[0] == 1
+    assert tok.piece(tok.bos_id) == "<s>"
+    assert (model.cfg.n_heads, model.cfg.kv_heads, model.cfg.norm_kind) == (6, 2, "rmsnorm")
+    # the projection holds 2 key/value heads, not 6; attention is still one map per query head
+    assert model.blocks[0].attn.qkv.weight.shape == ((6 + 2 * 2) * 4, 24)
+    ids = tok.encode(" the fox met the bear")
+    att = model(torch.tensor([ids]), return_attention=True).attentions
+    assert att[0].shape == (1, 6, len(ids), len(ids))
+    assert first_token(att[0][0].detach().numpy()).shape == (6,)
+    _, folder = build("mqa_bias_tied", tmp_path)
+    _, tok = open_folder(folder)
+    assert not tok.add_bos and tok.encode("Once")[0] != tok.bos_id
