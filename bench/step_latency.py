@@ -9,7 +9,7 @@ the same text (the KV-cache path), and finally the first Step end to end through
 
 Then the head tools (lab.probing) on a session after its first Step, back to back in the
 same run and threads, at the prompt lengths of --probe-lengths (default: 64 and 256 where --lengths
-has them): head roles (`probing.head_roles`, and `probing.badges`, the part of
+has them): head roles (`Session.head_roles`, and `probing.badges`, the part of
 `app.attention_figure` that calls it), the logit lens at the last token, an ablation of L1H0
 (`set_ablation` + `effect`) in "zero" and in "mean" mode, an attention edit (the last token's row of
 L1H0 attends only to the first token) + `effect`, `compare` of two prompts of T tokens, and the
@@ -132,7 +132,7 @@ def run_length(app, entry, comps, t: int, reps: int, warmup: int = 3) -> dict:
 PROBE_TARGETS_MS = {64: {"head_roles": 5.0, "head_badges": 5.0, "logit_lens": 10.0,
                          "ablate_zero": 30.0, "ablate_mean": 30.0}}
 PROBE_ROWS = (
-    ("head_roles", "head roles: probing.head_roles after a Step"),
+    ("head_roles", "head roles: Session.head_roles after a Step"),
     ("head_badges", "head roles as the Step draws them: the attention panels' badges (layer 0)"),
     ("logit_lens", "logit lens at the last token"),
     ("ablate_zero", 'ablation: set_ablation(["L1H0"], "zero") + effect'),
@@ -151,7 +151,7 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
     from lab import probing
     from lab.models import DEFAULT_MODEL
 
-    head_badges = probing.badges  # what ui.explore.attention_figure calls for the panels' badges
+    head_badges = probing.badges  # what lab.frame.make_frame calls for the attention panels' badges
     probe_views = ui.heads.probe_views
     last = len(session.decoder.window) - 1
 
@@ -171,7 +171,7 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
 
     return (
         ("head_roles", lambda: session.head_roles()),
-        ("head_badges", lambda: head_badges(session, 0)),
+        ("head_badges", lambda: head_badges(session.text, session.probe, 0, session.head_roles())),
         ("logit_lens", lambda: session.lens(last)),
         ("ablate_zero", ablate("zero")),
         ("ablate_mean", ablate("mean")),

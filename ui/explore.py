@@ -1,8 +1,9 @@
 """The Explore tab's handlers: Step, Generate, Undo, Reset, the model, the attention view, the
 selected token and how figures are drawn.
 
-Each checks its inputs, calls one verb of the person's `lab.session.Session`, draws with one
-`viz` function and returns what the page shows. Clicking a token is answered twice: the page
+Each checks its inputs and calls one verb of the person's `lab.session.Session`; Step, Generate,
+Undo and Reset get back one `lab.frame.Frame` and draw it with viz (`frame_probs`, `attention_plot`)
+without going back into the lab. Clicking a token is answered twice: the page
 itself outlines the query row and shades the text at once (assets/explore.js, from the figure's
 ``meta.shade``), and `select_token` sends the distribution that token was drawn from.
 """
