@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
