@@ -4,7 +4,7 @@ A pickle is a small program: unpickling it may import any class and call any fun
 file a person was sent can run code the moment it is opened. Two readers, two defences:
 
 * `load_plain_pickle(data)` reads a pickle that may hold only dicts, lists, tuples, strings,
-  bytes, numbers, booleans and None (nanoGPT's meta.pkl: {'vocab_size', 'itos', 'stoi'}).
+  numbers, booleans and None (nanoGPT's meta.pkl: {'vocab_size', 'itos', 'stoi'}).
   Every opcode is checked before anything is loaded (pickletools reads without running), and
   the unpickler that then loads it refuses every class and function by name as well.
 * `load_torch_weights(path, out_dir)` reads a `torch.save` file (nanoGPT's ckpt.pt, which also
@@ -31,7 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MAX_PLAIN_PICKLE_BYTES = 4 * 1024 * 1024  # a character vocabulary of thousands of entries is a few KB
+# A character vocabulary of thousands of entries is tens of KB. The bound also bounds memory: the
+# costliest object per opcode byte is an empty dict (2 bytes of pickle, 64 of Python), so at most ~32 MB.
+MAX_PLAIN_PICKLE_BYTES = 1024 * 1024
 # torch.save files are read only up to this size (a GPT-2 medium run with its Adam state is ~4.3 GB)
 MAX_TORCH_FILE_BYTES = 8 * 1024**3
 WORKER_TIMEOUT_S = 900.0
@@ -40,14 +42,14 @@ WORKER_TIMEOUT_S = 900.0
 WORKER_MARGIN_BYTES = 512 * 1024**2
 
 # Opcodes that only build plain containers and scalars. Everything else (GLOBAL, STACK_GLOBAL,
-# REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) imports, calls or reaches outside.
+# REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) imports, calls or reaches outside; sets
+# and bytes are left out too, as a vocabulary needs neither.
 _PLAIN_OPCODES = frozenset("""
     PROTO FRAME STOP MARK POP POP_MARK DUP NONE NEWTRUE NEWFALSE
     INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT
     STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE SHORT_BINUNICODE BINUNICODE8
-    BINBYTES SHORT_BINBYTES BINBYTES8
     EMPTY_LIST APPEND APPENDS LIST EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3
-    EMPTY_DICT DICT SETITEM SETITEMS EMPTY_SET ADDITEMS FROZENSET
+    EMPTY_DICT DICT SETITEM SETITEMS
     GET BINGET LONG_BINGET PUT BINPUT LONG_BINPUT MEMOIZE
 """.split())
 
@@ -63,18 +65,18 @@ def load_plain_pickle(data: bytes, what: str = "the file") -> Any:
     """Unpickle `data` that may hold only plain values; anything else is a ValueError sentence."""
     if len(data) > MAX_PLAIN_PICKLE_BYTES:
         raise ValueError(f"{what} is {len(data):,} bytes; at most {MAX_PLAIN_PICKLE_BYTES:,} are read")
+    refused = None
     try:
         for op, arg, _ in pickletools.genops(data):
             if op.name not in _PLAIN_OPCODES:
-                named = f" ({arg})" if op.name in ("GLOBAL", "INST") and arg else ""
-                raise ValueError(f"{what} asks to import or call something ({op.name}{named}); "
-                                 f"it should hold only dicts, strings and numbers, so it was not loaded")
-    except ValueError as exc:
-        if "was not loaded" in str(exc):
-            raise
-        raise ValueError(f"{what} is not a valid pickle (truncated or another format)") from None
+                named = f" {arg}" if op.name in ("GLOBAL", "INST") and arg else ""
+                refused = (f"{what} holds more than plain dicts, strings and numbers (pickle opcode "
+                           f"{op.name}{named}, which imports, calls or builds other objects), so it was not loaded")
+                break
     except Exception:  # genops raises several types on malformed input
         raise ValueError(f"{what} is not a valid pickle (truncated or another format)") from None
+    if refused:
+        raise ValueError(refused)
     try:
         return _NoClasses(io.BytesIO(data)).load()
     except pickle.UnpicklingError as exc:

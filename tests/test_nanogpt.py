@@ -198,6 +198,7 @@ def test_meta_pickle_that_imports_anything_is_refused(tmp_path):
         pickle.dumps({"vocab_size": 1, "itos": {0: _Touch(marker)}}),
         pickle.dumps(_System(marker)),
         pickle.dumps(OrderedDict(vocab_size=1)),  # even a harmless class is a class
+        pickle.dumps({"vocab_size": 1, "itos": {0: frozenset("a")}}),  # a vocabulary needs no sets
         pickle.dumps({"vocab_size": 1, "itos": {0: "a"}}, protocol=0).replace(b"(dp0", b"cos\nsystem\n(dp0"),
     ]
     for data in hostile:
@@ -240,7 +241,8 @@ def test_meta_is_refused_before_the_checkpoint_is_opened(tmp_path):
     marker = tmp_path / "created"
     path = save_run(tmp_path, reference(len(CHARS)))
     (tmp_path / "meta.pkl").write_bytes(pickle.dumps(_System(marker)))
-    with pytest.raises(ValueError, match="meta.pkl asks to import or call something"):
+    with pytest.raises(ValueError, match="meta.pkl holds more than plain dicts, strings and numbers "
+                                         r"\(pickle opcode STACK_GLOBAL"):
         load_nanogpt(path)
     assert not marker.exists()
 
