@@ -84,3 +84,19 @@ def test_pieces_read_as_text(tmp_path):
     assert "".join(pieces) == "Once␣upon␣a␣time⏎"  # spaces and newlines visible, never Ġ / Ċ
     assert not any("Ġ" in p or "Ċ" in p for p in pieces)
     assert tok.add_bos is False and ids[0] != tok.bos_id  # GPT-2 never puts a BOS token first
+
+
+def test_hub_layout_without_prefix_and_with_mask_buffers(tmp_path):
+    """gpt2's own model.safetensors names tensors without `transformer.` and carries each layer's
+    causal-mask buffer (`h.0.attn.bias`); both are read (the buffers skipped)."""
+    from safetensors.torch import load_file, save_file
+
+    ref, folder = build("gpt2", tmp_path)
+    before, _ = open_folder(folder)
+    tensors = {k.removeprefix("transformer."): v for k, v in load_file(folder / "model.safetensors").items()}
+    for i in range(2):
+        tensors[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 40, 40))
+    save_file(tensors, folder / "model.safetensors")
+    after, _ = open_folder(folder)
+    x = torch.tensor([[5, 9, 2, 77, 3]])
+    assert torch.equal(after(x).logits, before(x).logits)

@@ -48,3 +48,20 @@ def test_sharded_folder_opens_the_same(tmp_path):
     model, _ = open_folder(folder)
     assert (model.cfg.rope_dim, model.cfg.parallel_residual, model.cfg.vocab_used) == (2, True, VOCAB)
     check_against_reference(ref, folder)
+
+
+def test_older_config_keys_read_the_same(tmp_path):
+    """Pythia's files on the Hub predate transformers 5: rotary_pct / rotary_emb_base at the top
+    level instead of rope_parameters. Both spellings give the same model."""
+    import json
+
+    ref, folder = build("sequential", tmp_path)
+    new, _ = open_folder(folder)
+    hf = json.loads((folder / "config.json").read_text())
+    rope = hf.pop("rope_parameters")
+    hf.update(rotary_pct=rope["partial_rotary_factor"], rotary_emb_base=rope["rope_theta"], rope_scaling=None)
+    (folder / "config.json").write_text(json.dumps(hf))
+    old, _ = open_folder(folder)
+    assert (old.cfg.pe_base, old.cfg.rope_fraction) == (500.0, 1.0)
+    x = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    assert torch.equal(old(x).logits, new(x).logits)
