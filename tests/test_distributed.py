@@ -126,19 +126,20 @@ def _dying_worker(rank: int, port: int, out_path: str) -> None:
     """Rank 1 dies after two steps; rank 0 runs the CLI, which must not replace the good checkpoint."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
                       LOCAL_RANK=str(rank))
-    import model.train as mt
+    import model.cli as cli
 
     if rank == 1:
-        real = mt.train
+        real = cli.train  # the loop the command line runs
 
         def dies(*a, **k):
             for i, ev in enumerate(real(*a, **k)):
                 if i == 2:
                     os._exit(3)
                 yield ev
-        mt.train = dies
-    code = mt.main(["--corpus", "sort", "--steps", "50", "--layers", "1", "--heads", "2", "--d-model", "32",
-                    "--batch-size", "8", "--film", "0", "--device", "cpu", "--dist-timeout", "20", "--out", out_path])
+        cli.train = dies
+    code = cli.train_main(["--corpus", "sort", "--steps", "50", "--layers", "1", "--heads", "2", "--d-model", "32",
+                          "--batch-size", "8", "--film", "0", "--device", "cpu", "--dist-timeout", "20",
+                          "--out", out_path])
     sys.exit(code)
 
 
