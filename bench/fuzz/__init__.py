@@ -1,6 +1,6 @@
 """Stateful fuzzer of the app's public API: every endpoint, any value for any argument, in any order.
 
-    python -m bench.fuzz                          # 10,000 calls against its own server (~35 min on 2 vCPUs)
+    python -m bench.fuzz                          # 10,000 calls against its own server (tests/ROBUSTNESS.md: a run)
     python -m bench.fuzz --calls 2000 --seed 7
     python -m bench.fuzz --url http://127.0.0.1:7860/ --log app.log   # an app you started (--log: its output)
 
