@@ -168,7 +168,7 @@ def memory_child(folder: str) -> None:
 def bench_memory(ref) -> None:
     import json
 
-    from tests.families_reference import write_tokenizer
+    from tests.support.families import write_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="decoder-lab-bench-") as tmp:
         ref.save_pretrained(tmp)

@@ -20,7 +20,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from model.checkpoint import load_checkpoint
 from model.generate import Decoder, Sampling, generate
 from model.nanogpt import load_nanogpt
-from tests.families_reference import hf_tokenizer, save_reference, sharpen
+from tests.support.families import hf_tokenizer, save_reference, sharpen
 from tests.test_nanogpt import CHARS, _System, reference, save_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -123,7 +123,7 @@ def test_gpt2_token_run_with_padded_vocabulary(tmp_path, monkeypatch):
     rows past the tokenizer are computed exactly and never sampled."""
     import huggingface_hub.constants
 
-    from tests.families_reference import hf_tokenizer, write_tokenizer
+    from tests.support.families import hf_tokenizer, write_tokenizer
 
     ref = reference(50304, block=64)
     path = save_run(tmp_path / "run", ref, chars=None)
