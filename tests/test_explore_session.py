@@ -2,7 +2,9 @@
 
 Generate goes on with the text, Undo brings back the previous token's distribution, every
 token's distribution is kept and is what the model computed, a finished text refuses more
-tokens, and the page's shading numbers are the attention the model used.
+tokens, and the page's shading numbers are the attention the model used. A Step, Generate, Undo
+and Reset return one Frame of what the page draws, and the Step handler goes down into the lab
+once (bench.step_path's count).
 """
 
 from __future__ import annotations
@@ -183,3 +185,65 @@ def test_display_settings_are_checked():
         with pytest.raises(ValueError):
             s.set_display(*bad)
     assert s.display.width == 390  # unchanged by the refusals
+
+
+def test_a_step_returns_one_frame_of_what_the_page_draws():
+    s = Session()
+    frame = s.step(GRAMMAR, P, S, view=(1, "all", "weights"))
+    assert frame.complete and frame.step is s.last_step
+    assert frame.tokens == s.tokens() and frame.status == s.status()
+    p = s.probabilities()
+    assert frame.probs.chosen == p.chosen and frame.probs.index == p.index
+    np.testing.assert_array_equal(frame.probs.adjusted, p.adjusted)
+    att = s.attention()
+    assert frame.change == "" and all(a is b for a, b in zip(frame.attention.weights, att.weights))
+    assert (frame.view.layer, frame.view.head, frame.view.view) == (1, None, "weights")
+    roles = s.head_roles()
+    assert frame.badges == roles.badges(1)  # no change: each head's strongest role on this text
+    last = len(att.tokens) - 1
+    assert frame.caption.startswith(f"Layer 1, every head: the last token “{att.tokens[last]}” looks most at")
+    d = s.display
+    assert (frame.plot_width, frame.plot_height, frame.chart_height) == (d.plot_width, d.plot_height, d.chart_height)
+    assert frame.stem == "grammar" and frame.attention_file == f"grammar_L1Hall_attention-weights_{last + 1}-tokens"
+    assert frame.probs_file == f"grammar_pos{p.index}_probabilities"
+
+
+def test_the_frame_is_drawn_under_the_head_tools_change():
+    s = Session()
+    s.step(GRAMMAR, P, S)
+    s.set_ablation(["L1H0"], "zero", False)
+    frame = s.step(GRAMMAR, P, S, view=(1, 0, "weights"))
+    assert frame.change == "L1H0 ablated (zero)" and frame.caption.startswith("With L1H0 ablated (zero): ")
+    assert "✕ zeroed" in frame.badges[0]
+    assert not np.array_equal(frame.attention.weights[1], s.attention().weights[1])  # the changed forward's
+
+
+def test_a_refused_view_changes_nothing_and_generate_completes_only_its_last_frame():
+    s = Session()
+    s.step(GRAMMAR, P, S)
+    ids = list(s.decoder.ids)
+    with pytest.raises(UserError, match="layer"):
+        s.step(GRAMMAR, P, S, view=(99, "all", "weights"))
+    assert s.decoder.ids == ids
+    frames = list(s.generate(GRAMMAR, P, S, 3, view=(0, "all", "weights")))
+    assert [f.complete for f in frames] == [False] * (len(frames) - 1) + [True]
+    assert frames[-1].attention is not None and frames[0].attention is None
+    assert [f.step.token_id for f in frames] == s.decoder.ids[len(ids):]
+    undone = s.undo(view=(0, "all", "weights"))
+    assert undone.undone and undone.complete and undone.step is None and undone.tokens == s.tokens()
+    reset = s.reset()
+    assert reset.tokens == [] and reset.status == "" and reset.probs is None and reset.attention is None
+
+
+def test_a_warm_step_goes_down_from_the_handler_about_half_as_often_as_before():
+    """bench.step_path's count: 32 trips down from the Step handler into lab/ or viz/ before the Frame."""
+    from bench.step_path import trace
+    from ui import explore
+
+    s = Session()
+    call = (GRAMMAR, P, 0.0, 0, 1.0, 0, 0, "all", "weights")
+    explore.step(s, *call)
+    _, trips, _ = trace(explore.step, s, *call)
+    into_lab = [t for t in trips if t.startswith("lab/")]
+    assert sorted(set(into_lab)) == ["lab/checks.py:check_sampling", "lab/session.py:step", "lab/session.py:turn"]
+    assert len(trips) <= 16, trips
