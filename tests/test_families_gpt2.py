@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from families_reference import check_against_reference, save_reference, sharpen
+from tests.support.families import check_against_reference, save_reference, sharpen
 from model.families import gpt2 as gpt2_family
 from model.families import open_folder
 

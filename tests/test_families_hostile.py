@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from families_reference import save_reference, sharpen
+from tests.support.families import save_reference, sharpen
 from model.families import open_folder
 
 pytest.importorskip("transformers")

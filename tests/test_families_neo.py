@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from families_reference import PROMPTS, check_against_reference, save_reference, sharpen
+from tests.support.families import PROMPTS, check_against_reference, save_reference, sharpen
 from model.families import open_folder
 from model.interventions import AttentionEdit, Intervention
 
