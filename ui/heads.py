@@ -160,7 +160,7 @@ def head_roles_table(session, request: gr.Request = None):
 
 
 @handler
-def lens_readout(session, index, request: gr.Request = None):
+def lens_at(session, index, request: gr.Request = None):
     """The next-token distribution after each layer at token `index` (None: the selected one)."""
     if probing.selected(session.text) is None:
         raise UserError("Press Step first: the logit lens reads the text in the Explore tab.")

@@ -17,7 +17,7 @@ from .common import RAW, api_example, message_plot
 from .heads import (
     NO_SETTINGS, NO_TEXT, REGENERATE_TOKENS, ablate, clear_settings, compare, drop_stale_regeneration, edit_attention,
     head_roles_table, show_tool,
-    lens_readout, model_changed, pairs_for, pick_head, pick_pair, refresh, regenerate,
+    lens_at, model_changed, pairs_for, pick_head, pick_pair, refresh, regenerate,
 )
 
 ROLES_INTRO = ("Every head's scores on the text above, recomputed at each Step: a cell is **outlined** when its "
@@ -135,7 +135,7 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
                     **group).then(**after_change).then(**stale)
     regen_btn.click(regenerate, [ses, *ex["sampling"], regen_n], [regen_html, api[2]], api_name="regenerate", **group)
     gr.Button(visible=False).click(head_roles_table, ses, api[3], api_name="head_roles", **group)
-    gr.Button(visible=False).click(lens_readout, [ses, index], [lens_plot, api[4]], api_name="logit_lens", **group)
+    gr.Button(visible=False).click(lens_at, [ses, index], [lens_plot, api[4]], api_name="logit_lens", **group)
     cmp_btn.click(compare, [ses, model_dd, prompt_a, prompt_b, cmp_layer],
                   [diff_plot, changes_plot, dist_plot, cmp_notes, api[5]], api_name="compare", **group)
     pair.input(pick_pair, pair, [prompt_a, prompt_b], api_name=False, queue=False, **RAW)
