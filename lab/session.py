@@ -131,11 +131,6 @@ class Session:
             self.run_dir = None
         return self._give_up(reason, drop)
 
-    def __deepcopy__(self, memo) -> "Session":
-        """gr.State deep-copies its initial value for every visitor: each gets a new, empty session
-        over the same shared built-ins (which hold a lock and must not be copied)."""
-        return Session(self.builtins)
-
     # ------------------------------------------------------------------------ models
 
     def model_names(self) -> list[str]:
@@ -247,8 +242,8 @@ class Session:
         Attention is computed once, after the last token: only the last Frame is complete (with `view`).
         """
         entry = self.entry_for(model_name)
-        max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
         shown = self._view(entry, view)
+        max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
         max_new = self._grow(entry, prompt, sampling, max_new)
         record = {"do": "generate", "sampling": sampling_record(sampling), "tokens": []}
         self.text.record(record)
