@@ -177,9 +177,12 @@ def _tokenizer_config(folder: Path) -> dict[str, Any]:
     path = folder / "tokenizer_config.json"
     if not path.is_file():
         return {}
-    from .families.common import read_json
-
-    doc = read_json(path, "tokenizer config")
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"tokenizer_config.json is larger than {MAX_TOKENIZER_BYTES:,} bytes")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("tokenizer_config.json is not valid JSON") from None
     return doc if isinstance(doc, dict) else {}
 
 

@@ -22,8 +22,6 @@ from . import common, gpt2, llama, neo, neox
 from .common import Family
 
 FAMILIES: tuple[Family, ...] = (gpt2.FAMILY, neo.FAMILY, neox.FAMILY, llama.FAMILY)
-# families whose tokenizer puts a BOS token first when its own files say so (the others never do)
-BOS_FAMILIES = frozenset({"Llama"})
 
 
 def family_of(hf: dict) -> Family:
@@ -33,7 +31,7 @@ def family_of(hf: dict) -> Family:
         if model_type in family.model_types:
             return family
     known = ", ".join(t for f in FAMILIES for t in f.model_types)
-    shown = common._short(model_type) if model_type is not None else "missing"
+    shown = common.shown(model_type) if model_type is not None else "missing"
     raise ValueError(f"model_type {shown} is not a supported architecture (supported: {known})")
 
 
@@ -49,13 +47,7 @@ def open_folder(path: str | Path, expect: Family | None = None,
     family = family_of(hf)
     if expect is not None and family is not expect:
         raise ValueError(f"this folder holds a {family.name} model, not a {expect.name} one")
-    cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
-    common.check_size(cfg, max_params)
-    tokenizer = HFFileTokenizer.from_folder(folder, family.name in BOS_FAMILIES, hf)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
-                         f"{cfg.vocab_size:,} embedding rows; they do not belong together")
-    return common.open_weights(folder, family, hf, tokenizer.vocab_size, max_params), tokenizer
+    return common.open_family_folder(folder, family, hf, max_params)
 
 
 __all__ = ["FAMILIES", "family_of", "open_folder"]

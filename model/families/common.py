@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import ModelConfig
+from ..hf_tokenizer import HFFileTokenizer
 from ..transformer import DecoderLM
 
 # The largest model a folder may describe: 2 billion parameters is 8 GB of float32 (SmolLM2-1.7B
@@ -45,8 +46,11 @@ class Family:
 
     def __init__(self, name: str, model_types: tuple[str, ...], model_config: Callable, expected_shapes: Callable,
                  convert: Callable, prefixes: tuple[str, ...] = (), ignored: tuple[str, ...] = (),
-                 optional: tuple[str, ...] = (), aliases: dict[str, str] | None = None):
+                 optional: tuple[str, ...] = (), aliases: dict[str, str] | None = None, adds_bos: bool = False):
         self.name, self.model_types, self.optional = name, model_types, frozenset(optional)
+        # whether its tokenizer may put a BOS token first (when its own files say so); GPT-2,
+        # GPT-Neo and GPT-NeoX never do
+        self.adds_bos = adds_bos
         self.aliases = aliases or {}  # other names files use for a tensor (after the prefix) -> ours
         self.model_config, self.expected_shapes, self.convert = model_config, expected_shapes, convert
         self.prefixes = prefixes  # prefixes a file may put before every name (e.g. "transformer.")
@@ -83,7 +87,7 @@ def whole(hf: dict, key: str, default: Any = None, minimum: int = 1) -> int:
     if value is None and default is None:
         raise ValueError(f"config.json has no {key}")
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"config.json's {key} must be a whole number >= {minimum}, got {_short(value)}")
+        raise ValueError(f"config.json's {key} must be a whole number >= {minimum}, got {shown(value)}")
     return value
 
 
@@ -92,14 +96,14 @@ def real(hf: dict, key: str, default: Any = None) -> float:
     if value is None:
         raise ValueError(f"config.json has no {key}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"config.json's {key} must be a positive number, got {_short(value)}")
+        raise ValueError(f"config.json's {key} must be a positive number, got {shown(value)}")
     return float(value)
 
 
 def flag(hf: dict, key: str, default: bool) -> bool:
     value = hf.get(key, default)
     if not isinstance(value, bool):
-        raise ValueError(f"config.json's {key} must be true or false, got {_short(value)}")
+        raise ValueError(f"config.json's {key} must be true or false, got {shown(value)}")
     return value
 
 
@@ -120,7 +124,7 @@ def rope_settings(hf: dict, theta_keys: tuple[str, ...], fraction_keys: tuple[st
     scaling = hf.get("rope_scaling")
     for kind in (params.get("rope_type", "default"), (scaling or {}).get("rope_type", (scaling or {}).get("type"))):
         if kind not in (None, "default"):
-            raise ValueError(f"RoPE scaling type {_short(kind)} is not supported; only the default rotary is")
+            raise ValueError(f"RoPE scaling type {shown(kind)} is not supported; only the default rotary is")
     merged = {**hf, **params}
     theta = next((real(merged, k) for k in ("rope_theta", *theta_keys) if k in merged), 10000.0)
     fraction = next((real(merged, k) for k in ("partial_rotary_factor", *fraction_keys) if k in merged),
@@ -151,7 +155,7 @@ def weight_files(folder: Path) -> list[Path]:
             path = folder / name
             # a shard is a plain file in this folder: no path into another directory
             if Path(name).name != name or not name.endswith(".safetensors") or not path.is_file():
-                raise ValueError(f"the shard {_short(name)} listed in the index is not a .safetensors file in the folder")
+                raise ValueError(f"the shard {shown(name)} listed in the index is not a .safetensors file in the folder")
             files.append(path)
         return files
     if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
@@ -181,10 +185,10 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         if name == "__metadata__":
             continue
         if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
-            raise ValueError(f"{path.name} describes tensor {_short(name)} badly")
+            raise ValueError(f"{path.name} describes tensor {shown(name)} badly")
         dtype, shape, offsets = entry.get("dtype"), entry["shape"], entry.get("data_offsets")
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-            raise ValueError(f"{path.name} gives tensor {_short(name)} an invalid shape")
+            raise ValueError(f"{path.name} gives tensor {shown(name)} an invalid shape")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
                 and 0 <= offsets[0] <= offsets[1] <= size - 8 - length):
             raise ValueError(f"{path.name} is truncated or its header points past its end")
@@ -204,15 +208,15 @@ def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[in
             if canonical not in expected and canonical.endswith(family.ignored):
                 continue  # a buffer (causal mask, rotary table) that older files carry
             if canonical not in expected:
-                raise ValueError(f"the weights hold a tensor {_short(name)} that a {family.name} model "
+                raise ValueError(f"the weights hold a tensor {shown(name)} that a {family.name} model "
                                  "with this config.json does not have; the config and the weights disagree")
             if canonical in where:
-                raise ValueError(f"the weights hold {_short(canonical)} twice")
+                raise ValueError(f"the weights hold {shown(canonical)} twice")
             if dtype not in DTYPES:
-                raise ValueError(f"tensor {_short(name)} is stored as {_short(dtype)}; only "
+                raise ValueError(f"tensor {shown(name)} is stored as {shown(dtype)}; only "
                                  f"{', '.join(DTYPES)} weights are read")
             if shape != expected[canonical]:
-                raise ValueError(f"tensor {_short(name)} has shape {list(shape)} but this config.json needs "
+                raise ValueError(f"tensor {shown(name)} has shape {list(shape)} but this config.json needs "
                                  f"{list(expected[canonical])}; the config and the weights disagree")
             where[canonical] = (path, name)
     missing = sorted(set(expected) - set(where) - optional)
@@ -297,7 +301,7 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     expected = family.expected_shapes(hf, cfg)
     for name, t in tensors.items():
         if name not in expected:
-            raise ValueError(f"a {family.name} model with this config has no tensor {_short(name)}")
+            raise ValueError(f"a {family.name} model with this config has no tensor {shown(name)}")
         if tuple(t.shape) != expected[name]:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}; this config needs {list(expected[name])}")
         if not torch.isfinite(t).all():
@@ -306,6 +310,17 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     if missing:
         raise ValueError(f"the weights lack the tensor {missing[0]} that this config needs")
     return build(cfg, family.convert(hf, cfg, {k: v.to(torch.float32) for k, v in tensors.items()}))
+
+
+def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int = MAX_PARAMS):
+    """(DecoderLM, HFFileTokenizer) of a folder whose config.json (read as `hf`) is `family`'s."""
+    cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
+    check_size(cfg, max_params)
+    tokenizer = HFFileTokenizer.from_folder(folder, family.adds_bos, hf)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
+                         f"{cfg.vocab_size:,} embedding rows; they do not belong together")
+    return open_weights(folder, family, hf, tokenizer.vocab_size, max_params), tokenizer
 
 
 def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None = None,
@@ -319,6 +334,6 @@ def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None 
     return from_state(family, hf, tensors, vocab_used, max_params)
 
 
-def _short(value: Any, limit: int = 40) -> str:
+def shown(value: Any, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"

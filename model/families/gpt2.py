@@ -28,7 +28,7 @@ ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none", 
 
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("activation_function", "gelu_new")
-    refuse_unless(act in ACTIVATIONS, f"GPT-2 activation {common._short(act)} is not supported "
+    refuse_unless(act in ACTIVATIONS, f"GPT-2 activation {common.shown(act)} is not supported "
                                       f"(supported: {', '.join(ACTIVATIONS)})")
     refuse_unless(not flag(hf, "scale_attn_by_inverse_layer_idx", False),
                   "GPT-2's scale_attn_by_inverse_layer_idx option is not supported")
@@ -108,7 +108,11 @@ def from_state(hf_config: dict, tensors: dict[str, torch.Tensor], tokenizer=None
 
 
 def open_folder(path: str | Path):
-    """(DecoderLM, tokenizer) from a GPT-2 model folder (see model.families.open_folder)."""
-    from . import open_folder as open_any
-
-    return open_any(path, expect=FAMILY)
+    """(DecoderLM, tokenizer) from a GPT-2 model folder (model.families.open_folder opens any family)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{folder.name or path} is not a folder")
+    hf = common.read_config(folder)
+    refuse_unless(hf.get("model_type") in FAMILY.model_types,
+                  f"this folder holds a {common.shown(hf.get('model_type'))} model, not a GPT-2 one")
+    return common.open_family_folder(folder, FAMILY, hf)
