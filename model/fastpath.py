@@ -53,7 +53,8 @@ def unsupported(model: DecoderLM) -> str | None:
     # the options of imported families (model/families) it does not write out by hand
     defaults = {"attn_scale": "inverse_sqrt", "gelu_approximate": "none", "norm_kind": "layernorm",
                 "norm_eps": 1e-5, "parallel_residual": False, "attn_window": (), "qkv_bias": None,
-                "attn_out_bias": None, "mlp_bias": None, "norm_bias": None, "n_kv_heads": None}
+                "attn_out_bias": None, "mlp_bias": None, "norm_bias": None, "n_kv_heads": None,
+                "rope_precision": "float64"}
     for name, default in defaults.items():
         if getattr(cfg, name) != default:
             return f"{name}={getattr(cfg, name)!r} (it handles the default, {default!r})"

@@ -69,11 +69,15 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
     return table.float()
 
 
-def rope_angles(n_positions: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+def rope_angles(n_positions: int, head_dim: int, base: float = 10000.0, precision: str = "float64") -> torch.Tensor:
     """Rotation angle pos * base^(-2i/head_dim) for each position and dimension pair: (P, head_dim/2).
 
     With a rotary fraction below 1 pass the rotated dimensions (ModelConfig.rope_dim) as head_dim:
-    the frequencies are spread over the rotated part only, as in GPT-NeoX."""
+    the frequencies are spread over the rotated part only, as in GPT-NeoX. precision "float32":
+    the same formula in float32, operation for operation as transformers computes it."""
+    if precision == "float32":
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        return torch.arange(n_positions).float().unsqueeze(1) * inv_freq  # (P, head_dim/2)
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     return (torch.arange(n_positions, dtype=torch.float64).unsqueeze(1) * inv_freq).float()
 
@@ -326,7 +330,7 @@ class DecoderLM(nn.Module):
                 "pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False
             )
         if cfg.pos_encoding == "rope":
-            angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base)  # (block_size, rope_dim/2)
+            angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base, cfg.rope_precision)  # (P, rope_dim/2)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -433,7 +437,7 @@ class DecoderLM(nn.Module):
         if pe == "sinusoidal":
             return pe, self.pe_table.clone()
         if pe == "rope":
-            return pe, rope_angles(self.cfg.block_size, self.cfg.rope_dim, self.cfg.pe_base)
+            return pe, rope_angles(self.cfg.block_size, self.cfg.rope_dim, self.cfg.pe_base, self.cfg.rope_precision)
         return pe, None
 
 

@@ -56,3 +56,25 @@ def test_bos_follows_the_tokenizer_and_groups_stay_grouped(tmp_path):
     _, folder = build("mqa_bias_tied", tmp_path)
     _, tok = open_folder(folder)
     assert not tok.add_bos and tok.encode("Once")[0] != tok.bos_id
+
+
+def test_rotary_angles_are_the_references_own(tmp_path):
+    """Imported models turn queries and keys by exactly transformers' float32 angles (cos and sin
+    equal bit for bit at every position), and stay within the bounds over a long text."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=1024, bos_token_id=1, eos_token_id=0,
+                      attn_implementation="eager", **CASES["gqa"])
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    sharpen(ref, seed=7)
+    model, _ = open_folder(save_reference(ref, tmp_path / "long", VOCAB, bos=True))
+    positions = torch.arange(1024)[None]
+    cos, sin = ref.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
+    half = model.cfg.rope_dim // 2
+    assert torch.equal(model.rope_cos, cos[0, :, :half]) and torch.equal(model.rope_sin, sin[0, :, :half])
+    ids = torch.randint(2, VOCAB, (1, 1000), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = ref(ids, output_attentions=True), model(ids, return_attention=True)
+    assert (got.logits - want.logits).abs().max() <= 1e-5
+    assert max((a - b).abs().max() for a, b in zip(got.attentions, want.attentions)) <= 1e-6

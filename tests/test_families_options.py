@@ -17,7 +17,7 @@ BASE = dict(vocab_size=17, block_size=16, n_layers=3, n_heads=4, d_model=16)
 OPTIONS = {
     "unscaled_tanh": dict(attn_scale="none", gelu_approximate="tanh"),
     "rmsnorm": dict(norm_kind="rmsnorm", norm_eps=1e-6, norm_bias=False),
-    "partial_rope": dict(pos_encoding="rope", rope_fraction=0.5, pe_base=500.0),
+    "partial_rope": dict(pos_encoding="rope", rope_fraction=0.5, pe_base=500.0, rope_precision="float32"),
     "parallel": dict(parallel_residual=True, qkv_bias=False, mlp_bias=True, attn_out_bias=False),
     "windows": dict(attn_window=(2, 0, 1)),
     "gqa": dict(n_kv_heads=2, pos_encoding="rope", activation="swiglu", d_ff=24, bias=False, norm_kind="rmsnorm"),
@@ -85,6 +85,7 @@ def test_parameter_count_and_round_trip(name):
     ({"norm_kind": "batch"}, "norm_kind must be one of layernorm, rmsnorm"),
     ({"norm_eps": 0}, r"norm_eps must be a number in \(0, 1\)"),
     ({"rope_fraction": 0.5}, "rope_fraction applies to pos_encoding='rope' only"),
+    ({"rope_precision": "float16"}, "rope_precision must be one of float64, float32"),
     ({"pos_encoding": "rope", "rope_fraction": 0.1}, "RoPE needs an even number of them"),
     ({"parallel_residual": True, "norm": "post"}, "parallel_residual needs norm='pre'"),
     ({"attn_window": (2, 0)}, "attn_window has 2 entries for 3 layers"),

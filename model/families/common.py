@@ -284,7 +284,7 @@ def _rebuild_buffers(model: DecoderLM, cfg: ModelConfig) -> None:
     if cfg.pos_encoding == "sinusoidal":
         model.register_buffer("pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False)
     if cfg.pos_encoding == "rope":
-        angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base)
+        angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base, cfg.rope_precision)
         model.register_buffer("rope_cos", angles.cos(), persistent=False)
         model.register_buffer("rope_sin", angles.sin(), persistent=False)
 

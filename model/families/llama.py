@@ -39,6 +39,7 @@ def model_config(hf: dict) -> ModelConfig:
         d_ff=whole(hf, "intermediate_size"),
         pos_encoding="rope",
         pe_base=theta,
+        rope_precision="float32",
         norm_kind="rmsnorm",
         norm_eps=real(hf, "rms_norm_eps", 1e-6),
         activation="swiglu",

@@ -32,6 +32,7 @@ def model_config(hf: dict) -> ModelConfig:
         pos_encoding="rope",
         pe_base=theta,
         rope_fraction=fraction,
+        rope_precision="float32",
         parallel_residual=flag(hf, "use_parallel_residual", True),
         activation="relu" if act == "relu" else "gelu",
         gelu_approximate="none" if act == "relu" else ACTIVATIONS[act],
