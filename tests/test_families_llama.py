@@ -78,3 +78,32 @@ def test_rotary_angles_are_the_references_own(tmp_path):
         want, got = ref(ids, output_attentions=True), model(ids, return_attention=True)
     assert (got.logits - want.logits).abs().max() <= 1e-5
     assert max((a - b).abs().max() for a, b in zip(got.attentions, want.attentions)) <= 1e-6
+
+
+def test_sentencepiece_style_tokenizer_json(tmp_path):
+    """TinyLlama-style tokenizer.json (Metaspace ▁, byte fallback, a BOS post-processor): the same ids
+    and text as transformers' tokenizer, pieces with ▁ shown as a space and bytes as text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from model.hf_tokenizer import HFFileTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for c in "▁abcdefghijklmnopqrstuvwxyzOT.":
+        vocab.setdefault(c, len(vocab))
+    merges = [("▁", "t"), ("▁t", "h"), ("▁th", "e"), ("o", "n")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(tmp_path)
+    mine, ref = HFFileTokenizer.from_folder(tmp_path, family_adds_bos=True), AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["on the note", "Once é\nthe"]:
+        ids = mine.encode(text)
+        assert ids == ref(text)["input_ids"] and mine.decode(ids) == ref.decode(ids)
+    assert mine.add_bos and mine.eos_id == 2
+    assert [mine.piece(i) for i in mine.encode("the é")] == ["<s>", "␣the", "␣", "�", "�"]  # é is two bytes
+    assert mine.text_of(vocab["<0x0A>"]) == "\n" and mine.piece(vocab["▁the"]) == "␣the"
