@@ -23,9 +23,9 @@ from lab.limits import (
     QUEUE_SIZE,
     SESSION_CAPACITY, STATE_TTL_S, UPLOAD_MAX_MB,
 )
-from lab.budget import SessionKey
 from lab.models import DEFAULT_MODEL
 from lab.session import SESSIONS, Session
+from lab.sessionstore import SessionKey
 from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
@@ -33,7 +33,7 @@ from ui.explore import (
 from ui.explore_tab import build_explore_tab
 from ui.http import RefuseMalformedCalls
 from ui.positional import positional
-from ui.positional_tab import build_positional_tab
+from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
 from ui.train import stop_training, train_model, upload_model
 from ui.film_tab import build_film_section
@@ -65,7 +65,7 @@ def build_demo() -> gr.Blocks:
                 model_dd = explore["model"]
 
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
-                build_positional_tab(ses, model_dd, pe_tab)
+                pe_outputs = build_positional_tab()
 
             with gr.Tab("Train", id="train") as train_tab:
                 build_train_tab(ses, model_dd)
@@ -78,6 +78,7 @@ def build_demo() -> gr.Blocks:
         # Then a link's parameters (?model=…&prompt=…&steps=…) set the page up (ui/share.py).
         demo.load(page_load, explore["display_inputs"], explore["state_outputs"], api_name=False,
                   js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }", **RAW)
+        bind_positional_tab(ses, model_dd, pe_tab, pe_outputs)  # last: the API page's order and fn_index numbers
     return demo
 
 

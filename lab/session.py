@@ -27,7 +27,7 @@ from model.generate import Sampling, generate
 
 from . import files, probing
 from .compare import Comparison, compare
-from .budget import DISK_BUDGET, LIMITER, MODEL_BUDGET, SessionStore
+from .budget import DISK_BUDGET, MODEL_BUDGET
 from .checks import UserError, check_int
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
 from .frame import Frame, make_frame
@@ -35,8 +35,10 @@ from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
 from .ownmodels import OwnModels, entry_bytes, release_freed_memory, removed_note
 from .probing import ProbeSettings
+from .rates import LIMITER
 from .roles import HeadRoles, RolesCache
 from .recipe import train_tab_defaults
+from .sessionstore import SessionStore
 from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
 from .training import TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
 from .uploads import checkpoint_data, load_upload, reserved_bytes
@@ -490,5 +492,5 @@ class Session:
 
 
 # Sessions by gradio's session hash: gradio's own store can drop a tab's state in a burst of new
-# sessions, this one keeps every active session (see lab.budget.SessionStore).
+# sessions, this one keeps every active session (see lab.sessionstore.SessionStore).
 SESSIONS = SessionStore(Session, limiter=LIMITER)

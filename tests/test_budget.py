@@ -1,4 +1,5 @@
-"""lab/budget.py: one visitor cannot take what everyone shares.
+"""The shared guards (lab/rates.py, lab/sessionstore.py, lab/budget.py): one visitor cannot take what
+everyone shares.
 
 Fast and without a server: a fake clock, fake sessions that implement the `Tenant` protocol, and
 a temporary folder in place of lab.files.RUNS. What is checked: a person's pace passes and a
@@ -24,10 +25,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lab import budget, files, limits
-from lab.budget import (
-    DiskBudget, ModelBudget, RateLimiter, SessionKey, SessionStore, Tenant, client_key, model_bytes,
-)
+from lab import files, limits, rates
+from lab.budget import DiskBudget, ModelBudget, Tenant, model_bytes
+from lab.rates import RateLimiter, client_key
+from lab.sessionstore import SessionKey, SessionStore
 from lab.checks import UserError
 from lab.session import Session
 
@@ -104,7 +105,7 @@ def test_fake_sessions_implement_the_protocol():
 
 # ---------------------------------------------------------------------------- rates
 
-RATES = {a: budget.Rate(*r) for a, r in limits.RATE_LIMITS.items()}
+RATES = {a: rates.Rate(*r) for a, r in limits.RATE_LIMITS.items()}
 # a quick person: a page reload every 5 s, Generate every 3 s, a training every 3 min (one takes up
 # to TRAIN_MAX_SECONDS), an upload a minute
 # (a session file opened a minute, a file made every 3 s, a Step replayed every second)
@@ -232,17 +233,17 @@ def test_the_limiter_is_thread_safe():
 
 def test_the_server_s_limiter_runs_on_the_module_clock_a_test_can_drive(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(budget, "monotonic", clock)
-    rate = budget.LIMITER.rates["generate"]
+    monkeypatch.setattr(rates, "monotonic", clock)
+    rate = rates.LIMITER.rates["generate"]
     me = "203.0.113.77"
     for _ in range(rate.burst):  # however long these calls take, the clock stands still
-        budget.LIMITER.check(me, "generate")
+        rates.LIMITER.check(me, "generate")
     with pytest.raises(UserError, match="Slow down"):
-        budget.LIMITER.check(me, "generate")
+        rates.LIMITER.check(me, "generate")
     clock.advance(rate.window_s / rate.count)  # exactly one token later
-    budget.LIMITER.check(me, "generate")
+    rates.LIMITER.check(me, "generate")
     with pytest.raises(UserError, match="Slow down"):
-        budget.LIMITER.check(me, "generate")
+        rates.LIMITER.check(me, "generate")
 
 
 @pytest.mark.parametrize("host,xff,proxy,key", [

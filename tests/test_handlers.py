@@ -111,7 +111,7 @@ def test_the_page_state_holds_only_a_key_which_the_handler_trades_for_the_server
     finds the session by the call's session hash and hands the key, never the session, back to the state."""
     from starlette.datastructures import Headers
 
-    from lab.budget import SessionKey
+    from lab.sessionstore import SessionKey
     from lab.session import SESSIONS
 
     key = copy.deepcopy(SessionKey(SESSIONS))  # what gr.State hands a new visitor

@@ -1,4 +1,5 @@
-"""Per-address shares (lab/budget.py): one address at the allowed rates cannot take what others need.
+"""Per-address shares (lab/rates.py, lab/sessionstore.py, lab/budget.py): one address at the allowed rates
+cannot take what others need.
 
 Fast and without a server, on a fake clock with fake sessions (tests/test_budget.py's `Clock` and
 `Fake`). Each test lets an abusive client take all it can at the rates it is allowed, keeping every
@@ -11,9 +12,11 @@ from __future__ import annotations
 import pytest
 
 from lab import files
-from lab.budget import DiskBudget, ModelBudget, RateLimiter, SessionStore
+from lab.budget import DiskBudget, ModelBudget
 from lab.checks import UserError
 from lab.limits import CLIENT_SESSIONS, MAX_SESSIONS, RATE_LIMITS
+from lab.rates import RateLimiter
+from lab.sessionstore import SessionStore
 from test_budget import Clock, Fake
 
 ABUSER, VICTIM = "203.0.113.66", "198.51.100.7"

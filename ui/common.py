@@ -1,10 +1,10 @@
 """What every handler of the wiring shares: errors as messages, one action per session, API values.
 
 `handler` wraps each event handler: it trades the page's session key (its gr.State holds a
-lab.budget.SessionKey, never a session) for the server's own session of the tab (lab.budget.
-SessionStore, the one home of a person's session), checks the client's rate for costly actions
-(unless the door of ui/shares.py took that token when the call joined the queue), holds the session
-for the whole action, and turns every error into a message for the person.
+lab.sessionstore.SessionKey, never a session) for the server's own session of the tab
+(lab.sessionstore.SessionStore, the one home of a person's session), checks the client's rate for
+costly actions (unless the door of ui/shares.py took that token when the call joined the queue),
+holds the session for the whole action, and turns every error into a message for the person.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import logging
 import gradio as gr
 
 import viz
-from lab.budget import LIMITER, SessionKey, client_key
 from lab.checks import UserError
 from lab.export import file_name
+from lab.rates import LIMITER, client_key
 from lab.session import SESSIONS, Session
+from lab.sessionstore import SessionKey
 
 from .plots import to_plot
 from .shares import charged_at_door

@@ -13,7 +13,7 @@ import gradio as gr
 import viz
 
 from lab import export, links, sessionfile
-from lab.budget import charge, replay_cost
+from lab.rates import charge, replay_cost
 from lab.checks import UserError, check_int, check_sampling
 from lab.limits import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from lab.session import Session, View
