@@ -28,7 +28,7 @@ def session_bytes(session) -> int:
     n = sum(a.nbytes for a in d.attention) + sum(a.nbytes for a in d.scores)
     if d.cache is not None:
         n += sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in d.cache.layers)
-    n += sum(s.numel() for s in getattr(d, "_rng_history", []))
+    n += d.undo_bytes
     return n
 
 

@@ -146,6 +146,11 @@ class Decoder:
     def window(self) -> list[int]:
         return self.ids[self.start :]
 
+    @property
+    def undo_bytes(self) -> int:
+        """Bytes of the sampler states kept for undo (one ByteTensor per generated token)."""
+        return sum(s.numel() for s in self._rng_history)
+
     @torch.inference_mode()
     def _prefill(self) -> None:
         """Run the whole window through the model: fresh cache, next-token logits, attention."""
