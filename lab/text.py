@@ -184,8 +184,7 @@ class Text:
         d = self.decoder
         if d is None:
             return 0
-        return sum(a.nbytes for a in (*d.attention, *d.scores)) + sum(s.probs.nbytes + s.adjusted.nbytes
-                                                                      for s in self.drawn)
+        return d.attention_nbytes + sum(s.probs.nbytes + s.adjusted.nbytes for s in self.drawn)
 
     # ----------------------------------------------------------------------- read-outs
 

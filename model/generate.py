@@ -140,6 +140,8 @@ class Decoder:
         self._rng_history: list[torch.Tensor] = []  # generator state before each step, for undo
         self.attention: list[np.ndarray] = []  # per layer, (H, T, T) weights for the current window
         self.scores: list[np.ndarray] = []  # per layer, (H, T, T) pre-softmax scores (-inf where masked)
+        self._attention: list[_Grown] = []  # the buffers these are read-only views of
+        self._scores: list[_Grown] = []
         self._prefill()
 
     @property
@@ -159,9 +161,22 @@ class Decoder:
                          intervention=self._intervention(0, ids.shape[1]))
         self.cache = out.cache
         self.logits = out.logits[0, -1]  # (V,) for the token after the window
-        # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer
-        self.attention = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []
-        self.scores = [a[0].float().cpu().numpy().copy() for a in out.scores] if out.scores else []
+        # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer, each inside a buffer with room
+        # for more rows (see _Grown)
+        T, cap = ids.shape[1], self._room_for(ids.shape[1])
+        self._attention = [_Grown(a[0].float().cpu().numpy(), 0.0, cap) for a in out.attentions or []]
+        self._scores = [_Grown(a[0].float().cpu().numpy(), -np.inf, cap) for a in out.scores or []]
+        self.attention = [g.view for g in self._attention]
+        self.scores = [g.view for g in self._scores]
+
+    def _room_for(self, T: int) -> int:
+        """Rows a window of T tokens gets room for: half as many again (at least 16), within the context."""
+        return min(self.block_size, T + max(16, T // 2))
+
+    @property
+    def attention_nbytes(self) -> int:
+        """Bytes held for the window's attention and scores, with the room for rows still to come."""
+        return sum(g.nbytes for g in (*self._attention, *self._scores))
 
     def _intervention(self, start: int, seq_len: int) -> Intervention | None:
         """The intervention for a forward over the window whose new positions begin at `start`."""
@@ -218,11 +233,11 @@ class Decoder:
                              cache=self.cache, intervention=self._intervention(T - 1, T))
             self.cache, self.logits = out.cache, out.logits[0, -1]
             rows = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []  # (H, 1, T)
-            self.attention = [_grow(m, r, 0.0) for m, r in zip(self.attention, rows)]
+            self.attention = [g.grow(r, self.block_size) for g, r in zip(self._attention, rows)]
             # Without capture there are no new rows and zip() leaves both lists empty, so scores
             # cannot go stale while capture is off.
             new_scores = [a[0].float().cpu().numpy() for a in out.scores] if out.scores else []
-            self.scores = [_grow(m, r, -np.inf) for m, r in zip(self.scores, new_scores)]
+            self.scores = [g.grow(r, self.block_size) for g, r in zip(self._scores, new_scores)]
         else:
             # No cache: recompute the whole window (slower, but nothing is kept between steps).
             self._prefill()
@@ -239,18 +254,46 @@ class Decoder:
         )
 
 
-def _grow(matrix: np.ndarray, row: np.ndarray, masked: float) -> np.ndarray:
-    """Append a new query row (H, 1, T+1) to an (H, T, T) matrix; old rows gain a masked column.
+class _Grown:
+    """An (H, T, T) matrix of a causal window that grows by one query row per token, in place.
 
-    The new column is the new token as a key. Earlier queries come before it, so under the
-    causal mask they never attend to it: `masked` (0 for weights, -inf for scores) is
-    exactly what the model would have computed there.
+    The buffer has room for more rows and columns, already filled with `masked` (0 for weights, -inf
+    for scores): a new token is a key that every earlier query comes before, so under the causal mask
+    the earlier rows never attend to it, and `masked` is exactly what the model would have computed
+    there. Growing writes only the new row; when the room runs out the buffer is copied into a larger
+    one. `view` is the current (H, T, T) matrix, read-only: a view handed out earlier never changes,
+    since only rows and columns past it are written.
     """
-    H, T, _ = matrix.shape
-    out = np.full((H, T + 1, T + 1), masked, dtype=matrix.dtype)  # (H, T+1, T+1)
-    out[:, :T, :T] = matrix
-    out[:, T:, :] = row
-    return out
+
+    def __init__(self, matrix: np.ndarray, masked: float, cap: int):
+        H, T, _ = matrix.shape
+        self.masked = masked
+        self.buf = np.full((H, max(cap, T), max(cap, T)), masked, dtype=matrix.dtype)
+        self.buf[:, :T, :T] = matrix
+        self.T = T
+        self.view = self._view()
+
+    def _view(self) -> np.ndarray:
+        v = self.buf[:, : self.T, : self.T]
+        v.flags.writeable = False
+        return v
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
+
+    def grow(self, row: np.ndarray, limit: int) -> np.ndarray:
+        """Append the new query row (H, 1, T+1); the matrix (H, T+1, T+1)."""
+        T = self.T
+        if T + 1 > self.buf.shape[1]:
+            cap = min(max(limit, T + 1), T + 1 + max(16, T // 2))
+            old = self.buf
+            self.buf = np.full((old.shape[0], cap, cap), self.masked, dtype=old.dtype)
+            self.buf[:, :T, :T] = old[:, :T, :T]
+        self.buf[:, T, : T + 1] = row[:, 0, :]
+        self.T = T + 1
+        self.view = self._view()
+        return self.view
 
 
 def generate(

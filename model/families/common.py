@@ -229,7 +229,9 @@ def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[in
             with safe_open(str(path), framework="pt") as f:
                 for canonical, (p, name) in where.items():
                     if p == path:
-                        tensors[canonical] = f.get_tensor(name).to(torch.float32)
+                        # a copy of its own: a float32 tensor would otherwise stay a view of the
+                        # file's memory map and keep the whole file resident beside the model
+                        tensors[canonical] = f.get_tensor(name).to(torch.float32, copy=True)
     except (OSError, RuntimeError, ValueError) as exc:
         raise ValueError(f"the safetensors data could not be read ({type(exc).__name__})") from None
     for name, t in tensors.items():
