@@ -174,8 +174,9 @@ def visit(url: str, i: int, path: Path, prompt: str, uploads: int = UPLOADS_PER_
     return out
 
 
-def main() -> None:
-    from lab.limits import CONCURRENCY, IDLE_S, MEMORY_MAX_BYTES
+def arguments():
+    """The command line; `--sessions` may not pass the session store's bound."""
+    from lab.limits import IDLE_S, MAX_SESSIONS, MEMORY_MAX_BYTES
 
     p = parser("memory_budget", __doc__)
     p.add_argument("--sessions", type=int, default=300, help="visitors, each from its own address")
@@ -187,48 +188,48 @@ def main() -> None:
     p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                    help="more environment of the served app (e.g. MALLOC_ARENA_MAX=2), repeatable")
     args = p.parse_args()
-
-    from lab.limits import MAX_SESSIONS
-
     if args.sessions > MAX_SESSIONS:
         p.error(f"--sessions above MAX_SESSIONS ({MAX_SESSIONS}) would measure the session store, not the model budget")
-    tmp = Path(tempfile.mkdtemp(prefix="memory-budget-"))
-    paths, prompt, nbytes = model_files(tmp, args.workers)  # one per worker (see `visit`)
-    path = paths[0]
-    per_text = text_bytes(path, prompt)
+    return args
+
+
+def server_env(args) -> dict[str, str]:
+    """The served app's environment: a pretend proxy, real rates, the budget asked for."""
     env = {"DECODER_LAB_BEHIND_PROXY": "1", "DECODER_LAB_RATE_SCALE": "1", "DECODER_LAB_MEMORY_MB": str(args.models_mb),
            "DECODER_LAB_THREADS": "1"}
     if args.idle_s is not None:
         env["DECODER_LAB_IDLE_S"] = str(args.idle_s)
     env.update(kv.split("=", 1) for kv in args.server_env)
-    from bench.common import default_entry
+    return env
 
-    builtin = default_entry().name
-    server = AppServer(env, tmp).start()
+
+def visit_all(server, args, paths: list[Path], prompt: str, builtin: str) -> dict:
+    """Send `--sessions` visitors to the running server, `--workers` at a time (each worker uploads its own
+    copy of the model file), sampling its RSS. Returns the counts, the refusals and the RSS readings."""
     pid = server.pid
     totals = {"accepted": 0, "full": 0, "slow_down": 0, "other": 0, "stepped": 0, "stepped_own": 0}
     errors: list[str] = []
     other_messages: set[str] = set()
     rss_every_25: dict[int, float] = {}
+    urllib.request.urlopen(server.url, timeout=10).read()
+    time.sleep(2)
+    idle = rss_mb(pid, tree=True)
+    sampler = Sampler(lambda: rss_mb(pid, tree=True), every=0.25)
+    sampler.start()
+    lock = threading.Lock()
+    done = 0
+    mine = threading.local()
+
+    def one(i: int) -> dict:
+        if not hasattr(mine, "path"):
+            with lock:
+                mine.path = paths[len(taken)]
+                taken.append(mine.path)
+        return visit(server.url, i, mine.path, prompt, UPLOADS_PER_SESSION, builtin)
+
+    taken: list[Path] = []
+    t0 = time.perf_counter()
     try:
-        urllib.request.urlopen(server.url, timeout=10).read()
-        time.sleep(2)
-        idle = rss_mb(pid, tree=True)
-        sampler = Sampler(lambda: rss_mb(pid, tree=True), every=0.25)
-        sampler.start()
-        lock = threading.Lock()
-        done = 0
-        mine = threading.local()
-
-        def one(i: int) -> dict:
-            if not hasattr(mine, "path"):
-                with lock:
-                    mine.path = paths[len(taken)]
-                    taken.append(mine.path)
-            return visit(server.url, i, mine.path, prompt, UPLOADS_PER_SESSION, builtin)
-
-        taken: list[Path] = []
-        t0 = time.perf_counter()
         with ThreadPoolExecutor(args.workers) as ex:
             futures = [ex.submit(one, i) for i in range(args.sessions)]
             for f in as_completed(futures):
@@ -251,13 +252,32 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         time.sleep(2)
         after = rss_mb(pid, tree=True)
+    finally:
         samples = sampler.stop()
+    return {"totals": totals, "errors": errors, "other_messages": other_messages, "idle": idle, "after": after,
+            "samples": samples, "rss_every_25": rss_every_25, "seconds": seconds}
+
+
+def main() -> None:
+    from bench.common import default_entry
+    from lab.limits import CONCURRENCY
+
+    args = arguments()
+    tmp = Path(tempfile.mkdtemp(prefix="memory-budget-"))
+    paths, prompt, nbytes = model_files(tmp, args.workers)  # one per worker (see `visit`)
+    path = paths[0]
+    per_text = text_bytes(path, prompt)
+    builtin = default_entry().name
+    server = AppServer(server_env(args), tmp).start()
+    try:
+        m = visit_all(server, args, paths, prompt, builtin)
         temp_files = [f for f in (tmp / "gradio").rglob("*") if f.is_file()]
         temp_left = {"files": len(temp_files), "bytes": sum(f.stat().st_size for f in temp_files)}
         log_errors = [ln for ln in server.output().splitlines() if "Traceback" in ln or "unexpected error" in ln]
     finally:
         server.stop()
-    peak = max([*samples, *rss_every_25.values(), after])
+    totals, errors, idle, after, rss_every_25 = m["totals"], m["errors"], m["idle"], m["after"], m["rss_every_25"]
+    peak = max([*m["samples"], *rss_every_25.values(), after])
     margin = FIXED_MARGIN_MB + SESSION_MARGIN_MB * args.sessions + ALLOCATOR_SLACK * args.models_mb
     ceiling = round(idle + args.models_mb + margin, 1)  # rss_mb is KiB / 1024: MiB, as the budget's MB
     emit(
@@ -268,10 +288,11 @@ def main() -> None:
         idle_rss_mb=idle, peak_rss_mb=peak, after_rss_mb=after, rss_every_25_sessions_mb=rss_every_25,
         uploads_tried=args.sessions * UPLOADS_PER_SESSION, uploads_accepted=totals["accepted"],
         refused_server_full=totals["full"], refused_slow_down=totals["slow_down"], refused_other=totals["other"],
-        other_messages=sorted(other_messages)[:5], steps_ok=totals["stepped"], steps_on_own_model=totals["stepped_own"],
+        other_messages=sorted(m["other_messages"])[:5], steps_ok=totals["stepped"],
+        steps_on_own_model=totals["stepped_own"],
         errors=len(errors), error_examples=errors[:5], server_log_errors=log_errors[:5],
         margin_mb=margin, ceiling_mb=ceiling, under_ceiling=peak <= ceiling,
-        peak_growth_mb=round(peak - idle, 1), gradio_temp_left=temp_left, seconds=round(seconds, 1),
+        peak_growth_mb=round(peak - idle, 1), gradio_temp_left=temp_left, seconds=round(m["seconds"], 1),
         without_budget_estimate_mb=round(idle + args.sessions * UPLOADS_PER_SESSION * nbytes / 2**20, 1),
     )
     for f in tmp.glob("*.safetensors"):

@@ -35,14 +35,16 @@ def load(r) -> str:
     return f"{m.get('load1', '?')} / {m.get('cpus', '?')} CPU" if r else "?"
 
 
-def table(rs: list[dict]) -> str:
-    lines = ["| Figure | Result | Target | Met? | Command | Load (1 min) |", "|---|---|---|---|---|---|"]
+def row(name: str, value: str, target: str, ok: bool | None, r: dict | None) -> str:
+    """One line of the table; `ok` None: the figure has no target to meet."""
+    met = "—" if ok is None else ("yes" if ok else "**no**")
+    cmd = f"`{r['command']}`" if r else "?"
+    return f"| {name} | {value} | {target} | {met} | {cmd} | {load(r)} |"
 
-    def add(name, value, target, ok, r):
-        met = "—" if ok is None else ("yes" if ok else "**no**")
-        cmd = f"`{r['command']}`" if r else "?"
-        lines.append(f"| {name} | {value} | {target} | {met} | {cmd} | {load(r)} |")
 
+def step_rows(rs: list[dict]) -> list[str]:
+    """A Step: server side, its payload, and over HTTP."""
+    lines = []
     for threads in (1, 2):
         for t in (16, 64, 128, 256):
             r = find(rs, "step_server", prompt_tokens=t, threads=threads)
@@ -56,7 +58,7 @@ def table(rs: list[dict]) -> str:
                      f"JSON {m['serialise']['median']}; next Step {m['next_total']['median']})")
             target = {64: "≤ 30 ms", 256: "≤ 80 ms"}.get(t, "—")
             ok = None if t not in (64, 256) else m["app_step_first"]["median"] <= (30 if t == 64 else 80)
-            add(f"Step, server side, T={t}, {threads} thread(s)", value, target, ok, r)
+            lines.append(row(f"Step, server side, T={t}, {threads} thread(s)", value, target, ok, r))
     for t in (16, 64, 128, 256):
         r = find(rs, "step_payload", prompt_tokens=t)
         h = find(rs, "step_http", prompt_tokens=t)
@@ -64,76 +66,106 @@ def table(rs: list[dict]) -> str:
             value = f"attention {r['attn_kb']} KB, all outputs {r['total_kb']} KB"
             if h:
                 value += f"; SSE `complete` event {h['complete_event_kb_median']} KB"
-            add(f"Payload per Step, T={t} (window {r['window_tokens']})", value,
-                "≤ 150 KB (T=128)" if t == 128 else "—",
-                (r["attn_kb"] <= 150) if t == 128 else None, r)
+            lines.append(row(f"Payload per Step, T={t} (window {r['window_tokens']})", value,
+                             "≤ 150 KB (T=128)" if t == 128 else "—",
+                             (r["attn_kb"] <= 150) if t == 128 else None, r))
     for t in (16, 64, 256):
         h = find(rs, "step_http", prompt_tokens=t)
         if h:
-            add(f"Step over HTTP (queue + SSE, no browser), T={t}", f"{h['roundtrip_ms']['median']} ms median, "
-                f"p95 {h['roundtrip_ms']['p95']}", "—", None, h)
+            lines.append(row(f"Step over HTTP (queue + SSE, no browser), T={t}",
+                             f"{h['roundtrip_ms']['median']} ms median, p95 {h['roundtrip_ms']['p95']}", "—", None, h))
+    return lines
+
+
+def browser_and_generation_rows(rs: list[dict]) -> list[str]:
+    """A click in Chromium, and Generate (the engine and the app)."""
+    lines = []
     for t in (16, 64, 128):
         r = find(rs, "click_to_picture", prompt_tokens=t)
         if r:
             f, n = r["first_click_ms"], r["next_click_ms"]
-            add(f"Click Step → attention picture (Chromium), T={t}",
+            lines.append(row(
+                f"Click Step → attention picture (Chromium), T={t}",
                 f"{f.get('median')} ms median (p95 {f.get('p95')}, n={f.get('n')}); next click {n.get('median')} ms; "
                 f"tokens shown at {r['first_click_tokens_shown_ms'].get('median')} ms",
-                "≤ 250 ms (T=64)" if t == 64 else "—",
-                (f.get("median", 1e9) <= 250) if t == 64 else None, r)
+                "≤ 250 ms (T=64)" if t == 64 else "—", (f.get("median", 1e9) <= 250) if t == 64 else None, r))
     for n_new in sorted({r["new_tokens"] for r in rs if r.get("bench") == "generation"}, reverse=True):
         r = find(rs, "generation", new_tokens=n_new)
         res = r["results"]
         value = ", ".join(f"{k.replace('cache=', 'cache ').replace(',attention=', '/attn ')}: {v['tokens_per_s']} tok/s"
                           for k, v in res.items())
         value += f"; speed-up {r['cache_speedup']}; crosses context: {r['crosses_context']}"
-        add(f"Generate {n_new} tokens from 16 (context {r['block_size']})", value,
-            "cache ≥ 2× (200 tokens)" if n_new == 200 else "—",
-            (r["cache_speedup"]["attention=True"] >= 2) if n_new == 200 else None, r)
+        lines.append(row(f"Generate {n_new} tokens from 16 (context {r['block_size']})", value,
+                         "cache ≥ 2× (200 tokens)" if n_new == 200 else "—",
+                         (r["cache_speedup"]["attention=True"] >= 2) if n_new == 200 else None, r))
     r = find(rs, "generation_app")
     if r:
-        add("app.generate 200 tokens (end to end)", f"{r['tokens_per_s']} tok/s ({r['seconds_median']} s)", "—", None,
-            r)
+        lines.append(row("app.generate 200 tokens (end to end)", f"{r['tokens_per_s']} tok/s ({r['seconds_median']} s)",
+                         "—", None, r))
+    return lines
+
+
+def server_rows(rs: list[dict]) -> list[str]:
+    """Training in the app, start-up, memory, and Steps under load."""
+    lines = []
     for r in [x for x in rs if x.get("bench") == "train_app_vs_direct"]:
         c = r["config"]
-        add(f"Training in app loop vs model.train.train ({r['corpus']}, {c['layers']}×{c['heads']}×{c['d_model']}, "
+        lines.append(row(
+            f"Training in app loop vs model.train.train ({r['corpus']}, {c['layers']}×{c['heads']}×{c['d_model']}, "
             f"{r['steps']} steps)", f"app {r['app_s_median']} s vs direct {r['direct_s_median']} s "
-            f"({r['app_slowdown_pct']:+} %)", "≤ +10 %", r["app_slowdown_pct"] <= 10, r)
+            f"({r['app_slowdown_pct']:+} %)", "≤ +10 %", r["app_slowdown_pct"] <= 10, r))
     r = find(rs, "startup_http200")
     if r:
-        add("Start-up `python app.py` → HTTP 200", f"{r['median_s']} s median ({r['all_s']})", "≤ 6 s",
-            r["median_s"] <= 6, r)
+        lines.append(row("Start-up `python app.py` → HTTP 200", f"{r['median_s']} s median ({r['all_s']})", "≤ 6 s",
+                         r["median_s"] <= 6, r))
     r = find(rs, "memory_rss")
     if r:
-        add("Memory idle (VmRSS)", f"{r['idle_mb']} MB", "≤ 500 MB", r["idle_mb"] <= 500, r)
+        lines.append(row("Memory idle (VmRSS)", f"{r['idle_mb']} MB", "≤ 500 MB", r["idle_mb"] <= 500, r))
         keys = [k for k in r if k.startswith("after_") and k.endswith("_sessions_mb")]
-        add("Memory after sessions", ", ".join(f"{k[6:-3].replace('_', ' ')}: {r[k]} MB" for k in keys)
-            + f" (growth {r['growth_first_batch_mb']} then {r['growth_second_batch_mb']} MB)", "bounded", None, r)
-        add("Memory during one training", f"peak {r['training_peak_mb']} MB, after {r['after_training_mb']} MB",
-            "bounded", None, r)
+        lines.append(row("Memory after sessions", ", ".join(f"{k[6:-3].replace('_', ' ')}: {r[k]} MB" for k in keys)
+                         + f" (growth {r['growth_first_batch_mb']} then {r['growth_second_batch_mb']} MB)", "bounded",
+                         None, r))
+        lines.append(row("Memory during one training", f"peak {r['training_peak_mb']} MB, after "
+                         f"{r['after_training_mb']} MB", "bounded", None, r))
     for threads in (1, 2):
         r = find(rs, "load_step_with_training", server_threads=threads)
         if r:
             lat = r["latency_ms"]
             ok = lat.get("p95", 1e9) <= 1500 and not r["errors"]
-            add(f"Under load: {r['clients']} sessions Step T={r['prompt_tokens']} + 1 training, {threads} thread(s)",
+            lines.append(row(
+                f"Under load: {r['clients']} sessions Step T={r['prompt_tokens']} + 1 training, {threads} thread(s)",
                 f"{r['steps_per_s']} Steps/s, median {lat.get('median')} ms, p95 {lat.get('p95')} ms, "
                 f"errors {sum(r['errors'].values())}, queue-full {r['queue_full_refusals']}",
-                "p95 ≤ 1.5 s, 0 errors", ok, r)
-    for r in rs:  # bench.real_models: Decoder Lab against transformers on real model sizes, one thread
-        if r.get("bench") == "real_models.step":
-            add(f"{r['model']} cached Step with attention, T={r['T']}, vs transformers",
-                f"{r['ratio_step']}× ({r['decoder_step_ms']} vs {r['transformers_ms']} ms; model forward alone "
-                f"{r['engine_forward_ms']} ms, {r['ratio_forward']}×)", "≤ 1.0×", r["ratio_step"] <= 1.0, r)
-        elif r.get("bench") == "real_models.generate":
-            add(f"{r['model']} greedy generation of {r['new_tokens']} tokens vs transformers' generate",
-                f"{r['ratio']}× ({r['decoder_lab_tok_s']} vs {r['transformers_tok_s']} tokens/s; same tokens: "
-                f"{r['same_tokens']})", "≥ 1.0×", r["ratio"] >= 1.0, r)
-        elif r.get("bench") == "real_models.memory":
-            add(f"{r['model']} opened: resident memory vs fp32 weights",
-                f"{r['ratio']}× ({r['rss_added_mb']} vs {r['fp32_weights_mb']} MB)", "≤ 1.2×", r["ratio"] <= 1.2, r)
-    return "\n".join(lines)
+                "p95 ≤ 1.5 s, 0 errors", ok, r))
+    return lines
 
+
+def real_model_rows(rs: list[dict]) -> list[str]:
+    """bench.real_models: Decoder Lab against transformers on real model sizes, one thread."""
+    lines = []
+    for r in rs:
+        if r.get("bench") == "real_models.step":
+            lines.append(row(f"{r['model']} cached Step with attention, T={r['T']}, vs transformers",
+                             f"{r['ratio_step']}× ({r['decoder_step_ms']} vs {r['transformers_ms']} ms; model forward "
+                             f"alone {r['engine_forward_ms']} ms, {r['ratio_forward']}×)", "≤ 1.0×",
+                             r["ratio_step"] <= 1.0, r))
+        elif r.get("bench") == "real_models.generate":
+            lines.append(row(f"{r['model']} greedy generation of {r['new_tokens']} tokens vs transformers' generate",
+                             f"{r['ratio']}× ({r['decoder_lab_tok_s']} vs {r['transformers_tok_s']} tokens/s; same "
+                             f"tokens: {r['same_tokens']})", "≥ 1.0×", r["ratio"] >= 1.0, r))
+        elif r.get("bench") == "real_models.memory":
+            lines.append(row(f"{r['model']} opened: resident memory vs fp32 weights",
+                             f"{r['ratio']}× ({r['rss_added_mb']} vs {r['fp32_weights_mb']} MB)", "≤ 1.2×",
+                             r["ratio"] <= 1.2, r))
+    return lines
+
+
+def table(rs: list[dict]) -> str:
+    """The whole table: a header, then each group of figures in the order of bench/RESULTS.md."""
+    lines = ["| Figure | Result | Target | Met? | Command | Load (1 min) |", "|---|---|---|---|---|---|"]
+    for section in (step_rows, browser_and_generation_rows, server_rows, real_model_rows):
+        lines += section(rs)
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     print(table(rows(sys.argv[1] if len(sys.argv) > 1 else str(RESULTS))))

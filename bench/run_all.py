@@ -47,6 +47,8 @@ FULL = [
     ("train_bench", []),
     ("train_race", []),
     ("real_models", ["--reps", "7", "--gen-reps", "3"]),
+    ("step_path", []),
+    ("step_path", ["--view", "0"]),
 ]
 QUICK = [
     ("step_latency", ["--reps", "2", "--lengths", "16,64"]),
@@ -67,6 +69,7 @@ QUICK = [
     ("train_race", ["--iters", "40", "--check-every", "20"]),
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
     ("real_models", ["--reps", "1", "--gen-reps", "1", "--models", "pythia-70m", "--skip", "memory"]),
+    ("step_path", []),
 ]
 # Left out unless asked for: name -> (the flag that includes it, why it is left out).
 OPTIONAL = {
@@ -75,6 +78,11 @@ OPTIONAL = {
                                          "themselves; python -m bench.train_race runs the default against fp32 "
                                          "eager")),
     "train_race": ("--training-bench", "the training race runs four fresh 2000-iteration trainings (minutes)"),
+}
+# Never run from here: name -> why (each is run by hand, as its docstring says).
+BY_HAND = {
+    "step_ab": ("it compares this checkout with a second one, `--before PATH`, which run_all cannot know; run "
+                "python -m bench.step_ab --before PATH by hand"),
 }
 
 
@@ -86,14 +94,19 @@ def benchmarks() -> list[str]:
 
 def plan_for(quick: bool, only: set[str], include: set[str]) -> list[tuple[str, list[str]]]:
     plan = QUICK if quick else FULL
-    missing = set(benchmarks()) - {name for name, _ in plan}
-    if missing:  # a new script must be added to both lists above
+    missing = set(benchmarks()) - {name for name, _ in plan} - set(BY_HAND)
+    if missing:  # a new script must be added to both lists above (or to BY_HAND, saying why)
         raise SystemExit(f"bench/run_all.py has no settings for: {', '.join(sorted(missing))}")
     if only:
         unknown = only - set(benchmarks())
         if unknown:
             raise SystemExit(f"no such benchmark: {', '.join(sorted(unknown))}")
+        by_hand = sorted(only & set(BY_HAND))
+        if by_hand:
+            raise SystemExit("; ".join(f"{name} is not run from here: {BY_HAND[name]}" for name in by_hand))
         return [x for x in plan if x[0] in only]
+    for name, why in sorted(BY_HAND.items()):
+        print(f"# left out: {name} ({why})", file=sys.stderr, flush=True)
     if quick:
         return plan
     left_out = {name for name in OPTIONAL if name not in include}

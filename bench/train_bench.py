@@ -54,7 +54,8 @@ def bench_config(vocab_size: int) -> ModelConfig:
                        tie_weights=True, dropout=0.0)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The command line, with `--compile auto` and `none` resolved to a mode or None."""
     p = parser("train_bench", __doc__)
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="training text (default: shared Tiny Shakespeare)")
     p.add_argument("--iters", type=int, default=2000, help="training iterations")
@@ -88,24 +89,23 @@ def main() -> None:
         args.compile = "max-autotune-no-cudagraphs" if args.iters >= COMPILE_PAYS_AFTER else None
     if args.compile == "none":
         args.compile = None
+    return args
 
-    torch.set_num_threads(args.threads)
-    text = args.text.read_text(encoding="utf-8")
-    corpus = build_corpus("text", "char", seed=args.seed, text=text)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
-    model = DecoderLM(bench_config(corpus.tokenizer.vocab_size)).to(device)
-    cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
-                      betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
-                      seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
-                      compile=args.compile, sdpa=args.sdpa, backward=args.backward)
-    manual = uses_manual_step(model, cfg)
+
+def get_batch_ms(corpus) -> float:
+    """Milliseconds to draw one training batch (12 × 64), the mean of 200."""
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     for _ in range(200):
         corpus.train.get_batch(12, 64, g)
-    batch_ms = (time.perf_counter() - t0) / 200 * 1000
-    load_before = os.getloadavg()[0]
+    return (time.perf_counter() - t0) / 200 * 1000
+
+
+def timed_training(model, corpus, cfg: TrainConfig, args: argparse.Namespace):
+    """Train, timing each iteration; with `--target`, check the whole held-out loss every `--check-every`
+    iterations (the checks' time left out of the iterations and of the wall clock to the target).
+    Returns (seconds per iteration, the last event, (step, wall s) where the target was reached or None,
+    [(step, loss) of each check])."""
     times, last, prev = [], None, time.perf_counter()
     checking, reached, checks_s = 0.0, None, []
     for ev in train(model, corpus, cfg):
@@ -123,6 +123,25 @@ def main() -> None:
                 reached = (ev.step, round(now - PROCESS_START - checking + (time.perf_counter() - c0), 2))
             now = time.perf_counter()
         prev, last = now, ev
+    return times, last, reached, checks_s
+
+
+def main() -> None:
+    args = arguments()
+    torch.set_num_threads(args.threads)
+    text = args.text.read_text(encoding="utf-8")
+    corpus = build_corpus("text", "char", seed=args.seed, text=text)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    model = DecoderLM(bench_config(corpus.tokenizer.vocab_size)).to(device)
+    cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
+                      betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
+                      seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
+                      compile=args.compile, sdpa=args.sdpa, backward=args.backward)
+    manual = uses_manual_step(model, cfg)
+    batch_ms = get_batch_ms(corpus)
+    load_before = os.getloadavg()[0]
+    times, last, reached, checks_s = timed_training(model, corpus, cfg, args)
     warm = times[10:] or times
     med = statistics.median(warm)
     val_full = stream_loss(model, corpus.val, 64)

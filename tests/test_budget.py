@@ -1,5 +1,4 @@
-"""The shared guards (lab/rates.py, lab/sessionstore.py, lab/budget.py): one visitor cannot take what
-everyone shares.
+"""lab/rates.py, lab/sessionstore.py and lab/budget.py: one visitor cannot take what everyone shares.
 
 Fast and without a server: a fake clock, fake sessions that implement the `Tenant` protocol, and
 a temporary folder in place of lab.files.RUNS. What is checked: a person's pace passes and a
