@@ -233,7 +233,7 @@
   });
 
   // ------------------------------------------------------------------------------------------------
-  // Figure export (issue 15), separate from everything above: every Plotly figure on the page, in
+  // Figure export, separate from everything above: every Plotly figure on the page, in
   // every tab and whenever it is drawn, gets two small buttons, "PNG" and "SVG", in its bottom-left
   // corner (the figures' titles sit top-left and plotly's modebar top-right). A click downloads the
   // figure as drawn (its size and fonts: "Large fonts" gives presentation-size files) through the

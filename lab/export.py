@@ -1,4 +1,4 @@
-"""The numbers of what the page shows, to download as CSV and JSON (issue 15, "export and share").
+"""The numbers of what the page shows, to download as CSV and JSON.
 
 Each function takes a `Session` (and the view settings the page has) and returns an `Export`:
 a file stem that says what it holds (`name`), the CSV text (`csv`) and a JSON-serialisable dict

@@ -9,7 +9,8 @@ from model.checkpoint import Checkpoint, checkpoint_bytes, load_checkpoint
 from .checks import UserError
 from .models import ModelEntry
 
-UPLOAD_DETAIL_CHARS = 160  # the exact reason, shortened: a message stays a few lines (bench/fuzz.py bounds it)
+# the exact reason, shortened: a message stays a few lines (bench/fuzz/checks.py's MAX_MESSAGE_CHARS bounds it)
+UPLOAD_DETAIL_CHARS = 160
 
 
 def checkpoint_data(entry: ModelEntry) -> bytes:

@@ -1,4 +1,4 @@
-"""The Explore page as a learner and a teacher meet it, in a real Chromium (issue 12).
+"""The Explore page as a learner and a teacher meet it, in a real Chromium.
 
 One screen at 1366×900 and 1280×720, one head at full width on a phone, a first view worth
 seeing for every built-in, clicking a token (outlined row, shaded text, its own distribution),

@@ -1,4 +1,4 @@
-"""The training film in a real Chromium (issue 13): a built-in's film without training anything,
+"""The training film in a real Chromium: a built-in's film without training anything,
 scrubbing to a frame, the player, and the score with its formula; and the API's /film."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The head tools through the page, in a real Chromium (issue 14): head roles that follow each
+"""The head tools through the page, in a real Chromium: head roles that follow each
 Step and label the heads (badges on the attention panels too), a click on an overview cell that
 shows that head, the logit lens following the selected token, ablation and an attention edit
 with their effect, regeneration side by side, a head picked by clicking its attention panel,

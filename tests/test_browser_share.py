@@ -1,4 +1,4 @@
-"""Save & share in a real Chromium (issue 15): a link opens the page in its state (and names what it
+"""Save & share in a real Chromium: a link opens the page in its state (and names what it
 left out), a saved session opens in a fresh browser with the same tokens and the same figure
 numbers, and the web pages of a view and of a training film open offline from a file."""
 

@@ -1,4 +1,4 @@
-"""The Train tab in a real Chromium (issue 12): recipes that reproduce a built-in, a progress bar
+"""The Train tab in a real Chromium: recipes that reproduce a built-in, a progress bar
 with the time left, a loss axis that spans the run, keep-best, the model removed to make room,
 a refused upload cleared from its box, and an Explore figure laid out again after training."""
 

@@ -1,4 +1,4 @@
-"""The training film in the app (issue 13): recorded by every training in the Train tab, kept with
+"""The training film in the app: recorded by every training in the Train tab, kept with
 the model, saved inside its downloaded file and back on upload, and drawn frame by frame with
 exactly the numbers the frame holds. Built-in models carry the film the CLI recorded."""
 

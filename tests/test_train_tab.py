@@ -1,4 +1,4 @@
-"""The Train tab (issue 12): recipes as defaults, progress with time left, a loss axis for the whole run,
+"""The Train tab: recipes as defaults, progress with time left, a loss axis for the whole run,
 the overfitting hint, keep-best weights, the model removed to make room, and refused uploads cleared.
 
 Real torch, real gradio components; the live-server test uses gradio_client.
