@@ -57,6 +57,8 @@ class Limits:
     max_d_ff: int = 1024
     max_block_size: int = 256
     max_vocab: int = MAX_LOADED_VOCAB  # the tokenizer loader's bound, stated once there
+    # the JSON header (a converted pretrained model carries its tokenizer.json there: GPT-2's is 1.4 MB)
+    max_header_bytes: int = MAX_HEADER_BYTES
 
     def check(self, cfg: ModelConfig) -> None:
         bounds = {
@@ -196,10 +198,10 @@ def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
     if len(data) < 8:
         raise ValueError("not a safetensors file: shorter than its 8-byte header length")
     (n,) = struct.unpack("<Q", data[:8])
-    if n > MAX_HEADER_BYTES:
+    if n > limits.max_header_bytes:
         raise ValueError(
             f"not a safetensors file, or a hostile one: its header would be {n:,} bytes "
-            f"(at most {MAX_HEADER_BYTES:,} are allowed)"
+            f"(at most {limits.max_header_bytes:,} are allowed)"
         )
     if 8 + n > len(data):
         raise ValueError("safetensors header is longer than the file (truncated or not safetensors)")
@@ -238,8 +240,9 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
     cfg = ModelConfig.from_dict(cfg_dict)
     limits.check(cfg)
     tokenizer = tokenizer_from_dict(tok_dict, max_vocab=limits.max_vocab)
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {cfg.vocab_size}")
+    used = cfg.vocab_size if cfg.vocab_used is None else cfg.vocab_used  # rows past vocab_used are padding
+    if tokenizer.vocab_size != used:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {used}")
 
     if before_build is not None:
         before_build(cfg)

@@ -25,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import DEFAULT_LIMITS, Limits, load_checkpoint, save_checkpoint
-from .tokenizers import MAX_VOCAB, TOKENIZER_KINDS, Tokenizer
+from .tokenizers import MAX_PRETRAINED_VOCAB, STORED_TOKENIZER_KINDS, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
 # Bounds for files the person running the command chose: any model the importers read (up to
 # model.families.common.MAX_PARAMS parameters) passes, and the checkpoint loader still checks it.
+# The header holds the tokenizer.json of a pretrained model (safetensors itself reads at most 100 MB).
 LOCAL_LIMITS = Limits(max_file_bytes=16 * 1024**3, max_params=2_000_000_000, max_layers=256, max_heads=256,
-                      max_d_model=16_384, max_d_ff=65_536, max_block_size=131_072, max_vocab=MAX_VOCAB)
+                      max_d_model=16_384, max_d_ff=65_536, max_block_size=131_072, max_vocab=MAX_PRETRAINED_VOCAB,
+                      max_header_bytes=100_000_000)
 
 
 @dataclass
@@ -68,19 +70,30 @@ def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str 
 
 def check_storable(opened: Opened) -> None:
     """Refuse, before anything is written, a model whose file the checkpoint loader could not open
-    again: its tokenizer must be one of the kinds a Decoder Lab file holds (TOKENIZER_KINDS)."""
+    again: its tokenizer must come back from the file's JSON, through the loader's own checks, the
+    same tokenizer (a tokenizer.json with a step the checks do not allow is refused here, by name)."""
     kind = opened.tokenizer.kind
-    if kind not in TOKENIZER_KINDS:
-        raise ValueError(f"a Decoder Lab file cannot hold this model's {kind} tokenizer (tokenizer.json) yet, so "
-                         f"nothing was written; python -m model.generate --checkpoint opens the source itself")
+    if kind not in STORED_TOKENIZER_KINDS:
+        raise ValueError(f"a Decoder Lab file cannot hold this model's {kind} tokenizer, so nothing was written")
+    try:
+        again = tokenizer_from_dict(opened.tokenizer.to_dict(), LOCAL_LIMITS.max_vocab)
+    except ValueError as exc:
+        raise ValueError(f"a Decoder Lab file cannot hold this model's tokenizer, so nothing was written: {exc}; "
+                         f"python -m model.generate --checkpoint opens the source itself") from None
+    if again != opened.tokenizer:
+        raise ValueError("this model's tokenizer does not read back the same from a Decoder Lab file, so nothing "
+                         "was written; python -m model.generate --checkpoint opens the source itself")
 
 
-def upload_refusal(model: DecoderLM, size: int) -> str | None:
-    """Why the app's upload would refuse this model (a file of `size` bytes), or None."""
+def upload_refusal(model: DecoderLM, path: Path) -> str | None:
+    """Why the app's upload would refuse the file written at `path`, or None: past the size and
+    config bounds, the upload's own loader opens it under the upload limits."""
+    size = path.stat().st_size
     if size > DEFAULT_LIMITS.max_file_bytes:
         return f"the file is {size:,} bytes; the upload takes at most {DEFAULT_LIMITS.max_file_bytes:,}"
     try:
         DEFAULT_LIMITS.check(model.cfg)
+        load_checkpoint(path, DEFAULT_LIMITS)
     except ValueError as exc:
         return str(exc)
     return None
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))  # exits with status 2
     size = path.stat().st_size
     print(f"wrote {path} ({opened.model.n_params():,} parameters, {size:,} bytes)")
-    refusal = upload_refusal(opened.model, size)
+    refusal = upload_refusal(opened.model, path)
     if refusal:
         print(f"the app's upload will not take it ({refusal}); python -m model.generate --checkpoint opens it")
     return 0

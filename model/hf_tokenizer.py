@@ -2,8 +2,10 @@
 `Tokenizer` interface, through the `tokenizers` library.
 
 These files come with a model folder that the person running the app chose, so they are trusted
-as the model's own (unlike tokenizers inside uploaded checkpoints, which model/tokenizers.py
-validates field by field); they are still size-bounded and must parse.
+as the model's own; they are still size-bounded and must parse. A converted model's Decoder Lab
+file carries the tokenizer too (`to_dict`: the tokenizer.json text, BOS / EOS and `add_bos`), and
+such a file may be a visitor's upload: `from_dict` checks all of it field by field
+(model/hf_tokenizer_checks.py) before the library parses it.
 
 * Pieces are shown as people read them: GPT-2's byte alphabet (`Ġ` for a space, `Ċ` for a
   newline) and SentencePiece's `▁` are turned back into the text they stand for, then made
@@ -25,10 +27,10 @@ from typing import Any, Iterable
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .tokenizers import Encoded, Tokenizer, display_piece
+from .hf_tokenizer_checks import MAX_HF_TOKEN_BYTES, checked_document
+from .tokenizer_core import MAX_PRETRAINED_VOCAB, Encoded, Tokenizer, check_keys, display_piece, preview
 
 MAX_TOKENIZER_BYTES = 50_000_000  # GPT-2's tokenizer.json is 1.4 MB, Llama 3's 9 MB
-MAX_TOKENIZER_VOCAB = 300_000
 
 
 @lru_cache(maxsize=1)
@@ -55,11 +57,15 @@ class HFFileTokenizer(Tokenizer):
         # The base class's constructor checks the app's own small vocabularies (an <unk> entry,
         # at most 50,000 tokens); a pretrained vocabulary is the model's own, so it is not called.
         self._hf = hf
+        # the app encodes one prompt at a time, as transformers' tokenizer does by default
+        hf.no_padding()
+        hf.no_truncation()
         size = hf.get_vocab_size(with_added_tokens=True)
-        if not 0 < size <= MAX_TOKENIZER_VOCAB:
-            raise ValueError(f"tokenizer.json has {size:,} tokens; at most {MAX_TOKENIZER_VOCAB:,} are read")
+        if not 0 < size <= MAX_PRETRAINED_VOCAB:
+            raise ValueError(f"tokenizer.json has {size:,} tokens; at most {MAX_PRETRAINED_VOCAB:,} are read")
         self._size = size
         self._byte_level = _uses(hf, "ByteLevel")
+        self._special_texts = (bos_token, eos_token)  # kept as given, so to_dict / from_dict round-trip
         self.bos_id = hf.token_to_id(bos_token) if bos_token else None
         self._eos = hf.token_to_id(eos_token) if eos_token else None
         self.add_bos = bool(add_bos and self.bos_id is not None)
@@ -145,7 +151,31 @@ class HFFileTokenizer(Tokenizer):
         return raw.replace("▁", " ")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "tokenizer": self._hf.to_str(), "add_bos": self.add_bos}
+        bos, eos = self._special_texts
+        return {"kind": self.kind, "tokenizer": self._hf.to_str(), "add_bos": self.add_bos, "bos": bos, "eos": eos}
+
+    @classmethod
+    def from_dict(cls, d: Any, max_vocab: int) -> "HFFileTokenizer":
+        """Rebuild from `to_dict` output, which may come from a visitor's file: every field, the
+        tokenizer.json text included, is checked (model/hf_tokenizer_checks.py) before the
+        `tokenizers` library parses it, and the vocabulary has at most `max_vocab` tokens."""
+        check_keys(d, "hf tokenizer data", {"kind", "tokenizer", "add_bos", "bos", "eos"})
+        if not isinstance(d["add_bos"], bool):
+            raise ValueError("hf tokenizer data 'add_bos' must be true or false")
+        for key in ("bos", "eos"):
+            if d[key] is not None and (not isinstance(d[key], str) or not 0 < len(d[key]) <= MAX_HF_TOKEN_BYTES):
+                raise ValueError(f"hf tokenizer data {key!r} must be null or a token's text, not {preview(d[key])}")
+        doc = checked_document(d["tokenizer"], max_vocab)
+        try:
+            hf = HFTokenizer.from_str(json.dumps(doc))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # errors and panics of the Rust library
+            raise ValueError("the hf tokenizer's tokenizer.json could not be read by the tokenizers library") from None
+        tok = cls(hf, d["add_bos"], d["bos"], d["eos"])
+        if tok.add_bos != d["add_bos"]:
+            raise ValueError(f"hf tokenizer data asks for a BOS token first, but {preview(d['bos'])} is not a token")
+        return tok
 
     def __hash__(self) -> int:
         return hash((self.kind, self._size, self.add_bos))

@@ -25,7 +25,11 @@ MAX_LOADED_VOCAB = 4096
 # model can emit: with the lab's 256 new tokens per Generate the worst case is
 # 256 × (64 + 1 joining space) = 16,640 bytes (about 16 KiB) of text, not megabytes.
 MAX_TOKEN_BYTES = 64
-TOKENIZER_KINDS = ("char", "word", "bpe")
+TOKENIZER_KINDS = ("char", "word", "bpe")  # the kinds the app trains
+# The kinds a Decoder Lab file holds: those, and a converted pretrained model's tokenizer.json
+# (model/hf_tokenizer.py), whose vocabulary may be larger than MAX_VOCAB.
+STORED_TOKENIZER_KINDS = (*TOKENIZER_KINDS, "hf")
+MAX_PRETRAINED_VOCAB = 300_000
 
 _DISPLAY = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
 

@@ -1,4 +1,5 @@
-"""Tokenizers for Decoder Lab: character, word and (character-level) BPE, and reading any of them back.
+"""Tokenizers for Decoder Lab: character, word and (character-level) BPE, and reading any of them back
+(and a converted pretrained model's tokenizer.json, kind "hf": model/hf_tokenizer.py).
 
 This module holds the character and word tokenizers and `tokenizer_from_dict`; the interface, limits
 and value checks they share are in model/tokenizer_core.py, BPE in model/bpe.py. Every public name of
@@ -39,9 +40,10 @@ from collections import Counter
 from typing import Any, Iterable
 
 from .bpe import BPE_TRAIN_SAMPLE_CHARS, MAX_BPE_JSON_CHARS, BPETokenizer
+from .hf_tokenizer import HFFileTokenizer
 from .tokenizer_core import (
-    EOS, MAX_LOADED_VOCAB, MAX_TOKEN_BYTES, MAX_VOCAB, TOKENIZER_KINDS, UNK, Encoded, Tokenizer, check_keys, check_piece,
-    checked_list, dedup, display_piece, json_type, preview, storable,
+    EOS, MAX_LOADED_VOCAB, MAX_PRETRAINED_VOCAB, MAX_TOKEN_BYTES, MAX_VOCAB, STORED_TOKENIZER_KINDS, TOKENIZER_KINDS,
+    UNK, Encoded, Tokenizer, check_keys, check_piece, checked_list, dedup, display_piece, json_type, preview, storable,
 )
 
 __all__ = [
@@ -52,12 +54,15 @@ __all__ = [
     "MAX_TOKEN_BYTES",
     "MAX_BPE_JSON_CHARS",
     "TOKENIZER_KINDS",
+    "STORED_TOKENIZER_KINDS",
+    "MAX_PRETRAINED_VOCAB",
     "BPE_TRAIN_SAMPLE_CHARS",
     "Encoded",
     "Tokenizer",
     "CharTokenizer",
     "WordTokenizer",
     "BPETokenizer",
+    "HFFileTokenizer",
     "count_word_tokens",
     "display_piece",
     "normalise",
@@ -267,15 +272,20 @@ def tokenizer_from_dict(d: Any, max_vocab: int = MAX_LOADED_VOCAB) -> Tokenizer:
 
     Treats ``d`` as untrusted: only what ``to_dict`` writes is accepted, with at most
     ``max_vocab`` tokens of at most ``MAX_TOKEN_BYTES`` bytes each; any problem raises
-    ``ValueError`` before a tokenizer is built.
+    ``ValueError`` before a tokenizer is built. A pretrained model's tokenizer (kind "hf") may
+    have up to MAX_PRETRAINED_VOCAB tokens when ``max_vocab`` allows; the app's own kinds never
+    more than MAX_VOCAB.
     """
-    if isinstance(max_vocab, bool) or not isinstance(max_vocab, int) or not 2 <= max_vocab <= MAX_VOCAB:
-        raise ValueError(f"max_vocab must be an integer from 2 to {MAX_VOCAB}")
+    if isinstance(max_vocab, bool) or not isinstance(max_vocab, int) or not 2 <= max_vocab <= MAX_PRETRAINED_VOCAB:
+        raise ValueError(f"max_vocab must be an integer from 2 to {MAX_PRETRAINED_VOCAB}")
     if not isinstance(d, dict):
         raise ValueError(f"tokenizer data must be a JSON object, not {json_type(d)}")
     kind = d.get("kind")
-    if not isinstance(kind, str) or kind not in TOKENIZER_KINDS:
-        raise ValueError(f"unknown tokenizer kind {preview(kind)}; expected one of {', '.join(TOKENIZER_KINDS)}")
+    if not isinstance(kind, str) or kind not in STORED_TOKENIZER_KINDS:
+        raise ValueError(f"unknown tokenizer kind {preview(kind)}; expected one of {', '.join(STORED_TOKENIZER_KINDS)}")
+    if kind == "hf":
+        return _checked_hf(d, max_vocab)
+    max_vocab = min(max_vocab, MAX_VOCAB)
     try:
         if kind == "char":
             return _checked_char(d, max_vocab)
@@ -287,3 +297,12 @@ def tokenizer_from_dict(d: Any, max_vocab: int = MAX_LOADED_VOCAB) -> Tokenizer:
         raise
     except Exception:  # defensive: untrusted data must only yield ValueError
         raise ValueError(f"invalid {kind} tokenizer data") from None
+
+
+def _checked_hf(d: dict[str, Any], max_vocab: int) -> HFFileTokenizer:
+    try:
+        return HFFileTokenizer.from_dict(d, max_vocab)
+    except ValueError:
+        raise
+    except Exception:  # defensive: untrusted data must only yield ValueError
+        raise ValueError("invalid hf tokenizer data") from None
