@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ui.common  # noqa: F401 - first: ZeroGPU's `spaces` must be imported before torch
 
+import argparse
 import logging
 import os
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from starlette.middleware import Middleware
 
 from lab import files
+from lab.external import ENV_VAR, EXTERNAL, SEPARATOR, sources_from
 from lab.limits import (
     QUEUE_SIZE,
     SESSION_CAPACITY, STATE_TTL_S, UPLOAD_MAX_MB,
@@ -82,7 +84,24 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> list:
+    """The models the person running the app adds (--model, then the environment variable)."""
+    parser = argparse.ArgumentParser(
+        prog="python app.py", description="Decoder Lab: step through a small GPT-style model in the browser.",
+        epilog=f"{ENV_VAR} adds models too: several SRC separated by '{SEPARATOR}'. Hub models are read from "
+               "the local Hugging Face cache; nothing is downloaded while the app runs.")
+    parser.add_argument("--model", action="append", default=[], metavar="SRC",
+                        help="add a model to the list (repeatable): a Hugging Face model folder, a nanoGPT "
+                             "ckpt.pt (its meta.pkl beside it), or a hub repo id pinned as owner/name@revision")
+    args = parser.parse_args(argv)
+    try:
+        return sources_from(args.model, os.environ.get(ENV_VAR))
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    EXTERNAL.configure(parse_args(argv))  # loaded on first use, not here
     logging.basicConfig(level=logging.INFO)
     for chatty in ("httpx", "httpcore", "urllib3"):  # one line per request of gradio's own start-up checks
         logging.getLogger(chatty).setLevel(logging.WARNING)

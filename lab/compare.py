@@ -11,7 +11,7 @@ import torch
 from .models import ModelEntry
 from .probing import forward, kl_bits
 from .roles import HeadRoles, compute_head_roles
-from .text import encode_prompt
+from .text import encode_prompt, used_rows
 
 
 @dataclass
@@ -87,6 +87,6 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
                      "them; the difference includes that.")
     diff = [wb[:, :n, :n] - wa[:, :n, :n] for wa, wb in zip(*weights)]
     roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
-    probs = [torch.softmax(o.logits[0, -1].double(), -1).numpy() for o in outs]
+    probs = [torch.softmax(used_rows(o.logits[0, -1].double(), entry), -1).numpy() for o in outs]
     return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
                       [tok.piece(i) for i in range(tok.vocab_size)], notes, causal)

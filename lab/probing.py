@@ -30,7 +30,7 @@ from .checks import UserError, check_choice, check_int
 from .limits import MAX_NEW_TOKENS
 from .models import ModelEntry
 from .roles import HeadRoles
-from .text import Text
+from .text import Text, used_rows
 
 TOP_MOVES = 5  # how many of the top candidates a summary follows
 LENS_TOP = 5
@@ -193,7 +193,7 @@ def lens_readout(text: Text, index=None) -> Lens:
     out = forward(entry, d.window, residuals=True)
     with torch.inference_mode():
         logits = logit_lens(entry.model, out.residuals)[:, 0, index]  # (L + 1, V)
-    probs = torch.softmax(logits.double(), dim=-1).numpy()
+    probs = torch.softmax(used_rows(logits.double(), entry), dim=-1).numpy()
     labels = ["embedding"] + [f"after layer {i}" for i in range(len(out.residuals) - 1)]
     tok = entry.tokenizer
     return Lens(probs, labels, [tok.piece(i) for i in range(tok.vocab_size)], index, tok.piece(d.window[index]))
@@ -259,8 +259,8 @@ def effect(text: Text, settings: ProbeSettings, index=None) -> Effect:
     index = position(text, index)
     d, entry = text.decoder, text.entry
     iv = window_intervention(text, settings)
-    before = forward(entry, d.window).logits[0, index].double()
-    after = before if iv is None else forward(entry, d.window, iv).logits[0, index].double()
+    before = used_rows(forward(entry, d.window).logits[0, index].double(), entry)
+    after = before if iv is None else used_rows(forward(entry, d.window, iv).logits[0, index].double(), entry)
     log_p, log_q = torch.log_softmax(before, -1).numpy(), torch.log_softmax(after, -1).numpy()
     p, q = torch.softmax(before, -1).numpy(), torch.softmax(after, -1).numpy()
     rp, rq = ranks(p), ranks(q)

@@ -29,6 +29,7 @@ from . import files, probing
 from .compare import Comparison, compare
 from .budget import DISK_BUDGET, MODEL_BUDGET
 from .checks import UserError, check_int
+from .external import EXTERNAL
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
 from .frame import Frame, make_frame
 from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
@@ -56,6 +57,7 @@ class Session:
 
     def __init__(self, builtins: BuiltinModels = BUILTINS) -> None:
         self.builtins = builtins
+        self.external = EXTERNAL  # the models the person running the app added (none unless they did)
         self.text = Text()
         self.own = OwnModels()
         self.display = Display()
@@ -136,7 +138,7 @@ class Session:
     # ------------------------------------------------------------------------ models
 
     def model_names(self) -> list[str]:
-        return self.builtins.names + list(self.own.models)
+        return self.builtins.names + self.external.names + list(self.own.models)
 
     def entry_for(self, name) -> ModelEntry:
         if not isinstance(name, str):
@@ -145,6 +147,8 @@ class Session:
             return self.own.models[name]
         if name in self.builtins.models:
             return self.builtins.get(name)
+        if name in self.external:
+            return self.external.get(name)
         raise UserError(f"Unknown model {name[:60]!r}. Pick one from the list.")
 
     model_name = property(lambda self: None if self.entry is None else self.entry.name)  # None before the first Step

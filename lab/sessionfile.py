@@ -74,6 +74,9 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
         check_form_prompt(prompt, entry)  # refused here as it would be when the file is opened
     if entry.builtin:
         model = {"builtin": entry.name, "sha256": builtin_checksum(session, entry.name)}
+    elif entry.name in session.external and session.external.get(entry.name) is entry:
+        # a model the person running the app added: named by its source and the hash of its files
+        model = {"external": entry.meta["source"], "sha256": entry.meta["sha256"]}
     else:
         model = {"name": entry.name, "checkpoint": base64.b64encode(checkpoint_data(entry)).decode("ascii")}
     probe = session.probe
@@ -159,6 +162,21 @@ def _sampling(values, seed: int) -> Sampling:
         raise _bad(f"an action's {exc}".rstrip(".")) from None
 
 
+def _external_model(scratch: Session, model: dict) -> str:
+    """The app's model from the source a file names, when its files have the file's hash."""
+    source = model["external"]
+    if not isinstance(source, str):
+        raise _bad("its model's source is not text")
+    name = scratch.external.by_label(source)
+    if name is None:
+        raise UserError(f"This session was made with '{source[:120]}', which this app does not offer, so it "
+                        "cannot be reproduced here.")
+    if model.get("sha256") != scratch.entry_for(name).meta["sha256"]:
+        raise UserError(f"This session was saved with other weights of '{source[:120]}' (their checksum "
+                        "differs), so it cannot be reproduced here.")
+    return name
+
+
 def _load_model(scratch: Session, model: dict) -> str:
     """The file's model in the scratch session: a built-in (its checksum must match) or an own model."""
     if "builtin" in model:
@@ -169,6 +187,8 @@ def _load_model(scratch: Session, model: dict) -> str:
             raise UserError(f"This session was saved with another version of '{name}' (its checksum differs), so "
                             "it cannot be reproduced here.")
         return name
+    if "external" in model:
+        return _external_model(scratch, model)
     data = model.get("checkpoint")
     if not isinstance(data, str):
         raise _bad("its model is neither a built-in nor a saved checkpoint")

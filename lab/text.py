@@ -24,6 +24,13 @@ from .models import ModelEntry
 LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
 
 
+def used_rows(logits: torch.Tensor, entry: ModelEntry) -> torch.Tensor:
+    """Logits (..., V) without the padded vocabulary rows (ModelConfig.vocab_used): no token stands for
+    them, so no distribution the lab shows or samples has them (model.generate.mask_padding)."""
+    cfg = entry.model.cfg
+    return logits[..., : cfg.vocab_used or cfg.vocab_size]
+
+
 def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
     """A prompt's token ids for this model and any notices; refuses empty, long or unknown input."""
     if not isinstance(prompt, str):
@@ -230,14 +237,15 @@ class Text:
                 adjusted = adjust_probs(torch.log(torch.from_numpy(s.probs)), sampling).numpy()
                 if np.allclose(adjusted, s.adjusted, rtol=0, atol=1e-6):  # the settings it was drawn with
                     adjusted = s.adjusted
-            return Probabilities(pieces, s.probs, adjusted, s.token_id, index=index,
+            n = len(pieces)  # the decoder's padded rows are 0: left out
+            return Probabilities(pieces, s.probs[:n], adjusted[:n], s.token_id, index=index,
                                  resampled=adjusted is not s.adjusted)
         if pos == 0:
             return None
         context = d.ids[max(0, pos - d.block_size):pos]
         with torch.inference_mode():
             logits = self.entry.model(torch.tensor([context], device=d.device)).logits[0, -1]
-        probs = torch.softmax(logits.float(), dim=-1).numpy()
+        probs = torch.softmax(used_rows(logits.float(), self.entry), dim=-1).numpy()
         return Probabilities(pieces, probs, None, d.ids[pos], index=index, typed=True)
 
     def status(self, told: list[str] = ()) -> str:

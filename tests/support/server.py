@@ -60,7 +60,8 @@ class AppServer:
     `start_seconds` is the time from launching the process to the first HTTP 200.
     """
 
-    def __init__(self, extra_env: dict[str, str] | None = None, tmp: Path | None = None):
+    def __init__(self, extra_env: dict[str, str] | None = None, tmp: Path | None = None, args: list[str] = ()):
+        self.args = list(args)  # command-line options of app.py (e.g. --model SRC)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.env = {**os.environ, **LOCAL_ENV, **OFFLINE_ENV, "GRADIO_SERVER_PORT": str(self.port), **(extra_env or {})}
@@ -76,7 +77,7 @@ class AppServer:
         """Launch the app and wait (polling every `poll` s) until its page answers HTTP 200."""
         self.log = open(self.log_path, "wb")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, str(APP)], cwd=ROOT, env=self.env, stdout=self.log,
+        self.proc = subprocess.Popen([sys.executable, str(APP), *self.args], cwd=ROOT, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         while True:
             try:

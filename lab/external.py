@@ -1,0 +1,214 @@
+"""Pretrained models the person running the app adds to the list (`python app.py --model SRC`, or
+the DECODER_LAB_MODELS environment variable): Hugging Face model folders, nanoGPT ckpt.pt files and
+Hugging Face repo ids pinned to a revision, read from the local hub cache (nothing is downloaded).
+
+`EXTERNAL` holds them: each is loaded on first use, under a lock, and then shared read-only by every
+session, like the built-ins. Its files' SHA-256 is recorded on the first load (`HASHES_FILE`) and
+checked on every later load: a changed file is refused with a sentence, not loaded. What each model
+is (family, size, tokenizer, source, licence), its example prompts and the head it opens on are
+read from its own files and computed on its own weights (lab.realmodels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.checkpoint import atomic_write
+
+from .checks import UserError
+from .models import ModelEntry
+
+ENV_VAR = "DECODER_LAB_MODELS"
+SEPARATOR = ";"  # between the sources in ENV_VAR: never part of a repo id (a path with it needs --model)
+HASHES_ENV = "DECODER_LAB_MODEL_HASHES"
+_CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+HASHES_FILE = Path(os.environ.get(HASHES_ENV) or _CACHE_HOME / "decoder-lab" / "model_hashes.json")
+# owner/name@revision: the names the hub allows, and a branch, tag or commit
+_REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+_REVISION = re.compile(r"[\w./-]{1,100}")
+# the files of a folder that make the model: what the hash covers
+_FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model comes from: a local folder or ckpt.pt (path), or a hub repo at a revision."""
+
+    kind: str  # "folder", "nanogpt" or "hub"
+    path: Path | None = None
+    repo: str | None = None
+    revision: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The source as the list, the status and session files name it."""
+        return f"{self.repo}@{self.revision}" if self.kind == "hub" else str(self.path)
+
+    @property
+    def name(self) -> str:
+        """A short display name for the model list."""
+        if self.kind == "hub":
+            rev = self.revision if len(self.revision) <= 12 else self.revision[:12]
+            return f"{self.repo}@{rev}"
+        if self.kind == "nanogpt":
+            return f"{self.path.parent.name}/{self.path.name} (nanoGPT)"
+        return f"{self.path.name} (folder)"
+
+
+def parse_source(text: str) -> Source:
+    """A source as given on the command line: an existing folder or .pt file, or owner/name@revision.
+    Anything else is a ValueError with one sentence."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("a model source is empty")
+    text = text.strip()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return Source("folder", path=path.resolve())
+    if path.suffix == ".pt":
+        if not path.is_file():
+            raise ValueError(f"there is no file {text}")
+        return Source("nanogpt", path=path.resolve())
+    repo, at, revision = text.partition("@")
+    if _REPO.fullmatch(repo) and not at:
+        raise ValueError(f"{text} is not a folder here; as a Hugging Face repo id it needs a pinned revision "
+                         f"({text}@main, or a commit)")
+    if _REPO.fullmatch(repo) and _REVISION.fullmatch(revision) and ".." not in revision:
+        return Source("hub", repo=repo, revision=revision)
+    raise ValueError(f"{text} is neither a model folder, a nanoGPT .pt file nor a repo id as owner/name@revision")
+
+
+def sources_from(args: list[str] | None, env: str | None) -> list[Source]:
+    """The sources of --model (in order), then those of the environment variable, each once."""
+    given = list(args or []) + [s for s in (env or "").split(SEPARATOR) if s.strip()]
+    found: list[Source] = []
+    for text in given:
+        source = parse_source(text)
+        if source not in found:
+            found.append(source)
+    return found
+
+
+# ------------------------------------------------------------------------------------ the files
+
+
+def hub_folder(source: Source) -> Path:
+    """The cached snapshot of a hub source; a sentence when it is not in this machine's cache."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source.repo, revision=source.revision, local_files_only=True))
+    except Exception:  # not cached, an unknown revision, an invalid id: the same answer for the person
+        raise UserError(f"'{source.label}' is not in this server's Hugging Face cache, and the app downloads "
+                        f"nothing while it runs. Whoever runs the app can fetch it once with: "
+                        f"hf download {source.repo} --revision {source.revision}") from None
+
+
+def model_files(source: Source, folder: Path | None) -> list[Path]:
+    """The files a model is made of (what its hash covers), in a fixed order."""
+    if source.kind == "nanogpt":
+        meta = source.path.parent / "meta.pkl"
+        return [source.path] + ([meta] if meta.is_file() else [])
+    names = [n for n in _FOLDER_FILES if (folder / n).is_file()]
+    names += sorted(p.name for p in folder.glob("*.safetensors"))
+    return [folder / n for n in names]
+
+
+def files_hash(files: list[Path]) -> str:
+    """SHA-256 over the files' names and contents, read a megabyte at a time."""
+    total = hashlib.sha256()
+    for path in files:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(2**20):
+                h.update(chunk)
+        total.update(f"{path.name}\0{h.hexdigest()}\n".encode())
+    return total.hexdigest()
+
+
+class HashRecord:
+    """The SHA-256 each source had when it was first loaded here, kept in a small JSON file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+    def check(self, label: str, digest: str) -> None:
+        """Record a new source's hash; refuse (UserError) one whose files changed since."""
+        known = self._read()
+        if label not in known:
+            known[label] = digest
+            try:
+                atomic_write(self.path, json.dumps(known, indent=1, sort_keys=True).encode("utf-8"))
+            except OSError:
+                pass  # nowhere to write: the model still loads, unchecked next time
+            return
+        if known[label] != digest:
+            raise UserError(f"The files of '{label}' have changed since this server first loaded them (their "
+                            "SHA-256 differs from the one recorded then), so they are not loaded. If the change "
+                            "was intended, whoever runs the app can remove the model's line from the record of "
+                            "model hashes.")
+
+
+# ---------------------------------------------------------------------------------- the registry
+
+
+class ExternalModels:
+    """The models the person running the app chose, by display name; each loaded on first use."""
+
+    def __init__(self, sources: list[Source] = (), hashes: Path = HASHES_FILE) -> None:
+        self.record = HashRecord(hashes)
+        self._lock = threading.Lock()
+        self.configure(sources)
+
+    def configure(self, sources: list[Source]) -> None:
+        """Offer these sources (replacing any before); names are made unique in order."""
+        with self._lock:
+            self.sources: dict[str, Source] = {}
+            for s in sources:
+                name, n = s.name, 2
+                while name in self.sources:
+                    name, n = f"{s.name} ({n})", n + 1
+                self.sources[name] = s
+            self._loaded: dict[str, ModelEntry] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.sources)
+
+    def __contains__(self, name) -> bool:
+        return isinstance(name, str) and name in self.sources
+
+    def by_label(self, label: str) -> str | None:
+        """The display name of the source a session file names, if this app offers it."""
+        return next((n for n, s in self.sources.items() if s.label == label), None)
+
+    def get(self, name: str) -> ModelEntry:
+        """The shared entry, loaded (and its hash checked) on first use; a refusal is a UserError."""
+        from .realmodels import open_source  # the engine's importers load only once a model is used
+
+        with self._lock:
+            if name not in self._loaded:
+                source = self.sources[name]
+                folder = hub_folder(source) if source.kind == "hub" else source.path
+                files = model_files(source, folder)
+                if not files or not all(p.is_file() for p in files):
+                    raise UserError(f"'{source.label}' has no model files here.")
+                digest = files_hash(files)
+                self.record.check(source.label, digest)
+                self._loaded[name] = open_source(name, source, folder, digest)
+            return self._loaded[name]
+
+
+EXTERNAL = ExternalModels()
