@@ -331,6 +331,19 @@ def open_model(source: str, meta: str | None = None, tokenizer: str | None = Non
     return opened.model, opened.tokenizer
 
 
+def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
+    """The prompt's token ids; as the app does, a prompt with characters (or words) the vocabulary
+    lacks is refused with a sentence naming them, never run as <unk>."""
+    enc = tok.encode_verbose(prompt)
+    if enc.unknown:
+        unit = "words" if tok.kind == "word" else "characters"
+        shown = ", ".join(repr(u[:20]) for u in enc.unknown[:8]) + (" …" if len(enc.unknown) > 8 else "")
+        raise ValueError(f"the prompt has {unit} this model's vocabulary lacks: {shown}")
+    if not enc.ids:
+        raise ValueError("the prompt has no tokens for this model")
+    return enc.ids
+
+
 def generate_main(argv: list[str] | None = None) -> int:
     """`python -m model.generate`: continue the prompt and print the text (or one JSON line per token);
     the exit status (0 done, 2 a refused flag or file)."""
@@ -339,7 +352,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         model, tok = open_model(args.checkpoint, args.meta, args.tokenizer)
-        decoder = Decoder(model, tok.encode(args.prompt), sampling, capture_attention=False,
+        decoder = Decoder(model, prompt_ids(tok, args.prompt), sampling, capture_attention=False,
                           eos_id=tok.eos_id, piece=tok.piece)
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2

@@ -3,7 +3,9 @@
 
 Sources: a Decoder Lab file (assets/sort.safetensors), a Hugging Face GPT-2 folder written by
 transformers' save_pretrained, and a nanoGPT ckpt.pt with its meta.pkl. Greedy tokens and their
-probabilities are held to transformers' GPT2LMHeadModel for the two foreign ones.
+probabilities are held to transformers' GPT2LMHeadModel for the two foreign ones. Converted files of
+all three (and of a Llama folder) are reopened by the app's loader under its upload limits and must
+compute the same numbers bit for bit.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from model.checkpoint import load_checkpoint
+from model.families import open_folder
 from model.generate import Decoder, Sampling, generate
 from model.nanogpt import load_nanogpt
-from tests.support.families import hf_tokenizer, save_reference, sharpen
+from tests.support.families import PROMPTS, hf_tokenizer, save_reference, sharpen
+from tests.test_families_gpt2 import build as gpt2_build
+from tests.test_families_llama import build as llama_build
 from tests.test_nanogpt import CHARS, _System, reference, save_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,14 +138,58 @@ def test_convert_decoder_lab_file_round_trips(tmp_path):
         assert ka == kb and torch.equal(va, vb)
 
 
-def test_convert_refuses_what_it_could_not_open_again(tmp_path):
-    """The checkpoint loader reads the char, word and bpe tokenizers of Decoder Lab files only: a
-    Hugging Face folder's tokenizer.json is refused with a sentence and no file is left behind."""
+@pytest.mark.parametrize("family, case", [("gpt2", "unscaled_padded"), ("llama", "gqa")])
+def test_convert_hugging_face_folder_and_reopen(family, case, tmp_path):
+    """A converted Hugging Face folder (GPT-2 with its embedding padded past the tokenizer; Llama
+    with grouped-query attention and a BOS-prepending tokenizer) is an ordinary Decoder Lab file: the
+    app's loader opens it under the upload limits, with the same tokenizer and bit-identical numbers."""
+    build = {"gpt2": gpt2_build, "llama": llama_build}[family]
+    _, folder = build(case, tmp_path)
+    out = tmp_path / f"{case}.safetensors"
+    done = run("model.convert", str(folder), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out} (") and "upload will not take it" not in done.stdout
+    model, tok = open_folder(folder)
+    reopened = load_checkpoint(out)  # the app's own limits
+    assert reopened.model.cfg == model.cfg
+    assert reopened.tokenizer == tok and reopened.tokenizer.add_bos == tok.add_bos
+    assert reopened.meta == {"source": "Hugging Face folder", "name": case}
+    if family == "gpt2":
+        assert (model.cfg.vocab_size, model.cfg.vocab_used) == (320, 300)
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        assert reopened.tokenizer.encode(prompt) == ids
+        assert [reopened.tokenizer.piece(i) for i in ids] == [tok.piece(i) for i in ids]
+        assert reopened.tokenizer.decode(ids) == tok.decode(ids)
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            a = model(x, return_attention=True)
+            b = reopened.model(x, return_attention=True)
+        assert torch.equal(a.logits, b.logits)
+        assert all(torch.equal(p, q) for p, q in zip(a.attentions, b.attentions))
+
+
+def test_convert_refuses_a_tokenizer_it_could_not_open_again(tmp_path):
+    """A folder's tokenizer.json with a step the loader's checks do not run (here a regex Split
+    pre-tokenizer) is refused by name before anything is written."""
     _, folder = hf_folder(tmp_path)
+    path = folder / "tokenizer.json"
+    doc = json.loads(path.read_text())
+    doc["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": False}
+    path.write_text(json.dumps(doc))
     out = tmp_path / "gpt2-tiny.safetensors"
     _refused(run("model.convert", str(folder), "--out", str(out)), "model.convert",
-             "a Decoder Lab file cannot hold this model's hf tokenizer (tokenizer.json) yet, so nothing was written")
+             "a Decoder Lab file cannot hold this model's tokenizer, so nothing was written: tokenizer.json has "
+             "a pre_tokenizer of type 'Split'")
     assert not out.exists()
+
+
+def test_generate_refuses_characters_missing_from_meta_pkl(tmp_path):
+    """A nanoGPT character vocabulary lacks most of Unicode: as in the app, such a prompt is refused
+    with a sentence naming the characters, not run as <unk>."""
+    path = save_run(tmp_path / "run", reference(len(CHARS)))
+    _refused(run("model.generate", "--checkpoint", str(path), "--prompt", "to be ζ or 日"), "model.generate",
+             "the prompt has characters this model's vocabulary lacks: 'ζ', '日'")
 
 
 def _refused(done: subprocess.CompletedProcess, prog: str, sentence: str) -> None:
