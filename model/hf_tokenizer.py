@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .hf_tokenizer_checks import MAX_HF_TOKEN_BYTES, checked_document
+from .hf_tokenizer_checks import checked_document
 from .tokenizer_core import MAX_PRETRAINED_VOCAB, Encoded, Tokenizer, check_keys, display_piece, preview
 
 MAX_TOKENIZER_BYTES = 50_000_000  # GPT-2's tokenizer.json is 1.4 MB, Llama 3's 9 MB
@@ -65,9 +65,11 @@ class HFFileTokenizer(Tokenizer):
             raise ValueError(f"tokenizer.json has {size:,} tokens; at most {MAX_PRETRAINED_VOCAB:,} are read")
         self._size = size
         self._byte_level = _uses(hf, "ByteLevel")
-        self._special_texts = (bos_token, eos_token)  # kept as given, so to_dict / from_dict round-trip
         self.bos_id = hf.token_to_id(bos_token) if bos_token else None
         self._eos = hf.token_to_id(eos_token) if eos_token else None
+        # the texts of those that are tokens, for to_dict
+        self._special_texts = (bos_token if self.bos_id is not None else None,
+                               eos_token if self._eos is not None else None)
         self.add_bos = bool(add_bos and self.bos_id is not None)
 
     @classmethod
@@ -162,20 +164,20 @@ class HFFileTokenizer(Tokenizer):
         check_keys(d, "hf tokenizer data", {"kind", "tokenizer", "add_bos", "bos", "eos"})
         if not isinstance(d["add_bos"], bool):
             raise ValueError("hf tokenizer data 'add_bos' must be true or false")
-        for key in ("bos", "eos"):
-            if d[key] is not None and (not isinstance(d[key], str) or not 0 < len(d[key]) <= MAX_HF_TOKEN_BYTES):
-                raise ValueError(f"hf tokenizer data {key!r} must be null or a token's text, not {preview(d[key])}")
         doc = checked_document(d["tokenizer"], max_vocab)
+        tokens = doc["model"]["vocab"].keys() | {added["content"] for added in doc["added_tokens"]}
+        for key in ("bos", "eos"):
+            if d[key] is not None and (not isinstance(d[key], str) or d[key] not in tokens):
+                raise ValueError(f"hf tokenizer data {key!r} must be null or a token, not {preview(d[key])}")
+        if d["add_bos"] and d["bos"] is None:
+            raise ValueError("hf tokenizer data asks for a BOS token first but names none")
         try:
             hf = HFTokenizer.from_str(json.dumps(doc))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # errors and panics of the Rust library
             raise ValueError("the hf tokenizer's tokenizer.json could not be read by the tokenizers library") from None
-        tok = cls(hf, d["add_bos"], d["bos"], d["eos"])
-        if tok.add_bos != d["add_bos"]:
-            raise ValueError(f"hf tokenizer data asks for a BOS token first, but {preview(d['bos'])} is not a token")
-        return tok
+        return cls(hf, d["add_bos"], d["bos"], d["eos"])
 
     def __hash__(self) -> int:
         return hash((self.kind, self._size, self.add_bos))
