@@ -47,8 +47,17 @@ class Source:
 
     @property
     def label(self) -> str:
-        """The source as the list, the status and session files name it."""
+        """The source as the server knows it (the record of hashes is keyed by it)."""
         return f"{self.repo}@{self.revision}" if self.kind == "hub" else str(self.path)
+
+    @property
+    def shown(self) -> str:
+        """The source as visitors see it (status, refusals, session files): no server path."""
+        if self.kind == "hub":
+            return self.label
+        if self.kind == "nanogpt":
+            return f"local file {self.path.parent.name}/{self.path.name}"
+        return f"local folder {self.path.name}"
 
     @property
     def name(self) -> str:
@@ -144,8 +153,8 @@ class HashRecord:
             return {}
         return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
 
-    def check(self, label: str, digest: str) -> None:
-        """Record a new source's hash; refuse (UserError) one whose files changed since."""
+    def check(self, label: str, digest: str, shown: str) -> None:
+        """Record a new source's hash (by its label); refuse (UserError) one whose files changed since."""
         known = self._read()
         if label not in known:
             known[label] = digest
@@ -155,7 +164,7 @@ class HashRecord:
                 pass  # nowhere to write: the model still loads, unchecked next time
             return
         if known[label] != digest:
-            raise UserError(f"The files of '{label}' have changed since this server first loaded them (their "
+            raise UserError(f"The files of '{shown}' have changed since this server first loaded them (their "
                             "SHA-256 differs from the one recorded then), so they are not loaded. If the change "
                             "was intended, whoever runs the app can remove the model's line from the record of "
                             "model hashes.")
@@ -192,7 +201,7 @@ class ExternalModels:
 
     def by_label(self, label: str) -> str | None:
         """The display name of the source a session file names, if this app offers it."""
-        return next((n for n, s in self.sources.items() if s.label == label), None)
+        return next((n for n, s in self.sources.items() if s.shown == label), None)
 
     def get(self, name: str) -> ModelEntry:
         """The shared entry, loaded (and its hash checked) on first use; a refusal is a UserError."""
@@ -204,9 +213,9 @@ class ExternalModels:
                 folder = hub_folder(source) if source.kind == "hub" else source.path
                 files = model_files(source, folder)
                 if not files or not all(p.is_file() for p in files):
-                    raise UserError(f"'{source.label}' has no model files here.")
+                    raise UserError(f"'{source.shown}' has no model files here.")
                 digest = files_hash(files)
-                self.record.check(source.label, digest)
+                self.record.check(source.label, digest, source.shown)
                 self._loaded[name] = open_source(name, source, folder, digest)
             return self._loaded[name]
 

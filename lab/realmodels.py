@@ -31,7 +31,7 @@ class ExternalEntry(ModelEntry):
     """A model the person running the app added: where it comes from and what its files say."""
 
     family: str = ""
-    source: str = ""  # repo@revision or the file/folder's path
+    source: str = ""  # repo@revision, or the local file or folder by its name (lab.external.Source.shown)
     sha256: str = ""
     licence: str | None = None
 
@@ -91,15 +91,15 @@ def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
             family = family_of(hf).name
             model, tok = open_folder(folder)
     except ValueError as exc:
-        raise UserError(f"'{source.label}' cannot be opened: {str(exc).rstrip('.')}.") from None
+        raise UserError(f"'{source.shown}' cannot be opened: {str(exc).rstrip('.')}.") from None
     except OSError:
-        raise UserError(f"'{source.label}' cannot be read here.") from None
+        raise UserError(f"'{source.shown}' cannot be read here.") from None
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()
     examples = example_prompts(tok, model.cfg.block_size)
-    entry = ExternalEntry(name, model, tok, {"source": source.label, "sha256": digest}, examples=examples,
-                          family=family, source=source.label, sha256=digest,
+    entry = ExternalEntry(name, model, tok, {"source": source.shown, "sha256": digest}, examples=examples,
+                          family=family, source=source.shown, sha256=digest,
                           licence=licence_of(None if source.kind == "nanogpt" else folder, hf))
     entry.first_view = first_view(entry)
     return entry
