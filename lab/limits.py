@@ -25,7 +25,7 @@ __all__ = [
     "MATCH_FORMULA", "MAX_PROBE_TOKENS", "NORMS", "POS_ENCODINGS", "TOKENIZER_KINDS",
     "MAX_PROMPT_CHARS", "MAX_NEW_TOKENS", "MAX_USER_MODELS", "OVERVIEW_MAX_TOKENS",
     "TEMPERATURE_RANGE", "TOP_K_RANGE", "TOP_P_RANGE", "SEED_RANGE", "TRAIN_LIMITS", "TRAIN_CORPORA",
-    "TRAIN_MAX_SECONDS", "TEXT_CHARS", "UPLOAD_MAX_MB", "STATE_TTL_S", "SESSION_CAPACITY", "QUEUE_SIZE",
+    "TRAIN_MAX_SECONDS", "STOP_WAIT_S", "TEXT_CHARS", "UPLOAD_MAX_MB", "STATE_TTL_S", "SESSION_CAPACITY", "QUEUE_SIZE",
     "CONCURRENCY", "RUN_FILES_MAX_AGE_S", "limits_table",
 ]
 
@@ -48,6 +48,7 @@ TRAIN_LIMITS = {
     "seed": SEED_RANGE,
 }
 TRAIN_MAX_SECONDS = float(os.environ.get("DECODER_LAB_TRAIN_SECONDS", "180"))
+STOP_WAIT_S = 30.0  # Stop answers with the status the run ends with if it ends this soon (its next step, then the save)
 TEXT_CHARS = (MIN_TEXT_CHARS, MAX_TEXT_CHARS)
 # corpus name (the engine's) → what the dropdown says and the line under it
 TRAIN_CORPORA = {

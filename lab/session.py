@@ -445,13 +445,13 @@ class Session:
             self.run = run  # a Stop while the corpus was built counts
         return removed
 
-    def stop_training(self) -> None:
-        """End the session's training at its next step, or before it begins if it is still starting."""
+    def stop_training(self, wait: float = 0.0) -> str | None:
+        """End the session's training at its next step, or before it begins if it is still starting; with `wait`,
+        the status a going run ends with if it ends within that many seconds (`TrainingRun.halt`)."""
         starting = self._starting
         if starting is not None:
             starting.set()
-        if self.run is not None:
-            self.run.stop.set()
+        return None if self.run is None else self.run.halt(wait)
 
     def _save_for_download(self, entry: ModelEntry) -> Path | None:
         """The model as one file to download, within the server's disk budget (None if refused)."""

@@ -54,6 +54,16 @@ class TrainingRun:
     keep_best: bool = False
     kept_step: int | None = None  # at the end: the step whose weights the model holds
     removed: list[str] = field(default_factory=list)  # own models removed to make room for this one
+    final: str | None = None  # the status the run ended with
+    ended: threading.Event = field(default_factory=threading.Event)  # set once `final` is written, or the run failed
+
+    def halt(self, wait: float = 0.0) -> str | None:
+        """Stop the run at its next step; with `wait`, wait up to that many seconds for it to end: the status
+        it ended with, or None if it has not ended by then (or had ended before)."""
+        if self.ended.is_set():
+            return None
+        self.stop.set()
+        return self.final if wait > 0 and self.ended.wait(wait) else None
 
     def seconds_left(self) -> float | None:
         """An estimate of the time left: the time per step so far times the steps left, capped by the
@@ -199,17 +209,21 @@ def run_training(entry: ModelEntry, corpus, tcfg: TrainConfig, stop: threading.E
     run.removed = join(entry, run)
     notes = [removed_note(run.removed)] if run.removed else []
     try:
-        ev = yield from follow(run, entry, corpus, tcfg, notes)
+        try:
+            ev = yield from follow(run, entry, corpus, tcfg, notes)
+        finally:
+            run.done = True
+            touch()
+            entry.model.eval()
+            if on_gpu:
+                entry.model.to("cpu")
+        if closed():  # the session was closed while training: save nothing nobody can fetch
+            return
+        path = save(entry)
+        run.final = final_message(run, ev, path is not None, notes)
     finally:
-        run.done = True
-        touch()
-        entry.model.eval()
-        if on_gpu:
-            entry.model.to("cpu")
-    if closed():  # the session was closed while training: save nothing nobody can fetch
-        return
-    path = save(entry)
-    yield TrainProgress(final_message(run, ev, path is not None, notes), run, done=True, download=path)
+        run.ended.set()  # whoever waits for the run's end (Session.stop_training) waits no longer
+    yield TrainProgress(run.final, run, done=True, download=path)
 
 
 def follow(run: TrainingRun, entry: ModelEntry, corpus, tcfg: TrainConfig, notes: list[str]):

@@ -147,12 +147,16 @@ class Page:
     def wait_training_end(self, timeout: float = 150_000) -> str:
         """Wait until the Train tab's run has ended (finished, stopped, hit the time limit) or was refused; the
         status, or the refusal's message. The limit covers a run queued behind another and the server's own
-        time limit, so a run that ends the wrong way fails on its message rather than on this wait."""
-        self.page.wait_for_function(
-            "() => /^Training (finished|stopped|hit)/.test(document.querySelector('#train_status textarea').value)"
-            " || document.querySelector('.toast-body') !== null", timeout=timeout)
-        toasts = self.page.eval_on_selector_all(".toast-body", "els => els.map(e => e.innerText)")
-        return " ".join(toasts) or self.page.locator("#train_status textarea").input_value()
+        time limit, so a run that ends the wrong way fails on its message rather than on this wait.
+
+        The text is read in the same look that sees it (a toast closes by itself, and its text comes a moment
+        after its box), and a toast counts once it has text."""
+        return self.page.wait_for_function(
+            "() => { const toasts = Array.from(document.querySelectorAll('.toast-body'), e => e.innerText.trim())"
+            "          .filter(t => t);"
+            " if (toasts.length) return toasts.join(' ');"
+            " const status = document.querySelector('#train_status textarea').value;"
+            " return /^Training (finished|stopped|hit)/.test(status) ? status : null; }", timeout=timeout).json_value()
 
 
 def hex_rgb(color: str) -> tuple[int, int, int]:
@@ -374,8 +378,13 @@ def test_train_stop_then_explore_the_new_model(app_page, shots):
     assert points() > n1, "the loss curve did not gain points while training"
     assert p.page.locator("#loss .js-plotly-plot").is_visible()
     p.page.locator("#stop_btn").dispatch_event("click")
+    # Stop answers with the status the run ends with, into the box the run's last update also writes: in
+    # either order the box ends saying who stopped it (the model list comes with the run's last update)
     status = p.wait_training_end()
     assert "stopped by you" in status, status
+    p.page.wait_for_function("() => document.querySelector('#model input').value === 'my sort model'",
+                             timeout=60_000)
+    assert p.page.locator("#train_status textarea").input_value() == status
     assert p.page.locator("#loss .js-plotly-plot").is_visible()
     p.tab("Explore")
     assert p.page.locator("#model input").input_value() == "my sort model"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
 import numpy as np
 import plotly.graph_objects as go
 import pytest
@@ -17,7 +18,7 @@ from lab.models import BUILTIN_MODELS, BUILTINS
 from lab.session import Session
 from model.checkpoint import load_checkpoint
 from model.heads import head_scores
-from ui.film import film_frame, next_frame, open_film
+from ui.film import film_frame, next_frame, open_film, redraw_film
 
 SORT_FORM = ("sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 40, 3e-3, 0)
 QUANT = 0.0005 + 1e-9  # figures carry milli-units
@@ -144,6 +145,26 @@ def test_the_copy_model_film_names_its_induction_phase():
 def test_bad_film_requests_are_refused(frame, layer, score):
     with pytest.raises(ValueError):
         film_frame(Session(), "copy / induction (built-in)", frame, layer, score)
+
+
+def test_a_control_still_at_another_films_frame_or_layer_draws_nothing_and_junk_is_refused():
+    """Opening another model's film sets the frame, layer and score; the page sends each one's change, one of
+    them while the slider (or the layer) still holds the last film's value. The page's redraw leaves that one
+    out (the opening draws the new film right after), where /film refuses it; any other value is drawn or
+    refused as /film draws or refuses it."""
+    s = Session()
+    name = "copy / induction (built-in)"
+    film = s.film(name)
+    n, layers = len(film.frames), len(film.frames[0].attention)
+    for frame, layer in ((n + 29, 0), (0, layers), (-1, 0)):
+        assert redraw_film(s, name, frame, layer, "induction") == gr.skip()
+        with pytest.raises(ValueError):
+            film_frame(s, name, frame, layer, "induction")
+    drawn, shown = redraw_film(s, name, 3, 0, "induction"), film_frame(s, name, 3, 0, "induction")
+    assert [d.plot for d in drawn[:3]] == [d.plot for d in shown[:3]] and drawn[3:] == shown[3:]
+    for frame, layer, score in (("x", 0, "induction"), (2.5, 0, "induction"), (0, 0, "nope"), (True, 0, "induction")):
+        with pytest.raises(gr.Error):
+            redraw_film(s, name, frame, layer, score)
 
 
 def test_the_film_grows_while_the_model_trains():

@@ -115,6 +115,25 @@ def show_film(session, model_name, frame, layer, score, request: gr.Request = No
     return film_frame(session, model_name, frame, layer, score)
 
 
+def outside(value, n: int) -> bool:
+    """Whether `value` is a whole number that is not one of 0 … n-1 (a frame or layer of another film)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
+            and not 0 <= value < n)
+
+
+@handler
+def redraw_film(session, model_name, frame, layer, score, request: gr.Request = None):
+    """`show_film` for the page's own frame, layer and score controls. When another model's film opens,
+    `open_film` sets all three and each one's change is sent, one of them while another still holds the
+    last film's value: a frame or a layer this film lacks. That draw is left out (the opening draws the
+    new film right after); any other value is checked as `show_film` checks it."""
+    film = session.film(model_name)
+    if film is not None and film.frames and (outside(frame, len(film.frames))
+                                             or outside(layer, len(film.frames[0].attention))):
+        return gr.skip()
+    return film_frame(session, model_name, frame, layer, score)
+
+
 @handler
 def open_film(session, model_name, request: gr.Request = None):
     """A model was picked for the film: the slider spans its frames and starts at the last; the layer

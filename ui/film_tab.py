@@ -14,7 +14,9 @@ from lab.models import DEFAULT_MODEL
 from lab.session import Session
 
 from .common import RAW
-from .film import follow_model, next_frame, open_film, opening, save_film_page, score_choices, score_names, show_film
+from .film import (
+    follow_model, next_frame, open_film, opening, redraw_film, save_film_page, score_choices, score_names, show_film,
+)
 
 INTRO = ("### Training film\nWatch attention form while a model learns. Each frame is the attention of every head "
          "on the probe prompt at one training step (denser early, where most changes), with the loss and each "
@@ -59,7 +61,7 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
     # The API's /film: one frame of a model's film (an invisible button: the same handler).
     gr.Button(visible=False).click(show_film, frame_inputs, frame_outputs, api_name="film", **group)
     for control in (frame, film_layer, film_score):
-        control.change(show_film, frame_inputs, frame_outputs, api_name=False, trigger_mode="always_last", **group)
+        control.change(redraw_film, frame_inputs, frame_outputs, api_name=False, trigger_mode="always_last", **group)
     film_model.change(open_film, [ses, film_model], [frame, film_layer, film_score], api_name=False,
                       **RAW).then(show_film, frame_inputs, frame_outputs, api_name=False, **group)
     # a saved page is one model's film at one layer: it leaves the box when either changes

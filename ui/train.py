@@ -12,7 +12,7 @@ import numpy as np
 
 import viz
 from lab.export import model_stem
-from lab.limits import TRAIN_CORPORA, TRAIN_MAX_SECONDS
+from lab.limits import STOP_WAIT_S, TRAIN_CORPORA, TRAIN_MAX_SECONDS
 from lab.recipe import OWN_TOKENIZER
 from lab.session import Session, TrainingRun, removed_note
 
@@ -101,8 +101,10 @@ def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, he
 
 @handler(exclusive=False)  # Stop must not wait for the action it stops
 def stop_training(session, request: gr.Request = None):
-    session.stop_training()
-    return "Stopping…"
+    """Stop the session's training; the answer is the status the run ended with ("Stopping…" if it has not
+    ended within STOP_WAIT_S). The page writes it into the status box the run's own last update writes, so
+    whichever of the two arrives last, the box says how the run ended."""
+    return session.stop_training(wait=STOP_WAIT_S) or "Stopping…"
 
 
 # The refusal of each session's last upload, for `upload_refused` (gone with the session).
