@@ -23,9 +23,10 @@ from tests.support.server import AppServer, rss_mb
 
 
 def session_bytes(session) -> int:
-    """Bytes of the arrays one session's current text holds: attention, scores, KV cache, sampler history."""
+    """Bytes of the arrays one session's current text holds: attention and scores (their buffers, with the
+    room for rows to come), KV cache, sampler history."""
     d = session.decoder
-    n = sum(a.nbytes for a in d.attention) + sum(a.nbytes for a in d.scores)
+    n = d.attention_nbytes
     if d.cache is not None:
         n += sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in d.cache.layers)
     n += d.undo_bytes
