@@ -109,11 +109,6 @@ class HFFileTokenizer(Tokenizer):
         return self._size
 
     @property
-    def byte_level(self) -> bool:
-        """Whether tokens are GPT-2's byte alphabet (byte-level BPE) rather than SentencePiece-style text."""
-        return self._byte_level
-
-    @property
     def unk_id(self) -> int | None:  # byte-level BPE encodes every text: there is no unknown token
         return None
 
