@@ -53,9 +53,7 @@ class ExternalEntry(ModelEntry):
 
 
 def tokenizer_name(tok) -> str:
-    if tok.kind == "hf":
-        return "byte-level BPE tokenizer" if getattr(tok, "_byte_level", False) else "BPE tokenizer"
-    return f"{tok.kind} tokenizer"
+    return "Hugging Face tokenizer" if tok.kind == "hf" else f"{tok.kind} tokenizer"
 
 
 def licence_of(folder: Path | None, hf_config: dict | None) -> str | None:

@@ -156,7 +156,7 @@ def test_the_list_names_each_model_and_its_summary_says_what_it_is(real, client)
                ["parameters"][0]["type"]["enum"]]
     assert choices == [*BUILTIN_MODELS, GPT2, CHANGED, LLAMA, MISSING]  # --model first, then the variable
     gpt2 = select(client, GPT2).summary
-    for part in ("GPT-2", "12,736 parameters", "2 layers × 4 heads", "context 64", "byte-level BPE tokenizer",
+    for part in ("GPT-2", "12,736 parameters", "2 layers × 4 heads", "context 64", "Hugging Face tokenizer",
                  "300 tokens, 20 padded rows never shown", "no BOS token first", "source local folder gpt2",
                  "licence mit"):
         assert part in gpt2, gpt2
@@ -252,6 +252,11 @@ def test_a_session_file_names_the_source_and_hash_and_reopens(real, client, tmp_
     path, _ = client.predict(*form, 0, "all", "weights", api_name="/export_session")
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
     assert doc["model"] == {"external": "local folder gpt2", "sha256": json.loads(real.hashes.read_text())[str(real.gpt2)]}
+    page = client.predict(*form, 0, "all", "weights", api_name="/link")
+    assert 'href="?model=gpt2+%28folder%29&amp;prompt=' in page and "steps=1" in page
+    standalone = client.predict(0, "all", "weights", api_name="/export_page")
+    html_page = Path(standalone["path"] if isinstance(standalone, dict) else standalone).read_text(encoding="utf-8")
+    assert shown[0][-1]["token"] in html_page and str(real.gpt2) not in html_page
     other = Client(real.server.url, verbose=False)
     out = [value(x) for x in other.predict(handle_file(path), api_name="/import_session")]
     assert out[0] == GPT2 and out[4] == shown[0]
@@ -275,6 +280,18 @@ def test_changed_files_and_an_uncached_repo_are_refused_with_a_sentence(real, cl
     assert json.loads(real.hashes.read_text())[str(real.gpt2.parent / "changed")] == "0" * 64  # kept
     tokens, *_ = client.predict(GPT2, "The fox", *GREEDY, 0, "all", "weights", api_name="/step")  # still works
     assert len(tokens) == 3
+
+
+def test_any_text_encodes_and_a_prompt_past_the_context_keeps_its_last_tokens(real, client):
+    prompt = "Zebras ☃ quietly x-ray 𝔘nicode " * 12  # no "unknown word" for a byte-level tokenizer
+    n = len(open_folder(real.gpt2)[1].encode(prompt))
+    assert n > 64
+    tokens, status, *_ = client.predict(GPT2, prompt, *GREEDY, 0, "all", "weights", api_name="/step")
+    assert f"The prompt has {n} tokens but the model's context is 64; it keeps the last 64." in status
+    assert len(tokens) == 64
+    with pytest.raises(AppError) as info:
+        client.predict(GPT2, "x" * 2001, *GREEDY, 0, "all", "weights", api_name="/step")
+    assert_clean_error(info.value, "the limit is 2,000")
 
 
 def test_the_hash_recorded_on_first_load_refuses_a_changed_file(real, tmp_path):
