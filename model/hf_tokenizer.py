@@ -92,6 +92,8 @@ class HFFileTokenizer(Tokenizer):
             raise
         except BaseException:  # the Rust library reports bad files as exceptions (or panics)
             raise ValueError("tokenizer.json could not be read by the tokenizers library") from None
+        hf.no_padding()  # before the post-processor is probed below (a left padding would hide its BOS)
+        hf.no_truncation()
         settings = _tokenizer_config(folder)
         bos = _token_text(settings.get("bos_token")) or _config_token(hf, hf_config, "bos_token_id")
         eos = _token_text(settings.get("eos_token")) or _config_token(hf, hf_config, "eos_token_id")

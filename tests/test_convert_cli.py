@@ -25,8 +25,6 @@ from model.families import open_folder
 from model.generate import Decoder, Sampling, generate
 from model.nanogpt import load_nanogpt
 from tests.support.families import PROMPTS, hf_tokenizer, save_reference, sharpen
-from tests.test_families_gpt2 import build as gpt2_build
-from tests.test_families_llama import build as llama_build
 from tests.test_nanogpt import CHARS, _System, reference, save_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,13 +79,27 @@ def test_generate_nanogpt_checkpoint(tmp_path):
     check_lines(lines, want, lambda ids: "".join(CHARS[i - 1] for i in ids))
 
 
-def hf_folder(tmp_path: Path) -> tuple[GPT2LMHeadModel, Path]:
+def hf_folder(tmp_path: Path, vocab_size: int = 300) -> tuple[GPT2LMHeadModel, Path]:
+    """A random GPT-2 folder with a 300-token tokenizer (its embedding padded when vocab_size > 300)."""
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=16, n_positions=64, vocab_size=300, attn_implementation="eager",
-                     bos_token_id=1, eos_token_id=0)
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=16, n_positions=64, vocab_size=vocab_size,
+                     attn_implementation="eager", bos_token_id=1, eos_token_id=0)
     ref = GPT2LMHeadModel(cfg).eval()
     sharpen(ref, conv1d=True)
     return ref, save_reference(ref, tmp_path / "gpt2-tiny", 300)
+
+
+def llama_folder(tmp_path: Path) -> Path:
+    """A random Llama folder: grouped-query attention 3:1, untied head, a tokenizer that puts <s> first."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, max_position_embeddings=40, bos_token_id=1, eos_token_id=0, hidden_size=24,
+                      num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=40,
+                      rope_theta=100000.0, attn_implementation="eager")
+    ref = LlamaForCausalLM(cfg).eval()
+    sharpen(ref)
+    return save_reference(ref, tmp_path / "llama-tiny", 300, bos=True)
 
 
 def test_generate_hugging_face_folder(tmp_path):
@@ -138,14 +150,13 @@ def test_convert_decoder_lab_file_round_trips(tmp_path):
         assert ka == kb and torch.equal(va, vb)
 
 
-@pytest.mark.parametrize("family, case", [("gpt2", "unscaled_padded"), ("llama", "gqa")])
-def test_convert_hugging_face_folder_and_reopen(family, case, tmp_path):
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_convert_hugging_face_folder_and_reopen(family, tmp_path):
     """A converted Hugging Face folder (GPT-2 with its embedding padded past the tokenizer; Llama
     with grouped-query attention and a BOS-prepending tokenizer) is an ordinary Decoder Lab file: the
     app's loader opens it under the upload limits, with the same tokenizer and bit-identical numbers."""
-    build = {"gpt2": gpt2_build, "llama": llama_build}[family]
-    _, folder = build(case, tmp_path)
-    out = tmp_path / f"{case}.safetensors"
+    folder = hf_folder(tmp_path, vocab_size=320)[1] if family == "gpt2" else llama_folder(tmp_path)
+    out = tmp_path / f"{family}.safetensors"
     done = run("model.convert", str(folder), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out} (") and "upload will not take it" not in done.stdout
@@ -153,9 +164,9 @@ def test_convert_hugging_face_folder_and_reopen(family, case, tmp_path):
     reopened = load_checkpoint(out)  # the app's own limits
     assert reopened.model.cfg == model.cfg
     assert reopened.tokenizer == tok and reopened.tokenizer.add_bos == tok.add_bos
-    assert reopened.meta == {"source": "Hugging Face folder", "name": case}
-    if family == "gpt2":
-        assert (model.cfg.vocab_size, model.cfg.vocab_used) == (320, 300)
+    assert reopened.meta == {"source": "Hugging Face folder", "name": folder.name}
+    assert (model.cfg.vocab_size, model.cfg.vocab_used) == ((320, 300) if family == "gpt2" else (300, None))
+    assert tok.add_bos == (family == "llama")
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
         assert reopened.tokenizer.encode(prompt) == ids
