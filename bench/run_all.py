@@ -138,7 +138,7 @@ def main() -> int:
             failed += 1
             print(json.dumps({"bench": name, "error": f"exit {r.returncode}",
                               "command": " ".join(["python", *cmd[1:]]), "stderr_tail": r.stderr[-800:]}), flush=True)
-        print(f"# {name} {' '.join(extra)}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        print(f"# {' '.join([name, *extra])}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return 1 if failed else 0
 
 
