@@ -112,6 +112,8 @@ def induction_prompt(tok, seed: int = 0) -> str | None:
     words = [text for i in range(tok.vocab_size) if _WORD.fullmatch(text := text_of(i))]
     spaced = [w for w in words if w.startswith(" ")]
     words = spaced if len(spaced) >= INDUCTION_TOKENS else words  # words apart where the vocabulary allows
+    if len(words) < INDUCTION_TOKENS:  # a character vocabulary: letters
+        words = [text for i in range(tok.vocab_size) if (text := text_of(i)).isascii() and text.isalpha()]
     if len(words) < INDUCTION_TOKENS:
         return None
     once = "".join(random.Random(seed).sample(words, INDUCTION_TOKENS))

@@ -307,3 +307,24 @@ def test_the_hash_recorded_on_first_load_refuses_a_changed_file(real, tmp_path):
     later = ExternalModels([parse_source(str(folder))], hashes)
     with pytest.raises(UserError, match="have changed"):
         later.get("m (folder)")
+
+
+def test_a_nanogpt_run_is_listed_described_and_steps(tmp_path):
+    from lab.external import ExternalModels, sources_from
+    from lab.session import Session
+    from model.generate import Sampling
+    from test_nanogpt import reference as nanogpt_reference
+    from test_nanogpt import save_run
+
+    ckpt = save_run(tmp_path / "out-chars", nanogpt_reference(vocab=35))
+    s = Session()
+    s.external = ExternalModels(sources_from([str(ckpt)], None), tmp_path / "hashes.json")
+    name = "out-chars/ckpt.pt (nanoGPT)"
+    entry = s.entry_for(name)
+    for part in ("nanoGPT (GPT-2 layout)", "2 layers × 4 heads", "context 32", "char tokenizer",
+                 "source local file out-chars/ckpt.pt"):
+        assert part in entry.summary, entry.summary
+    prompt = entry.examples[0]  # letters, twice
+    assert prompt[: len(prompt) // 2] == prompt[len(prompt) // 2:] and entry.first_view is not None
+    s.step(name, prompt, Sampling(temperature=0.0))
+    assert len(s.tokens()) == len(prompt) + 1 and s.probabilities().probs.shape == (36,)
