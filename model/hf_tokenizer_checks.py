@@ -189,6 +189,7 @@ def _template(step: dict, field: str, n_tokens: int) -> None:
         raise ValueError(f"{field}.special_tokens must be an object of at most {MAX_TEMPLATE} tokens")
     for name, special in specials.items():
         where = f"{field}.special_tokens[{preview(name)}]"
+        _token(name, where)
         check_keys(special, where, {"id", "ids", "tokens"})
         check_same(special["id"], name, f"{where}.id")
         ids, tokens = special["ids"], special["tokens"]
