@@ -191,6 +191,7 @@ class ExternalModels:
                     name, n = f"{s.name} ({n})", n + 1
                 self.sources[name] = s
             self._loaded: dict[str, ModelEntry] = {}
+            self._refused: dict[str, UserError] = {}  # refused after its files were read
 
     @property
     def names(self) -> list[str]:
@@ -205,19 +206,31 @@ class ExternalModels:
 
     def get(self, name: str) -> ModelEntry:
         """The shared entry, loaded (and its hash checked) on first use; a refusal is a UserError."""
-        from .realmodels import open_source  # the engine's importers load only once a model is used
-
+        loaded = self._loaded.get(name)  # a loaded model does not wait while another one loads
+        if loaded is not None:
+            return loaded
         with self._lock:
+            if name in self._refused:
+                raise self._refused[name]
             if name not in self._loaded:
                 source = self.sources[name]
-                folder = hub_folder(source) if source.kind == "hub" else source.path
-                files = model_files(source, folder)
-                if not files or not all(p.is_file() for p in files):
-                    raise UserError(f"'{source.shown}' has no model files here.")
-                digest = files_hash(files)
-                self.record.check(source.label, digest, source.shown)
-                self._loaded[name] = open_source(name, source, folder, digest)
+                folder = hub_folder(source) if source.kind == "hub" else source.path  # may be cached later
+                try:
+                    self._loaded[name] = self._open(name, source, folder)
+                except UserError as exc:  # files that are there but wrong: not read again until a restart
+                    self._refused[name] = exc
+                    raise
             return self._loaded[name]
+
+    def _open(self, name: str, source: Source, folder: Path) -> ModelEntry:
+        from .realmodels import open_source  # the engine's importers load only once a model is used
+
+        files = model_files(source, folder)
+        if not files or not all(p.is_file() for p in files):
+            raise UserError(f"'{source.shown}' has no model files here.")
+        digest = files_hash(files)
+        self.record.check(source.label, digest, source.shown)
+        return open_source(name, source, folder, digest)
 
 
 EXTERNAL = ExternalModels()
