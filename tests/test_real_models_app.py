@@ -328,3 +328,21 @@ def test_a_nanogpt_run_is_listed_described_and_steps(tmp_path):
     assert prompt[: len(prompt) // 2] == prompt[len(prompt) // 2:] and entry.first_view is not None
     s.step(name, prompt, Sampling(temperature=0.0))
     assert len(s.tokens()) == len(prompt) + 1 and s.probabilities().probs.shape == (36,)
+
+
+def test_sources_are_read_as_given_and_bad_ones_are_one_sentence(tmp_path):
+    from lab.external import parse_source, sources_from
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    assert parse_source(str(folder)).kind == "folder" and parse_source(str(folder)).shown == "local folder m"
+    hub = parse_source("EleutherAI/pythia-14m@step1000")
+    assert (hub.kind, hub.repo, hub.revision, hub.shown) == ("hub", "EleutherAI/pythia-14m", "step1000",
+                                                              "EleutherAI/pythia-14m@step1000")
+    # --model first, then the variable's sources separated by ';', each once
+    got = sources_from([str(folder)], f" a/b@main ;;{folder}; c/d@{COMMIT}")
+    assert [s.shown for s in got] == ["local folder m", "a/b@main", f"c/d@{COMMIT}"]
+    for text, pattern in [("", "empty"), ("a/b", "needs a pinned revision"), (str(tmp_path / "x.pt"), "no file"),
+                          ("not a source", "neither a model folder"), ("a/b@../../etc", "neither a model folder")]:
+        with pytest.raises(ValueError, match=pattern):
+            parse_source(text)
