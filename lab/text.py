@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.generate import Decoder, Sampling, Step, adjust_probs
+from model.generate import Decoder, Sampling, Step, adjust_probs, rows_held
 
 from .checks import UserError, check_int
 from .limits import MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
@@ -104,9 +104,10 @@ def sampling_record(s: Sampling) -> list:
 
 def text_bytes(entry: ModelEntry, tokens: int) -> int:
     """Bytes a text of `tokens` tokens on this model will hold: the attention and scores of its window,
-    (layers, heads, T, T) float32 each, and the two distributions kept for every token."""
+    (layers, heads, T, T) float32 each with the room the decoder keeps for rows to come, and the two
+    distributions kept for every token."""
     cfg = entry.model.cfg
-    t = min(tokens, cfg.block_size)
+    t = rows_held(min(tokens, cfg.block_size), cfg.block_size)
     return 2 * cfg.n_layers * cfg.n_heads * t * t * 4 + 2 * entry.tokenizer.vocab_size * 4 * tokens
 
 

@@ -163,15 +163,11 @@ class Decoder:
         self.logits = out.logits[0, -1]  # (V,) for the token after the window
         # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer, each inside a buffer with room
         # for more rows (see _Grown)
-        T, cap = ids.shape[1], self._room_for(ids.shape[1])
+        cap = rows_held(ids.shape[1], self.block_size)
         self._attention = [_Grown(a[0].float().cpu().numpy(), 0.0, cap) for a in out.attentions or []]
         self._scores = [_Grown(a[0].float().cpu().numpy(), -np.inf, cap) for a in out.scores or []]
         self.attention = [g.view for g in self._attention]
         self.scores = [g.view for g in self._scores]
-
-    def _room_for(self, T: int) -> int:
-        """Rows a window of T tokens gets room for: half as many again (at least 16), within the context."""
-        return min(self.block_size, T + max(16, T // 2))
 
     @property
     def attention_nbytes(self) -> int:
@@ -254,6 +250,12 @@ class Decoder:
         )
 
 
+def rows_held(T: int, block_size: int) -> int:
+    """Rows (and columns) a window of T tokens holds room for in its attention buffers: half as many
+    again, at least 16 more, within the context. For a window that grew to T, never more than this."""
+    return min(block_size, T + max(16, T // 2))
+
+
 class _Grown:
     """An (H, T, T) matrix of a causal window that grows by one query row per token, in place.
 
@@ -286,7 +288,7 @@ class _Grown:
         """Append the new query row (H, 1, T+1); the matrix (H, T+1, T+1)."""
         T = self.T
         if T + 1 > self.buf.shape[1]:
-            cap = min(max(limit, T + 1), T + 1 + max(16, T // 2))
+            cap = max(rows_held(T + 1, limit), T + 1)
             old = self.buf
             self.buf = np.full((old.shape[0], cap, cap), self.masked, dtype=old.dtype)
             self.buf[:, :T, :T] = old[:, :T, :T]
