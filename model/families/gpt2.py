@@ -70,10 +70,8 @@ def expected_shapes(hf: dict, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def convert(hf: dict, cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    def linear(name: str) -> torch.Tensor:  # Conv1D (in, out) -> Linear (out, in)
-        return t[name].t().contiguous()
-
+def ends(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The embeddings, the final norm and the output head of a GPT-2-named model (GPT-2, GPT-Neo)."""
     state = {"tok_emb.weight": t["wte.weight"], "pos_emb.weight": t["wpe.weight"],
              "norm_f.weight": t["ln_f.weight"], "norm_f.bias": t["ln_f.bias"]}
     if cfg.tie_weights:
@@ -83,6 +81,14 @@ def convert(hf: dict, cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str,
     else:
         refuse_unless("lm_head.weight" in t, "config.json has an untied output head but the weights lack lm_head.weight")
         state["head.weight"] = t["lm_head.weight"]
+    return state
+
+
+def convert(hf: dict, cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def linear(name: str) -> torch.Tensor:  # Conv1D (in, out) -> Linear (out, in)
+        return t[name].t().contiguous()
+
+    state = ends(cfg, t)
     for i in range(cfg.n_layers):
         p, b = f"h.{i}.", f"blocks.{i}."
         state.update({

@@ -13,7 +13,7 @@ import torch
 
 from ..config import ModelConfig
 from .common import Family, flag, real, refuse_unless, whole, shown
-from .gpt2 import ACTIVATIONS
+from .gpt2 import ACTIVATIONS, ends
 
 
 def layer_kinds(hf: dict) -> list[str]:
@@ -76,15 +76,7 @@ def expected_shapes(hf: dict, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def convert(hf: dict, cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    state = {"tok_emb.weight": t["wte.weight"], "pos_emb.weight": t["wpe.weight"],
-             "norm_f.weight": t["ln_f.weight"], "norm_f.bias": t["ln_f.bias"]}
-    if cfg.tie_weights:
-        head = t.get("lm_head.weight")
-        refuse_unless(head is None or torch.equal(head, t["wte.weight"]),
-                      "config.json ties the output head to the embedding but the weights hold a different lm_head")
-    else:
-        refuse_unless("lm_head.weight" in t, "config.json has an untied output head but the weights lack lm_head.weight")
-        state["head.weight"] = t["lm_head.weight"]
+    state = ends(cfg, t)
     for i in range(cfg.n_layers):
         p, a, b = f"h.{i}.", f"h.{i}.attn.attention.", f"blocks.{i}."
         state.update({
