@@ -238,9 +238,9 @@ class Text:
                 adjusted = adjust_probs(torch.log(torch.from_numpy(s.probs)), sampling).numpy()
                 if np.allclose(adjusted, s.adjusted, rtol=0, atol=1e-6):  # the settings it was drawn with
                     adjusted = s.adjusted
-            n = len(pieces)  # the decoder's padded rows are 0: left out
-            return Probabilities(pieces, s.probs[:n], adjusted[:n], s.token_id, index=index,
-                                 resampled=adjusted is not s.adjusted)
+            n = len(pieces)  # the decoder's padded rows are 0: left out (the kept arrays as they are otherwise)
+            probs, shown = (s.probs, adjusted) if len(s.probs) == n else (s.probs[:n], adjusted[:n])
+            return Probabilities(pieces, probs, shown, s.token_id, index=index, resampled=adjusted is not s.adjusted)
         if pos == 0:
             return None
         context = d.ids[max(0, pos - d.block_size):pos]
