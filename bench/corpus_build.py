@@ -4,7 +4,7 @@ An independent fuzz of the Train tab once found a BPE tokenizer trained on 320,0
 characters holding the one training slot for 40 s, and 1.2 MB of "abab…" for 1,044 s with Stop
 doing nothing. `model.corpora.build_corpus` now refuses hopeless text before any tokenizer trains,
 learns BPE merges on a bounded sample and encodes the text in parts, asking its `should_stop`
-between every two steps. tests/test_corpus_bounds.py holds those step sizes and check counts; this
+between every two steps. tests/engine/test_corpus_bounds.py holds those step sizes and check counts; this
 measures what they cost in time: for each text in `TEXTS` and each tokenizer kind, the median over
 `--reps` builds of the whole build ("total_s"), the longest stretch between two `should_stop`
 calls, build start and end included ("longest_gap_s": how long a Stop could wait), and the number

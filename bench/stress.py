@@ -12,7 +12,7 @@ Errors other than a full-queue refusal are counted as errors. Latencies per endp
 Phase 2 (after the sessions end): resident memory of the server after the state TTL has passed.
 Phase 3: `--sequential` short sessions in a row (`client.reset_session()` + one /step), RSS every 100.
 
-`run_load` is also what tests/test_robustness.py runs, shortened.
+`run_load` is also what tests/api/test_robustness.py runs, shortened.
 """
 
 from __future__ import annotations

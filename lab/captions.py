@@ -2,7 +2,7 @@
 else a sentence read off the very numbers drawn.
 
 A built-in's caption (`lab.models.FirstView`) quotes numbers measured on its first example prompt
-(tests/test_first_views.py holds them to the model). It is shown only for its own layer, head and
+(tests/lab/test_first_views.py holds them to the model). It is shown only for its own layer, head and
 view, and only when its pattern holds on the attention drawn and every number it quotes is what
 that attention gives, to the two decimals quoted. Anywhere else (another head, another text, a
 text that grew past the claim) the caption describes the head shown from its own numbers.

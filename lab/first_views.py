@@ -8,7 +8,7 @@ first-token, self, induction, entropy) on the first example prompt as the app co
 prompt's ids through `model.generate.Decoder`), then the same after a greedy answer (what the
 attention shows after Generate; induction is undefined until a token repeats). For sort and copy
 it adds the task-match score to the known ideal pattern, and for every model the evidence behind
-the caption of its `FirstView` (lab/models.py); tests/test_first_views.py checks those claims.
+the caption of its `FirstView` (lab/models.py); tests/lab/test_first_views.py checks those claims.
 
     python -m lab.first_views [--new 16]
 

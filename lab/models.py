@@ -27,7 +27,7 @@ class FirstView:
     """The attention view a built-in opens on for its first example prompt, with what to look for.
 
     layer and head count from 0; view is one of the Explore views ("weights" or "scores").
-    caption is one line for a learner, and must be true: tests/test_first_views.py checks every
+    caption is one line for a learner, and must be true: tests/lab/test_first_views.py checks every
     caption's claim numerically on the model and its first example prompt.
     """
 

@@ -187,7 +187,7 @@ class BPETokenizer(Tokenizer):
 #   piece). The old unbounded split could look arbitrarily far ahead: no such cuts there.
 # * Never inside an occurrence of "<unk>".
 #
-# tests/test_tokenizers.py holds the chunked encoding to the whole one on adversarial text.
+# tests/engine/test_tokenizers.py holds the chunked encoding to the whole one on adversarial text.
 
 _CUT_SCAN = 256  # characters searched for a class change after a target position
 _CUT_BACK = 4096  # ... and before it, for a known boundary to split a long run from

@@ -23,7 +23,7 @@ scale rides on `baddbmm`'s alpha, forward and backward): the math kernel of
 It covers the models the benchmark and the Train tab use (pre-norm or no norm, learned / sinusoidal
 / no positions, GELU or ReLU, causal mask, no dropout, biases and weight tying either way);
 `unsupported()` says why any other model is left to autograd. In float64 the loss and every
-gradient equal autograd's on the same weights (tests/test_fastpath.py), so the hand-written
+gradient equal autograd's on the same weights (tests/engine/test_fastpath.py), so the hand-written
 backward is the model's own.
 """
 
@@ -67,7 +67,7 @@ class FlatAdamW:
     """AdamW over slices of a flat weight buffer, each with its gradient slice and weight decay.
 
     It calls the fused kernel that `torch.optim.AdamW(fused=True)` runs (`torch._fused_adamw_`) with the same
-    arguments, so the update is the same bit for bit (tests/test_fastpath.py), minus torch.optim's per-step
+    arguments, so the update is the same bit for bit (tests/engine/test_fastpath.py), minus torch.optim's per-step
     bookkeeping and, above all, minus the import of torch's compiler stack that the first use of any
     torch.optim optimizer triggers (`torch._dynamo`: about a second on a 2-vCPU box, paid by every run and by the
     app's first training). `param_groups` holds one dict per slice whose "lr" the caller sets before each step, as

@@ -279,7 +279,7 @@ def train(
     backward. The result is the same because the hand-written step computes the same loss and
     the same gradients as autograd, only with fewer operations: in float64 they agree on every
     gradient, and an fp32 run of either kind gives the same losses at every step and the same
-    weights up to float rounding (tests/test_fastpath.py); clipping and AdamW are applied alike.
+    weights up to float rounding (tests/engine/test_fastpath.py); clipping and AdamW are applied alike.
 
     With cfg.film_frames > 0 a film is recorded on cfg.probe_ids (cut to its last
     min(block_size, MAX_PROBE_TOKENS) tokens; empty: `default_probe_ids(corpus)`, a held-out

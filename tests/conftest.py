@@ -1,5 +1,4 @@
-"""Shared fixtures: a real app server on a free loopback port, a real headless Chromium, and byte helpers
-for crafting safetensors files.
+"""Shared fixtures: a real app server on a free loopback port, a real headless Chromium.
 
 The server and the browser settings live in tests/support/server.py (the benchmarks use them too); the project is
 installed in editable mode (`pip install -r requirements-test.txt`), so `app`, `model`, `viz` and `lab`
@@ -8,9 +7,7 @@ import without touching sys.path.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from pathlib import Path
 
 import pytest
@@ -64,19 +61,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_slow(item) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-
-
-def safetensors_split(data: bytes) -> tuple[dict, bytes]:
-    """A safetensors file's JSON header and the bytes after it (for crafting hostile files)."""
-    (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8 : 8 + n]), data[8 + n :]
-
-
-def safetensors_join(header: dict, body: bytes) -> bytes:
-    """The inverse of safetensors_split: a header (padded to 8 bytes) and the tensor bytes."""
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + body
 
 
 @pytest.fixture
@@ -137,8 +121,8 @@ def shots(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def train_page(app_server, browser):
-    """The app at 1366×900 in Chromium, on its Train tab (a tests/test_browser.py Page)."""
-    from test_browser import Page  # pytest puts tests/ on the path
+    """The app at 1366×900 in Chromium, on its Train tab (a tests.support.browser Page)."""
+    from tests.support.browser import Page
 
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     p = Page(context, app_server.url)

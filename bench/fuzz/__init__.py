@@ -39,7 +39,7 @@ defect (each class but ok and refused-clean, and each kind of traceback) is coun
 one example: the call (endpoint, arguments, transport) and what came back. Each kind says whose
 code it is ("app": app.py, lab/, model/, viz/; "gradio": gradio's preprocessing or routing, before
 any handler runs) and how it is reached ("client": gradio_client can send it; "raw-http": only a
-hand-made request). tests/test_fuzz.py runs the same machinery, bounded, under hypothesis.
+hand-made request). tests/api/test_fuzz.py runs the same machinery, bounded, under hypothesis.
 
 The modules, in the order a call meets them: `values` (what may be sent, and `RandomDraw`, the
 source of every choice), `files` (checkpoints and texts to upload), `generators` (a call of an
@@ -55,4 +55,4 @@ from .knowledge import BUILTINS
 from .log import LogWatch
 from .values import RandomDraw
 
-__all__ = ["BUILTINS", "Fuzzer", "LogWatch", "RandomDraw", "leaks", "shorten"]  # what tests/test_fuzz.py drives it with
+__all__ = ["BUILTINS", "Fuzzer", "LogWatch", "RandomDraw", "leaks", "shorten"]  # what tests/api/test_fuzz.py drives it with

@@ -8,7 +8,7 @@ from typing import Any
 
 OUTCOMES = ("ok", "refused-clean", "refused-leaky", "unexpected", "state-changed", "hang")
 GENERIC = ("Something went wrong", "has not enabled verbose error reporting")
-MAX_MESSAGE_CHARS = 400  # the app's own messages stay under this (tests/test_hostile_tokenizers.py)
+MAX_MESSAGE_CHARS = 400  # the app's own messages stay under this (tests/engine/test_hostile_tokenizers.py)
 # A twin's replay refused for one of these reasons says nothing about its state (the pair starts afresh).
 INCONCLUSIVE = r"^Slow down|still busy|server is full"
 

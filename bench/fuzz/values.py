@@ -1,6 +1,6 @@
 """The values the fuzzer sends: hostile and wrong-typed ones for any argument, what only a hand-made
 request can carry, valid training texts and seeds, the app's own ranges, and the source of every
-choice (`RandomDraw`: random.Random here, hypothesis in tests/test_fuzz.py)."""
+choice (`RandomDraw`: random.Random here, hypothesis in tests/api/test_fuzz.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ TINY = {"layers": [1, 2], "heads": [1, 2], "d_model": [8, 16], "d_ff": [0, 16, 3
 
 
 class RandomDraw:
-    """The fuzzer's source of choices: random.Random here, hypothesis in tests/test_fuzz.py."""
+    """The fuzzer's source of choices: random.Random here, hypothesis in tests/api/test_fuzz.py."""
 
     def __init__(self, rng: random.Random):
         self.rng = rng

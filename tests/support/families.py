@@ -1,4 +1,4 @@
-"""Shared by tests/test_families_*.py: small random models built with transformers' own classes,
+"""Shared by tests/engine/test_families_*.py: small random models built with transformers' own classes,
 saved with save_pretrained beside a byte-level BPE tokenizer.json trained here, and the checks
 that hold model.families' import of them to transformers (the reference implementation).
 """

@@ -1,6 +1,6 @@
 """The engine's forward as it was before the imported families' options: a frozen copy, kept as the
 reference that the current engine must equal bit for bit with every option at its default
-(tests/test_families_builtin.py). Both run in the same process, on the same thread count and CPU, so
+(tests/engine/test_families_builtin.py). Both run in the same process, on the same thread count and CPU, so
 torch.equal compares the arithmetic, not the machine. Not used by the app.
 
 A small decoder-only (GPT-style) transformer that can report exactly what it attended to.
