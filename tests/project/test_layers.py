@@ -28,6 +28,12 @@ FORBIDDEN = {
     "lab": {"app", "gradio", "plotly", "bench", "ui"},  # the lab hands numbers to viz, never figures
     "ui": {"app", "model", "bench"},  # the wiring talks to the lab layer, never to the engine
 }
+for _banned in FORBIDDEN.values():  # transformers is the tests' reference (and the benchmarks'), never the app's
+    _banned.add("transformers")
+
+
+def test_the_app_never_imports_transformers():
+    assert "transformers" not in imported_modules(ROOT / "app.py")
 
 
 def imported_modules(path: Path) -> set[str]:
