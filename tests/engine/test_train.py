@@ -495,5 +495,5 @@ def test_the_train_tab_trains_with_the_hand_written_backward_as_the_learn_tab_an
     assert not uses_manual_step(DecoderLM(mcfg), tcfg)
     learn = (ROOT / "assets" / "learn.md").read_text(encoding="utf-8")
     assert "The Train tab computes its gradients with a hand-written backward pass" in learn
-    assert "with PyTorch's autograd otherwise; the result is the same" in learn
+    assert "with PyTorch's autograd otherwise. The result is the same" in learn
     assert "the Train tab trains its models with the hand-written\n    backward" in train.__doc__
