@@ -18,6 +18,9 @@ construction) — or (F, H, T, T) for a bidirectional model, plus JSON metadata 
 probe ids and display pieces, task, kept_step, total_steps). A film read from a file is
 validated as strictly as the rest of it.
 
+A film can also be made from a series of published checkpoints of one model, one frame per checkpoint:
+``python -m model.film SRC --revisions R1,R2,… --probe TEXT --out FILE`` (model/film_series.py).
+
 Conventions: layers and heads are numbered from 0, as everywhere in the app. A frame's `step` is
 the number of optimizer steps taken. When keep_best brought earlier weights back at the end, the
 last frame still sits at the last step run but shows the final (kept) model, and `Film.kept_step`
@@ -446,3 +449,11 @@ def default_probe_ids(corpus, block_size: int) -> list[int]:
 def default_probe(corpus, corpus_name: str | None = None, block_size: int = MAX_PROBE_TOKENS) -> list[int]:
     """`default_probe_ids` by another name (corpus_name is not needed: the corpus knows its examples)."""
     return default_probe_ids(corpus, block_size)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .film_series import main
+
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""A film made from a series of checkpoints of one model, instead of recorded while training here.
+
+Some models publish their training as a series of checkpoints (Pythia: hub revisions step0 …
+step143000). Each checkpoint becomes one frame, computed as a training film's frame is: the
+attention of every head on the probe prompt (`model.train.probe`), so the film's head scores and
+phases (model/film.py) are those of a film recorded while training. A frame's loss is that
+checkpoint's mean next-token loss on the probe prompt itself (no other text is at hand); it is stored
+as the frame's train loss, with no validation loss.
+
+    python -m model.film EleutherAI/pythia-14m --revisions step0,step1000,step143000 \\
+        --probe "..." --out pythia-14m-film.safetensors
+
+SRC is a folder holding one Hugging Face model folder per revision (SRC/step0, SRC/step1000, …), or a
+hub repo id whose revisions are read from the local Hugging Face cache (nothing is downloaded). The
+file written is a Decoder Lab checkpoint (model/checkpoint.py): the last revision's weights and
+tokenizer, with the film beside them. The app opens it as it opens any model file with a film.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from .film import MAX_FILM_FRAMES, Film, Frame, clip_probe
+
+_STEP = re.compile(r"(\d+)$")
+_REVISION = re.compile(r"[\w.-]{1,100}")
+
+
+def revision_steps(revisions: list[str]) -> list[int]:
+    """Each revision's step: the number its name ends with (step1000 -> 1000) when every name has one and
+    they increase; otherwise the revisions' places in the series (0, 1, 2, …)."""
+    found = [_STEP.search(r) for r in revisions]
+    steps = [int(m.group(1)) for m in found if m]
+    if len(steps) == len(revisions) and all(b > a for a, b in zip(steps, steps[1:])):
+        return steps
+    return list(range(len(revisions)))
+
+
+def series_folders(src: str, revisions: list[str]) -> list[Path]:
+    """The model folder of each revision: SRC/<revision> for a local folder, else the hub cache's
+    snapshot of SRC at that revision. A missing one is a ValueError naming it."""
+    root = Path(src).expanduser()
+    folders = []
+    for rev in revisions:
+        if root.is_dir():
+            if not _REVISION.fullmatch(rev) or rev in (".", ".."):
+                raise ValueError(f"revision {rev!r} is not a plain folder name")
+            folder = root / rev
+            if not folder.is_dir():
+                raise ValueError(f"{root.name} has no folder {rev} (one folder per revision is expected)")
+        else:
+            from huggingface_hub import snapshot_download
+
+            try:
+                folder = Path(snapshot_download(src, revision=rev, local_files_only=True))
+            except Exception:  # not cached, an unknown revision, an invalid id: one answer
+                raise ValueError(f"{src} is not a folder here, and revision {rev} of it is not in the local "
+                                 f"Hugging Face cache (fetch it once with: hf download {src} --revision {rev})") from None
+        folders.append(folder)
+    return folders
+
+
+@torch.no_grad()
+def probe_loss(model, ids: list[int]) -> float:
+    """The model's mean next-token cross-entropy (nats) over the probe: each token after the first,
+    predicted from those before it, over the vocabulary's real rows (padded rows left out)."""
+    used = model.cfg.vocab_used or model.cfg.vocab_size
+    logits = model(torch.tensor([ids])).logits[0, :-1, :used].double()
+    return float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
+
+
+def series_film(folders: list[Path], revisions: list[str], probe_text: str):
+    """(film, model, tokenizer): the film of the series (one frame per folder, in order) and the last
+    revision's model and tokenizer. Every revision must be the same model: the same config and the same
+    tokens for the probe."""
+    from .families import open_folder
+    from .train import probe
+
+    if not 1 <= len(folders) <= MAX_FILM_FRAMES:
+        raise ValueError(f"a film has between 1 and {MAX_FILM_FRAMES} frames; {len(folders)} revisions were given")
+    if len(set(revisions)) != len(revisions):
+        raise ValueError("a revision is named twice")
+    steps = revision_steps(revisions)
+    frames, first = [], None
+    for rev, folder, step in zip(revisions, folders, steps):
+        try:
+            model, tok = open_folder(folder)
+        except ValueError as exc:
+            raise ValueError(f"revision {rev}: {exc}") from None
+        model.eval()
+        ids = clip_probe(tok.encode(probe_text), model.cfg.block_size)
+        if first is None:
+            if len(ids) < 2:
+                raise ValueError("the probe prompt needs at least 2 tokens (a loss needs a token to predict)")
+            first = (rev, model.cfg.to_dict(), ids, tok)
+        elif model.cfg.to_dict() != first[1]:
+            raise ValueError(f"revision {rev} is not the same model as {first[0]}: its config differs")
+        elif ids != first[2]:
+            raise ValueError(f"revision {rev} reads the probe as other tokens than {first[0]} does")
+        frames.append(Frame(step=step, attention=probe(model, tuple(ids)), train_loss=probe_loss(model, ids),
+                            val_loss=None))
+    _, _, ids, first_tok = first
+    film = Film(probe_ids=ids, probe_tokens=[first_tok.piece(i) for i in ids], frames=frames,
+                total_steps=steps[-1])
+    return film, model, tok
+
+
+def film_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m model.film",
+        description="Make a film from a series of checkpoints of one model: one frame per revision, the "
+                    "attention of every head on the probe prompt, with its head scores and phases.")
+    p.add_argument("source", help="a folder holding one Hugging Face model folder per revision, or a hub repo "
+                                  "id read from the local Hugging Face cache (nothing is downloaded)")
+    p.add_argument("--revisions", required=True,
+                   help="the revisions in training order, separated by commas (step0,step1000,…)")
+    p.add_argument("--probe", required=True, help="the probe prompt (its last 32 tokens are kept)")
+    p.add_argument("--out", required=True, help="the .safetensors file to write (a Decoder Lab model file)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import save_checkpoint
+    from .convert import Opened, check_storable, upload_refusal
+
+    parser = film_parser()
+    args = parser.parse_args(argv)
+    revisions = [r.strip() for r in args.revisions.split(",") if r.strip()]
+    if not args.out.endswith(".safetensors"):
+        parser.error(f"{args.out!r} must end in .safetensors")
+    if not args.probe.strip():
+        parser.error("the probe prompt is empty")
+    try:
+        folders = series_folders(args.source, revisions)
+        film, model, tok = series_film(folders, revisions, args.probe)
+        meta = {"source": "checkpoint series", "name": Path(args.source).name or args.source,
+                "revisions": revisions, "examples": [args.probe]}
+        check_storable(Opened(model, tok, meta))
+        path = save_checkpoint(args.out, model, tok, meta, film=film)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2, nothing written
+    print(f"wrote {path}: {len(film.frames)} frames (steps {film.frames[0].step} … {film.frames[-1].step}), "
+          f"probe of {len(film.probe_ids)} tokens, the weights of revision {revisions[-1]}")
+    for phase in film.phases()[:5]:
+        print(f"  {phase.sentence()}")
+    refusal = upload_refusal(model, path)
+    if refusal:
+        print(f"the app's upload will not take it ({refusal})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
