@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> list:
                "the local Hugging Face cache; nothing is downloaded while the app runs.")
     parser.add_argument("--model", action="append", default=[], metavar="SRC",
                         help="add a model to the list (repeatable): a Hugging Face model folder, a nanoGPT "
-                             "ckpt.pt (its meta.pkl beside it), or a hub repo id pinned as owner/name@revision")
+                             "ckpt.pt (its meta.pkl beside it), a Decoder Lab .safetensors file (with its film, "
+                             "if it has one), or a hub repo id pinned as owner/name@revision")
     args = parser.parse_args(argv)
     try:
         return sources_from(args.model, os.environ.get(ENV_VAR))

@@ -1,6 +1,6 @@
 """Pretrained models the person running the app adds to the list (`python app.py --model SRC`, or
-the DECODER_LAB_MODELS environment variable): Hugging Face model folders, nanoGPT ckpt.pt files and
-Hugging Face repo ids pinned to a revision, read from the local hub cache (nothing is downloaded).
+the DECODER_LAB_MODELS environment variable): Hugging Face model folders, nanoGPT ckpt.pt files, Decoder
+Lab .safetensors files (what model.convert and model.film write) and Hugging Face repo ids pinned to a revision, read from the local hub cache (nothing is downloaded).
 
 `EXTERNAL` holds them: each is loaded on first use, under a lock, and then shared read-only by every
 session, like the built-ins. Its files' SHA-256 is recorded on the first load (`HASHES_FILE`) and
@@ -40,7 +40,7 @@ _FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "mode
 class Source:
     """Where a model comes from: a local folder or ckpt.pt (path), or a hub repo at a revision."""
 
-    kind: str  # "folder", "nanogpt" or "hub"
+    kind: str  # "folder", "nanogpt", "file" (a Decoder Lab .safetensors) or "hub"
     path: Path | None = None
     repo: str | None = None
     revision: str | None = None
@@ -57,6 +57,8 @@ class Source:
             return self.label
         if self.kind == "nanogpt":
             return f"local file {self.path.parent.name}/{self.path.name}"
+        if self.kind == "file":
+            return f"local file {self.path.name}"
         return f"local folder {self.path.name}"
 
     @property
@@ -67,11 +69,13 @@ class Source:
             return f"{self.repo}@{rev}"
         if self.kind == "nanogpt":
             return f"{self.path.parent.name}/{self.path.name} (nanoGPT)"
+        if self.kind == "file":
+            return f"{self.path.stem} (file)"
         return f"{self.path.name} (folder)"
 
 
 def parse_source(text: str) -> Source:
-    """A source as given on the command line: an existing folder or .pt file, or owner/name@revision.
+    """A source as given on the command line: an existing folder, .pt or .safetensors file, or owner/name@revision.
     Anything else is a ValueError with one sentence."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("a model source is empty")
@@ -83,13 +87,18 @@ def parse_source(text: str) -> Source:
         if not path.is_file():
             raise ValueError(f"there is no file {text}")
         return Source("nanogpt", path=path.resolve())
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise ValueError(f"there is no file {text}")
+        return Source("file", path=path.resolve())
     repo, at, revision = text.partition("@")
     if _REPO.fullmatch(repo) and not at:
         raise ValueError(f"{text} is not a folder here; as a Hugging Face repo id it needs a pinned revision "
                          f"({text}@main, or a commit)")
     if _REPO.fullmatch(repo) and _REVISION.fullmatch(revision) and ".." not in revision:
         return Source("hub", repo=repo, revision=revision)
-    raise ValueError(f"{text} is neither a model folder, a nanoGPT .pt file nor a repo id as owner/name@revision")
+    raise ValueError(f"{text} is neither a model folder, a nanoGPT .pt file, a Decoder Lab .safetensors file "
+                     "nor a repo id as owner/name@revision")
 
 
 def sources_from(args: list[str] | None, env: str | None) -> list[Source]:
@@ -123,6 +132,8 @@ def model_files(source: Source, folder: Path | None) -> list[Path]:
     if source.kind == "nanogpt":
         meta = source.path.parent / "meta.pkl"
         return [source.path] + ([meta] if meta.is_file() else [])
+    if source.kind == "file":
+        return [source.path]
     names = [n for n in _FOLDER_FILES if (folder / n).is_file()]
     names += sorted(p.name for p in folder.glob("*.safetensors"))
     return [folder / n for n in names]

@@ -80,10 +80,17 @@ def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
     from model.families.common import read_config
     from model.nanogpt import load_nanogpt
 
+    film = None  # a Decoder Lab file may carry a film (a training's, or a series of checkpoints')
     try:
         if source.kind == "nanogpt":
             run = load_nanogpt(source.path)
             model, tok, family, hf = run.model, run.tokenizer, "nanoGPT (GPT-2 layout)", None
+        elif source.kind == "file":
+            from model.checkpoint import load_checkpoint
+            from model.convert import LOCAL_LIMITS
+
+            ck = load_checkpoint(source.path, LOCAL_LIMITS)
+            model, tok, family, hf, film = ck.model, ck.tokenizer, "Decoder Lab file", None, ck.film
         else:
             hf = read_config(folder)
             family = family_of(hf).name
@@ -97,8 +104,8 @@ def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
     model.eval()
     examples = example_prompts(tok, model.cfg.block_size)
     entry = ExternalEntry(name, model, tok, {"source": source.shown, "sha256": digest}, examples=examples,
-                          family=family, source=source.shown, sha256=digest,
-                          licence=licence_of(None if source.kind == "nanogpt" else folder, hf))
+                          family=family, source=source.shown, sha256=digest, film=film,
+                          licence=licence_of(folder if source.kind in ("folder", "hub") else None, hf))
     entry.first_view = first_view(entry)
     return entry
 
