@@ -21,7 +21,7 @@ import torch
 from model.checkpoint import DEFAULT_LIMITS, load_checkpoint
 from model.film import Film, Frame
 from model.heads import head_scores
-from tests.support.series import PROBE, build_series, fake_hub_series, revisions
+from tests.support.series import PROBE, VOCAB, build_neox_series, build_series, fake_hub_series, revisions
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTN_TOL, LOSS_TOL = 1e-6, 1e-5
@@ -110,6 +110,33 @@ def test_a_series_in_the_hub_cache_gives_the_same_film(series, tmp_path):
     for fa, fb in zip(a.frames, b.frames):
         for x, y in zip(fa.attention, fb.attention):
             np.testing.assert_array_equal(x, y)
+
+
+def test_pythia_shaped_revisions_in_the_hub_cache_make_a_film_as_transformers_computes(tmp_path):
+    """The README's Pythia command on a small GPT-NeoX of Pythia's shape (padded vocabulary: the loss is over
+    the tokenizer's rows only), three revisions of random weights in a hub cache under Pythia's name."""
+    from transformers import GPTNeoXForCausalLM
+
+    folders = build_neox_series(tmp_path / "neox")
+    fake_hub_series(tmp_path / "hub", "EleutherAI/pythia-14m", folders)
+    out = tmp_path / "pythia.safetensors"
+    done = run_film("EleutherAI/pythia-14m", "--revisions", "step0,step1000,step143000", "--probe", PROBE,
+                    "--out", str(out), env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert done.returncode == 0, done.stderr
+    ck = load_checkpoint(out, DEFAULT_LIMITS)
+    film = ck.film
+    assert ck.model.cfg.vocab_size == VOCAB + 20 and ck.model.cfg.vocab_used == VOCAB
+    assert [f.step for f in film.frames] == [0, 1000, 143000] and film.total_steps == 143000
+    ids = film.probe_ids
+    for frame, folder in zip(film.frames, folders.values()):
+        ref = GPTNeoXForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+        with torch.no_grad():
+            res = ref(torch.tensor([ids]), output_attentions=True)
+        for a, b in zip(frame.attention, res.attentions):
+            assert np.abs(a - b[0].numpy()).max() <= ATTN_TOL
+        logits = res.logits[0, :-1, :VOCAB].double()  # the 20 padded rows are never a token
+        loss = float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
+        assert abs(frame.train_loss - loss) <= LOSS_TOL
 
 
 def test_bad_series_are_one_sentence_and_write_nothing(series, tmp_path):

@@ -64,3 +64,22 @@ def fake_hub_series(cache: Path, repo: str, folders: dict[str, Path]) -> None:
         commit = f"{i:040x}"
         shutil.copytree(folder, root / "snapshots" / commit)
         (root / "refs" / rev).write_text(commit)
+
+
+def build_neox_series(root: Path, steps=(0, 1000, 143000)) -> dict[str, Path]:
+    """Pythia's shape in small (GPT-NeoX: partial rotary, parallel residual, untied head, an embedding padded
+    20 rows past the tokenizer), random weights of another seed at each revision; revision name -> folder."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from .families import save_reference, sharpen
+
+    cfg = GPTNeoXConfig(max_position_embeddings=64, bos_token_id=1, eos_token_id=0, attn_implementation="eager",
+                        vocab_size=VOCAB + 20, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=48, rotary_pct=0.25)
+    folders = {}
+    for i, step in enumerate(steps):
+        torch.manual_seed(i)
+        model = GPTNeoXForCausalLM(cfg).eval()
+        sharpen(model, seed=i)
+        folders[f"step{step}"] = save_reference(model, root / f"step{step}", VOCAB)
+    return folders
