@@ -32,13 +32,18 @@ _REVISION = re.compile(r"[\w.-]{1,100}")
 
 
 def revision_steps(revisions: list[str]) -> list[int]:
-    """Each revision's step: the number its name ends with (step1000 -> 1000) when every name has one and
-    they increase; otherwise the revisions' places in the series (0, 1, 2, …)."""
+    """Each revision's step: the number its name ends with (step1000 -> 1000) when every name has one (they
+    must then increase: the revisions are given in training order); otherwise the revisions' places in the
+    series (0, 1, 2, …)."""
     found = [_STEP.search(r) for r in revisions]
     steps = [int(m.group(1)) for m in found if m]
-    if len(steps) == len(revisions) and all(b > a for a, b in zip(steps, steps[1:])):
-        return steps
-    return list(range(len(revisions)))
+    if len(steps) != len(revisions):
+        return list(range(len(revisions)))
+    for rev, before, step in zip(revisions[1:], steps, steps[1:]):
+        if step <= before:
+            raise ValueError(f"revision {rev} is step {step}, not after step {before}: give the revisions in "
+                             "training order")
+    return steps
 
 
 def series_folders(src: str, revisions: list[str]) -> list[Path]:

@@ -150,6 +150,7 @@ def test_bad_series_are_one_sentence_and_write_nothing(series, tmp_path):
         ((str(root / "gpt2"), "--revisions", "step0,../other"), r"not a plain folder name"),
         ((str(root / "gpt2"), "--revisions", "step0,mixedstep2"), r"revision mixedstep2 is not the same model as step0"),
         ((str(root / "gpt2"), "--revisions", "step0,step0"), r"named twice"),
+        ((str(root / "gpt2"), "--revisions", "step40,step10"), r"revision step10 is step 10, not after step 40"),
         (("nobody/absent", "--revisions", "step0"), r"not in the local Hugging Face cache .*hf download nobody/absent"),
     ]
     for args, message in cases:
@@ -162,3 +163,12 @@ def test_bad_series_are_one_sentence_and_write_nothing(series, tmp_path):
     assert done.returncode == 2 and "at least 2 tokens" in done.stderr and not out.exists()
     done = run_film(str(root / "gpt2"), "--revisions", "step0", "--probe", PROBE, "--out", str(tmp_path / "f.pt"))
     assert done.returncode == 2 and "must end in .safetensors" in done.stderr
+
+
+def test_a_frames_step_is_the_number_its_revision_ends_with_else_its_place():
+    from model.film_series import revision_steps
+
+    assert revision_steps(["step0", "step512", "step143000"]) == [0, 512, 143000]
+    assert revision_steps(["early", "step512", "main"]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="training order"):
+        revision_steps(["step2000", "step1000"])
