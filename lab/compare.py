@@ -89,4 +89,4 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
     roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
     probs = [torch.softmax(used_rows(o.logits[0, -1].double(), entry), -1).numpy() for o in outs]
     return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
-                      [tok.piece(i) for i in range(tok.vocab_size)], notes, causal)
+                      list(entry.pieces), notes, causal)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from model.checkpoint import load_checkpoint
@@ -96,6 +97,12 @@ class ModelEntry:
     examples: tuple[str, ...] = field(default_factory=tuple)
     first_view: FirstView | None = None  # built-ins only; other models open on layer 0, all heads
     film: Film | None = None  # the training film, when its training recorded one (model.film)
+
+    @cached_property
+    def pieces(self) -> tuple[str, ...]:
+        """Every token's display piece in id order, made once per model (GPT-2's 50,257 take a few hundred
+        ms, too long to redo on every Step); callers that hand the pieces out take a list copy."""
+        return tuple(self.tokenizer.piece(i) for i in range(self.tokenizer.vocab_size))
 
     @property
     def summary(self) -> str:

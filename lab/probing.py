@@ -192,11 +192,14 @@ def lens_readout(text: Text, index=None) -> Lens:
     d, entry = text.decoder, text.entry
     out = forward(entry, d.window, residuals=True)
     with torch.inference_mode():
-        logits = logit_lens(entry.model, out.residuals)[:, 0, index]  # (L + 1, V)
+        # position `index` of every earlier stream, read out as one (1, L, C) batch: one pass over the
+        # output head (GPT-2's is 154 MB; a pass per layer and position took a second); the last row
+        # is the forward's own logits there
+        rows = torch.cat([r[:, index : index + 1] for r in out.residuals[:-1]], dim=1)  # (1, L, C)
+        logits = torch.cat([logit_lens(entry.model, [rows])[0, 0], out.logits[:, index]])  # (L + 1, V)
     probs = torch.softmax(used_rows(logits.double(), entry), dim=-1).numpy()
     labels = ["embedding"] + [f"after layer {i}" for i in range(len(out.residuals) - 1)]
-    tok = entry.tokenizer
-    return Lens(probs, labels, [tok.piece(i) for i in range(tok.vocab_size)], index, tok.piece(d.window[index]))
+    return Lens(probs, labels, list(entry.pieces), index, entry.tokenizer.piece(d.window[index]))
 
 
 # ----------------------------------------------------------------------- ablation and edits
@@ -265,7 +268,7 @@ def effect(text: Text, settings: ProbeSettings, index=None) -> Effect:
     p, q = torch.softmax(before, -1).numpy(), torch.softmax(after, -1).numpy()
     rp, rq = ranks(p), ranks(q)
     tok = entry.tokenizer
-    pieces = [tok.piece(i) for i in range(tok.vocab_size)]
+    pieces = list(entry.pieces)
     top = list(dict.fromkeys([*np.argsort(-p, kind="stable")[:TOP_MOVES], *np.argsort(-q, kind="stable")[:TOP_MOVES]]))
     moves = [Move(pieces[i], float(p[i]), float(q[i]), int(rp[i]), int(rq[i])) for i in top]
     what = settings.describe([tok.piece(i) for i in d.window], d.start)
