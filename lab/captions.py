@@ -107,9 +107,10 @@ def claim_holds(entry: ModelEntry, weights: Sequence[np.ndarray], tokens: Sequen
 
 
 def caption(entry: ModelEntry, weights, scores, tokens: Sequence[str], ids: Sequence[int], layer: int,
-            head: int | None, view: str, change: str = "") -> str:
+            head: int | None, view: str, change: str = "", heads: Sequence[int] | None = None) -> str:
     """What the line above the attention says about the picture drawn from `weights` / `scores`
-    (per layer (H, T, T), as drawn: under the person's change when `change` names one)."""
+    (per layer (H, T, T), as drawn: under the person's change when `change` names one). heads: the
+    page of heads drawn when head is None (None: every head)."""
     fv = entry.first_view
     if (not change and fv is not None and (layer, head, view) == (fv.layer, fv.head, fv.view)
             and claim_holds(entry, weights, tokens, ids)):
@@ -123,10 +124,11 @@ def caption(entry: ModelEntry, weights, scores, tokens: Sequence[str], ids: Sequ
         head = 0
     if head is None:
         w = weights[layer][:, last]  # (H, T): the last token's row in each head
-        looks = [f"“{tokens[int(w[h].argmax())]}” in head {h} ({w[h].max():.2f})"
-                 for h in range(min(len(w), MAX_LISTED_HEADS))]
-        more = f", … ({len(w)} heads)" if len(w) > MAX_LISTED_HEADS else ""
-        return (lead + f"Layer {layer}, every head: the last token “{tokens[last]}” looks most at "
+        shown = list(range(len(w))) if heads is None else [int(h) for h in heads]
+        looks = [f"“{tokens[int(w[h].argmax())]}” in head {h} ({w[h].max():.2f})" for h in shown[:MAX_LISTED_HEADS]]
+        more = f", … ({len(shown)} heads)" if len(shown) > MAX_LISTED_HEADS else ""
+        which = "every head" if heads is None else f"heads {shown[0]}–{shown[-1]} of {len(w)}"
+        return (lead + f"Layer {layer}, {which}: the last token “{tokens[last]}” looks most at "
                 + ", ".join(looks) + more + ". Click a token to see its row.")
     if view == "scores":
         row = scores[layer][head, last]

@@ -17,15 +17,18 @@ from .models import ModelEntry
 NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
 SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line
 HEAD_TOOLS = ("roles", "lens", "ablate", "compare")  # the tabs under the Explore text (ui/heads_tab.py)
+HEAD_PAGE = 6  # a layer with more heads than this shows them a page at a time ("heads 6–11" in the Head menu)
 
 
 @dataclass
 class View:
-    """Which attention picture to draw: a layer, one head (None = all of the layer's) and a view."""
+    """Which attention picture to draw: a layer, one head (None = all of the layer's) and a view.
+    heads: with head None on a layer of more than HEAD_PAGE heads, the page of heads drawn (None: all)."""
 
     layer: int
     head: int | None
     view: str
+    heads: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -70,12 +73,33 @@ class Display:
         return min(360, max(220, self.height - (480 if self.presentation else 455)))
 
 
+def head_pages(n_heads: int) -> list[tuple[int, ...]]:
+    """The pages of heads a layer view shows: one page of every head up to HEAD_PAGE heads, else
+    HEAD_PAGE heads at a time (12 heads: 0–5 and 6–11)."""
+    return [tuple(range(a, min(a + HEAD_PAGE, n_heads))) for a in range(0, n_heads, HEAD_PAGE)]
+
+
+def page_value(page: tuple[int, ...]) -> str:
+    """What the Head menu sends for a page: "all" for the first (every head when they fit), "6-11"."""
+    return "all" if page[0] == 0 else f"{page[0]}-{page[-1]}"
+
+
+def check_head(head, n_heads: int) -> tuple[int | None, tuple[int, ...] | None]:
+    """(head, page) for the Head menu's value: a head number, "all" (the first page) or a page such as
+    "6-11"; the page is None where one page holds every head."""
+    pages = head_pages(n_heads)
+    for page in pages:
+        if head == page_value(page):
+            return None, page if len(pages) > 1 else None
+    return check_int("head", head, 0, n_heads - 1), None
+
+
 def check_view(entry: ModelEntry, layer, head, view) -> View:
-    """The view settings checked against this model ("all" heads = None)."""
+    """The view settings checked against this model ("all" heads = None, a page of heads in `heads`)."""
     cfg = entry.model.cfg
     layer = check_int("layer", layer, 0, cfg.n_layers - 1)
-    head = None if head == "all" else check_int("head", head, 0, cfg.n_heads - 1)
-    return View(layer, head, check_choice("view", view, ATTENTION_VIEWS))
+    head, page = check_head(head, cfg.n_heads)
+    return View(layer, head, check_choice("view", view, ATTENTION_VIEWS), page)
 
 
 def changed_display(d: Display, colour=None, presentation=None, screen=None) -> Display:

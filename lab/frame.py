@@ -71,7 +71,7 @@ def shown_attention(text: Text, settings: probing.ProbeSettings) -> tuple[Attent
 def drawn_caption(text: Text, att: Attention, change: str, view: View) -> str:
     """The line above the attention drawn (plain text), true of the numbers drawn."""
     return captions.caption(text.entry, att.weights, att.scores, att.tokens, text.decoder.window, view.layer,
-                            view.head, view.view, change=change)
+                            view.head, view.view, change=change, heads=view.heads)
 
 
 def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, view: View | None,
@@ -91,7 +91,8 @@ def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, vi
     drawn_roles = (compute_head_roles(text.entry, text.decoder.window, att.weights, att.tokens)
                    if change else roles())
     badges = probing.badges(text, settings, view.layer, drawn_roles)
-    which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{'all' if view.head is None else view.head}"
+    shown = view.head if view.head is not None else "all" if view.heads is None else f"{view.heads[0]}-{view.heads[-1]}"
+    which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{shown}"
     return Frame(step, undone, True, tokens, status, probs, tokens[0][0] if probs is None else None, att, change,
                  view, badges, drawn_caption(text, att, change, view), display.presentation, display.colour,
                  display.plot_width, display.plot_height, display.chart_height, stem,

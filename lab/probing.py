@@ -27,6 +27,7 @@ from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
 from model.transformer import logit_lens
 
 from .checks import UserError, check_choice, check_int
+from .display import check_head
 from .limits import MAX_NEW_TOKENS
 from .models import ModelEntry
 from .roles import HeadRoles
@@ -418,7 +419,7 @@ def check_shown(text: Text, layer, head) -> tuple[int | None, int | None]:
         return None, None
     n_layers, n_heads = shape(text)
     layer = None if layer is None else check_int("layer", layer, 0, n_layers - 1)
-    head = None if head is None or head == "all" else check_int("head", head, 0, n_heads - 1)
+    head = None if head is None else check_head(head, n_heads)[0]  # a page of heads: none outlined
     return layer, head
 
 

@@ -18,6 +18,7 @@ import gradio as gr
 import viz
 from lab import captions
 from lab.checks import check_sampling
+from lab.display import check_head, head_pages, page_value
 from lab.export import file_name, model_stem
 from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.frame import Frame
@@ -60,7 +61,8 @@ def frame_spec(frame: Frame):
     spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
                               causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=frame.plot_width,
                               max_height_px=frame.plot_height, presentation=frame.presentation, colour=frame.colour,
-                              badges=frame.badges, title_prefix=f"{frame.change} · " if frame.change else None)
+                              badges=frame.badges, heads=v.heads,
+                              title_prefix=f"{frame.change} · " if frame.change else None)
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
         spec.layout.setdefault("meta", {})["change"] = frame.change  # what the head tools changed ('' = nothing)
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
@@ -130,8 +132,13 @@ def layer_choices(n_layers: int) -> list[tuple[str, int]]:
 
 
 def head_choices(n_heads: int) -> list[tuple[str, int | str]]:
-    """The Head dropdown: shown "all heads" / "head 3", sent "all" / 3."""
-    return [("all heads", "all"), *((f"head {i}", i) for i in range(n_heads))]
+    """The Head dropdown: shown "all heads" / "head 3", sent "all" / 3. A layer of more heads than fit
+    on one screen offers them a page at a time instead of all: "heads 0–5" (sent "all"), "heads 6–11"
+    (sent "6-11")."""
+    pages = head_pages(n_heads)
+    if len(pages) == 1:
+        return [("all heads", "all"), *((f"head {i}", i) for i in range(n_heads))]
+    return [*((f"heads {p[0]}–{p[-1]}", page_value(p)) for p in pages), *((f"head {i}", i) for i in range(n_heads))]
 
 
 def first_view(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, str]:
@@ -262,13 +269,17 @@ def select_model(session, model_name, request: gr.Request = None):
 
 @handler
 def shift_head(session, model_name, head, delta, request: gr.Request = None):
-    """The head before or after the one shown (◀ ▶), wrapping around; from "all", the first or last."""
+    """The head before or after the one shown (◀ ▶), wrapping around; from "all", the first or last.
+    From a page of heads ("heads 6–11"), the page before or after it."""
     n = session.entry_for(model_name).model.cfg.n_heads
     if delta not in (-1, 1):
         raise ValueError("delta must be -1 or 1.")
-    if head == "all":
+    current, page = check_head(head, n)
+    if page is not None:
+        pages = head_pages(n)
+        return page_value(pages[(pages.index(page) + delta) % len(pages)])
+    if current is None:
         return 0 if delta > 0 else n - 1
-    current = session.check_view(model_name, 0, head, "weights").head
     return (current + delta) % n
 
 

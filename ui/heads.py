@@ -238,9 +238,10 @@ def drop_stale_regeneration(session, shown, request: gr.Request = None):
 
 
 @handler
-def pick_head(session, pick, picking, chosen, model_name, request: gr.Request = None):
+def pick_head(session, pick, picking, chosen, model_name, view=None, request: gr.Request = None):
     """A cell of the head-role overview or a panel of the attention was clicked ("layer,head"):
-    with `picking` it joins (or leaves) the heads to ablate; otherwise the attention shows it."""
+    with `picking` it joins (or leaves) the heads to ablate; otherwise the attention shows it (its
+    weights, where the view was every layer's)."""
     parts = pick.split(",") if isinstance(pick, str) else []
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
         raise UserError("Click a cell of the overview or a panel of the attention.")
@@ -251,8 +252,8 @@ def pick_head(session, pick, picking, chosen, model_name, request: gr.Request = 
         chosen = list(chosen or [])
         label = probing.head_label(layer, head)
         chosen = [c for c in chosen if c != label] if label in chosen else [*chosen, label]
-        return gr.skip(), gr.skip(), chosen
-    return layer, head, gr.skip()
+        return gr.skip(), gr.skip(), chosen, gr.skip()
+    return layer, head, gr.skip(), "weights" if view == "all layers" else gr.skip()
 
 
 @handler

@@ -188,7 +188,8 @@ def _bind_picking_and_model(ses: gr.State, h: SimpleNamespace, ex: dict) -> None
     model_dd = ex["model"]
     # the page puts "layer,head" in `pick_value` (assets/explore.js)
     pick_btn = gr.Button("pick", elem_id="pick_head", elem_classes="lab-hidden")
-    pick_btn.click(pick_head, [ses, h.pick_value, h.picking, h.heads, model_dd], [ex["layer"], ex["head"], h.heads],
+    pick_btn.click(pick_head, [ses, h.pick_value, h.picking, h.heads, model_dd, ex["view"]],
+                   [ex["layer"], ex["head"], h.heads, ex["view"]],
                    api_name=False, show_progress="hidden",
                    js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.pick : ''; return a; }",
                    **RAW).success(

@@ -40,6 +40,7 @@ from .positional import message_figure
 
 ATTENTION_VIEWS = ("weights", "scores", "all layers")  # the view names a UI offers; see attention_view
 OVERVIEW_MAX_T = 48
+OVERVIEW_MAX_PANELS = 16  # the all-layers view draws at most this many panels (4 × 4); past it, the head-roles map
 HEAD_LABEL_LIMIT = 64  # one head: every token labelled up to this length; past it, open on the last ones
 GRID_LABEL_LIMIT = 32  # a grid of panels: the same, for each panel
 
@@ -137,6 +138,8 @@ def attention_grid(
     if bad or not heads:
         raise ValueError(f"heads {bad or heads} out of range: this layer has {n_heads} heads")
     what = "attention " + _what(kind)
+    if len(heads) < n_heads:  # a page of the layer's heads: the title says which
+        what += f": {_runs(heads)} of {n_heads}"
     badges = _check_badges(badges)
     return panels_figure(
         attn[heads], masked[heads], tokens, ncols=ncols, panels=[(int(layer), h) for h in heads],
@@ -144,6 +147,15 @@ def attention_grid(
         title=f"Layer {layer} {what}", width_px=width_px, max_height_px=max_height_px, focus=GRID_LABEL_LIMIT,
         colour=colour, presentation=presentation, query=query, title_prefix=_prefix_text(title_prefix),
     )
+
+
+def _runs(heads: Sequence[int]) -> str:
+    """Head numbers as the title names them: "heads 6–11", "heads 0, 2, 5", "head 3"."""
+    if len(heads) == 1:
+        return f"head {heads[0]}"
+    if list(heads) == list(range(heads[0], heads[0] + len(heads))):
+        return f"heads {heads[0]}–{heads[-1]}"
+    return "heads " + ", ".join(str(h) for h in heads)
 
 
 def attention_head(
@@ -257,6 +269,7 @@ def attention_view(
     query: int | None = None,
     title_prefix: str | None = None,
     badges: Mapping[int, str] | None = None,
+    heads: Sequence[int] | None = None,
 ) -> FigureSpec:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
@@ -266,8 +279,10 @@ def attention_view(
     all heads of `layer`. causal: mask the future positions (`causal_mask`); masked cells are hatched.
 
     * "all layers": `attention_overview` of every layer's weights, or, when T exceeds
-      `overview_max_tokens`, a `message_figure` asking for a single layer;
-    * "weights" / "scores": `attention_grid` of the layer (head None) or `attention_head` of one
+      `overview_max_tokens` or the model has more than `OVERVIEW_MAX_PANELS` heads in all, a
+      `message_figure` asking for a single layer (or pointing to the head-roles map);
+    * "weights" / "scores": `attention_grid` of the layer (head None; `heads`: only these of its
+      heads, a page of a layer with many, titled "heads 6–11 of 12") or `attention_head` of one
       head, for that kind.
 
     width_px: the width laid out for (None: 1200 for a grid or the overview, 720 for one head; the
@@ -314,6 +329,12 @@ def attention_view(
     badges = _check_badges(badges)
 
     if view == "all layers":
+        if n_layers * n_heads > OVERVIEW_MAX_PANELS:
+            message = message_figure(
+                f"{n_layers} layers × {n_heads} heads are too many panels to read at once. The Head roles map "
+                "below the text shows every head: click a cell to see that head here.", presentation=presentation,
+            )
+            return message if title_prefix is None else _prefixed(message, str(title_prefix))
         if t > overview_max_tokens:
             message = message_figure(
                 f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {overview_max_tokens} tokens "
@@ -328,7 +349,7 @@ def attention_view(
         colour = "linear"
     if head is None:
         return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px or 1200,
-                              colour=colour, badges=badges, **style)
+                              colour=colour, badges=badges, heads=heads, **style)
     return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask, width_px=width_px or 720,
                           colour=colour, badge=badges.get(head), **style)
 

@@ -117,11 +117,13 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
 
 
 def pick_columns(n: int, visible: int, fonts: Fonts, max_height_px: int | None, **kw) -> Geometry:
-    """Columns for a grid of n panels: the most columns (up to 4, no emptier rows than needed)
-    whose cells reach fonts.goal_cell px; if none does, the largest panels under a height limit,
-    else 2 columns (T > 12 at the default width: labels stay legible). Without a height limit a
-    single column is never chosen for several panels."""
-    options = sorted({math.ceil(n / rows) for rows in range(1, n + 1) if math.ceil(n / rows) <= 4}, reverse=True)
+    """Columns for a grid of n panels: the most columns (up to 4, or 6 for more than 4 panels, no
+    emptier rows than needed) whose cells reach fonts.goal_cell px; if none does, the largest panels
+    under a height limit (a page of 6 heads in a low figure: one row), else 2 columns (T > 12 at the
+    default width: labels stay legible). Without a height limit a single column is never chosen for
+    several panels."""
+    most = 4 if n <= 4 else 6
+    options = sorted({math.ceil(n / rows) for rows in range(1, n + 1) if math.ceil(n / rows) <= most}, reverse=True)
     if max_height_px is None:  # no height limit: one column would only make the figure taller
         options = [c for c in options if c >= min(n, 2)]
     geoms = [grid_geometry(n, c, visible, fonts=fonts, max_height_px=max_height_px, **kw) for c in options]

@@ -44,6 +44,7 @@ from .attention_tiles import ATTENTION_BUDGET, heatmap_tiles
 from .payload import FigureSpec
 
 KINDS = ("weights", "scores")
+KEY_TITLE = "key position (attended to)"  # the key axis's title (shortened where a panel is too small for it)
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -172,7 +173,7 @@ def panels_figure(
     data: list[dict] = []
     for k in range(n):
         xref, yref = _add_panel(layout, k, n, geo, (plot_w, plot_h), t, offset, labels_cat,
-                                row_titles, panel_titles[k], bool(masked[k].any()), query)
+                                row_titles, panel_titles[k], bool(masked[k].any()), query, _key_title(geo, fonts))
         layer, head = panels[k]
         layout["meta"]["panels"].append({"xaxis": xref, "yaxis": yref, "layer": layer, "head": head})
         data.extend(heatmap_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n, f"layer {layer}, head {head}"))
@@ -261,9 +262,16 @@ def _template(t: int, ticktext: list[str], geo: Geometry, fonts: Fonts, hover: s
     }
 
 
+def _key_title(geo: Geometry, fonts: Fonts) -> str:
+    """The key axis's title, centred under the first panel: shortened where a small panel (many heads,
+    large fonts) leaves it too little room to the figure's left edge."""
+    room = 2 * (geo.margin["l"] + geo.panel / 2)
+    return KEY_TITLE if len(KEY_TITLE) * fonts.axis_title * 0.55 <= room else "key position"
+
+
 def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float, float], t: int, offset: int,
                labels_cat: list[str], row_titles: list[str] | None, panel_title: str, any_masked: bool,
-               query: int | None) -> tuple[str, str]:
+               query: int | None, key_title: str) -> tuple[str, str]:
     """Panel k's axes, title, hatch and query-row outline added to `layout`; returns its (xaxis, yaxis) names."""
     plot_w, plot_h = plot_wh
     col_frac, row_frac = geo.panel / plot_w, geo.panel / plot_h
@@ -289,7 +297,7 @@ def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float
         xaxis["matches"], yaxis["matches"] = "x", "y"
         del yaxis["scaleanchor"]
     if bottom and k == (geo.nrows - 1) * geo.ncols:
-        xaxis["title"] = {"text": "key position (attended to)"}
+        xaxis["title"] = {"text": key_title}
     if col == 0:
         yaxis["title"] = {"text": row_titles[row] if row_titles else "query position"}
     layout[f"xaxis{suffix}"] = xaxis

@@ -13,23 +13,10 @@ from lab import probing
 from tests.support.browser import Page
 from tests.support.explore_page import open_page, step, wait_picture
 from tests.support.heads_page import (
-    GREEDY, greedy, head_tab, local, page, plot_title, text, wait_text, wait_title,  # noqa: F401  (fixtures)
+    GREEDY, click_cell, greedy, head_tab, local, page, plot_title, text, wait_text, wait_title,  # noqa: F401
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def click_cell(p: Page, elem: str, layer: int, head: int, panel: int = 0) -> None:
-    """A real mouse click on the centre of cell (layer, head) of an overview figure's panel."""
-    xy = p.page.evaluate(
-        """([e, l, h, k]) => {
-            const gd = document.querySelector('#' + e + ' .js-plotly-plot');
-            const L = gd._fullLayout, sfx = k ? String(k + 1) : '';
-            const xa = L['xaxis' + sfx], ya = L['yaxis' + sfx];
-            const box = gd.querySelector('.main-svg').getBoundingClientRect();
-            return [box.x + xa._offset + xa.l2p(h), box.y + ya._offset + ya.l2p(l)];
-        }""", [elem, layer, head, panel])
-    p.page.mouse.click(*xy)
 
 
 def click_panel(p: Page, head: int) -> None:

@@ -15,7 +15,7 @@ from lab.session import Session, encode_prompt
 from model.generate import Sampling
 
 from tests.support.browser import Page
-from tests.support.explore_page import GRAMMAR, PLOT, open_page
+from tests.support.explore_page import FIT, GRAMMAR, PLOT, open_page
 from tests.support.share_page import share_section
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -69,28 +69,6 @@ def test_a_message_with_angle_brackets_shows_whole(app_server, browser):
 
 
 # ----------------------------------------------------------------------------- one screen
-
-FIT = """([w, h]) => {
-  const box = (e) => { const r = e.getBoundingClientRect();
-                       return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; };
-  const inside = (b, o) => b.top >= o.top - 1 && b.bottom <= o.bottom + 1
-                           && b.left >= o.left - 1 && b.right <= o.right + 1;
-  const screen = {top: 0, bottom: h, left: 0, right: w};
-  const gd = document.querySelector('#attention .js-plotly-plot');
-  const out = {scrolled: window.scrollY, off: [], clipped: [], panels: gd._fullLayout.meta.panels.length};
-  for (const sel of ['#attention .js-plotly-plot', '#tokens', '#probs .js-plotly-plot']) {
-    const b = box(document.querySelector(sel));
-    if (!inside(b, screen)) out.off.push([sel, b]);
-  }
-  // every axis title and every panel's plot area lie inside the figure and on the screen
-  const svg = box(gd.querySelector('.main-svg'));
-  for (const e of gd.querySelectorAll('.xtitle, .ytitle, .g-xtitle text, .g-ytitle text, .nsewdrag')) {
-    const b = box(e);
-    if (b.bottom - b.top < 1) continue;
-    if (!inside(b, svg) || !inside(b, screen)) out.clipped.push([e.textContent || e.getAttribute('class'), b, svg]);
-  }
-  return out;
-}"""
 
 
 def first_view_size(name: str) -> int:

@@ -25,6 +25,19 @@ def page(app_server, browser):
     context.close()
 
 
+def click_cell(p: Page, elem: str, layer: int, head: int, panel: int = 0) -> None:
+    """A real mouse click on the centre of cell (layer, head) of an overview figure's panel."""
+    xy = p.page.evaluate(
+        """([e, l, h, k]) => {
+            const gd = document.querySelector('#' + e + ' .js-plotly-plot');
+            const L = gd._fullLayout, sfx = k ? String(k + 1) : '';
+            const xa = L['xaxis' + sfx], ya = L['yaxis' + sfx];
+            const box = gd.querySelector('.main-svg').getBoundingClientRect();
+            return [box.x + xa._offset + xa.l2p(h), box.y + ya._offset + ya.l2p(l)];
+        }""", [elem, layer, head, panel])
+    p.page.mouse.click(*xy)
+
+
 def head_tab(p: Page, name: str) -> None:
     """Show one of the head tools' tabs; on a narrow window the last ones sit behind "More tabs"."""
     tab = p.page.locator("#head_tools").get_by_role("tab", name=name)
