@@ -47,6 +47,7 @@ FULL = [
     ("train_bench", []),
     ("train_race", []),
     ("real_models", ["--reps", "7", "--gen-reps", "3"]),
+    ("real_app", ["--reps", "15", "--sessions", "50", "--steps", "8"]),
     ("step_path", []),
     ("step_path", ["--view", "0"]),
 ]
@@ -69,6 +70,7 @@ QUICK = [
     ("train_race", ["--iters", "40", "--check-every", "20"]),
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
     ("real_models", ["--reps", "1", "--gen-reps", "1", "--models", "pythia-70m", "--skip", "memory"]),
+    ("real_app", ["--reps", "1", "--sessions", "2", "--steps", "1"]),
     ("step_path", []),
 ]
 # Left out unless asked for: name -> (the flag that includes it, why it is left out).

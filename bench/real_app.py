@@ -1,0 +1,241 @@
+"""GPT-2 small in the app on a 2-vCPU Space: the app's own paths, one torch thread, random weights.
+
+A GPT-2 folder of the real size (transformers' GPT2Config defaults: 12 layers × 12 heads, d_model
+768, 1024 positions, 50,257 tokens; 124 M parameters) is built here with random weights and
+saved with save_pretrained to a temporary folder, beside a byte-level BPE tokenizer.json of
+50,257 tokens made up here (the 256 byte symbols and 50,000 two-symbol merges, then
+<|endoftext|>): nothing is downloaded. It is opened the way the app opens a --model folder
+(lab.external, hash recorded in a temporary file). Measured, in process with 1 torch thread,
+at T = 64 (a 64-token prompt):
+
+* step_first: the first Step on the prompt through the Explore handler `ui.explore.step` on layer
+  0's 12 heads (prefill, sampling, the frame, both figures), and its JSON (what gr.Plot and the
+  other outputs send); step_next: the Step after it on the same text (the KV-cache path), with
+  its JSON. Target ≤ 80 ms, held to both.
+* attention_figure: the attention figure of one layer's 12 heads at T = 64 (ui.explore.attention_plot
+  of the frame, viz's build) and its JSON. The browser's draw time is not measured here (the
+  browser benchmark, bench/browser_latency.py, drives the built-in models only); the issue's
+  target of ≤ 400 ms from click to drawn is the server's part plus that draw.
+* head_roles: lab.roles.compute_head_roles over all 144 heads (what a Step's first head-roles call
+  computes; later calls on the same text are cached). Target ≤ 20 ms.
+* logit_lens: Session.lens at the last token (12 layers read through the final norm and the
+  50,257-token head). Target ≤ 40 ms.
+* memory (unless --skip memory): the app itself (`python app.py --model FOLDER`, 1 thread) as a
+  child process, its resident memory (VmRSS of the process tree) after GPT-2 was loaded by a first
+  gradio_client Step and the process settled (target ≤ 1.2 GB), then after --sessions gradio_client
+  sessions (one Client = one server session, 5 at a time) that each Step --steps times on the
+  model's own example prompt (target: ≤ 250 MB more). Those sessions are real server sessions over
+  HTTP, so the growth includes gradio's per-session state, not only the lab's texts. Beside it, one
+  such text in process: what its attention, cache and distributions hold, and what the budget reserved.
+
+    python -m bench.real_app [--reps 15] [--sessions 50] [--steps 8] [--skip memory]
+
+Each row prints its targets, whether they are met, the CPU model and the machine load.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from bench.common import Timer, emit, grammar_prompt, parser, summary
+from bench.real_models import cpu_model
+from tests.support.server import AppServer, rss_mb
+
+T = 64
+VIEW = (0, "all", "weights")  # layer 0, its 12 heads side by side
+# the issue's server targets; a Step is held to it on a 64-token text (step_next) and on a new 64-token
+# prompt (step_first_with_json, which adds the prefill of the 64 tokens)
+TARGETS_MS = {"step_next": 80.0, "step_first_with_json": 80.0, "head_roles": 20.0, "logit_lens": 40.0}
+IDLE_TARGET_MB, SESSIONS_TARGET_MB = 1200.0, 250.0
+MERGES = 50_000  # the real GPT-2 vocabulary: 256 byte symbols + 50,000 merges + <|endoftext|>
+
+
+def write_gpt2_tokenizer(folder: Path) -> None:
+    """A byte-level BPE tokenizer of GPT-2's size: every pair of byte symbols in a fixed order, merged."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {s: i for i, s in enumerate(alphabet)}
+    merges = []
+    for a in alphabet:  # pairs of the common symbols (letters, space) come first, as in a trained BPE
+        for b in alphabet:
+            if len(merges) == MERGES:
+                break
+            merges.append((a, b))
+            vocab[a + b] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+
+
+def build_gpt2(folder: Path) -> int:
+    """GPT-2 small with random weights, saved in the Hugging Face layout; its parameter count."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config())
+    model.save_pretrained(folder)
+    write_gpt2_tokenizer(folder)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    return n
+
+
+def in_process(folder: Path, reps: int) -> dict:
+    """The Step, the attention figure, head roles and the logit lens, as the app runs them."""
+    import ui.explore
+    from bench.step_latency import components, serialise
+    from lab.checks import check_sampling
+    from lab.external import EXTERNAL, HashRecord, parse_source
+    from lab.roles import compute_head_roles
+    from lab.session import Session
+
+    EXTERNAL.record = HashRecord(folder.parent / "hashes.json")
+    EXTERNAL.configure([parse_source(str(folder))])
+    name = EXTERNAL.names[0]
+    with Timer() as opened:
+        entry = EXTERNAL.get(name)
+    comps = components()
+    rows = {k: [] for k in ("step_first", "step_first_json", "step_next", "attention_figure",
+                            "attention_figure_json", "head_roles", "logit_lens")}
+    sizes = {}
+    for r in range(3 + reps):  # three warm-up rounds
+        prompt = grammar_prompt(entry.tokenizer, T, offset=37 * r)
+        session = Session()
+        with Timer() as first:
+            out = ui.explore.step(session, name, prompt, 0.8, 0, 1.0, r, *VIEW)
+        with Timer() as first_json:
+            serialise(comps, out)
+        frame = session.frame(*VIEW)
+        with Timer() as fig:
+            plot = ui.explore.attention_plot(frame)
+        with Timer() as fig_json:
+            payload = comps["attn"].postprocess(plot)
+            text = payload.model_dump_json() if hasattr(payload, "model_dump_json") else str(payload)
+        att = session.attention()
+        window = session.decoder.window
+        with Timer() as roles:
+            compute_head_roles(entry, window, att.weights, att.tokens)
+        with Timer() as lens:
+            session.lens(len(window) - 1)
+        with Timer() as nxt:
+            serialise(comps, ui.explore.step(session, name, prompt, 0.8, 0, 1.0, r, *VIEW))
+        session.close()
+        if r < 3:
+            continue
+        for k, t in (("step_first", first), ("step_first_json", first_json), ("step_next", nxt),
+                     ("attention_figure", fig), ("attention_figure_json", fig_json), ("head_roles", roles),
+                     ("logit_lens", lens)):
+            rows[k].append(t.s)
+        sizes = {"attention_figure_json_bytes": len(text), "window_tokens_first": len(window)}
+    ms = {k: summary(v) for k, v in rows.items()}
+    server_step = [a + b for a, b in zip(rows["step_first"], rows["step_first_json"])]
+    ms["step_first_with_json"] = summary(server_step)
+    met = {k: ms[k]["median"] <= v for k, v in TARGETS_MS.items()}
+    return dict(model=entry.summary, open_seconds=round(opened.s, 2), ms=ms, **sizes,
+                targets_ms=TARGETS_MS, met=met)
+
+
+SERVED_PROMPT = "The cat sat on the mat. The dog sat on the log. The cat sat on the"
+
+
+def text_breakdown(folder: Path, steps: int) -> dict:
+    """What one session's text holds after `steps` Steps on SERVED_PROMPT, in process (MB): its attention
+    and scores (with the decoder's room for rows to come), key/value cache and kept distributions, and
+    what the memory budget reserved for it."""
+    from lab import budget
+    from lab.external import EXTERNAL, parse_source
+    from lab.session import Session
+    from model.generate import Sampling
+
+    name = parse_source(str(folder)).name
+    s = Session()
+    for _ in range(steps):
+        s.step(name, SERVED_PROMPT, Sampling(temperature=0.8, seed=0))
+    d, mb = s.decoder, 2**20
+    drawn = sum(x.probs.nbytes + x.adjusted.nbytes for x in s.text.drawn)
+    out = {"tokens": len(d.window), "attention_and_scores_mb": round(d.attention_nbytes / mb, 2),
+           "cache_mb": round((s.text.nbytes() - d.attention_nbytes - drawn) / mb, 2),
+           "distributions_mb": round(drawn / mb, 2), "text_mb": round(s.text.nbytes() / mb, 2),
+           "reserved_mb": round(budget.MODEL_BUDGET.held(s) / mb, 2), "model": EXTERNAL.names[0]}
+    s.close()
+    return out
+
+
+def served_memory(folder: Path, sessions: int, steps: int) -> dict:
+    """RSS of the app with GPT-2 loaded, idle, then after `sessions` gradio_client sessions stepped on it."""
+    from bench.clients import client, step
+    from lab.external import parse_source
+
+    env = {"DECODER_LAB_THREADS": "1", "DECODER_LAB_MODEL_HASHES": str(folder.parent / "served-hashes.json")}
+    server = AppServer(env, args=["--model", str(folder)]).start(timeout=300)
+    pid = server.proc.pid
+    rows: dict = {}
+    try:
+        urllib.request.urlopen(server.url, timeout=30).read()
+        rows["started_mb"] = rss_mb(pid, tree=True)
+        first = client(server.url)
+        name = parse_source(str(folder)).name
+        step(first, name, "Hello world, hello", seed=0)  # loads the model (lazily, on first use)
+        time.sleep(3)
+        rows["idle_loaded_mb"] = rss_mb(pid, tree=True)
+        prompt = SERVED_PROMPT
+
+        def one(i: int) -> int:
+            c = client(server.url)
+            errors = 0
+            for _ in range(steps):
+                try:
+                    step(c, name, prompt, seed=i)
+                except Exception:  # noqa: BLE001 - counted, the run goes on
+                    errors += 1
+            return errors
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(5) as ex:
+            rows["errors"] = sum(ex.map(one, range(sessions)))
+        rows["sessions_seconds"] = round(time.perf_counter() - t0, 1)
+        time.sleep(3)
+        rows[f"after_{sessions}_sessions_mb"] = rss_mb(pid, tree=True)
+    finally:
+        server.stop()
+    rows["growth_mb"] = round(rows[f"after_{sessions}_sessions_mb"] - rows["idle_loaded_mb"], 1)
+    rows["met"] = {"idle_loaded": rows["idle_loaded_mb"] <= IDLE_TARGET_MB,
+                   "sessions_growth": rows["growth_mb"] <= SESSIONS_TARGET_MB}
+    rows["targets_mb"] = {"idle_loaded": IDLE_TARGET_MB, "sessions_growth": SESSIONS_TARGET_MB}
+    return rows
+
+
+def main() -> None:
+    p = parser("real_app", __doc__)
+    p.add_argument("--reps", type=int, default=15, help="measured rounds (after three warm-up rounds)")
+    p.add_argument("--sessions", type=int, default=50, help="gradio_client sessions stepping on the served model")
+    p.add_argument("--steps", type=int, default=8, help="Steps per session")
+    p.add_argument("--skip", default="", help="'memory' leaves out the served-app memory measurement")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="real-app-") as tmp:
+        folder = Path(tmp) / "gpt2-random"
+        params = build_gpt2(folder)
+        machine = {"cpu_model": cpu_model(), "torch_threads": torch.get_num_threads(), "parameters": params}
+        emit("real_app_server", T=T, view=list(VIEW), **machine, **in_process(folder, args.reps))
+        if "memory" not in args.skip.split(","):
+            emit("real_app_memory", **machine, sessions=args.sessions, steps_per_session=args.steps,
+                 one_text=text_breakdown(folder, args.steps), **served_memory(folder, args.sessions, args.steps))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
