@@ -17,7 +17,7 @@ from .models import ModelEntry
 NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
 SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line
 HEAD_TOOLS = ("roles", "lens", "ablate", "compare")  # the tabs under the Explore text (ui/heads_tab.py)
-HEAD_PAGE = 6  # a layer with more heads than this shows them a page at a time ("heads 6–11" in the Head menu)
+HEAD_PAGE = 6  # a layer with more heads than this shows them a page at a time ("H6–11" in the Head menu)
 
 
 @dataclass

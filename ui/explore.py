@@ -133,12 +133,12 @@ def layer_choices(n_layers: int) -> list[tuple[str, int]]:
 
 def head_choices(n_heads: int) -> list[tuple[str, int | str]]:
     """The Head dropdown: shown "all heads" / "head 3", sent "all" / 3. A layer of more heads than fit
-    on one screen offers them a page at a time instead of all: "heads 0–5" (sent "all"), "heads 6–11"
-    (sent "6-11")."""
+    on one screen offers them a page at a time instead of all: "H0–5" (heads 0 to 5, sent "all"),
+    "H6–11" (sent "6-11"); short, as the box is narrow at 1280 px, and the figure's title says "heads 6–11"."""
     pages = head_pages(n_heads)
     if len(pages) == 1:
         return [("all heads", "all"), *((f"head {i}", i) for i in range(n_heads))]
-    return [*((f"heads {p[0]}–{p[-1]}", page_value(p)) for p in pages), *((f"head {i}", i) for i in range(n_heads))]
+    return [*((f"H{p[0]}–{p[-1]}", page_value(p)) for p in pages), *((f"head {i}", i) for i in range(n_heads))]
 
 
 def first_view(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, str]:

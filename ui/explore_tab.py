@@ -115,7 +115,7 @@ def _lay_out_attention(c: SimpleNamespace, default) -> None:
                                   container=False, elem_id="layer", min_width=86, scale=1)
             c.prev_head = gr.Button("◀", elem_id="prev_head", min_width=36, scale=0)
             c.head = gr.Dropdown(head_choices(cfg.n_heads), value=head0, label="Head", show_label=False,
-                                 container=False, elem_id="head", min_width=116, scale=1)
+                                 container=False, elem_id="head", min_width=96, scale=1)
             c.next_head = gr.Button("▶", elem_id="next_head", min_width=36, scale=0)
             c.view = gr.Radio(list(ATTENTION_VIEWS), value=view0, label="View", show_label=False, container=False,
                               elem_id="view", min_width=270, scale=2)

@@ -105,16 +105,18 @@ def test_a_layer_of_12_heads_pages_through_them_on_one_screen(many_heads_server,
             p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
         open_model_and_step(p)
         p.choose("layer", "layer 7")
-        p.choose("head", "heads 0–5")
+        p.choose("head", "H0–5")
         wait_heads(p, list(range(6)), "Layer 7 attention weights: heads 0–5 of 12")
         fits(p, *size, panels=6)
         both_themes(p, shots / f"many-heads-{size[0]}x{size[1]}{'-large' if large else ''}")
         p.click("next_head")  # the next page
-        wait_value(p, "head", "heads 6–11")
+        wait_value(p, "head", "H6–11")
         wait_heads(p, list(range(6, 12)), "Layer 7 attention weights: heads 6–11 of 12")
         fits(p, *size, panels=6)
+        whole = "() => { const i = document.querySelector('#head input'); return i.scrollWidth <= i.clientWidth; }"
+        assert p.page.evaluate(whole), "the Head box cuts its page's name"
         p.click("next_head")  # and round to the first
-        wait_value(p, "head", "heads 0–5")
+        wait_value(p, "head", "H0–5")
         wait_heads(p, list(range(6)), "heads 0–5 of 12")
         p.choose("head", "head 0")
         wait_heads(p, [0], "Layer 7, head 0")
@@ -161,7 +163,7 @@ def test_on_a_phone_nothing_of_a_12_head_layer_is_cut_off(many_heads_server, bro
     try:
         open_model_and_step(p)
         name = "dark" if theme else "light"
-        for head, heads in (("head 11", [11]), ("heads 6–11", list(range(6, 12)))):
+        for head, heads in (("head 11", [11]), ("H6–11", list(range(6, 12)))):
             p.choose("head", head)
             wait_heads(p, heads, "")
             p.page.evaluate("() => window.scrollTo(0, 0)")
