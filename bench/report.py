@@ -157,6 +157,32 @@ def real_model_rows(rs: list[dict]) -> list[str]:
             lines.append(row(f"{r['model']} opened: resident memory vs fp32 weights",
                              f"{r['ratio']}× ({r['rss_added_mb']} vs {r['fp32_weights_mb']} MB)", "≤ 1.2×",
                              r["ratio"] <= 1.2, r))
+    return lines + real_app_rows(rs)
+
+
+def real_app_rows(rs: list[dict]) -> list[str]:
+    """bench.real_app: GPT-2 small (random weights) through the app's own paths, one thread."""
+    lines = []
+    r = find(rs, "real_app_server")
+    if r:
+        m, met, t = r["ms"], r["met"], r["targets_ms"]
+        for key, name in (("step_next", "Step on a 64-token text (cached), with JSON"),
+                          ("step_first_with_json", "first Step on a new 64-token prompt, with JSON"),
+                          ("head_roles", "head roles, 144 heads, T=64"), ("logit_lens", "logit lens, T=64")):
+            lines.append(row(f"GPT-2 small in the app: {name}", f"{m[key]['median']} ms median, p95 {m[key]['p95']}",
+                             f"≤ {t[key]:g} ms", met[key], r))
+        lines.append(row("GPT-2 small in the app: one layer's 12 heads drawn at T=64 (server part)",
+                         f"{m['attention_figure']['median']} ms figure + {m['attention_figure_json']['median']} ms "
+                         f"JSON ({r['attention_figure_json_bytes'] // 1024} KB); the browser's draw not measured",
+                         "≤ 400 ms click → drawn", None, r))
+    r = find(rs, "real_app_memory")
+    if r:
+        n, met, t = r["sessions"], r["met"], r["targets_mb"]
+        lines.append(row("GPT-2 small in the app: idle with it loaded (VmRSS)", f"{r['idle_loaded_mb']} MB",
+                         f"≤ {t['idle_loaded']:g} MB", met["idle_loaded"], r))
+        lines.append(row(f"GPT-2 small in the app: {n} sessions × {r['steps_per_session']} Steps",
+                         f"+{r['growth_mb']} MB (errors {r['errors']})", f"≤ +{t['sessions_growth']:g} MB",
+                         met["sessions_growth"], r))
     return lines
 
 
