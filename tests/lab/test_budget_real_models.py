@@ -110,6 +110,8 @@ def test_one_address_is_refused_at_its_share_and_another_address_still_steps(big
     greedy = Sampling(temperature=0.0)
     crowd[0].step(name, prompt, greedy)
     crowd[1].step(name, prompt, greedy)
+    # the shared model is loaded once and charged to no session (like the built-ins): each holds its text only
+    assert crowd[0].entry is crowd[1].entry is entry and b.held(crowd[0]) == b.held(crowd[1]) == first
     with pytest.raises(UserError, match="The sessions from your address would hold"):
         crowd[2].step(name, prompt, greedy)
     assert not crowd[2].tokens() and b.held(crowd[2]) == 0
