@@ -1,16 +1,18 @@
 """The server-wide model budget seen from outside, scaled down from `python -m bench.memory_budget`.
 
-A server with a 60 MB budget for people's own models (`DECODER_LAB_MEMORY_MB=60`), behind a pretend
+A server with a 62 MiB budget for people's own models (`DECODER_LAB_MEMORY_MB=62`), behind a pretend
 proxy so that each visitor is its own client (X-Forwarded-For), with its real rate limits. Eight
-visitors, one after another, each upload a ~19 MB model (at the checkpoint limits) twice, and all
+visitors, one after another, each upload a ~20 MB model (at the checkpoint limits) twice, and all
 of them stay active (`IDLE_S` is 300 s, far longer than the test): the budget holds three such
 models, so the first three uploads go in and every later one is refused with "the server is
-full", and nothing else goes wrong. Then every visitor that got a model in can still Step on it.
+full", and nothing else goes wrong. Then every visitor that got a model in can still Step on it: the
+budget leaves room beside the three 20 MB models for their three texts (~1.5 MB reserved each: attention,
+scores, key/value cache and distributions), and not for a fourth model.
 
 Memory: the server's RSS (its process tree) may grow over its idle RSS by at most the budget plus
 `MARGIN_MB`: what the first uploads and Steps load once (torch kernels, the figure code), two
 uploads in flight (each reads its 19 MB file and builds its 19 MB model before the budget can
-refuse it), eight short texts (~0.9 MB each) and the allocator's slack.
+refuse it), eight short texts (~1.5 MB each) and the allocator's slack.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from bench.clients import Sampler
 from bench.memory_budget import address, kind, model_files
 from tests.support.server import AppServer, rss_mb
 
-BUDGET_MB = 60
+BUDGET_MB = 62
 MARGIN_MB = 150
 VISITORS = 8
 UPLOADS = 2
