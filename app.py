@@ -34,6 +34,7 @@ from ui.explore import (
 )
 from ui.explore_tab import build_explore_tab
 from ui.http import RefuseMalformedCalls
+from ui.inside_api import bind_inside_api
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
@@ -81,6 +82,7 @@ def build_demo() -> gr.Blocks:
         demo.load(page_load, explore["display_inputs"], explore["state_outputs"], api_name=False,
                   js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }", **RAW)
         bind_positional_tab(ses, model_dd, pe_tab, pe_outputs)  # last: the API page's order and fn_index numbers
+        bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
     return demo
 
 

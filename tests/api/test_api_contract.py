@@ -26,16 +26,18 @@ NAMES = {"model_name": "model", "prompt": "prompt", "temperature": "temperature"
          "top_p": "top-p", "seed": "seed", "layer": "layer", "head": "head", "view": "view",
          "max_new": "max new tokens"}
 NEEDS_TEXT = {"/head_roles", "/logit_lens", "/ablate", "/edit_attention", "/regenerate", "/clear_changes",
-              "/export_numbers", "/export_page"}
+              "/export_numbers", "/export_page", "/inside"}
 JUNK = [None, [1], {"a": 1}, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 10**400, -1, "zzz"]
 # The named endpoints in the order the API page lists them, each with the number (fn_index) gradio gives it.
 # Both follow the order in which the page binds its events; a client that calls by number relies on them,
-# so moving an event in the code must not move these. /positional is bound last (app.py).
+# so moving an event in the code must not move these. /positional is bound after the page's events (app.py);
+# endpoints added since come after it.
 ENDPOINTS = [("step", 4), ("generate", 5), ("undo", 7), ("reset", 9), ("select_model", 19), ("export_session", 29),
              ("import_session", 30), ("link", 31), ("export_page", 33), ("export_numbers", 34), ("ablate", 52),
              ("edit_attention", 53), ("clear_changes", 59), ("regenerate", 62), ("head_roles", 63),
              ("logit_lens", 64), ("compare", 65), ("train", 74), ("stop", 75), ("upload_model", 76), ("film", 78),
-             ("export_film_page", 90), ("positional", 93)]
+             ("export_film_page", 90), ("positional", 93),
+             ("inside", 94)]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def refusal(client: Client, api_name: str, args: list) -> str:
 def test_the_endpoints_keep_their_order_and_numbers(app_server, api):
     deps = httpx.get(app_server.url + "config", timeout=30).json()["dependencies"]
     assert [(d["api_name"], d["id"]) for d in deps if d["api_visibility"] == "public"] == ENDPOINTS
-    assert deps[-1]["api_name"] == "positional"
+    assert deps[-1]["api_name"] == ENDPOINTS[-1][0]
     assert list(api["named_endpoints"]) == [f"/{name}" for name, _ in ENDPOINTS]
 
 

@@ -1,0 +1,276 @@
+"""Inside one attention cell, for one person's text: model.inside's numbers as plain lists, each with
+its formula, ready for the figures, the API's /inside and a numbers download (CSV / JSON).
+
+The numbers come from one forward over the text's window, with the head tools' settings (heads
+ablated, a row edited: lab.probing) applied, so what is shown is what the model computed for the
+text as the other tools see it. That forward is kept for the text while the window and settings
+stay (`_Memo`): opening another cell of the same text reruns one layer, not the model.
+
+Positions are window positions (0 = the first token shown), as everywhere on the page. Masked
+scores (-inf) are None in the lists (JSON has no infinity) and empty cells in the CSV.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from model.inside import CellWork, HeadWork, inside_cell, inside_head, run_forward, value_weighted
+from model.interventions import Intervention
+from model.transformer import ForwardOutput
+
+from .checks import check_int
+from .export import Export, to_csv
+from .files import file_name, model_stem
+from .probing import ProbeSettings, head_label, need_text, position, window_intervention
+from .text import Text
+
+MEMO_BYTES = 16 * 2**20  # a text's kept forward (residuals and attention) larger than this is not kept
+CSV_COLUMNS = ["quantity", "formula", "index", "token", "value"]
+
+
+def _list(a) -> list:
+    """An array as nested lists of floats, None where a value is not finite (a masked -inf)."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim == 0:
+        return _num(a)
+    return [_list(x) for x in a] if a.ndim > 1 else [_num(x) for x in a]
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ----------------------------------------------------------------------------- the kept forward
+
+
+@dataclass
+class _Kept:
+    key: tuple
+    out: ForwardOutput
+
+
+class _Memo:
+    """The last forward of each text, held only as long as the text itself (weakly keyed)."""
+
+    def __init__(self) -> None:
+        self._kept: weakref.WeakKeyDictionary[Text, _Kept] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def forward(self, text: Text, iv: Intervention | None) -> ForwardOutput:
+        d = text.decoder
+        key = (id(text.entry), id(d), tuple(d.window), iv)
+        with self._lock:
+            kept = self._kept.get(text)
+        if kept is not None and kept.key == key:
+            return kept.out
+        out = run_forward(text.entry.model, d.window, iv)
+        size = sum(t.numel() * t.element_size() for t in (*out.residuals, *out.attentions))
+        # logits and scores are not needed here: only residuals and attention are kept
+        out = ForwardOutput(logits=out.logits[:, -1:], attentions=out.attentions, residuals=out.residuals)
+        with self._lock:
+            if size <= MEMO_BYTES:
+                self._kept[text] = _Kept(key, out)
+            else:
+                self._kept.pop(text, None)
+        return out
+
+
+MEMO = _Memo()
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _shape(text: Text) -> tuple[int, int, int]:
+    need_text(text)
+    cfg = text.entry.model.cfg
+    return cfg.n_layers, cfg.n_heads, len(text.decoder.window)
+
+
+def _layer_head(text: Text, layer, head) -> tuple[int, int]:
+    n_layers, n_heads, _ = _shape(text)
+    return check_int("layer", layer, 0, n_layers - 1), check_int("head", head, 0, n_heads - 1)
+
+
+def _facts(text: Text, layer: int) -> dict:
+    """What kind of attention this layer computes (the view names each step after these)."""
+    cfg = text.entry.model.cfg
+    attn = text.entry.model.blocks[layer].attn
+    return {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+            "norm": cfg.norm, "norm_kind": cfg.norm_kind, "positional": cfg.pos_encoding,
+            "rotary": cfg.pos_encoding == "rope", "rotary_dims": cfg.rope_dim if cfg.pos_encoding == "rope" else 0,
+            "scale_kind": cfg.attn_scale, "mask": cfg.mask, "window": cfg.window(layer),
+            "parallel_residual": cfg.parallel_residual, "qkv_bias": attn.qkv.bias is not None,
+            "out_projection": attn.proj is not None, "out_bias": attn.proj is not None and attn.proj.bias is not None}
+
+
+def _changes(text: Text, settings: ProbeSettings) -> tuple[Intervention | None, dict]:
+    iv = window_intervention(text, settings)
+    d = text.decoder
+    what = settings.describe([text.entry.tokenizer.piece(i) for i in d.window], d.start)
+    return iv, {"changed": iv is not None, "what": what}
+
+
+def _base(text: Text, what: str, layer: int, head: int) -> dict:
+    d = text.decoder
+    return {"what": what, "model": text.entry.name, "tokens": [p for p, _ in text.tokens()],
+            "text_offset": int(d.start), "layer": layer, "head": head, "head_label": head_label(layer, head)}
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+def formulas(facts: dict) -> dict[str, str]:
+    """Each quantity's label, as the view and the download write it (i: query, j: key, h: head)."""
+    norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[facts["norm_kind"]]
+    reads = (f"x̂ = {norm}(x) (the block's first norm)" if facts["norm"] == "pre"
+             else "x̂ = x (a post-norm block normalises after adding)" if facts["norm"] == "post"
+             else "x̂ = x (no normalisation)")
+    b = " + b_Q" if facts["qkv_bias"] else ""
+    bk, bv = (" + b_K", " + b_V") if facts["qkv_bias"] else ("", "")
+    scale = ("1/√d_head = 1/√" + str(facts["head_dim"])) if facts["scale_kind"] == "inverse_sqrt" \
+        else "1 (this model does not scale its scores)"
+    mask = ("−∞ where j > i (a token may not look ahead)" if facts["mask"] == "causal" else "no mask")
+    if facts["window"]:
+        mask += f", and where j ≤ i − {facts['window']} (this layer sees its last {facts['window']} keys)"
+    rot = (f"q_i ← R(i)·q_i, k_j ← R(j)·k_j: rotary positions turn each pair (2d, 2d+1) of the first "
+           f"{facts['rotary_dims']} dimensions by position × frequency") if facts["rotary"] else "no rotary step"
+    w_o = ("o_i^h = W_O[:, h] · z_i^h (the head's columns of the output projection)" if facts["out_projection"]
+           else "o_i^h = z_i^h placed in the head's own dimensions (no output projection)")
+    return {
+        "x_i": "x_i: the residual stream entering this layer at the query token", "x_j": "x_j: the same at the key token",
+        "xn_i": reads.replace("x̂", "x̂_i").replace("(x)", "(x_i)").replace("= x ", "= x_i ").rstrip(),
+        "xn_j": reads.replace("x̂", "x̂_j").replace("(x)", "(x_j)").replace("= x ", "= x_j ").rstrip(),
+        "q_raw": f"q_i = W_Q · x̂_i{b}", "k_raw": f"k_j = W_K · x̂_j{bk}", "rotary": rot,
+        "q": "q_i (after the rotary step)" if facts["rotary"] else "q_i", "k": "k_j (after the rotary step)"
+        if facts["rotary"] else "k_j",
+        "products": "q_i[d] · k_j[d], one per head dimension d", "dot": "q_i · k_j = Σ_d q_i[d] · k_j[d]",
+        "scale": f"scale = {scale}", "score": "s_ij = (q_i · k_j) × scale", "mask": f"mask: {mask}",
+        "scores_row": "s_i· : the scores of the whole row, masked", "row_max": "m = max_j s_ij",
+        "exp_row": "exp(s_ij − m) (subtracting m leaves the shares unchanged and avoids overflow)",
+        "exp_sum": "Σ_j exp(s_ij − m)", "softmax_row": "a_ij = exp(s_ij − m) / Σ_j exp(s_ij − m)",
+        "weight": "a_ij: the clicked cell's share of the row",
+        "used_row": "the row that multiplied V (a uniform or edited row replaces a_i·)",
+        "v": f"v_j = W_V · x̂_j{bv}, for every key j", "weighted": "z_i^h = Σ_j a_ij · v_j",
+        "head_value": "what the head passed on (z_i^h; 0 when zeroed; its mean over the positions when mean-ablated)",
+        "head_out": w_o, "out_bias": "b_O: added once to the sum of the heads; it belongs to no single head",
+        "heads_out": "o_i^h for every head h of the layer (the numbers used)",
+        "attn_out": "Σ_h o_i^h + b_O: the attention sublayer's output at i" if facts["out_bias"]
+        else "Σ_h o_i^h: the attention sublayer's output at i",
+        "residual_after": "x_i + Σ_h o_i^h" + (" + b_O" if facts["out_bias"] else "")
+        + (" (then the block's norm)" if facts["norm"] == "post" else "")
+        + (" (the MLP branch is added beside it)" if facts["parallel_residual"] else ""),
+    }
+
+
+# ----------------------------------------------------------------------------- one cell
+
+
+VECTORS = ("x_i", "x_j", "xn_i", "xn_j", "q_raw", "k_raw", "q", "k", "products", "weighted", "head_value",
+           "head_out", "attn_out", "residual_after")
+ROWS = ("scores_row", "exp_row", "softmax_row", "used_row")
+SCALARS = ("dot", "scale", "score", "row_max", "exp_sum", "weight", "used_weight")
+
+
+def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None) -> dict:
+    """Cell (query, key) of head `head` in `layer` on the text's window, worked through.
+
+    query: a window position (default: the selected token, else the last); key: a window position
+    (default: the key the query gives the largest share). Refuses a bad value with a sentence and
+    changes nothing.
+    """
+    layer, head = _layer_head(text, layer, head)
+    query = position(text, query)
+    T = len(text.decoder.window)
+    iv, changes = _changes(text, settings)
+    out = MEMO.forward(text, iv)
+    model = text.entry.model
+    if key is None:
+        key = int(np.argmax(out.attentions[layer][0, head, query].float().numpy()))
+    key = check_int("key position", key, 0, T - 1)
+    w = inside_cell(model, text.decoder.window, layer, head, query, key, iv, forward=out)
+    return cell_dict(text, w, changes)
+
+
+def cell_dict(text: Text, w: CellWork, changes: dict) -> dict:
+    """A `CellWork` as plain lists and numbers, with its formulas."""
+    facts = _facts(text, w.layer)
+    data = _base(text, "inside attention cell", w.layer, w.head)
+    tokens = data["tokens"]
+    order = sorted(range(len(w.products)), key=lambda d: -w.products[d])
+    data.update({
+        "query": w.query, "key": w.key, "query_token": tokens[w.query], "key_token": tokens[w.key],
+        "kv_head": w.kv_head, "model_facts": facts, "formulas": formulas(facts), "masked": w.masked,
+        "active": {**changes, "ablation": w.ablation, "row_source": w.row_source},
+        "allowed": [bool(a) for a in w.allowed], "products_order": order,
+        "rotary": None if not w.rotary else {"dims": w.rotary_dims, "fraction": w.rotary_fraction,
+                                             "cos_i": _list(w.rope_cos_i), "sin_i": _list(w.rope_sin_i),
+                                             "cos_j": _list(w.rope_cos_j), "sin_j": _list(w.rope_sin_j)},
+        "v": _list(w.v), "w_o": None if w.w_o is None else _list(w.w_o),
+        "out_bias": None if w.out_bias is None else _list(w.out_bias),
+        "heads_out": [{"head": h, "label": head_label(w.layer, h), "norm": float(np.linalg.norm(o)), "vector": _list(o)}
+                      for h, o in enumerate(w.heads_out)],
+    })
+    data.update({name: _list(getattr(w, name)) for name in VECTORS + ROWS})
+    data.update({name: _num(getattr(w, name)) for name in SCALARS})
+    return data
+
+
+def cell_export(text: Text, settings: ProbeSettings, layer, head, query=None, key=None) -> Export:
+    """The cell's numbers to download: the JSON is `cell`'s; the CSV one line per number, with its formula."""
+    data = cell(text, settings, layer, head, query, key)
+    f, tokens = data["formulas"], data["tokens"]
+    rows: list[list[Any]] = []
+    for name in SCALARS:
+        rows.append([name, f.get(name, name), None, None, data[name]])
+    for name in VECTORS:
+        rows += [[name, f[name], d, None, v] for d, v in enumerate(data[name])]
+    for name in ROWS:
+        rows += [[name, f[name], j, tokens[j], v] for j, v in enumerate(data[name])]
+    rows += [["v", f["v"], f"{j},{d}", tokens[j], x] for j, vec in enumerate(data["v"]) for d, x in enumerate(vec)]
+    if data["out_bias"] is not None:
+        rows += [["out_bias", f["out_bias"], d, None, v] for d, v in enumerate(data["out_bias"])]
+    name = file_name(model_stem(text.entry.name), f"L{data['layer']}H{data['head']}",
+                     f"q{data['query']}k{data['key']}", "inside")
+    return Export(name, to_csv(CSV_COLUMNS, rows), data)
+
+
+# ----------------------------------------------------------------------------- the head as matrices
+
+
+def head(text: Text, settings: ProbeSettings, layer, head) -> dict:
+    """Head `head` of `layer` as matrices: Q, K, V (tokens × head dimensions), QKᵀ raw, scaled and
+    masked, the softmax, the rows used, and value-weighted attention ‖a_ij v_j W_O‖."""
+    layer, head = _layer_head(text, layer, head)
+    iv, changes = _changes(text, settings)
+    out = MEMO.forward(text, iv)
+    w: HeadWork = inside_head(text.entry.model, text.decoder.window, layer, head, iv, forward=out)
+    data = _base(text, "inside attention head", layer, head)
+    data.update({"kv_head": w.kv_head, "scale": w.scale, "model_facts": _facts(text, layer),
+                 "active": {**changes, "ablation": w.ablation, "edited_rows": w.edited_rows},
+                 "allowed": w.allowed.tolist()})
+    for name in ("q_raw", "k_raw", "q", "k", "v", "raw", "scaled", "masked", "weights", "used", "value_norms",
+                 "value_weighted"):
+        data[name] = _list(getattr(w, name))
+    return data
+
+
+def layer_value_weighted(text: Text, settings: ProbeSettings, layer) -> dict:
+    """‖a_ij v_j W_O,h‖ for every head of `layer`: "value_weighted" is (H, T, T) as nested lists."""
+    n_layers, _, _ = _shape(text)
+    layer = check_int("layer", layer, 0, n_layers - 1)
+    iv, changes = _changes(text, settings)
+    out = MEMO.forward(text, iv)
+    vw = value_weighted(text.entry.model, text.decoder.window, layer, iv, forward=out)
+    data = _base(text, "value-weighted attention", layer, None)
+    data.pop("head_label")
+    data.update({"active": changes, "value_weighted": _list(vw)})
+    return data
+

@@ -1,0 +1,431 @@
+"""Inside one attention cell: the arithmetic of scaled dot-product attention with the model's own numbers.
+
+For one layer, head, query token i and key token j of one forward pass this module rebuilds, from
+the residual stream that forward fed into the layer and the layer's own modules (its norm, its qkv
+weights, the rotary tables, W_O), every intermediate number of attention:
+
+    x_i  --norm-->  x̂_i  --W_Q, b_Q-->  q_i  --rotary-->  q_i  ·  k_j  --×scale, mask-->  s_ij
+    a_i = softmax(s_i)  (exp(s_ij - max), their sum, the share a_ij)
+    z_i = Σ_j a_ij v_j  --W_O slice-->  the head's addition to the residual of token i
+
+`inside_cell` returns a `CellWork`, `inside_head` a `HeadWork` (the head's Q, K, V and QKᵀ as
+matrices), `value_weighted` the norms ‖a_ij · v_j W_O‖ of every head of a layer (Kobayashi et al.
+2020). All are computed in the model's own dtype with the same operations as
+`model.transformer.SelfAttention`, and every call checks that the attention it rebuilt equals the
+attention the forward multiplied V with (`RebuildMismatch` otherwise): the numbers shown are the
+forward's, not a second model's.
+
+Under an intervention (model.interventions) the numbers actually used are reported beside the
+model's own: `used_row` (a uniform or edited row replaces the softmax row) and `head_value` (a
+zero- or mean-ablated head's output replaces Σ_j a_ij v_j).
+
+The output projection's bias b_O is added once per token to the sum of the heads' outputs; it
+belongs to no single head, so it is reported on its own (`out_bias`) and never split among heads:
+attention sublayer output at i = Σ_h head_out_h + b_O.
+
+Positions are positions in `ids` (0-based); the forward runs over `ids` from position 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import numpy as np
+import torch
+
+from .interventions import Intervention, LayerPlan
+from .transformer import DecoderLM, ForwardOutput, apply_rope, causal_mask
+
+REBUILD_TOL = 1e-5  # largest difference allowed between the rebuilt weights and the forward's
+
+
+class RebuildMismatch(RuntimeError):
+    """The attention rebuilt here differs from the forward's: a bug, never a person's mistake."""
+
+
+@dataclass
+class CellWork:
+    """One attention cell (layer, head, query i, key j) worked through; arrays are float64 numpy
+    copies of the model's own (float32) numbers. C = d_model, hs = head_dim, T = tokens.
+
+    kv_head: the key/value head this query head reads (its group under grouped-query attention).
+    norm: where the attention reads the residual ("pre": after norm1; "post" and "none": x itself,
+    a post-norm block normalises after adding); norm_kind: layernorm / rmsnorm; parallel: GPT-NeoX's
+    parallel residual (the MLP branch reads the same x and is added beside attention).
+    x_i, x_j (C,): the layer's residual input at i and j; xn_i, xn_j (C,): what the attention reads.
+    q_raw (hs,) = W_Q x̂_i + b_Q, k_raw (hs,) = W_K x̂_j + b_K before the rotary step; q, k after it
+    (the same arrays without rotary). rotary: the model rotates q and k (RoPE); rotary_dims: how many
+    of the hs dimensions turn (rotary_fraction of them); rope_cos_i/sin_i, rope_cos_j/sin_j
+    (rotary_dims/2,): the rotation of positions i and j (None without rotary).
+    products (hs,) = q[d] * k[d]; dot = Σ_d products; scale: 1/√hs, or 1 for unscaled models
+    (scale_kind "none"); score = dot × scale, the cell's scaled score (before the mask).
+    allowed (T,): the keys the mask lets query i see (j ≤ i, inside a local window); masked: j is
+    not allowed (its score is -inf, its weight 0). scores_row (T,): s_i, -inf where masked;
+    row_max = max_j s_ij; exp_row (T,) = exp(s_ij - row_max) (0 where masked); exp_sum = Σ_j
+    exp_row; softmax_row (T,) = exp_row / exp_sum; weight = softmax_row[j].
+    used_row (T,): the row that multiplied V (softmax_row unless row_source is "uniform" (an
+    ablation), "edit: uniform" or "edit: key k"); used_weight = used_row[j].
+    v (T, hs): v_j = W_V x̂_j + b_V of every key; weighted (hs,) = Σ_j used_row[j] v_j.
+    ablation: None, "zero", "mean" or "uniform" (this head); head_value (hs,): what the head passed on
+    (weighted, 0 when zeroed, its mean over the text's positions when mean-ablated).
+    w_o (C, hs): the head's slice of W_O (None: the model has no output projection, and the head's
+    value sits in its own hs dimensions of the output). head_out (C,): the head's addition to the
+    residual of token i. out_bias (C,) or None: b_O. heads_out (H, C): every head's addition at i
+    (the numbers actually used); attn_out (C,) = Σ_h heads_out[h] + b_O, the attention sublayer's
+    output at i; residual_after (C,) = x_i + attn_out (a post-norm block then normalises it; a
+    parallel block adds its MLP branch too).
+    """
+
+    layer: int
+    head: int
+    query: int
+    key: int
+    kv_head: int
+    n_heads: int
+    kv_heads: int
+    head_dim: int
+    norm: str
+    norm_kind: str
+    parallel: bool
+    x_i: np.ndarray
+    x_j: np.ndarray
+    xn_i: np.ndarray
+    xn_j: np.ndarray
+    q_raw: np.ndarray
+    k_raw: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    rotary: bool
+    rotary_dims: int
+    rotary_fraction: float
+    rope_cos_i: np.ndarray | None
+    rope_sin_i: np.ndarray | None
+    rope_cos_j: np.ndarray | None
+    rope_sin_j: np.ndarray | None
+    products: np.ndarray
+    dot: float
+    scale: float
+    scale_kind: str
+    score: float
+    allowed: np.ndarray
+    masked: bool
+    scores_row: np.ndarray
+    row_max: float
+    exp_row: np.ndarray
+    exp_sum: float
+    softmax_row: np.ndarray
+    weight: float
+    used_row: np.ndarray
+    used_weight: float
+    row_source: str
+    v: np.ndarray
+    weighted: np.ndarray
+    ablation: str | None
+    head_value: np.ndarray
+    w_o: np.ndarray | None
+    head_out: np.ndarray
+    out_bias: np.ndarray | None
+    heads_out: np.ndarray
+    attn_out: np.ndarray
+    residual_after: np.ndarray
+
+
+@dataclass
+class HeadWork:
+    """One head of one layer as matrices (T tokens, hs = head_dim); float64 copies of the model's numbers.
+
+    q_raw, k_raw (T, hs): before the rotary step; q, k (T, hs): after it (what the dot products
+    use); v (T, hs). kv_head: the key/value head read (grouped-query attention). raw (T, T) = q kᵀ;
+    scaled = raw × scale; masked = scaled with -inf where the mask forbids (allowed (T, T) is False);
+    weights = softmax(masked) row by row; used (T, T): the rows that multiplied V (weights unless
+    the head is made uniform or a row is edited; `edited_rows` lists the edited queries).
+    value_norms (T,) = ‖v_j W_Oᵀ‖ (‖v_j‖ without an output projection); value_weighted (T, T) =
+    ‖a_ij v_j W_O‖ = used_ij × value_norms[j], what key j moves query i's output by (0 for a
+    zeroed head; for a mean-ablated head every row is the mean over queries of that).
+    """
+
+    layer: int
+    head: int
+    kv_head: int
+    scale: float
+    scale_kind: str
+    rotary: bool
+    ablation: str | None
+    edited_rows: list[int]
+    q_raw: np.ndarray
+    k_raw: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    raw: np.ndarray
+    scaled: np.ndarray
+    allowed: np.ndarray
+    masked: np.ndarray
+    weights: np.ndarray
+    used: np.ndarray
+    value_norms: np.ndarray
+    value_weighted: np.ndarray
+
+
+@dataclass
+class _Layer:
+    """Every head of one layer, rebuilt (torch tensors in the model's dtype)."""
+
+    x: torch.Tensor  # (T, C) residual input
+    xn: torch.Tensor  # (T, C) what the attention reads
+    q_raw: torch.Tensor  # (H, T, hs)
+    k_raw: torch.Tensor  # (Hkv, T, hs)
+    q: torch.Tensor  # (H, T, hs)
+    k: torch.Tensor  # (Hkv, T, hs)
+    v: torch.Tensor  # (Hkv, T, hs)
+    raw: torch.Tensor  # (H, T, T) q kᵀ (keys of each head's group)
+    scores: torch.Tensor  # (H, T, T) scaled and masked
+    allowed: torch.Tensor  # (T, T) bool
+    weights: torch.Tensor  # (H, T, T) softmax
+    used: torch.Tensor  # (H, T, T) what multiplied V
+    values: torch.Tensor  # (H, T, hs) what each head passed on (after ablation)
+    plan: LayerPlan | None
+    scale: float
+
+
+def run_forward(model: DecoderLM, ids, intervention: Intervention | None = None) -> ForwardOutput:
+    """The forward the numbers come from: residual streams and attention weights of every layer."""
+    with torch.inference_mode():
+        return model(_ids(ids), return_attention=True, return_residuals=True, intervention=intervention)
+
+
+def _ids(ids) -> torch.Tensor:
+    t = ids if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.long)
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2 or t.shape[0] != 1:
+        raise ValueError(f"ids must be one sequence of token ids, got shape {tuple(t.shape)}")
+    return t
+
+
+def _check(model: DecoderLM, T: int, layer, head, query=None, key=None) -> None:
+    cfg = model.cfg
+    for name, value, n in (("layer", layer, cfg.n_layers), ("head", head, cfg.n_heads),
+                           ("query", query, T), ("key", key, T)):
+        if value is None and name in ("query", "key"):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n:
+            raise ValueError(f"{name} must be a whole number from 0 to {n - 1}, got {value!r}")
+
+
+def kv_head_of(model: DecoderLM, head: int) -> int:
+    """The key/value head query head `head` reads: h // (H / Hkv) (itself without grouping)."""
+    cfg = model.cfg
+    return head // (cfg.n_heads // cfg.kv_heads)
+
+
+def _rebuild(model: DecoderLM, out: ForwardOutput, layer: int, intervention: Intervention | None) -> _Layer:
+    """The attention of `layer` rebuilt from the residual the forward fed it, checked against the forward."""
+    cfg = model.cfg
+    block = model.blocks[layer]
+    attn = block.attn
+    H, Hkv, hs = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    with torch.inference_mode():
+        x = out.residuals[layer][0]  # (T, C): the layer's residual input
+        T = x.shape[0]
+        xn = x if cfg.norm == "post" else block.norm1(x)  # a post-norm block's attention reads x itself
+        qkv = attn.qkv(xn)  # (T, (H + 2 Hkv) hs): queries of every head, then keys, then values
+        q_raw, k_raw, v = qkv.split((H * hs, Hkv * hs, Hkv * hs), dim=-1)
+        q_raw = q_raw.view(T, H, hs).transpose(0, 1)  # (H, T, hs)
+        k_raw = k_raw.view(T, Hkv, hs).transpose(0, 1)  # (Hkv, T, hs)
+        v = v.view(T, Hkv, hs).transpose(0, 1)  # (Hkv, T, hs)
+        q, k = q_raw, k_raw
+        if cfg.pos_encoding == "rope":
+            rope = (model.rope_cos[:T], model.rope_sin[:T])
+            q, k = apply_rope(q_raw, *rope), apply_rope(k_raw, *rope)
+        group = H // Hkv
+        k_all, v_all = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)  # (H, T, hs)
+        raw = q @ k_all.transpose(-2, -1)  # (H, T, T)
+        scale = 1.0 / math.sqrt(hs) if attn.scale is None else 1.0
+        scores = raw * (1.0 / math.sqrt(hs)) if attn.scale is None else raw
+        if cfg.mask == "causal":
+            forbidden = causal_mask(T, T, x.device, attn.window)  # (T, T)
+            scores = scores.masked_fill(forbidden, float("-inf"))
+            allowed = ~forbidden
+        else:
+            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device)
+        weights = torch.softmax(scores, dim=-1)  # (H, T, T)
+        plan = None
+        if intervention is not None and not intervention.is_empty:
+            plan = intervention.layer_plans(cfg, T)[layer]
+        used = _used_weights(weights, allowed, plan)
+        values = _ablated(used @ v_all, plan)  # (H, T, hs)
+        given = out.attentions[layer][0] if out.attentions is not None else None
+        if given is not None:
+            diff = float((given.to(used.dtype) - used).abs().max())
+            if not diff <= REBUILD_TOL:
+                raise RebuildMismatch(f"layer {layer}: rebuilt attention differs from the forward's by {diff:.3g}")
+    return _Layer(x, xn, q_raw, k_raw, q, k, v, raw, scores, allowed, weights, used, values, plan, scale)
+
+
+def _used_weights(weights: torch.Tensor, allowed: torch.Tensor, plan: LayerPlan | None) -> torch.Tensor:
+    """The rows that multiply V: uniform heads and edited rows replace the softmax rows."""
+    if plan is None:
+        return weights
+    used = weights.clone()
+    uniform = allowed.to(weights.dtype) / allowed.sum(-1, keepdim=True).to(weights.dtype)  # (T, T)
+    if plan.mode == "uniform":
+        for h in plan.ablate:
+            used[h] = uniform
+    for h, row, key in plan.edits:
+        if key is None:
+            used[h, row] = uniform[row]
+        else:
+            used[h, row] = 0.0
+            used[h, row, key] = 1.0
+    return used
+
+
+def _ablated(values: torch.Tensor, plan: LayerPlan | None) -> torch.Tensor:
+    """Each head's output (H, T, hs) as passed on: zeroed, or its mean over the positions."""
+    if plan is None or plan.mode not in ("zero", "mean") or not plan.ablate:
+        return values
+    values = values.clone()
+    for h in plan.ablate:
+        values[h] = 0.0 if plan.mode == "zero" else values[h].mean(dim=0, keepdim=True)
+    return values
+
+
+def _ablation(plan: LayerPlan | None, head: int) -> str | None:
+    return plan.mode if plan is not None and head in plan.ablate else None
+
+
+def _row_source(plan: LayerPlan | None, head: int, query: int) -> str:
+    if plan is None:
+        return "softmax"
+    for h, row, key in plan.edits:
+        if h == head and row == query:
+            return "edit: uniform" if key is None else f"edit: key {key}"
+    return "uniform" if plan.mode == "uniform" and head in plan.ablate else "softmax"
+
+
+def _w_o(model: DecoderLM, layer: int, head: int) -> torch.Tensor | None:
+    """The head's columns of W_O: (C, hs); None when the model has no output projection."""
+    proj, hs = model.blocks[layer].attn.proj, model.cfg.head_dim
+    return None if proj is None else proj.weight[:, head * hs : (head + 1) * hs]
+
+
+def _heads_out(model: DecoderLM, layer: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every head's addition to the residual, (H, T, C), from what the heads passed on, and b_O."""
+    attn, cfg = model.blocks[layer].attn, model.cfg
+    H, hs = cfg.n_heads, cfg.head_dim
+    T = values.shape[1]
+    if attn.proj is None:  # the heads' values, each in its own hs dimensions
+        out = torch.zeros(H, T, cfg.d_model, dtype=values.dtype, device=values.device)
+        for h in range(H):
+            out[h, :, h * hs : (h + 1) * hs] = values[h]
+        return out, None
+    w = attn.proj.weight.view(cfg.d_model, H, hs).permute(1, 2, 0)  # (H, hs, C): W_O's columns per head
+    return values @ w, attn.proj.bias
+
+
+def _np(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.detach().double().cpu().numpy()
+
+
+def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: int,
+                intervention: Intervention | None = None, forward: ForwardOutput | None = None) -> CellWork:
+    """Cell (query, key) of head `head` in layer `layer`, worked through for the forward over `ids`.
+
+    forward: that forward's output if it was already run (it must hold `residuals`, from
+    `run_forward` or `return_residuals=True`, with the same ids and intervention); its attention,
+    when present, is what the rebuilt weights are checked against. A key after the query (masked)
+    is allowed: its dot product exists, its score is -inf and its weight 0.
+    """
+    ids_t = _ids(ids)
+    T = ids_t.shape[1]
+    _check(model, T, layer, head, query, key)
+    out = forward if forward is not None else run_forward(model, ids_t, intervention)
+    work = _rebuild(model, out, layer, intervention)
+    cfg, g = model.cfg, kv_head_of(model, head)
+    with torch.inference_mode():
+        q, k = work.q[head, query], work.k[g, key]
+        products = q * k  # (hs,)
+        row = work.scores[head, query]  # (T,)
+        row_max = row.max()
+        exp_row = torch.exp(row - row_max)  # exp(-inf) = 0 where masked
+        heads_out, bias = _heads_out(model, layer, work.values[:, query : query + 1])
+        heads_out = heads_out[:, 0]  # (H, C)
+        attn_out = heads_out.sum(0) + (bias if bias is not None else 0.0)
+        rope = cfg.pos_encoding == "rope"
+        weighted = work.used[head, query] @ work.v[g]
+    softmax_row = _np(work.weights[head, query])
+    used_row = _np(work.used[head, query])
+    return CellWork(
+        layer=layer, head=head, query=query, key=key, kv_head=g, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim, norm=cfg.norm, norm_kind=cfg.norm_kind, parallel=cfg.parallel_residual,
+        x_i=_np(work.x[query]), x_j=_np(work.x[key]), xn_i=_np(work.xn[query]), xn_j=_np(work.xn[key]),
+        q_raw=_np(work.q_raw[head, query]), k_raw=_np(work.k_raw[g, key]), q=_np(q), k=_np(k),
+        rotary=rope, rotary_dims=cfg.rope_dim if rope else 0, rotary_fraction=cfg.rope_fraction if rope else 0.0,
+        rope_cos_i=_np(model.rope_cos[query]) if rope else None, rope_sin_i=_np(model.rope_sin[query]) if rope else None,
+        rope_cos_j=_np(model.rope_cos[key]) if rope else None, rope_sin_j=_np(model.rope_sin[key]) if rope else None,
+        products=_np(products), dot=float(work.raw[head, query, key]), scale=work.scale, scale_kind=cfg.attn_scale,
+        score=float(work.raw[head, query, key] * work.scale) if work.scale != 1.0 else float(work.raw[head, query, key]),
+        allowed=work.allowed[query].cpu().numpy(), masked=not bool(work.allowed[query, key]),
+        scores_row=_np(row), row_max=float(row_max), exp_row=_np(exp_row), exp_sum=float(exp_row.sum()),
+        softmax_row=softmax_row, weight=float(softmax_row[key]), used_row=used_row, used_weight=float(used_row[key]),
+        row_source=_row_source(work.plan, head, query), v=_np(work.v[g]), weighted=_np(weighted),
+        ablation=_ablation(work.plan, head), head_value=_np(work.values[head, query]), w_o=_np(_w_o(model, layer, head)),
+        head_out=_np(heads_out[head]), out_bias=_np(bias), heads_out=_np(heads_out), attn_out=_np(attn_out),
+        residual_after=_np(work.x[query] + attn_out),
+    )
+
+
+def _value_weighted(model: DecoderLM, layer: int, work: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """value_norms (H, T) = ‖v_j W_O,hᵀ‖ and value_weighted (H, T, T) = ‖a_ij v_j W_O,h‖, as used."""
+    cfg = model.cfg
+    H, hs = cfg.n_heads, cfg.head_dim
+    v_all = work.v.repeat_interleave(H // cfg.kv_heads, dim=0)  # (H, T, hs)
+    attn = model.blocks[layer].attn
+    if attn.proj is None:
+        norms = v_all.norm(dim=-1)  # (H, T)
+    else:
+        w = attn.proj.weight.view(cfg.d_model, H, hs).permute(1, 2, 0)  # (H, hs, C)
+        norms = (v_all @ w).norm(dim=-1)  # (H, T)
+    vw = work.used.abs() * norms.unsqueeze(1)  # (H, T, T)
+    plan = work.plan
+    if plan is not None and plan.mode in ("zero", "mean"):
+        for h in plan.ablate:
+            # zeroed: nothing moves the output; mean: every row passes on the mean over queries
+            vw[h] = 0.0 if plan.mode == "zero" else vw[h].mean(dim=0, keepdim=True).expand_as(vw[h])
+    return norms, vw
+
+
+def value_weighted(model: DecoderLM, ids, layer: int, intervention: Intervention | None = None,
+                   forward: ForwardOutput | None = None) -> np.ndarray:
+    """‖a_ij · v_j W_O,h‖ for every head h, query i and key j of `layer`: (H, T, T) float64."""
+    ids_t = _ids(ids)
+    _check(model, ids_t.shape[1], layer, 0)
+    out = forward if forward is not None else run_forward(model, ids_t, intervention)
+    work = _rebuild(model, out, layer, intervention)
+    with torch.inference_mode():
+        return _np(_value_weighted(model, layer, work)[1])
+
+
+def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Intervention | None = None,
+                forward: ForwardOutput | None = None) -> HeadWork:
+    """Head `head` of layer `layer` as matrices for the forward over `ids` (see `inside_cell` for `forward`)."""
+    ids_t = _ids(ids)
+    _check(model, ids_t.shape[1], layer, head)
+    out = forward if forward is not None else run_forward(model, ids_t, intervention)
+    work = _rebuild(model, out, layer, intervention)
+    g = kv_head_of(model, head)
+    with torch.inference_mode():
+        norms, vw = _value_weighted(model, layer, work)
+        scaled = work.raw[head] * (1.0 / math.sqrt(model.cfg.head_dim)) if work.scale != 1.0 else work.raw[head]
+    plan = work.plan
+    edited = sorted(row for h, row, _ in plan.edits if h == head) if plan is not None else []
+    return HeadWork(
+        layer=layer, head=head, kv_head=g, scale=work.scale, scale_kind=model.cfg.attn_scale,
+        rotary=model.cfg.pos_encoding == "rope", ablation=_ablation(plan, head), edited_rows=edited,
+        q_raw=_np(work.q_raw[head]), k_raw=_np(work.k_raw[g]), q=_np(work.q[head]), k=_np(work.k[g]),
+        v=_np(work.v[g]), raw=_np(work.raw[head]), scaled=_np(scaled), allowed=work.allowed.cpu().numpy(),
+        masked=_np(work.scores[head]), weights=_np(work.weights[head]), used=_np(work.used[head]),
+        value_norms=_np(norms[head]), value_weighted=_np(vw[head]),
+    )
+
