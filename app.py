@@ -35,6 +35,8 @@ from ui.explore import (
 from ui.explore_tab import build_explore_tab
 from ui.http import RefuseMalformedCalls
 from ui.inside_api import bind_inside_api
+from ui.inside_tab import bind_inside_section
+from ui.patch_api import bind_patch_api
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
@@ -83,6 +85,8 @@ def build_demo() -> gr.Blocks:
                   js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }", **RAW)
         bind_positional_tab(ses, model_dd, pe_tab, pe_outputs)  # last: the API page's order and fn_index numbers
         bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
+        bind_patch_api(ses)
+        bind_inside_section(ses, explore["inside"])  # page-only events: after every endpoint
     return demo
 
 

@@ -197,6 +197,18 @@ class ModelBudget:
         if need > 0:  # sessions became busy meanwhile
             raise UserError("The server is full right now; try again in a minute.")
 
+    @contextmanager
+    def borrow(self, owner, nbytes: int) -> Iterator[None]:
+        """`owner` holds `nbytes` more while the body runs (a computation's working memory, such as a
+        patching sweep's batch), granted or refused as `hold` grants more; given back at the end."""
+        with self._lock:
+            self.hold(owner, self.held(owner) + int(nbytes))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.hold(owner, max(0, self.held(owner) - int(nbytes)))
+
     def release(self, owner) -> None:
         """`owner` holds nothing any more (it closed, or dropped its models)."""
         with self._lock:

@@ -70,7 +70,7 @@ SESSION_CAPACITY = 2000  # gradio's own copies of session state (~135 KB each); 
 QUEUE_SIZE = int(os.environ.get("DECODER_LAB_QUEUE", "32"))
 RUN_FILES_MAX_AGE_S = 3600  # downloadable model files of a session
 # concurrency_limit of each group of events (one training at a time: it takes a whole core)
-CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2}
+CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2, "patch": 1}  # patch: lab/patching.py sweeps
 
 # ------------------------------ Server-wide budgets (lab/budget.py, lab/rates.py, lab/sessionstore.py)
 # What one visitor may take of what everyone shares. A client is its address (an IPv6 address
@@ -81,6 +81,7 @@ _UPLOAD_BYTES = int(os.environ.get("DECODER_LAB_CLIENT_UPLOAD_MB", str(5 * UPLOA
 RATE_LIMITS = {
     "session": (60, 60, 60.0),  # new sessions (page loads, API clients): a classroom behind one address fits
     "generate": (20, 30, 60.0),
+    "patch": (10, 10, 60.0),  # activation-patching sweeps (lab/patching.py): seconds of CPU each on a GPT-2
     "train": (5, 10, 600.0),
     "upload": (5, 10, 600.0),
     "import": (5, 10, 600.0),  # session files opened
@@ -105,10 +106,13 @@ IDLE_S = float(os.environ.get("DECODER_LAB_IDLE_S", "300"))  # a session that ac
 MAX_SESSIONS = int(os.environ.get("DECODER_LAB_MAX_SESSIONS", "500"))  # sessions kept (lab.sessionstore.SessionStore); a text holds up to ~6 MB
 # memory held by all sessions together: their own models and their texts' attention (which grows as T²)
 MEMORY_MAX_BYTES = int(os.environ.get("DECODER_LAB_MEMORY_MB", "4096")) * 2**20
+# texts that keep their attention, cache and distributions in memory (lab/warm.py): the least recently
+# used beyond this drop them and compute them again when used (a GPT-2 text of 64 tokens holds ~13 MB)
+WARM_MAX_BYTES = int(os.environ.get("DECODER_LAB_WARM_MB", "128")) * 2**20
 RUN_FILES_MAX_BYTES = int(os.environ.get("DECODER_LAB_FILES_MB", "1024")) * 2**20  # all sessions' model files
 RUN_FILES_SESSION_MAX_BYTES = MAX_USER_MODELS * CHECKPOINT_LIMITS.max_file_bytes  # one session's files
 __all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSIONS", "MEMORY_MAX_BYTES",
-            "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
+            "WARM_MAX_BYTES", "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
 
 # ---------------------------- Per-address shares (lab/budget.py, lab/sessionstore.py, ui/http.py)
 # What one address may hold of each shared resource, counted when work is admitted. Generous enough for
@@ -171,8 +175,8 @@ def limits_table() -> list[str]:
 
 
 # ------------------------------------------------ Server-wide budgets: their README rows
-_RATE_WHAT = {"session": "new sessions", "generate": "Generate", "train": "trainings", "upload": "uploads",
-              "import": "session files opened", "export": "files made", "replay": "Steps replayed",
+_RATE_WHAT = {"session": "new sessions", "generate": "Generate", "patch": "patching sweeps", "train": "trainings",
+              "upload": "uploads", "import": "session files opened", "export": "files made", "replay": "Steps replayed",
               "upload_bytes": "MB uploaded"}
 _RATE_UNIT = {"upload_bytes": 2**20}  # what a bucket counts in, as the table states it (bytes as MB)
 

@@ -60,6 +60,7 @@ class Rate:
 _SLOW_DOWN = {
     "session": "too many new sessions were opened from your address",
     "generate": "Generate was pressed too often from your address",
+    "patch": "too many patching sweeps were run from your address",
     "train": "too many trainings were started from your address",
     "upload": "too many models were uploaded from your address",
     "import": "too many session files were opened from your address",

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .interventions import Intervention, LayerPlan
+from .patching import Activations, LayerTap, Patch, make_taps
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ForwardOutput:
     scores: tuple[torch.Tensor, ...] | None = None
     cache: KVCache | None = None
     residuals: tuple[torch.Tensor, ...] | None = None
+    activations: Activations | None = None  # with record=True: every head, branch and residual (model.patching)
 
 
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -134,6 +136,7 @@ class SelfAttention(nn.Module):
         want_cache: bool,
         want_attention: bool,
         plan: LayerPlan | None = None,
+        tap: LayerTap | None = None,
     ) -> tuple[torch.Tensor, LayerCache | None, torch.Tensor | None, torch.Tensor | None]:
         B, T, C = x.shape
         H, Hkv, hs = self.n_heads, self.kv_heads, self.head_dim
@@ -199,6 +202,8 @@ class SelfAttention(nn.Module):
             if plan is not None:
                 y = self._ablate_outputs(y, plan)
 
+        if tap is not None:  # a patched or recorded forward (model.patching): each head's output
+            y = tap.head(y)  # (B, H, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again: (B, T, C)
         if self.proj is not None:
             y = self.proj(y)
@@ -297,23 +302,29 @@ class Block(nn.Module):
         self.norm2 = norm() if self.ffn is not None else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, past, want_cache, want_attention, plan=None):
+    def forward(self, x, rope, past, want_cache, want_attention, plan=None, tap=None):
+        # a patched or recorded forward sees each branch's output through its tap (model.patching)
+        attn_out, mlp_out = (tap.attn, tap.mlp) if tap is not None else (_same, _same)
         if self.parallel:
             # GPT-NeoX's parallel residual: both branches read the same x (Wang & Komatsuzaki's GPT-J)
-            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan)
-            m = self.drop(self.ffn(self.norm2(x))) if self.ffn is not None else 0.0
-            return m + self.drop(a) + x, cache, w, s
+            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan, tap)
+            m = self.drop(mlp_out(self.ffn(self.norm2(x)))) if self.ffn is not None else 0.0
+            return m + self.drop(attn_out(a)) + x, cache, w, s
         if self.norm_mode == "post":
-            a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention, plan)
-            x = self.norm1(x + self.drop(a))
+            a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention, plan, tap)
+            x = self.norm1(x + self.drop(attn_out(a)))
             if self.ffn is not None:
-                x = self.norm2(x + self.drop(self.ffn(x)))
+                x = self.norm2(x + self.drop(mlp_out(self.ffn(x))))
         else:  # pre-norm, or no norm at all (Identity)
-            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan)
-            x = x + self.drop(a)
+            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan, tap)
+            x = x + self.drop(attn_out(a))
             if self.ffn is not None:
-                x = x + self.drop(self.ffn(self.norm2(x)))
+                x = x + self.drop(mlp_out(self.ffn(self.norm2(x))))
         return x, cache, w, s
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 class DecoderLM(nn.Module):
@@ -362,6 +373,8 @@ class DecoderLM(nn.Module):
         cache: KVCache | None = None,
         intervention: Intervention | None = None,
         return_residuals: bool = False,
+        patch: Patch | None = None,
+        record: bool = False,
     ) -> ForwardOutput:
         """ids: (B, T) token ids. With `cache`, ids are the tokens after the cached ones.
 
@@ -369,6 +382,9 @@ class DecoderLM(nn.Module):
         layers it touches run the explicit attention path. None or an empty one: the normal
         forward, bit for bit. return_residuals: also return the residual stream after the
         embedding and after each block (for `logit_lens`).
+        patch: activations of another run to substitute (model.patching; None or an empty one:
+        the normal forward, bit for bit). record: also return every head's output, each
+        branch's output and the residual stream in `activations` (a patch's source).
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape (batch, time), got {tuple(ids.shape)}")
@@ -401,13 +417,19 @@ class DecoderLM(nn.Module):
         # RoPE adds nothing here: each attention layer rotates its queries and keys instead
         rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T]) if pe == "rope" else None
         x = self.drop(x)
+        taps = make_taps(self.cfg, patch, record, B, T, ids.device, start)  # None: nothing patched or recorded
+        if taps is not None:
+            x = taps.resid(0, x)
 
         want_cache = cache is not None
         layers, atts, scs = [], [], []
         residuals = [x]
         for i, block in enumerate(self.blocks):
             past = cache.layers[i] if cache is not None and cache.layers else None
-            x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention, plans[i])
+            x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention, plans[i],
+                                        None if taps is None else taps.layers[i])
+            if taps is not None:
+                x = taps.resid(i + 1, x)
             residuals.append(x)
             layers.append(layer_cache)
             atts.append(w)
@@ -419,6 +441,7 @@ class DecoderLM(nn.Module):
             scores=tuple(scs) if return_attention else None,
             cache=KVCache(layers) if want_cache else None,
             residuals=tuple(residuals) if return_residuals else None,
+            activations=taps.activations() if record else None,
         )
 
     def read_out(self, x: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ ENDPOINTS = [("step", 4), ("generate", 5), ("undo", 7), ("reset", 9), ("select_m
              ("edit_attention", 53), ("clear_changes", 59), ("regenerate", 62), ("head_roles", 63),
              ("logit_lens", 64), ("compare", 65), ("train", 74), ("stop", 75), ("upload_model", 76), ("film", 78),
              ("export_film_page", 90), ("positional", 93),
-             ("inside", 94)]
+             ("inside", 94), ("patch", 95)]
 
 
 @pytest.fixture(scope="module")
