@@ -203,6 +203,16 @@ def _ids(ids) -> torch.Tensor:
     return t
 
 
+def _forward(model: DecoderLM, ids: torch.Tensor, intervention: Intervention | None,
+             forward: ForwardOutput | None) -> ForwardOutput:
+    """The given forward (it must hold residuals of as many positions as `ids`), or a new one."""
+    if forward is None:
+        return run_forward(model, ids, intervention)
+    if forward.residuals is None or forward.residuals[0].shape[1] != ids.shape[1]:
+        raise ValueError("the forward given must hold the residual streams of these ids (run_forward)")
+    return forward
+
+
 def _check(model: DecoderLM, T: int, layer, head, query=None, key=None) -> None:
     cfg = model.cfg
     for name, value, n in (("layer", layer, cfg.n_layers), ("head", head, cfg.n_heads),
@@ -340,7 +350,7 @@ def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: i
     ids_t = _ids(ids)
     T = ids_t.shape[1]
     _check(model, T, layer, head, query, key)
-    out = forward if forward is not None else run_forward(model, ids_t, intervention)
+    out = _forward(model, ids_t, intervention, forward)
     work = _rebuild(model, out, layer, intervention)
     cfg, g = model.cfg, kv_head_of(model, head)
     with torch.inference_mode():
@@ -401,7 +411,7 @@ def value_weighted(model: DecoderLM, ids, layer: int, intervention: Intervention
     """‖a_ij · v_j W_O,h‖ for every head h, query i and key j of `layer`: (H, T, T) float64."""
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, 0)
-    out = forward if forward is not None else run_forward(model, ids_t, intervention)
+    out = _forward(model, ids_t, intervention, forward)
     work = _rebuild(model, out, layer, intervention)
     with torch.inference_mode():
         return _np(_value_weighted(model, layer, work)[1])
@@ -412,7 +422,7 @@ def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Inte
     """Head `head` of layer `layer` as matrices for the forward over `ids` (see `inside_cell` for `forward`)."""
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, head)
-    out = forward if forward is not None else run_forward(model, ids_t, intervention)
+    out = _forward(model, ids_t, intervention, forward)
     work = _rebuild(model, out, layer, intervention)
     g = kv_head_of(model, head)
     with torch.inference_mode():
