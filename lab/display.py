@@ -30,6 +30,14 @@ class View:
     view: str
     heads: tuple[int, ...] | None = None
 
+    @property
+    def menu_head(self) -> int | str:
+        """The Head menu's value for this view (what links and session files carry): a head, "all",
+        or a page of heads such as "6-11"."""
+        if self.head is not None:
+            return self.head
+        return "all" if self.heads is None else page_value(self.heads)
+
 
 @dataclass
 class Display:

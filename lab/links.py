@@ -1,7 +1,8 @@
 """Links that open the app in a state: `?model=…&prompt=…&seed=…&steps=…&layer=…&head=…&view=…`.
 
 A teacher puts such a link in a slide: the page opens on that model and prompt, presses Step
-`steps` times with that seed (and `temperature`, when given) and shows that layer, head and view.
+`steps` times with that seed (and `temperature`, when given) and shows that layer, head and view
+(`head` is a head, `all`, or a page of a layer's heads such as `6-11`, as the Head menu offers them).
 Every parameter is checked like the form's own value; an unknown or out-of-range one is left out
 and named in a notice, never an error page. `link_query` writes the link of what a person sees.
 """
@@ -14,6 +15,7 @@ from urllib.parse import urlencode
 from model.generate import Sampling
 
 from .checks import UserError, check_choice, check_float, check_int
+from .display import check_head
 from .limits import ATTENTION_VIEWS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE
 from .models import DEFAULT_MODEL
 from .session import Session, View
@@ -72,16 +74,17 @@ def read_link(session: Session, params: dict) -> Link:
     temperature = take("temperature", lambda v: check_float("temperature", _float(v), *TEMPERATURE_RANGE), 0.8)
     steps = take("steps", lambda v: check_int("steps", v, 0, MAX_NEW_TOKENS), 0)
     layer = take("layer", lambda v: check_int("layer", v, 0, cfg.n_layers - 1), None)
-    head = take("head", lambda v: "all" if v == "all" else check_int("head", v, 0, cfg.n_heads - 1), None)
+    head = take("head", lambda v: check_head(v, cfg.n_heads), None)  # a head, "all" or a page ("6-11")
     view = take("view", lambda v: check_choice("view", v, ATTENTION_VIEWS), "weights")
     notes += [f"Ignored the link's {item}." for item in ignored]
     fv = session.entry_for(model).first_view
     if layer is None:
         layer = fv.layer if fv is not None else 0
     if head is None:
-        head = fv.head if fv is not None and "layer" not in params else "all"
-    return Link(model, prompt, View(layer, head, view), Sampling(temperature=temperature, seed=seed), steps, notes,
-                given=any(k in PARAMS for k in params))
+        head = check_head(fv.head if fv is not None and "layer" not in params else "all", cfg.n_heads)
+    head, page = head
+    return Link(model, prompt, View(layer, head, view, page), Sampling(temperature=temperature, seed=seed), steps,
+                notes, given=any(k in PARAMS for k in params))
 
 
 def _float(v):
@@ -124,7 +127,7 @@ def link_query(session: Session, model_name, prompt, sampling: Sampling, view: V
             t, k, p = next(iter(settings))
             sampling = Sampling(temperature=t, top_k=k, top_p=p, seed=d.sampling.seed)
     params = {"model": model_name, "prompt": prompt, "seed": sampling.seed, "temperature": sampling.temperature,
-              "steps": steps, "layer": view.layer, "head": "all" if view.head is None else view.head, "view": view.view}
+              "steps": steps, "layer": view.layer, "head": view.menu_head, "view": view.view}
     if sampling.top_k or sampling.top_p < 1.0:
         note = note or "Links carry temperature and seed, not top-k or top-p: the text may differ."
     return urlencode(params), note

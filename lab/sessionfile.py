@@ -4,7 +4,7 @@ the same tokens and the same numbers.
 What a file holds: the model (a built-in by name and the SHA-256 of its shipped file, or an own
 model's whole checkpoint: weights, tokenizer and film), the prompt and seed, every action that
 made the text (Step, Generate, Undo, each with its sampling settings and the tokens it produced),
-the view (layer, head, view, colour mode, large fonts, selected token, head tool), the head
+the view (layer, head or page of heads, view, colour mode, large fonts, selected token, head tool), the head
 settings (ablated heads, mode, edited row) and the sampling settings of the form.
 
 Opening one replays the actions with the engine's own code (`Session.step` / `Session.generate` /
@@ -88,7 +88,7 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
     doc = {
         "format": FORMAT, "version": VERSION, "model": model, "prompt": prompt, "seed": seed,
         "actions": log,
-        "view": {"layer": view.layer, "head": "all" if view.head is None else view.head, "view": view.view, "colour": session.display.colour,
+        "view": {"layer": view.layer, "head": view.menu_head, "view": view.view, "colour": session.display.colour,
                  "presentation": session.display.presentation, "tool": session.display.tool,
                  "query": session.query},
         "probe": {"heads": [probing.head_label(*h) for h in probe.heads], "mode": probe.mode,
@@ -298,6 +298,7 @@ def open_session(session: Session, path) -> Opened:
     except UserError as exc:
         raise _bad(f"its sampling settings are out of range ({str(exc).rstrip('.')})") from None
     scratch = Session(session.builtins)
+    scratch.external = session.external  # the models added with --model that this session is offered
     scratch.client = getattr(session, "client", None)  # what it holds while it replays counts for the importer
     scratch.display = dataclasses.replace(session.display)
     try:

@@ -34,7 +34,7 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
     entry = session.entry_for(model)
     cfg = entry.model.cfg
     examples = list(entry.examples)
-    head = "all" if view.head is None else view.head  # as the Head menu and the figure name all heads
+    head = view.menu_head  # as the Head menu and the figure name it: a head, "all" or a page ("6-11")
     caption = view_caption(session, model, view.layer, head, view.view)
     session.keep_on_select = model  # the model list's change event that follows keeps this text
     has_text = bool(session.tokens())

@@ -10,6 +10,7 @@ import pytest
 from lab import links
 from lab.session import Session, View
 from model.generate import Sampling
+from tests.support.sessions import TWELVE, offered, twelve_heads
 
 GRAMMAR, COPY = "grammar (built-in)", "copy / induction (built-in)"
 P = "anna found the key . she gave it to tom because he"
@@ -84,3 +85,35 @@ def test_the_link_says_what_it_cannot_carry():
     assert "Save session" in note
     query, _ = links.link_query(Session(), GRAMMAR, P, Sampling(), View(0, None, "weights"))
     assert dict(parse_qsl(query))["head"] == "all" and dict(parse_qsl(query))["steps"] == "0"
+
+
+@pytest.fixture(scope="module")
+def added(tmp_path_factory):
+    """A model of 12 heads, added as `--model` adds a file: its layers show six heads at a time."""
+    return twelve_heads(tmp_path_factory.mktemp("twelve_heads"))
+
+
+def test_a_link_keeps_the_page_of_heads_it_was_made_on(added):
+    """The link of a view of heads 6–11 says head=6-11 and opens on heads 6–11, with the same text."""
+    s = offered(added)
+    for _ in range(3):
+        s.step(TWELVE, "503124=", Sampling(temperature=1.0, seed=2))
+    view = s.check_view(None, 1, "6-11", "weights")
+    assert view == View(1, None, "weights", tuple(range(6, 12)))
+    params = dict(parse_qsl(links.link_query(s, TWELVE, "503124=", Sampling(), view)[0]))
+    assert params["head"] == "6-11" and params["layer"] == "1"
+    t = offered(added)
+    link = links.open_link(t, links.read_link(t, params))
+    assert link.notes == [] and link.view == view and t.tokens() == s.tokens()
+    # links made before pages (head=all, or a layer without a head) open on the first page, as before
+    first, older = View(1, None, "weights", tuple(range(6))), {k: v for k, v in params.items() if k != "head"}
+    assert links.read_link(offered(added), older).view == first
+    assert links.read_link(offered(added), older | {"head": "all"}).view == first
+    assert links.read_link(offered(added), older | {"head": "11"}).view == View(1, 11, "weights")
+
+
+@pytest.mark.parametrize("model, head", [(GRAMMAR, "6-11"), (TWELVE, "6-12"), (TWELVE, "5-10"), (TWELVE, "12")])
+def test_a_page_the_model_has_not_is_left_out_with_a_notice(added, model, head):
+    link = links.read_link(offered(added), {"model": model, "layer": "0", "head": head})
+    assert any(f"head='{head}'" in n for n in link.notes), link.notes
+    assert link.view.head is None and link.view.layer == 0  # the layer's first heads instead

@@ -3,26 +3,31 @@
 Random sequences of what a person does on the Explore page (Step, Generate, Undo, Reset, another
 model or prompt, sampling settings, the view, a token selected, heads ablated, a row edited, Clear,
 colour / large fonts / head tool) are played through the page's own handlers on the two smallest
-built-ins; then "Save session" writes the file and "Open session" opens it in a fresh session. The
-opened session must have the same tokens, the same figures (their payloads, byte for byte) and the
-same settings. A call the page refuses is part of the sequence too: it must change nothing.
+built-ins and on a model of 12 heads added as `--model` adds one (its layers are shown a page of six
+heads at a time: H0–5, H6–11); then "Save session" writes the file and "Open session" opens it in a
+fresh session. The opened session must have the same tokens, the same figures (their payloads, byte
+for byte) and the same settings, the page of heads included. A call the page refuses is part of the
+sequence too: it must change nothing.
 """
 
 from __future__ import annotations
 
 import gradio as gr
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lab import probing
 from lab.limits import ATTENTION_VIEWS, COLOUR_MODES
 from lab.session import HEAD_TOOLS, Session
-from tests.support.sessions import assert_same_text
+from tests.support.sessions import TWELVE, assert_same_text, offered, twelve_heads
 from ui import explore, heads, share
 
 SORT, COPY = "sort digits (built-in)", "copy / induction (built-in)"
 PROMPTS = {SORT: ["503124=", "98765=", "1=", "  "], COPY: ["hcbpadlk|", "ab|", "abcdefghijklmnop|"]}
-LABELS = [probing.head_label(layer, h) for layer in range(2) for h in range(4)]  # both models: 2 layers × 4 heads
+PROMPTS[TWELVE] = PROMPTS[SORT]  # it reads the sort model's characters
+LABELS = [probing.head_label(layer, h) for layer in range(2) for h in (0, 1, 2, 3, 7, 11)]  # every model: 2 layers
+HEADS = ["all", "6-11", 0, 1, 2, 3, 7, 11]  # what the Head menu sends; a page or a head past 3 exists on TWELVE only
 
 sampling = st.tuples(st.sampled_from([0.0, 0.7, 1.5]), st.sampled_from([0, 3]), st.sampled_from([1.0, 0.8]),
                      st.integers(0, 2))
@@ -30,10 +35,10 @@ actions = st.one_of(
     st.tuples(st.just("step")), st.tuples(st.just("step")),  # the most common action, twice as likely
     st.tuples(st.just("generate"), st.integers(1, 12)),
     st.tuples(st.just("undo")), st.tuples(st.just("reset")),
-    st.tuples(st.just("model"), st.sampled_from([SORT, COPY])),
+    st.tuples(st.just("model"), st.sampled_from([SORT, COPY, TWELVE])),
     st.tuples(st.just("prompt"), st.integers(0, 3)),
     st.tuples(st.just("sampling"), sampling),
-    st.tuples(st.just("view"), st.integers(0, 1), st.sampled_from(["all", 0, 1, 2, 3]), st.sampled_from(ATTENTION_VIEWS)),
+    st.tuples(st.just("view"), st.integers(0, 1), st.sampled_from(HEADS), st.sampled_from(ATTENTION_VIEWS)),
     st.tuples(st.just("select"), st.integers(0, 20)),
     st.tuples(st.just("ablate"), st.lists(st.sampled_from(LABELS), max_size=3, unique=True),
               st.sampled_from(["zero", "mean", "uniform"]), st.booleans()),
@@ -71,11 +76,10 @@ class Page:
                 explore.undo(s, *self.shown())
             elif kind == "reset":
                 explore.reset(s, self.model)
-            elif kind == "model":
-                self.model = args[0]
-                explore.select_model(s, self.model)
-                fv = s.entry_for(self.model).first_view
-                self.layer, self.head, self.view, self.prompt = fv.layer, fv.head, fv.view, PROMPTS[self.model][0]
+            elif kind == "model":  # the page shows the view the model opens on
+                self.model, self.prompt = args[0], PROMPTS[args[0]][0]
+                out = explore.select_model(s, self.model)
+                self.layer, self.head, self.view = (out[i]["value"] for i in (5, 6, 7))
             elif kind == "prompt":
                 self.prompt = PROMPTS[self.model][args[0] % len(PROMPTS[self.model])]
             elif kind == "sampling":
@@ -115,23 +119,35 @@ def figures(s: Session, layer, head, view) -> list:
             s.status(), probing.edit_state(s.text, s.probe), probing.ablated(s.text, s.probe)]
 
 
-views = st.tuples(st.integers(0, 1), st.sampled_from(["all", "all", 0, 1, 2, 3]), st.sampled_from(ATTENTION_VIEWS))
+@pytest.fixture(scope="module")
+def added(tmp_path_factory):
+    """The 12-head model, added as `--model` adds a file."""
+    return twelve_heads(tmp_path_factory.mktemp("twelve_heads"))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(actions, min_size=3, max_size=16), views)
-def test_every_saved_session_reopens_to_the_same_state(steps, view):
-    """`view`: what the page shows when the file is saved (all heads of a layer is how own models open)."""
-    s = Session()
+# what the page shows when the file is saved: a layer, the i-th value of its model's Head menu (the first
+# is "all": all heads, or the first page of six; on TWELVE the second is the page "6-11"), a view
+views = st.tuples(st.integers(0, 1), st.sampled_from([0, 0, 1, 1, 2, 5, 8, 12]), st.sampled_from(ATTENTION_VIEWS))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(actions, min_size=3, max_size=16), view=views)
+@example(steps=[("model", TWELVE), ("step",), ("view", 1, "6-11", "weights"), ("step",)], view=(1, 1, "scores"))
+@example(steps=[("model", TWELVE), ("step",), ("reset",)], view=(0, 1, "weights"))  # heads 6–11, no text
+def test_every_saved_session_reopens_to_the_same_state(added, steps, view):
+    s = offered(added)
     page = Page(s)
-    for action in [*steps, ("view", *view)]:
+    for action in steps:
         page.do(action)
+    model = s.model_name if s.decoder is not None else page.model
+    menu = [value for _, value in explore.head_choices(s.entry_for(model).model.cfg.n_heads)]
+    page.do(("view", view[0], menu[view[1] % len(menu)], view[2]))
     path, _ = share.save_session(s, *page.form(), *page.shown())  # the app writes every state it can reach
-    t = Session()
+    t = offered(added)
     out = share.open_session(t, path)  # and opens every file it writes
     model, prompt = (s.model_name, s.prompt) if s.decoder is not None else (page.model, page.prompt)
     assert out[1]["value"] == model and out[2] == prompt
-    assert (out[9]["value"], out[10]["value"], out[11]) == page.shown()
+    assert (out[9]["value"], out[10]["value"], out[11]) == page.shown()  # a page of heads too ("6-11")
     assert tuple(out[14:18]) == page.sampling
     assert (t.display.colour, t.display.presentation, t.display.tool) == \
         (s.display.colour, s.display.presentation, s.display.tool)

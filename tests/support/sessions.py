@@ -1,10 +1,41 @@
-"""Comparing two sessions' texts value for value."""
+"""Comparing two sessions' texts value for value; sessions offered a model of 12 heads, as `--model` offers one."""
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+from pathlib import Path
 
+import numpy as np
+import torch
+
+from lab.external import ExternalModels, parse_source
+from lab.models import BUILTINS
 from lab.session import Session
+from model.checkpoint import save_checkpoint
+from model.transformer import DecoderLM
+
+TWELVE = "twelve_heads (file)"  # as the model list names the Decoder Lab file `twelve_heads` writes
+
+
+def twelve_heads(folder: Path) -> ExternalModels:
+    """A model of 2 layers × 12 heads (random weights, the sort model's characters: "503124=" reads) written
+    as a Decoder Lab file in `folder` and offered as `python app.py --model FILE` offers it: shared by the
+    sessions, named in a session file by its source and hash. Its layers show their heads six at a time."""
+    sort = BUILTINS.get("sort digits (built-in)")
+    with torch.random.fork_rng():  # the same weights every time, and the tests' random state untouched
+        torch.manual_seed(0)
+        model = DecoderLM(dataclasses.replace(sort.model.cfg, n_heads=12, d_model=48)).eval()
+    path = save_checkpoint(folder / "twelve_heads.safetensors", model, sort.tokenizer)
+    external = ExternalModels([parse_source(str(path))], folder / "hashes.json")
+    assert external.names == [TWELVE]
+    return external
+
+
+def offered(external: ExternalModels) -> Session:
+    """A new session offered these added models (what the app gives every session)."""
+    s = Session()
+    s.external = external
+    return s
 
 
 def assert_same_text(a: Session, b: Session) -> None:
