@@ -2,7 +2,7 @@
 `python app.py --model FOLDER`. Its layer view shows the heads a page at a time (Head menu, ◀ ▶), the
 attention, the text and the chart stay on one screen at 1366×900 and 1280×720 (also with Large fonts),
 nothing is cut off at 390 px, the all-layers view points to the head-roles map instead of 144 panels,
-and a click on a cell of that map shows that head.
+a click on a cell of that map shows that head, and a link to a page of heads reopens on that page.
 
 Every check waits for what it reads; nothing depends on how fast the machine is.
 """
@@ -16,6 +16,7 @@ from tests.support.browser import Page
 from tests.support.explore_page import FIT, PLOT, open_page
 from tests.support.families import save_reference, sharpen
 from tests.support.heads_page import click_cell, head_tab
+from tests.support.share_page import share_section
 from tests.support.server import AppServer
 
 transformers = pytest.importorskip("transformers")
@@ -174,5 +175,29 @@ def test_on_a_phone_nothing_of_a_12_head_layer_is_cut_off(many_heads_server, bro
             p.page.locator("#attention").scroll_into_view_if_needed()
             p.page.screenshot(path=str(shots / f"many-heads-390-{len(heads)}-{name}.png"))
         assert p.console_errors == []
+    finally:
+        context.close()
+
+
+def test_the_link_to_heads_6_to_11_reopens_on_heads_6_to_11(many_heads_server, browser):
+    """The page's own link to layer 7's heads 6–11 (head=6-11) opens, in another tab, the same text with the
+    Head menu on H6–11 and those six heads drawn."""
+    context, p = open_page(many_heads_server, browser, 1366, 900)
+    try:
+        n = open_model_and_step(p)
+        p.choose("layer", "layer 7")
+        p.choose("head", "H6–11")
+        wait_heads(p, list(range(6, 12)), "Layer 7 attention weights: heads 6–11 of 12")
+        share_section(p)
+        p.click("make_link")
+        href = p.page.locator("#share_link_a").get_attribute("href", timeout=30_000)
+        assert "head=6-11" in href and "layer=7" in href and "steps=1" in href, href
+        q = Page(context, f"{many_heads_server.url}{href}")
+        q.wait_tokens(n)
+        assert q.tokens() == p.tokens()
+        wait_value(q, "layer", "layer 7")
+        wait_value(q, "head", "H6–11")
+        wait_heads(q, list(range(6, 12)), "Layer 7 attention weights: heads 6–11 of 12")
+        assert p.console_errors == [] and q.console_errors == []
     finally:
         context.close()
