@@ -24,7 +24,7 @@ import torch
 
 from model.generate import Decoder, Sampling, generate
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
-from model.transformer import logit_lens
+from model.transformer import KVCache, LayerCache, logit_lens
 
 from .checks import UserError, check_choice, check_int
 from .display import check_head
@@ -191,16 +191,38 @@ def lens_readout(text: Text, index=None) -> Lens:
     need_text(text)
     index = position(text, index)
     d, entry = text.decoder, text.entry
-    out = forward(entry, d.window, residuals=True)
+    streams, own = streams_at(d, index)
     with torch.inference_mode():
-        # position `index` of every earlier stream, read out as one (1, L, C) batch: one pass over the
-        # output head (GPT-2's is 154 MB; a pass per layer and position took a second); the last row
-        # is the forward's own logits there
-        rows = torch.cat([r[:, index : index + 1] for r in out.residuals[:-1]], dim=1)  # (1, L, C)
-        logits = torch.cat([logit_lens(entry.model, [rows])[0, 0], out.logits[:, index]])  # (L + 1, V)
+        # every stream but the last, read out as one (1, L, C) batch: one pass over the output head
+        # (GPT-2's is 154 MB; a pass per layer and position took a second); the last row is the
+        # forward's own logits there
+        rows = torch.cat(streams[:-1], dim=1)  # (1, L, C)
+        logits = torch.cat([logit_lens(entry.model, [rows])[0, 0], own]).cpu()  # (L + 1, V)
     probs = torch.softmax(used_rows(logits.double(), entry), dim=-1).numpy()
-    labels = ["embedding"] + [f"after layer {i}" for i in range(len(out.residuals) - 1)]
+    labels = ["embedding"] + [f"after layer {i}" for i in range(len(streams) - 1)]
     return Lens(probs, labels, list(entry.pieces), index, entry.tokenizer.piece(d.window[index]))
+
+
+def streams_at(d: Decoder, index: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The residual streams at window position `index` (n_layers + 1 of shape (1, 1, C)) and the
+    logits there (1, V), as the text's decoder computes them (its model, its intervention).
+
+    Under the causal mask a position sees only the tokens up to it, whose keys and values the text's
+    cache holds: the token alone runs against the cache cut before it (views, never changed), as a
+    Step runs its new token and on the same attention path, so at the newest token the last row is
+    the distribution the Step drew from, bit for bit. Without a cache that fits the window
+    (bidirectional mask, mean ablation, a cache dropped) the whole window runs."""
+    model, cache, iv = d.model, d.cache, d.intervention
+    with torch.inference_mode():
+        if d.use_cache and cache is not None and cache.length == len(d.window):
+            past = KVCache([LayerCache(c.k[:, :, :index], c.v[:, :, :index]) for c in cache.layers])
+            out = model(torch.tensor([[d.window[index]]], device=d.device), return_attention=d.capture_attention,
+                        cache=past, intervention=None if iv is None else iv.within(d.start, index, index + 1),
+                        return_residuals=True)
+            return list(out.residuals), out.logits[:, 0]
+        out = model(torch.tensor([d.window], device=d.device), return_residuals=True,
+                    intervention=None if iv is None else iv.within(d.start, 0, len(d.window)))
+        return [r[:, index : index + 1] for r in out.residuals], out.logits[:, index]
 
 
 # ----------------------------------------------------------------------- ablation and edits

@@ -157,8 +157,9 @@ class Decoder:
     def _prefill(self) -> None:
         """Run the whole window through the model: fresh cache, next-token logits, attention."""
         ids = torch.tensor([self.window], device=self.device)  # (1, T)
+        # only the last position's logits are read out: the next token is all a Step samples
         out = self.model(ids, return_attention=self.capture_attention, cache=KVCache([]) if self.use_cache else None,
-                         intervention=self._intervention(0, ids.shape[1]))
+                         intervention=self._intervention(0, ids.shape[1]), logits="last")
         self.cache = out.cache
         self.logits = out.logits[0, -1]  # (V,) for the token after the window
         # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer, each inside a buffer with room

@@ -44,12 +44,13 @@ class KVCache:
 class ForwardOutput:
     """What one forward pass returns; the type is the same whatever was asked for.
 
-    logits: (B, T, V). attentions / scores: one (B, H, Tq, Tk) tensor per layer when
-    return_attention=True, else None. Masked entries are exactly 0 in `attentions` and
-    -inf in `scores`. cache: the key/value cache including this call's tokens, when a
-    cache was passed in (use `KVCache([])` to start one). residuals: with
-    return_residuals=True, n_layers + 1 tensors (B, T, C): the residual stream after the
-    embedding (index 0) and after block l (index l + 1); read them with `logit_lens`.
+    logits: (B, T, V); (B, 1, V), the last position's, with logits="last". attentions /
+    scores: one (B, H, Tq, Tk) tensor per layer when return_attention=True, else None.
+    Masked entries are exactly 0 in `attentions` and -inf in `scores`. cache: the key/value
+    cache including this call's tokens, when a cache was passed in (use `KVCache([])` to
+    start one). residuals: with return_residuals=True, n_layers + 1 tensors (B, T, C): the
+    residual stream after the embedding (index 0) and after block l (index l + 1); read them
+    with `logit_lens`.
     """
 
     logits: torch.Tensor
@@ -373,6 +374,7 @@ class DecoderLM(nn.Module):
         cache: KVCache | None = None,
         intervention: Intervention | None = None,
         return_residuals: bool = False,
+        logits: str = "all",
         patch: Patch | None = None,
         record: bool = False,
     ) -> ForwardOutput:
@@ -381,13 +383,18 @@ class DecoderLM(nn.Module):
         intervention: heads to ablate / attention rows to edit (see model.interventions); the
         layers it touches run the explicit attention path. None or an empty one: the normal
         forward, bit for bit. return_residuals: also return the residual stream after the
-        embedding and after each block (for `logit_lens`).
+        embedding and after each block (for `logit_lens`). logits: "all" reads out every
+        position (B, T, V); "last" only the last one (B, 1, V), for a caller that wants the
+        next token alone: the head is the largest product of a forward over a short text
+        (GPT-2's 50,257 x 768 per position).
         patch: activations of another run to substitute (model.patching; None or an empty one:
         the normal forward, bit for bit). record: also return every head's output, each
         branch's output and the residual stream in `activations` (a patch's source).
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape (batch, time), got {tuple(ids.shape)}")
+        if logits not in ("all", "last"):
+            raise ValueError(f'logits must be "all" or "last", got {logits!r}')
         B, T = ids.shape
         # With a cache, the new tokens come right after the cached ones: their positions start
         # at cache.length, so learned, sinusoidal and RoPE positions all continue where the
@@ -434,9 +441,8 @@ class DecoderLM(nn.Module):
             layers.append(layer_cache)
             atts.append(w)
             scs.append(s)
-        logits = self.read_out(x)
         return ForwardOutput(
-            logits=logits,
+            logits=self.read_out(x if logits == "all" else x[:, -1:]),  # (B, T, V) or (B, 1, V)
             attentions=tuple(atts) if return_attention else None,
             scores=tuple(scs) if return_attention else None,
             cache=KVCache(layers) if want_cache else None,

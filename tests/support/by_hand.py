@@ -5,8 +5,9 @@ import math
 import torch
 
 
-def by_hand(model, ids, ablate=(), mode="zero", edits=()):
-    """Slow reference forward: returns (logits, per-layer attention weights actually used)."""
+def by_hand(model, ids, ablate=(), mode="zero", edits=(), streams=None):
+    """Slow reference forward: returns (logits, per-layer attention weights actually used).
+    streams: a list that receives the residual stream after the embedding and after each block."""
     cfg = model.cfg
     B, T = ids.shape
     C, H, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
@@ -29,6 +30,8 @@ def by_hand(model, ids, ablate=(), mode="zero", edits=()):
         return out
 
     all_weights = []
+    found = [] if streams is None else streams
+    found.append(x)
 
     def attention(layer, inp):
         att = model.blocks[layer].attn
@@ -76,4 +79,5 @@ def by_hand(model, ids, ablate=(), mode="zero", edits=()):
             x = x + attention(layer, blk.norm1(x))
             if blk.ffn is not None:
                 x = x + blk.ffn(blk.norm2(x))
+        found.append(x)
     return model.head(model.norm_f(x)), all_weights

@@ -1,0 +1,93 @@
+"""`DecoderLM.forward(logits="last")` reads out the last position only: the same numbers as the
+whole readout's last row (float32 rounds a product of another shape a few units of its last place
+apart: 1e-6 absolute and relative), with
+everything else the forward returns unchanged, for the built-in checkpoints and a model of each
+imported family; the decoder's prefill, which samples from that row, uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lab.models import BUILTIN_MODELS
+from model.checkpoint import load_checkpoint
+from model.families import open_folder
+from model.generate import Decoder
+from model.interventions import AttentionEdit, Intervention
+from model.transformer import KVCache
+from tests.support.families import PROMPTS, save_reference, sharpen
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+TOL = 1e-6
+VOCAB = 300
+# one small model per family importer (the shapes their own tests use): GPT-2, Pythia (partial rotary,
+# parallel residual, padded vocabulary), Llama (grouped keys and values), GPT-Neo (a local layer)
+FAMILIES = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=2, n_head=4, n_positions=40)),
+    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                         intermediate_size=48, rotary_pct=0.25, vocab_size=320,
+                                                         max_position_embeddings=40)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=6,
+                                                      num_key_value_heads=2, intermediate_size=40,
+                                                      max_position_embeddings=40)),
+    "neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(hidden_size=16, num_layers=2, num_heads=4, window_size=3,
+                                                      attention_types=[[["global", "local"], 1]],
+                                                      max_position_embeddings=40)),
+}
+
+
+def check_last(model, ids: list[int]) -> None:
+    x = torch.tensor([ids, ids[::-1]])  # a batch of two
+    V = model.cfg.vocab_size
+    with torch.inference_mode():
+        full = model(x, return_attention=True, return_residuals=True)
+        last = model(x, return_attention=True, return_residuals=True, logits="last")
+        assert last.logits.shape == (2, 1, V)
+        torch.testing.assert_close(last.logits[:, 0], full.logits[:, -1], atol=TOL, rtol=TOL)
+        # the blocks ran as before: the same attention and residual streams, bit for bit
+        assert all(torch.equal(a, b) for a, b in zip(last.attentions, full.attentions))
+        assert all(torch.equal(a, b) for a, b in zip(last.residuals, full.residuals))
+        # after a cache, under an intervention, on the fused path
+        cache = model(x[:, :3], cache=KVCache([])).cache
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        edits = [AttentionEdit(L - 1, H - 1, 4, 3)] if L * H > 1 else []  # the toy has one head
+        iv = Intervention(heads=[(0, 0)], mode="zero", edits=edits)
+        a = model(x[:, 3:], cache=cache, intervention=iv)
+        b = model(x[:, 3:], cache=cache, intervention=iv, logits="last")
+        torch.testing.assert_close(b.logits[:, 0], a.logits[:, -1], atol=TOL, rtol=TOL)
+        assert torch.equal(b.cache.layers[-1].k, a.cache.layers[-1].k)
+        fused = model(x, logits="last").logits
+        torch.testing.assert_close(fused[:, 0], model(x).logits[:, -1], atol=TOL, rtol=TOL)
+        one = model(x[:1], return_attention=True)
+    # a decoder's first logits (what its first Step samples from) are the whole forward's last row
+    dec = Decoder(model, ids)
+    torch.testing.assert_close(dec.logits, one.logits[0, -1], atol=TOL, rtol=TOL)
+    assert all(torch.equal(torch.from_numpy(a.copy()), b[0]) for a, b in zip(dec.attention, one.attentions))
+
+
+@pytest.mark.parametrize("name", list(BUILTIN_MODELS))
+def test_builtin_models(name):
+    ck = load_checkpoint(ASSETS / BUILTIN_MODELS[name].file)
+    ids = ck.tokenizer.encode(BUILTIN_MODELS[name].examples[0])
+    assert len(ids) >= 6
+    check_last(ck.model, ids)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_models(family, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config_class, model_class, options = FAMILIES[family]
+    cfg = getattr(transformers, config_class)(**{"vocab_size": VOCAB, **options}, bos_token_id=1, eos_token_id=0)
+    torch.manual_seed(0)
+    ref = getattr(transformers, model_class)(cfg).eval()
+    sharpen(ref, seed=len(family), conv1d=family == "gpt2")
+    model, tok = open_folder(save_reference(ref, tmp_path / family, VOCAB))
+    check_last(model, tok.encode(PROMPTS[2]))
+
+
+def test_other_readouts_are_refused():
+    ck = load_checkpoint(ASSETS / BUILTIN_MODELS["grammar (built-in)"].file)
+    with pytest.raises(ValueError, match='logits must be "all" or "last"'):
+        ck.model(torch.tensor([[1, 2]]), logits="first")
