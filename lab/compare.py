@@ -21,7 +21,8 @@ class Comparison:
     tokens_a, tokens_b: the pieces; common: how many positions are compared (the shorter length);
     diff: per layer (H, common, common) = B's weights − A's on the common positions;
     roles_a, roles_b: head scores of each prompt on its own text; probs_a, probs_b: the
-    next-token distributions after each prompt; notes: what a learner should know (lengths differ…).
+    next-token distributions after each prompt; notes: what a learner should know (lengths differ…);
+    weights_a, weights_b: each prompt's attention weights, per layer (H, T, T).
     """
 
     tokens_a: list[str]
@@ -35,6 +36,8 @@ class Comparison:
     pieces: list[str]
     notes: list[str]
     causal: bool
+    weights_a: list[np.ndarray] | None = None  # per layer (H, T_a, T_a): A's own attention weights
+    weights_b: list[np.ndarray] | None = None
 
     def aligned_tokens(self) -> list[str]:
         """One label per common position: the token, or "a→b" where the prompts differ."""
@@ -89,4 +92,4 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
     roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
     probs = [torch.softmax(used_rows(o.logits[0, -1].double(), entry), -1).numpy() for o in outs]
     return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
-                      list(entry.pieces), notes, causal)
+                      list(entry.pieces), notes, causal, weights[0], weights[1])

@@ -31,7 +31,9 @@ REGENERATE_TOKENS = 24
 PAIRS = {  # minimal pairs per built-in: (A, B)
     "grammar (built-in)": [("anna found the key . she gave it to tom because he asked",
                             "tom found the key . he gave it to anna because she asked"),
-                           ("anna found the key . she", "tom found the key . he")],
+                           ("anna found the key . she", "tom found the key . he"),
+                           ("tom found the key . he gave it to anna because",
+                            "anna found the key . she gave it to tom because")],
     "copy / induction (built-in)": [("hcbpadlk|hcb", "hcbpadlk|hcp")],
     "sort digits (built-in)": [("503124=", "503125=")],
     "shakespeare (built-in)": [("ROMEO:\nO, she doth teach", "JULIET:\nO, she doth teach")],
@@ -39,7 +41,9 @@ PAIRS = {  # minimal pairs per built-in: (A, B)
 }
 
 
-def _width(session: Session, share: float = 1.0) -> int:
+def width_for(session: Session, share: float = 1.0) -> int:
+    """The width a head tool's figure is laid out for: the page's, less its margins (`share` of it
+    beside another figure; the whole width on a phone)."""
     d = session.display
     return max(300, int((d.width - 64) * (1.0 if d.narrow else share)))
 
@@ -53,7 +57,7 @@ def roles_figure(session: Session, layer=None, head=None):
         selected = (layer, head)
     marked = probing.ablated(session.text, session.probe)
     fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=marked,
-                            presentation=session.display.presentation, width_px=_width(session))
+                            presentation=session.display.presentation, width_px=width_for(session))
     fig = named(fig, model_stem(session.model_name), "head-roles", f"{len(roles.tokens)}tokens")
     return to_plot(fig), roles_note(roles)
 
@@ -73,7 +77,7 @@ def show_lens(session: Session):
     lens = session.lens()
     title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
     fig = viz.lens_grid(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
-                         presentation=session.display.presentation, width_px=_width(session, 0.6))
+                         presentation=session.display.presentation, width_px=width_for(session, 0.6))
     return to_plot(named(fig, model_stem(session.model_name), f"pos{lens.index}", "logit-lens"))
 
 
@@ -262,12 +266,19 @@ def compare(session, model_name, prompt_a, prompt_b, layer, request: gr.Request 
     c = session.compare(model_name, prompt_a, prompt_b)
     L = len(c.diff)
     layer = check_int("layer", layer, 0, L - 1) if layer is not None else L - 1
+    return compare_views(session, model_name, c, layer)
+
+
+def compare_views(session: Session, model_name, c, layer: int, panel_notes: dict | None = None) -> tuple:
+    """What Compare shows for comparison `c` at `layer`: B − A (`panel_notes`: head → a note in its
+    panel's title), the score changes, both next-token distributions, the notes and the API's answer."""
     p = session.display.presentation
     diff = viz.attention_difference(c.diff[layer], c.aligned_tokens(), layer=layer, causal=c.causal,
-                                    width_px=_width(session, 0.6), max_height_px=session.display.screen_height,
-                                    presentation=p, title=f"Layer {layer}: attention of B minus A")
+                                    width_px=width_for(session, 0.6), max_height_px=session.display.screen_height,
+                                    presentation=p, title=f"Layer {layer}: attention of B minus A",
+                                    panel_notes=panel_notes)
     changes = viz.score_changes(c.roles_a.scores, c.roles_b.scores, c.roles_a.roles, presentation=p,
-                                width_px=_width(session))
+                                width_px=width_for(session))
     dist = viz.compare_distributions(c.pieces, c.probs_a, c.probs_b, labels=("prompt A", "prompt B"),
                                      title=f"Next token: KL(A ‖ B) = {c.kl_bits():.3f} bits", presentation=p)
     notes = " ".join(html.escape(n, quote=False) for n in c.notes) or "Both prompts have the same number of tokens."

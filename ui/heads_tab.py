@@ -16,6 +16,7 @@ from lab.probing import ABLATION_MODES, MAX_REGENERATE
 from lab.session import HEAD_TOOLS
 
 from .common import RAW, api_example, message_plot
+from .patching import lay_out_patching
 from .heads import (
     NO_SETTINGS, NO_TEXT, REGENERATE_TOKENS, ablate, clear_settings, compare, drop_stale_regeneration, edit_attention,
     head_roles_table, show_tool,
@@ -34,16 +35,17 @@ ABLATE_INTRO = ("Remove heads and see what the next token loses: **zero** drops 
 MODE_LABELS = {"zero": "zero", "mean": "mean over positions", "uniform": "uniform attention"}
 
 
-def build_heads_section(ses: gr.State, ex: dict) -> None:
+def build_heads_section(ses: gr.State, ex: dict) -> SimpleNamespace:
     """Lay out the head tools (call inside the Explore tab, under its main row) and bind their events.
 
     ex: the Explore tab's components ("model", "layer", "head", "sampling", "explore_group",
     "default_model", "layer_choices") and "redraw": the event (fn, inputs, outputs) that draws the
     attention and its caption again, for after the heads' settings change. The components are made,
     and the events bound, in one fixed order: the API page lists the endpoints in that order and
-    gradio numbers them (fn_index) by it.
+    gradio numbers them (fn_index) by it. Returns the section's components: the Patching part's events
+    are bound after every endpoint (ui/patching.py `bind_patching`, from app.py).
     """
-    h = SimpleNamespace()  # the section's components, by name, for the helpers below
+    h = SimpleNamespace(ex=ex)  # the section's components, by name, for the helpers below
     with gr.Tabs(elem_id="head_tools"):
         _lay_out_roles_and_lens(h)
         _lay_out_ablate(h)
@@ -72,6 +74,7 @@ def build_heads_section(ses: gr.State, ex: dict) -> None:
     _bind_changes(ses, h, ex)
     _bind_readouts(ses, h, ex)
     _bind_picking_and_model(ses, h, ex)
+    return h
 
 
 def _lay_out_roles_and_lens(h: SimpleNamespace) -> None:
@@ -134,6 +137,7 @@ def _lay_out_compare(h: SimpleNamespace, ex: dict) -> None:
                                   elem_id="cmp_diff")
             h.dist_plot = gr.Plot(message_plot(""), show_label=False, elem_id="cmp_dist")
         h.changes_plot = gr.Plot(message_plot(""), show_label=False, elem_id="cmp_scores")
+        lay_out_patching(h, ex["default_model"])
 
 
 def _bind_following(ses: gr.State, h: SimpleNamespace, ex: dict) -> None:

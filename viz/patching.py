@@ -81,6 +81,7 @@ def patching_map(
     selected: tuple[int, int] | None = None,
     title: str | None = None,
     note: str | None = None,
+    scale_title: str = "share restored",
     presentation: bool = False,
     width_px: int | None = None,
 ) -> FigureSpec:
@@ -91,7 +92,8 @@ def patching_map(
     prompts differ). rows: R row labels. metric: (R, C) the metric of each patched run, shown in
     hover. ends: what the metric equals at share 0 and at share 1 (("B", "A") when A's activations
     are patched into B's run), named on the colour bar. best: cells outlined as the best; selected:
-    the cell outlined in magenta. note: plain text under the title. width_px: the width laid out
+    the cell outlined in magenta. note: plain text under the title; scale_title: the colour bar's
+    title (plain text, e.g. "share made" for noising). width_px: the width laid out
     for (default 720); cell text is left out where a cell is too narrow for it. Raises ValueError
     for inconsistent shapes or labels.
     """
@@ -100,7 +102,7 @@ def patching_map(
     n_rows, n_cols = share.shape
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
-    cell_h = 40 if presentation else 28
+    cell_h = max(40 if presentation else 28, 150 / n_rows)  # a map of few layers keeps a readable colour bar
     laid = width_px or 720
     row_labels = [esc(r) for r in rows]
     left = math.ceil(max(text_width_em(r) for r in rows) * tick + 14)
@@ -123,6 +125,7 @@ def patching_map(
                              + sub_px * (1.6 + 1.3 * (legend.count("<br>") + 1)) + 6 + x_ticks)}
     height = math.ceil(margin["t"] + margin["b"] + n_rows * cell_h)
     trace = _trace(share, hover, text if show_text else None, lim, ends, tick, presentation)
+    trace["colorbar"]["title"]["text"] = esc(scale_title)
     if kind == "heads":
         trace["customdata"] = [[[r, c] for c in range(n_cols)] for r in range(n_rows)]
     layout = {
