@@ -6,7 +6,9 @@
   //   select event asks the server for the distribution the token was drawn from.
   // * Shortcuts: S step, G generate, U undo, ←/→ move the query, Esc back to the last token.
   // * A figure drawn while its tab was hidden is laid out again when the tab is shown.
-  const lab = (window.decoderLab = { query: null, tokensKey: "", applied: 0 });
+  // * "rows | columns" in the shading note: rows = where the selected token looks (its query row),
+  //   columns = who looks at it (its key column, every later token's weight on it).
+  const lab = (window.decoderLab = { query: null, tokensKey: "", applied: 0, direction: "row", cell: "" });
   const OUTLINE = "#ff2d95";
   const tokenEls = () => Array.from(document.querySelectorAll("#tokens .textfield .token"));
   const plotDiv = () => document.querySelector("#attention .js-plotly-plot");
@@ -41,6 +43,9 @@
   };
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 
+  // The span of positions a..b on axis `a` in page pixels, clipped to the panel: [start, end].
+  const span = (a, lo, hi) => [Math.max(a._offset, a._offset + Math.min(a.l2p(lo), a.l2p(hi))),
+    Math.min(a._offset + a._length, a._offset + Math.max(a.l2p(lo), a.l2p(hi)))];
   function outline(gd, q) {
     if (!gd) return 0;
     const box = gd.querySelector(".svg-container") || gd;
@@ -51,13 +56,13 @@
     for (const key of Object.keys(L).filter((k) => /^yaxis\d*$/.test(k))) {
       const ya = L[key], xa = L["xaxis" + key.slice(5)];
       if (!ya || !xa || typeof ya.l2p !== "function" || ya.type !== "category") continue;
-      const top = ya._offset + Math.min(ya.l2p(q - 0.5), ya.l2p(q + 0.5));
-      const height = Math.abs(ya.l2p(q + 0.5) - ya.l2p(q - 0.5));
-      if (top + height <= ya._offset + 0.5 || top >= ya._offset + ya._length - 0.5) continue; // row scrolled out
       const t = xa._categories ? xa._categories.length : shadeOf(gd).T;
-      const x0 = Math.max(xa._offset, xa._offset + Math.min(xa.l2p(-0.5), xa.l2p(t - 0.5)));
-      const x1 = Math.min(xa._offset + xa._length, xa._offset + Math.max(xa.l2p(-0.5), xa.l2p(t - 0.5)));
-      const y0 = Math.max(top, ya._offset), y1 = Math.min(top + height, ya._offset + ya._length);
+      // a row: query q across every key; a column: key q down every query
+      const [along, across] = lab.direction === "column" ? [xa, ya] : [ya, xa];
+      const [a0, a1] = span(along, q - 0.5, q + 0.5);
+      if (a1 - a0 < 0.5) continue; // scrolled out of the panel
+      const [b0, b1] = span(across, -0.5, t - 0.5);
+      const [x0, x1, y0, y1] = lab.direction === "column" ? [a0, a1, b0, b1] : [b0, b1, a0, a1];
       const div = document.createElement("div");
       div.className = "lab-outline";
       div.dataset.axis = key;
@@ -94,28 +99,36 @@
       if (note) note.innerHTML = "";
       return;
     }
-    const row = rowOf(shade, q);
+    // rows: the weights of query q on each key; columns: the weight each query puts on key q
+    const column = lab.direction === "column";
+    const line = column ? els.map((_, i) => (shade.square || i >= q ? rowOf(shade, i)[q] : null)) : Array.from(rowOf(shade, q));
     let top = 0;
-    for (const v of row) top = Math.max(top, v);
+    for (const v of line) top = Math.max(top, v || 0);
     // the shade is the weight itself: full yellow = weight 1, a row spread thin stays pale
     const who = shade.head === null || shade.head === undefined ? `mean of the ${shade.heads} heads` : `head ${shade.head}`;
     els.forEach((el, j) => {
-      if (j < row.length) {
-        const v = Math.min(1, row[j]);
+      if (j < line.length && line[j] !== null) {
+        const v = Math.min(1, line[j]);
         el.style.setProperty("--lab-shade", v.toFixed(3));
         el.classList.toggle("lab-strong", v > 0.5);
-        el.title = `query ${q} → key ${j}: weight ${row[j].toFixed(3)} (layer ${shade.layer}, ${who})`;
+        const [i, k] = column ? [j, q] : [q, j];
+        el.title = `query ${i} → key ${k}: weight ${line[j].toFixed(3)} (layer ${shade.layer}, ${who})`;
       } else {
         el.classList.add("lab-future");
-        el.title = `position ${j} comes after the query: masked`;
+        el.title = column ? `position ${j} comes before the key: it cannot look at it` :
+          `position ${j} comes after the query: masked`;
       }
     });
     els[q].classList.add("lab-query");
     keepInStrip(els[q]);
     const text = els[q].querySelector(".text");
     if (note) {
-      note.innerHTML = `<span class="lab-note">Shading: where <b>“${esc(text ? text.textContent : "")}”</b> ` +
-        `(position ${q}) looks in layer ${shade.layer}, ${who}: full yellow = weight 1 (largest here ` +
+      const word = `<b>“${esc(text ? text.textContent : "")}”</b> (position ${q})`;
+      const what = column ? `how much each token looks at ${word}` : `where ${word} looks`;
+      const pick = (d, label) => `<button type="button" class="lab-dir${lab.direction === d ? " lab-dir-on" : ""}" ` +
+        `data-dir="${d}" aria-pressed="${lab.direction === d}">${label}</button>`;
+      note.innerHTML = `<span class="lab-note">${pick("row", "rows")}${pick("column", "columns")} ` +
+        `Shading: ${what} in layer ${shade.layer}, ${who}: full yellow = weight 1 (largest here ` +
         `${top.toFixed(2)}). Hover a token for its weight; click another, or use ←/→.</span>`;
     }
   }
@@ -148,6 +161,9 @@
       if (!b) return;
       lab.toolsSig = sig;
       b.click();
+      const inside = document.querySelector("#inside > .label-wrap.open, #inside .label-wrap.open");
+      const refresh = document.querySelector("#inside_refresh");
+      if (inside && refresh && inside.closest("#inside_matrices_section") === null) refresh.click();
     }, 250);
   };
   lab.apply = apply;
@@ -184,21 +200,55 @@
     return panel ? `${panel.layer},${panel.head}` : null;
   };
   const hookPicks = () => {
-    for (const sel of ["#head_roles", "#cmp_scores", "#attention"]) {
+    // a cell of the patching map opens its head with both prompts (ui/patching.py), through its own button
+    for (const [sel, btn, key] of [["#head_roles", "#pick_head", "pick"], ["#cmp_scores", "#pick_head", "pick"],
+      ["#attention", "#pick_head", "pick"], ["#patch_map", "#patch_pick", "patchPick"]]) {
       const gd = document.querySelector(`${sel} .js-plotly-plot`);
       if (!gd || gd._labPick || typeof gd.on !== "function") continue;
       gd._labPick = true;
       gd.on("plotly_click", (ev) => {
         const pick = pickFrom(gd, ev);
-        const button = document.querySelector("#pick_head");
+        const button = document.querySelector(btn);
         if (!pick || !button) return;
-        lab.pick = pick;
+        lab[key] = pick;
         button.click();
       });
     }
   };
   lab.hookPicks = hookPicks;
-  new MutationObserver(() => requestAnimationFrame(hookPicks)).observe(document.body, { childList: true, subtree: true });
+  // A click on a cell of the attention (query row, key column) or on an entry of the head's matrices
+  // (a Q row picks the query, a K or V row the key) works that cell through in the "Inside one cell"
+  // panel (ui/inside_tab.py): "layer,head,query,key" in lab.cell, then the hidden #pick_cell.
+  const posOf = (label) => { const m = /\((\d+)\)$/.exec(String(label)); return m ? Number(m[1]) : null; };
+  const cellFrom = (gd, ev) => {
+    const pt = ev && ev.points && ev.points[0], meta = gd._fullLayout && gd._fullLayout.meta;
+    if (!pt || !meta || !meta.panels) return null;
+    const panel = meta.panels.find((p) => p.xaxis === (pt.xaxis && pt.xaxis._id) && p.yaxis === (pt.yaxis && pt.yaxis._id));
+    if (!panel) return null;
+    if (meta.viz === "inside_matrices") {
+      const row = Math.round(Number(pt.y)), col = Math.round(Number(pt.x));
+      const q = panel.rows === "query" ? row : meta.query, k = panel.cols === "key" ? col : panel.rows === "key" ? row : meta.key;
+      return `${meta.layer},${meta.head},${q},${k}`;
+    }
+    const q = posOf(pt.y), k = posOf(pt.x);
+    return q === null || k === null ? null : `${panel.layer},${panel.head},${q},${k}`;
+  };
+  const hookCells = () => {
+    for (const sel of ["#attention", "#inside_matrices"]) {
+      const gd = document.querySelector(`${sel} .js-plotly-plot`);
+      if (!gd || gd._labCell || typeof gd.on !== "function") continue;
+      gd._labCell = true;
+      gd.on("plotly_click", (ev) => {
+        const cell = cellFrom(gd, ev), button = document.querySelector("#pick_cell");
+        if (!cell || !button) return;
+        lab.cell = cell;
+        button.click();
+      });
+    }
+  };
+  lab.hookCells = hookCells;
+  new MutationObserver(() => requestAnimationFrame(() => { hookPicks(); lab.hookCells(); }))
+    .observe(document.body, { childList: true, subtree: true });
 
   const select = (i) => {
     const els = tokenEls();
@@ -207,6 +257,12 @@
     els[i].click(); // gradio's select event asks the server for the distribution; our listener does the rest
   };
   document.addEventListener("click", (e) => {
+    const dir = e.target.closest && e.target.closest("#shade_note .lab-dir");
+    if (dir) { // rows ⇄ columns: the outline and the shading follow at once, no round trip
+      lab.direction = dir.dataset.dir === "column" ? "column" : "row";
+      apply();
+      return;
+    }
     const el = e.target.closest && e.target.closest("#tokens .textfield .token");
     if (el) {
       lab.query = tokenEls().indexOf(el);

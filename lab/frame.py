@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from model.generate import Step
 
+from model.inside import run_forward, value_weighted
+
 from . import captions, probing
 from .roles import HeadRoles, compute_head_roles
 from .display import Display, View
@@ -30,6 +32,8 @@ class Frame:
     probs: the distribution the last token was drawn from (None: no text, or only its first token,
     whose piece is `first_token`). attention: the window's attention as drawn (under the change
     `change` names, '' for none); view, badges (head → its role and change) and caption go with it.
+    value_weighted: with the colour "value", ‖a_ij · v_j W_O‖ (H, T, T) of each layer the view draws
+    (None for the others; lab.inside), under the same change as the attention.
     The display sizes lay the figures out; `stem` is the model's name in file names, `attention_file`
     and `probs_file` the two figures' download names.
     """
@@ -54,6 +58,7 @@ class Frame:
     stem: str = "model"
     attention_file: str = ""
     probs_file: str = ""
+    value_weighted: list | None = None
 
 
 def shown_attention(text: Text, settings: probing.ProbeSettings) -> tuple[Attention | None, str]:
@@ -97,4 +102,18 @@ def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, vi
                  view, badges, drawn_caption(text, att, change, view), display.presentation, display.colour,
                  display.plot_width, display.plot_height, display.chart_height, stem,
                  file_name(stem, which, f"attention {view.view}", f"{len(att.tokens)} tokens"),
-                 "" if probs is None else file_name(stem, f"pos{probs.index}", "probabilities"))
+                 "" if probs is None else file_name(stem, f"pos{probs.index}", "probabilities"),
+                 drawn_value_weighted(text, settings, view) if display.colour == "value" and view.view != "scores"
+                 else None)
+
+
+def drawn_value_weighted(text: Text, settings: probing.ProbeSettings, view: View) -> list:
+    """‖a_ij · v_j W_O‖ of the layers the view draws (every layer for "all layers"), None for the others."""
+    model, window = text.entry.model, text.decoder.window
+    iv = probing.window_intervention(text, settings)  # the head tools' change, as the attention drawn
+    forward = run_forward(model, window, iv)
+    drawn = range(model.cfg.n_layers) if view.view == "all layers" else [view.layer]
+    out: list = [None] * model.cfg.n_layers
+    for layer in drawn:
+        out[layer] = value_weighted(model, window, layer, iv, forward=forward)
+    return out

@@ -61,7 +61,7 @@ def frame_spec(frame: Frame):
     spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
                               causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=frame.plot_width,
                               max_height_px=frame.plot_height, presentation=frame.presentation, colour=frame.colour,
-                              badges=frame.badges, heads=v.heads,
+                              badges=frame.badges, heads=v.heads, value_weighted=frame.value_weighted,
                               title_prefix=f"{frame.change} · " if frame.change else None)
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
         spec.layout.setdefault("meta", {})["change"] = frame.change  # what the head tools changed ('' = nothing)

@@ -26,12 +26,14 @@ from .explore import (
 )
 from .common import message_plot
 from .heads_tab import build_heads_section
+from .inside_tab import build_inside_section
 from .share import NUMBERS, export_numbers, make_link, open_session, save_session, save_view_page
 from .explore import probs_figure
 
 SHORTCUTS = ("**Keys** (outside text boxes): **S** step · **G** generate · **U** undo · "
              "**←/→** move the selected token · **Esc** back to the last token · **Enter** in the prompt steps")
-COLOUR_LABELS = {"linear": "colour: weight", "row": "colour: ÷ row max", "log": "colour: log scale"}
+COLOUR_LABELS = {"linear": "colour: weight", "row": "colour: ÷ row max", "log": "colour: log scale",
+                 "value": "colour: ‖a·v W_O‖"}  # value-weighted: how far each key moves the output
 SAME_EXAMPLE = "(prompt, example) => (prompt === example ? example : null)"
 # the link the server made is relative (it knows not the page's address): the page writes it out whole
 WHOLE_LINK = ("(page) => { const a = new DOMParser().parseFromString(page || '', 'text/html').querySelector('a[href]');"
@@ -60,6 +62,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
             _lay_out_text(c, first, default)
             _lay_out_share(c)
     c.screen = gr.Textbox(visible=False)
+    inside = build_inside_section({"layer": c.layer, "head": c.head})  # its events are bound last (app.py)
     heads_section = gr.Column(elem_id="heads_section")
 
     api_example(c.prompt, default.examples[0])
@@ -76,12 +79,13 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
     _bind_model_and_display(ses, c)
     _bind_share(ses, c)
     with heads_section:
-        build_heads_section(ses, {"model": c.model_dd, "layer": c.layer, "head": c.head, "view": c.view,
+        heads = build_heads_section(ses, {"model": c.model_dd, "layer": c.layer, "head": c.head, "view": c.view,
                                   "sampling": c.sampling,
                                   "explore_group": c.group, "redraw": c.redraw, "default_model": DEFAULT_MODEL,
                                   "layer_choices": layer_choices(default.model.cfg.n_layers)})
     return {"model": c.model_dd, "state_outputs": c.state_outputs, "screen": c.screen,
-            "display_inputs": c.display_inputs, "no_probs": NO_PROBS}
+            "display_inputs": c.display_inputs, "no_probs": NO_PROBS, "inside": inside,
+            "heads": heads}
 
 
 def _lay_out_top(c: SimpleNamespace, first: Session, default) -> None:

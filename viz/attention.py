@@ -65,7 +65,9 @@ def _checked(attn, tokens: Sequence[str], kind: str, dims: str) -> tuple[np.ndar
     return arr, t, check_tokens(tokens, t)
 
 
-def _what(kind: str) -> str:
+def _what(kind: str, colour: str = "linear") -> str:
+    if kind == "weights" and colour == "value":
+        return "value-weighted ‖a_ij · v_j W_O‖"
     return "weights" if kind == "weights" else "scores (before softmax)"
 
 
@@ -137,7 +139,7 @@ def attention_grid(
     bad = [h for h in heads if not 0 <= h < n_heads]
     if bad or not heads:
         raise ValueError(f"heads {bad or heads} out of range: this layer has {n_heads} heads")
-    what = "attention " + _what(kind)
+    what = "attention " + _what(kind, colour)
     if len(heads) < n_heads:  # a page of the layer's heads: the title says which
         what += f": {_runs(heads)} of {n_heads}"
     badges = _check_badges(badges)
@@ -183,7 +185,7 @@ def attention_head(
     return panels_figure(
         attn2d[None], masked[None], tokens, ncols=1, panels=[(int(layer), int(head))], panel_titles=[""],
         row_titles=None, kind=kind,
-        title=f"Layer {layer}, head {head}: attention {_what(kind)}" + _badge_text(badge), width_px=width_px,
+        title=f"Layer {layer}, head {head}: attention {_what(kind, colour)}" + _badge_text(badge), width_px=width_px,
         max_height_px=max_height_px, focus=HEAD_LABEL_LIMIT, colour=colour, presentation=presentation, query=query,
         title_prefix=_prefix_text(title_prefix),
     )
@@ -223,7 +225,7 @@ def attention_overview(
     panels = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
     return panels_figure(
         flat, masked, tokens, ncols=n_heads, panels=panels, panel_titles=titles, row_titles=rows, kind=kind,
-        title=f"Attention {_what(kind)}: every layer (rows) × head (columns)", width_px=width_px,
+        title=f"Attention {_what(kind, colour)}: every layer (rows) × head (columns)", width_px=width_px,
         max_height_px=max_height_px, focus=None, colour=colour, presentation=presentation, query=query,
         title_prefix=_prefix_text(title_prefix),
     )
@@ -270,6 +272,7 @@ def attention_view(
     title_prefix: str | None = None,
     badges: Mapping[int, str] | None = None,
     heads: Sequence[int] | None = None,
+    value_weighted: Sequence[np.ndarray | None] | None = None,
 ) -> FigureSpec:
     """The attention figure for one of the `ATTENTION_VIEWS`, chosen the way the app's Explore tab does.
 
@@ -297,6 +300,8 @@ def attention_view(
     badges: head → plain text (escaped) naming what the head does, for the "weights" and "scores"
     views: a grid titles head h's panel "head h · <badge>", a single head gets " · <badge>" after
     its title. The "all layers" view ignores them.
+    value_weighted: with colour "value", one (H, T, T) array per layer (None for a layer not drawn) of
+    ‖a_ij · v_j W_O‖, drawn instead of the weights (the weights views; "scores" ignores it).
 
     Raises ValueError for an unknown view, colour, a layer, head or query out of range, or
     inconsistent shapes.
@@ -341,10 +346,14 @@ def attention_view(
                 f"(there are {t}). Pick a layer instead.", presentation=presentation,
             )
             return message if title_prefix is None else _prefixed(message, str(title_prefix))
+        if colour == "value":
+            weights = _value_weighted(value_weighted, weights, range(n_layers))
         return attention_overview(np.stack(weights), tokens, mask=mask, width_px=width_px or 1200,
                                   max_tokens=int(overview_max_tokens), colour=colour, **style)
     kind = "scores" if view == "scores" else "weights"
     mats = scores if kind == "scores" else weights
+    if colour == "value" and kind == "weights":
+        mats = _value_weighted(value_weighted, weights, [layer])
     if kind == "scores":
         colour = "linear"
     if head is None:
@@ -352,6 +361,18 @@ def attention_view(
                               colour=colour, badges=badges, heads=heads, **style)
     return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask, width_px=width_px or 720,
                           colour=colour, badge=badges.get(head), **style)
+
+
+def _value_weighted(value_weighted, weights: list[np.ndarray], layers) -> list[np.ndarray | None]:
+    """The value-weighted norms of the layers drawn, checked against the weights' shapes."""
+    if value_weighted is None or len(value_weighted) != len(weights):
+        raise ValueError("colour 'value' needs value_weighted: one (heads, T, T) array per layer")
+    out = list(value_weighted)
+    for layer in layers:
+        if out[layer] is None or np.shape(out[layer]) != weights[layer].shape:
+            raise ValueError(f"value_weighted of layer {layer} must have the weights' shape {_shape(weights[layer])}")
+        out[layer] = np.asarray(out[layer], dtype=np.float64)
+    return out
 
 
 def _prefixed(fig: FigureSpec, prefix: str) -> FigureSpec:

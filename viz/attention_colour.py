@@ -2,6 +2,8 @@
 
 Weights are drawn on `SEQUENTIAL` (0..1 as they are, each query row divided by its largest weight,
 or log10 of the weight), scores before softmax on `DIVERGING`, symmetric around 0 (see viz._common).
+"value" draws value-weighted attention instead of the weights: ‖a_ij · v_j W_O‖, how far key j moves
+the output of query i (Kobayashi et al., 2020), on `SEQUENTIAL` from 0 to the largest shown.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import numpy as np
 from ._common import DIVERGING, MILLI, SEQUENTIAL, colorscale, nice_ticks, tick_label
 from .attention_layout import Fonts
 
-COLOUR_MODES = ("linear", "row", "log")  # how weights are coloured; see attention_view
+COLOUR_MODES = ("linear", "row", "log", "value")  # how weights are coloured; see attention_view
 LOG_FLOOR = -3.0  # colour="log": log10(weight) clipped to [LOG_FLOOR, 0]
 
 
@@ -23,7 +25,7 @@ def check_colour(colour: str) -> None:
 def colour_values(values: np.ndarray, masked: np.ndarray, colour: str) -> np.ndarray:
     """Weights (N, T, T) as coloured: as they are ("linear"), each query row divided by its largest
     unmasked weight ("row"; a row of zeros stays 0), or log10(weight) clipped to [LOG_FLOOR, 0]
-    ("log"). Masked cells come back NaN."""
+    ("log"). "value": the values given (value-weighted norms) as they are. Masked cells come back NaN."""
     vals = np.where(masked, np.nan, values)
     if colour == "row":
         with np.errstate(invalid="ignore"):
@@ -39,7 +41,7 @@ def colour_values(values: np.ndarray, masked: np.ndarray, colour: str) -> np.nda
 def value_name(kind: str, colour: str) -> str:
     if kind == "scores":
         return "score"
-    return {"linear": "weight", "row": "weight ÷ row max", "log": "log₁₀ weight"}[colour]
+    return {"linear": "weight", "row": "weight ÷ row max", "log": "log₁₀ weight", "value": "‖a·v W_O‖"}[colour]
 
 
 def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_scale: bool, fonts: Fonts,
@@ -53,6 +55,9 @@ def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_
         lo, hi, scale = -bound, bound, DIVERGING
     elif colour == "log":
         lo, hi, scale = LOG_FLOOR, 0.0, SEQUENTIAL
+    elif colour == "value":
+        vals = q[~masked & np.isfinite(q)]
+        lo, hi, scale = 0.0, (float(vals.max()) / MILLI if vals.size else 0.0) or 1.0, SEQUENTIAL
     else:
         lo, hi, scale = 0.0, 1.0, SEQUENTIAL
     ticks = nice_ticks(lo, hi, 4 if colour == "log" else 5)

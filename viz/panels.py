@@ -133,7 +133,7 @@ def panels_figure(
     sub_text = _subtitle(masked.any(), offset, visible, t, fonts.sub, width_px)
     title = wrapped(title_prefix + title, (width_px - 20) / fonts.title)
     geo = _fit(n, visible, tokens, title, sub_text, fonts=fonts, ncols=ncols, width_px=width_px,
-               max_height_px=max_height_px, cb_em=4.5 if colour == "log" or kind == "scores" else 4.0,
+               max_height_px=max_height_px, cb_em=4.5 if colour in ("log", "value") or kind == "scores" else 4.0,
                show_scale=show_scale, panel_titles=any(panel_titles), row_titles=bool(row_titles))
     margin, labels = geo.margin, geo.labels
     plot_w = max(1.0, width_px - margin["l"] - margin["r"])
@@ -185,7 +185,7 @@ def panels_figure(
 
 def _milli_values(values: np.ndarray, masked: np.ndarray, kind: str, colour: str) -> np.ndarray:
     """The values as they are coloured, in milli-units, NaN where masked (weights are checked to be in [0, 1])."""
-    if kind != "weights":
+    if kind != "weights" or colour == "value":  # scores and value-weighted norms are not weights in [0, 1]
         return to_milli(np.where(masked, np.nan, values))
     check_weight_range(to_milli(np.where(masked, np.nan, values)))
     q = to_milli(colour_values(values, masked, colour))

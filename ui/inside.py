@@ -1,0 +1,204 @@
+"""The Explore tab's "Inside one cell" panel: handlers that draw one attention cell worked through.
+
+A cell is (layer, head, query i, key j) of the text on screen. Its numbers come from lab.inside
+(the model's own forward, under the head tools' changes); this module only lays them out: a line
+naming the cell, a table of every single number with its formula, and the viz.inside figures (the
+inputs after the norm, q and k, the dot product's per-dimension products, the whole row through the
+softmax, v_j and the weighted sum, what each head adds to the residual stream). The head's Q, K, V
+and QKᵀ as matrices are drawn only when their own section is open.
+
+The panel is drawn only while it is open: the page opens it on a click on an attention cell (or a
+matrix entry, assets/explore.js puts "layer,head,query,key" in `lab.cell`), and "Use the selected
+token" works the selected token's row through, at the key it gives the largest share.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+import numpy as np
+
+import viz
+from viz import inside as cell_viz
+from lab import inside as lab_inside
+from lab.checks import UserError, check_int
+from lab.export import file_name, model_stem
+
+from .common import handler, message_plot
+from .plots import to_plot
+
+CLOSED = "Click a cell of the attention above (or press “Use the selected token”) to see how its weight was computed."
+N_FIGURES = 6  # inputs, q and k, products, the row's softmax, the values, the heads' additions
+
+
+def _cellsafe(text: str) -> str:
+    """Text for a Markdown table cell: escaped, with its bars kept out of the table's syntax."""
+    return html.escape(text, quote=False).replace("|", "\\|")
+
+
+def _num(x) -> str:
+    return "−∞" if x is None else f"{x:.4f}"
+
+
+def _tok(data: dict, j: int) -> str:
+    return f"“{data['tokens'][j]}” ({j})"
+
+
+def _width(session, share: float = 0.5) -> int:
+    """The width a figure of the panel is laid out for: half the page (two columns), the page on a phone."""
+    d = session.display
+    return max(300, d.width - 48) if d.narrow else max(360, int((d.width - 96) * share))
+
+
+def header(data: dict) -> str:
+    """The line naming the cell and what is active (an ablation or an edited row), as Markdown."""
+    i, j = data["query"], data["key"]
+    line = (f"**Layer {data['layer']}, head {data['head']}** · query i = {html.escape(_tok(data, i))} → key j = "
+            f"{html.escape(_tok(data, j))} · weight a_ij = **{_num(data['weight'])}**")
+    active = data["active"]
+    if data["masked"]:
+        line += " · this key comes after the query: it is masked (s_ij = −∞, weight 0)"
+    if active.get("changed"):
+        line += f"<br>⚠ The head tools change the model now: {html.escape(active.get('what') or 'a change')}."
+        if active.get("ablation"):
+            line += f" This head is {active['ablation']}-ablated: the numbers below are the ones it actually used."
+        if active.get("row_source") and active["row_source"] != "softmax":
+            line += f" Its row is replaced ({html.escape(active['row_source'])}): the weights used differ from the softmax."
+    return line
+
+
+def numbers_table(data: dict) -> str:
+    """Every single number of the cell, each with its formula, as a Markdown table."""
+    f = data["formulas"]
+    i, j = data["query"], data["key"]
+    rows = [
+        ("q_i · k_j", f["dot"], _num(data["dot"])),
+        ("scale", f["scale"], _num(data["scale"])),
+        ("s_ij", f["score"], _num(data["score"])),
+        ("mask", f["mask"], "allowed" if not data["masked"] else "masked: s_ij = −∞"),
+        ("m", f["row_max"], _num(data["row_max"])),
+        (f"exp(s_{i},{j} − m)", f["exp_row"], _num(data["exp_row"][j])),
+        ("Σ", f["exp_sum"], _num(data["exp_sum"])),
+        ("a_ij", f["softmax_row"], f"{_num(data['exp_row'][j])} / {_num(data['exp_sum'])} = {_num(data['weight'])}"),
+    ]
+    if data["used_weight"] is not None and data["used_weight"] != data["weight"]:
+        rows.append(("used a_ij", f["used_row"], _num(data["used_weight"])))
+    rows += [
+        ("‖z_i‖", f["weighted"], _num(float(np.linalg.norm(data["weighted"])))),
+        ("‖o_i^h‖", f["head_out"], _num(float(np.linalg.norm(data["head_out"])))),
+        ("‖x_i + Σ_h o_i^h‖", f["residual_after"], _num(float(np.linalg.norm(data["residual_after"])))),
+    ]
+    if data["rotary"]:
+        rows.insert(0, ("rotary", f["rotary"], f"{data['rotary']['dims']} of {len(data['q'])} dimensions turn"))
+    body = "\n".join(f"| {_cellsafe(a)} | {_cellsafe(b)} | {_cellsafe(c)} |" for a, b, c in rows)
+    return "| number | formula | value |\n|---|---|---|\n" + body
+
+
+def _rows(pairs) -> list[tuple[str, list[float]]]:
+    return [(label, [np.nan if x is None else x for x in vec]) for label, vec in pairs]
+
+
+def cell_figures(data: dict, width: int, presentation: bool) -> list:
+    """The panel's figures for a cell (lab.inside.cell's numbers), in the order of N_FIGURES."""
+    f, i, j = data["formulas"], data["query"], data["key"]
+    style = dict(presentation=presentation, width_px=width)
+    inputs = cell_viz.vector_rows(_rows([
+        (f"x_{i} (residual in)", data["x_i"]), (f"x̂_{i} (what attention reads)", data["xn_i"]),
+        (f"x_{j} (residual in)", data["x_j"]), (f"x̂_{j} (what attention reads)", data["xn_j"])]),
+        title=f"1 · The inputs: {f['xn_i']}", subtitle=f"query {_tok(data, i)}, key {_tok(data, j)}", **style)
+    qk = [(f"q_{i} = W_Q · x̂_{i}", data["q_raw"]), (f"k_{j} = W_K · x̂_{j}", data["k_raw"])]
+    if data["rotary"]:
+        qk += [(f"q_{i} after rotary", data["q"]), (f"k_{j} after rotary", data["k"])]
+    qk_fig = cell_viz.vector_rows(_rows(qk), title="2 · The query and the key" + (": then the rotary step"
+                                                                                 if data["rotary"] else ""),
+                                    subtitle=f["rotary"] if data["rotary"] else f"{f['q_raw']}; {f['k_raw']}", **style)
+    products = cell_viz.dot_products(data["q"], data["k"], products=data["products"], total=data["dot"],
+                                       scale=data["scale"], score=data["score"], **style)
+    scores = [-np.inf if s is None else s for s in data["scores_row"]]
+    used = None if data["used_row"] == data["softmax_row"] else data["used_row"]
+    softmax = cell_viz.softmax_row(scores, data["exp_row"], data["softmax_row"], data["tokens"], query=i, key=j,
+                                     total=data["exp_sum"], used=used, **style)
+    weight = data["used_weight"] if data["used_weight"] is not None else data["weight"]
+    values = cell_viz.vector_rows(_rows([
+        (f"v_{j} = W_V · x̂_{j}", data["v"][j]), (f"a_{i},{j} · v_{j}", [weight * x for x in data["v"][j]]),
+        (f"z_{i} = Σ_j a_{i}j · v_j", data["weighted"]), ("what the head passed on", data["head_value"])]),
+        title=f"5 · The values: z_i = Σ_j a_ij · v_j (a_{i},{j} = {weight:.4f})", subtitle=f["head_value"], **style)
+    norms = [h["norm"] for h in data["heads_out"]]
+    bias = None if data["out_bias"] is None else float(np.linalg.norm(data["out_bias"]))
+    heads = cell_viz.head_additions(norms, head=data["head"], layer=data["layer"], token=data["tokens"][i],
+                                      bias=bias, **style)
+    stem = model_stem(data["model"])
+    name = f"L{data['layer']}H{data['head']}"
+    figs = [inputs, qk_fig, products, softmax, values, heads]
+    parts = ["inputs", "q-k", "products", "softmax-row", "values", "head-additions"]
+    return [to_plot(viz.with_filename(fig, file_name(stem, name, f"q{i}k{j}", part))) for fig, part in zip(figs, parts)]
+
+
+def empty_panel(note: str = CLOSED) -> tuple:
+    return (note, "", *[gr.skip()] * N_FIGURES)
+
+
+def draw_cell(session, layer, head, query, key) -> tuple:
+    """(header, table, six figures, layer, head, query, key) of a cell; query None: the selected token."""
+    data = lab_inside.cell(session.text, session.probe, layer, head, query, key)
+    d = session.display
+    figures = cell_figures(data, _width(session), d.presentation)
+    return (header(data), numbers_table(data), *figures, data["layer"], data["head"], data["query"], data["key"])
+
+
+def _view_head(layer, head) -> tuple:
+    """The Explore view's layer and head as the panel's (a grid of heads: its first head)."""
+    if isinstance(head, str):
+        head = int(head.split("-")[0]) if head.split("-")[0].isdigit() else 0
+    return layer, head
+
+
+@handler(exclusive=False)
+def open_panel(session, layer, head, query, key, view_layer, view_head, request: gr.Request = None):
+    """The panel was opened (or its numbers typed): the cell it names, else the selected token of the
+    head shown in the Explore view."""
+    if session.text.decoder is None:
+        return (CLOSED, "", *[message_plot("Press Step first.")] + [gr.skip()] * (N_FIGURES - 1),
+                *[gr.skip()] * 4)
+    if query is None or layer is None or head is None:
+        layer, head = _view_head(view_layer, view_head)
+        query = key = None
+    return draw_cell(session, layer, head, query, key)
+
+
+@handler(exclusive=False)
+def pick_cell(session, cell, request: gr.Request = None):
+    """A cell of the attention or an entry of the head's matrices was clicked: "layer,head,query,key"."""
+    parts = cell.split(",") if isinstance(cell, str) else []
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise UserError("Click a cell of the attention figure to see how its weight was computed.")
+    layer, head, query, key = (int(p) for p in parts)
+    return (gr.update(open=True), *draw_cell(session, layer, head, query, key))
+
+
+@handler(exclusive=False)
+def selected_token(session, layer, head, view_layer, view_head, request: gr.Request = None):
+    """The selected token's row (the last token when none is selected), at the key it gives the largest share."""
+    if layer is None or head is None:
+        layer, head = _view_head(view_layer, view_head)
+    return draw_cell(session, layer, head, None, None)
+
+
+@handler(exclusive=False)
+def draw_matrices(session, layer, head, query, key, request: gr.Request = None):
+    """The head's Q, K, V and QKᵀ (raw, scaled, masked), the panel's cell outlined."""
+    if session.text.decoder is None or layer is None or head is None:
+        return message_plot("Open a cell first: the matrices are those of its head.")
+    data = lab_inside.head(session.text, session.probe, layer, head)
+    t = len(data["tokens"])
+    query = t - 1 if query is None else check_int("query", query, 0, t - 1)
+    key = query if key is None else check_int("key", key, 0, t - 1)
+    as_array = lambda name: np.array([[np.nan if x is None else x for x in row] for row in data[name]])  # noqa: E731
+    masked = np.where(np.array(data["allowed"], dtype=bool), as_array("masked"), -np.inf)
+    fig = cell_viz.head_matrices(as_array("q"), as_array("k"), as_array("v"), as_array("raw"), as_array("scaled"),
+                                   masked, data["tokens"], layer=data["layer"], head=data["head"], query=query,
+                                   key=key, scale=data["scale"], presentation=session.display.presentation,
+                                   width_px=_width(session, 1.0))
+    name = file_name(model_stem(data["model"]), f"L{data['layer']}H{data['head']}", "matrices")
+    return to_plot(viz.with_filename(fig, name))

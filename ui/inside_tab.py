@@ -1,0 +1,89 @@
+"""The "Inside one cell" panel of the Explore tab: its layout and events (handlers in ui/inside.py).
+
+It lies under the attention and the text, closed: a closed panel draws nothing. It opens on a click
+on a cell of the attention figure or on an entry of the head's matrices (assets/explore.js puts
+"layer,head,query,key" in `decoderLab.cell` and presses the hidden #pick_cell), on "Use the selected
+token", or by hand (its header); the four boxes name the cell and can be typed in. While it is open
+the page asks for it again when the text changes (#inside_refresh). "The whole head as matrices"
+inside it is drawn only while that section is open too.
+
+The events are bound after every other event of the page (app.py): they have no API names, and the
+numbers gradio gives the API's endpoints stay as they were.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+
+from .common import RAW, message_plot
+from .inside import CLOSED, draw_matrices, open_panel, pick_cell, selected_token
+
+ROW_HINT = ("Each figure names its formula; hover any bar or cell for its numbers. Columns: "
+            "**1** what the head reads, **2** the query and the key, **3** their dot product; "
+            "**4** the whole row through the softmax, **5** the values it averages, **6** what each head adds.")
+MATRICES_NOTE = "Open this to see the head's Q, K, V and QKᵀ; a click on an entry works that cell through above."
+
+
+def build_inside_section(views: dict) -> SimpleNamespace:
+    """Lay out the panel (call inside the Explore tab, under its main row). `views`: the Explore's
+    Layer and Head menus (the panel starts from the head they show)."""
+    s = SimpleNamespace(view_layer=views["layer"], view_head=views["head"])
+    with gr.Accordion("Inside one cell: how an attention weight is computed", open=False,
+                      elem_id="inside") as s.panel:
+        with gr.Row(elem_id="inside_controls", equal_height=True):
+            s.layer = gr.Number(None, label="Layer", precision=0, minimum=0, elem_id="inside_layer", min_width=80)
+            s.head = gr.Number(None, label="Head", precision=0, minimum=0, elem_id="inside_head", min_width=80)
+            s.query = gr.Number(None, label="Query i (row)", precision=0, minimum=0, elem_id="inside_query",
+                                min_width=100)
+            s.key = gr.Number(None, label="Key j (column)", precision=0, minimum=0, elem_id="inside_key",
+                              min_width=100)
+            s.selected = gr.Button("Use the selected token", elem_id="inside_selected", min_width=160)
+        s.header = gr.Markdown(CLOSED, elem_id="inside_header")
+        gr.Markdown(ROW_HINT, elem_id="inside_hint")
+        with gr.Row(elem_id="inside_figures"):
+            with gr.Column(min_width=300):
+                s.plots = [gr.Plot(message_plot(""), show_label=False, elem_id=f"inside_{name}")
+                           for name in ("inputs", "qk", "products")]
+            with gr.Column(min_width=300):
+                s.plots += [gr.Plot(message_plot(""), show_label=False, elem_id=f"inside_{name}")
+                            for name in ("softmax", "values", "heads")]
+        s.table = gr.Markdown("", elem_id="inside_numbers")
+        with gr.Accordion("The whole head as matrices: Q, K, V and QKᵀ", open=False,
+                          elem_id="inside_matrices_section") as s.matrices_panel:
+            s.matrices = gr.Plot(message_plot(MATRICES_NOTE), show_label=False, elem_id="inside_matrices")
+    # outside the panel: a closed accordion leaves its contents out of the page
+    s.matrices_open = gr.Checkbox(False, visible=False)
+    s.cell = gr.Textbox(visible=False)
+    s.pick = gr.Button("pick cell", elem_id="pick_cell", elem_classes="lab-hidden")
+    s.refresh = gr.Button("refresh cell", elem_id="inside_refresh", elem_classes="lab-hidden")
+    return s
+
+
+def bind_inside_section(ses: gr.State, s: SimpleNamespace) -> None:
+    """The panel's events (call after the page's other events)."""
+    numbers = [s.layer, s.head, s.query, s.key]
+    drawn = [s.header, s.table, *s.plots, *numbers]
+    quiet = dict(api_name=False, show_progress="hidden", **RAW)
+    matrices = dict(fn=_matrices_if_open, inputs=[ses, s.matrices_open, *numbers], outputs=s.matrices, **quiet)
+    s.panel.expand(open_panel, [ses, *numbers, s.view_layer, s.view_head], drawn, **quiet).then(**matrices)
+    for box in numbers:
+        box.submit(open_panel, [ses, *numbers, s.view_layer, s.view_head], drawn, **quiet).then(**matrices)
+    s.selected.click(selected_token, [ses, s.layer, s.head, s.view_layer, s.view_head], drawn, **quiet).then(
+        **matrices)
+    s.refresh.click(selected_token, [ses, s.layer, s.head, s.view_layer, s.view_head], drawn, **quiet).then(
+        **matrices)
+    s.pick.click(pick_cell, [ses, s.cell], [s.panel, *drawn],
+                 js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.cell : ''; return a; }",
+                 **quiet).then(**matrices)
+    s.matrices_panel.expand(None, None, s.matrices_open, js="() => true").then(
+        draw_matrices, [ses, *numbers], s.matrices, **quiet)
+    s.matrices_panel.collapse(None, None, s.matrices_open, js="() => false")
+
+
+def _matrices_if_open(session, is_open, layer, head, query, key, request: gr.Request = None):
+    """The matrices again for the cell just drawn, only while their section is open."""
+    if is_open is not True:
+        return gr.skip()
+    return draw_matrices(session, layer, head, query, key, request)
