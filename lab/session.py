@@ -43,6 +43,7 @@ from .sessionstore import SessionStore
 from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
 from .training import TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
 from .uploads import checkpoint_data, load_upload, reserved_bytes
+from .warm import WARM
 
 __all__ = ["Session", "SESSIONS", "BUSY_WAIT_S", "HEAD_TOOLS", "MAX_LOG", "View", "Display", "Attention",  # read
            "Probabilities", "TrainingRun", "TrainProgress", "encode_prompt", "removed_note"]  # from here too
@@ -58,7 +59,7 @@ class Session:
     def __init__(self, builtins: BuiltinModels = BUILTINS) -> None:
         self.builtins = builtins
         self.external = EXTERNAL  # the models the person running the app added (none unless they did)
-        self.text = Text()
+        self.text = Text(lambda nbytes: self._hold(text=nbytes))  # what it will hold, warm or cooled (lab.warm)
         self.own = OwnModels()
         self.display = Display()
         self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
@@ -84,7 +85,6 @@ class Session:
     drawn = property(lambda self: self.text.drawn)
     log = property(lambda self: self.text.log)
     models = property(lambda self: self.own.models)
-
     query = property(lambda self: self.text.query)  # the token selected in the text (window position; None: the last)
 
     @contextlib.contextmanager
@@ -98,6 +98,7 @@ class Session:
         finally:
             self.touched = time.monotonic()
             self._turn.release()
+            WARM.used(self)  # the most recently used text stays warm; the least recently used may cool
 
     @property
     def busy(self) -> bool:
@@ -112,7 +113,7 @@ class Session:
             if self.run is not None and not self.run.done:
                 return False
             what()
-            self.dropped.append(reason)
+            self.dropped += [reason] if reason else []  # cooling a text takes nothing the person sees
             return True
         finally:
             self._turn.release()
@@ -127,6 +128,10 @@ class Session:
         if dropped:
             release_freed_memory()
         return dropped
+
+    def cool_text(self) -> bool:
+        """Let the warm store (lab.warm) take the heavy part of this idle session's text (computed again when used)."""
+        return self._give_up("", self.text.cool)
 
     def drop_files(self, reason: str) -> bool:
         """Delete this session's downloadable model files for the server's disk budget."""
@@ -175,8 +180,7 @@ class Session:
     def _hold(self, models: list[str] | None = None, extra_model: int = 0, text: int | None = None) -> None:
         """Tell the server-wide memory budget what this session will hold; it may refuse (UserError)
         before anything changes, or make room by taking from idle sessions."""
-        models = list(self.own.models) if models is None else models
-        total = self.own.bytes_of(models) + extra_model
+        total = self.own.bytes_of(list(self.own.models) if models is None else models) + extra_model
         MODEL_BUDGET.hold(self, total + (self.text.nbytes() if text is None else text))
 
     def _add_model(self, entry: ModelEntry) -> list[str]:
@@ -390,6 +394,7 @@ class Session:
         else:
             self._hold(text=scratch.text.nbytes())
         self.text, self.probe, self._roles = scratch.text, scratch.probe, RolesCache()
+        self.text.hold = lambda nbytes: self._hold(text=nbytes)
         d = scratch.display
         self.display = dataclasses.replace(self.display, colour=d.colour, presentation=d.presentation, tool=d.tool)
         self._hold()
@@ -460,8 +465,6 @@ class Session:
         except UserError:
             return None
 
-    # -------------------------------------------------------------------------- upload
-
     def upload(self, path) -> str:
         """Load a .safetensors checkpoint after validating it; returns its name in the model list."""
         return self.upload_noting_removed(path)[0]
@@ -478,11 +481,8 @@ class Session:
 
         ck = load_upload(path, reserve, give_back=lambda: MODEL_BUDGET.hold(self, held_before))
         examples = usable_examples(ck.meta.get("examples") or [ck.meta.get("example_prompt")])
-        removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples,
-                                             film=ck.film))
+        removed = self._add_model(ModelEntry(name, ck.model, ck.tokenizer, ck.meta, examples=examples, film=ck.film))
         return name, removed
-
-    # --------------------------------------------------------------------------- close
 
     def close(self) -> None:
         """The session's state expired or its tab closed: stop training, delete its files."""

@@ -3,25 +3,37 @@ the prompt, what every generated token was drawn from, the token selected, and t
 actions that made it (a session file replays that log).
 
 `Text` is one person's text; it knows nothing of budgets, locks or files (lab.session asks the
-memory budget before the text grows). Its read-outs (`tokens`, `attention`, `probabilities`,
-`status`) are the numbers the model computed, never copies estimated elsewhere.
+memory budget before the text grows, and is the `hold` a text tells when it warms up or cools).
+Its read-outs (`tokens`, `attention`, `probabilities`, `status`) are the numbers the model computed,
+never copies estimated elsewhere.
+
+Warm and cold: the heavy part of a text (the window's attention and scores, its key/value cache and
+next-token logits, the distributions of every generated token but the last) goes with `cool` when
+the server wants the memory (lab.warm), and is computed again from the same weights when next used.
+What a cold text keeps is what sampling needs to go on exactly: the tokens, the sampler's state and
+its history for undo, the settings each token was drawn with, and the last token's distributions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
-from model.generate import Decoder, Sampling, Step, adjust_probs, rows_held
+from model.generate import Decoder, Sampling, Step, adjust_probs, mask_padding, rows_held
 
 from .checks import UserError, check_int
 from .limits import MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from .models import ModelEntry
 
 LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
+SAMPLER_STATE_BYTES = torch.Generator().get_state().numel()  # 5,056: the CPU sampler state kept per token for undo
+# a generated token's distributions after `Text.cool`: dropped (size 0), computed again when asked for
+NOT_KEPT = np.empty(0, dtype=np.float32)
+NOT_KEPT.flags.writeable = False
 
 
 def used_rows(logits: torch.Tensor, entry: ModelEntry) -> torch.Tensor:
@@ -103,10 +115,11 @@ def sampling_record(s: Sampling) -> list:
 
 
 def text_bytes(entry: ModelEntry, tokens: int) -> int:
-    """Bytes a text of `tokens` tokens on this model will hold: the attention and scores of its window,
-    (layers, heads, T, T) float32 each with the room the decoder keeps for rows to come, the keys and
-    values its cache keeps for the window, and the two distributions kept for every token (over the
-    model's rows, padded ones included: GPT-2's 50,257 are 0.38 MB a token).
+    """Bytes a warm text of `tokens` tokens on this model will hold: the attention and scores of its
+    window, (layers, heads, T, T) float32 each with the room the decoder keeps for rows to come, the
+    keys and values its cache keeps for the window, the next-token logits, and for every token the two
+    distributions kept and the sampler's state (over the model's rows, padded ones included: GPT-2's
+    50,257 are 0.38 MB a token).
 
     GPT-2 small (12 layers × 12 heads, d_model 768) at T = 64: 10.1 MB of attention and scores (room
     for 96 rows), 4.5 MB of cache (MB = 2**20 bytes, as the budget's sentences count)."""
@@ -115,20 +128,31 @@ def text_bytes(entry: ModelEntry, tokens: int) -> int:
     t = rows_held(window, cfg.block_size)
     cache = 2 * cfg.n_layers * cfg.kv_heads * window * cfg.head_dim * 4  # keys and values (B, Hkv, T, hs)
     vocab = max(cfg.vocab_size, entry.tokenizer.vocab_size)
-    return 2 * cfg.n_layers * cfg.n_heads * t * t * 4 + cache + 2 * vocab * 4 * tokens
+    per_token = 2 * vocab * 4 + SAMPLER_STATE_BYTES
+    return 2 * cfg.n_layers * cfg.n_heads * t * t * 4 + cache + vocab * 4 + per_token * tokens
+
+
+def kept(step: Step) -> bool:
+    """Whether a generated token's distributions are held (not dropped by `Text.cool`)."""
+    return step.probs.size > 0
 
 
 class Text:
     """One person's text: `entry` is the model the head tools are about (it stays after Reset), the
     rest is the text itself (None / empty before the first Step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: Callable[[int], None] | None = None) -> None:
+        # told the bytes the text will hold: before a cooled text computes its heavy part again (the session's
+        # memory budget may refuse with a UserError, and then nothing changes), and after it cooled
+        self.hold: Callable[[int], None] = hold or (lambda nbytes: None)
         self.entry: ModelEntry | None = None
         self.decoder: Decoder | None = None
         self.prompt: str | None = None
         self.notices: list[str] = []
         self.last_step: Step | None = None
-        self.drawn: list[Step] = []  # what each generated token was drawn from, in order (rows dropped)
+        # what each generated token was drawn from, in order (rows dropped; the distributions NOT_KEPT
+        # once cooled, but the last token's)
+        self._drawn: list[Step] = []
         self.query: int | None = None  # the token selected in the text (window position; None = the last)
         # what made the text, in order (lab.sessionfile replays it): {"do": "step" | "generate" |
         # "undo", "sampling": [temperature, top_k, top_p], "tokens": [ids]}
@@ -136,7 +160,7 @@ class Text:
 
     def clear(self) -> None:
         """The text goes; the model stays."""
-        self.decoder, self.prompt, self.notices, self.last_step, self.drawn = None, None, [], None, []
+        self.decoder, self.prompt, self.notices, self.last_step, self._drawn = None, None, [], None, []
         self.query, self.log = None, []
 
     def start(self, entry: ModelEntry, prompt: str, ids: list[int], notices: list[str], sampling: Sampling) -> None:
@@ -162,10 +186,11 @@ class Text:
         return room
 
     def keep(self, step: Step) -> Step:
-        """A new token: what it was drawn from is kept (its attention rows are the decoder's)."""
-        self.last_step, self.query = step, None
-        self.drawn.append(dataclasses.replace(step, rows=[]))
-        return step
+        """A new token: what it was drawn from is kept, without its attention rows (the decoder holds
+        them); returns the Step as kept."""
+        self.last_step, self.query = dataclasses.replace(step, rows=[]), None
+        self._drawn.append(self.last_step)
+        return self.last_step
 
     def record(self, action: dict) -> None:
         """Add an action to the log; past MAX_LOG actions the log stops (and says so with a None at
@@ -179,11 +204,13 @@ class Text:
         """Take the last generated token back (never the prompt)."""
         if self.decoder is None:
             return False
+        if self._drawn:
+            self.hold(self.warm_bytes())  # the token before comes back with its distributions
         undone = self.decoder.undo()
         if undone:
-            self.drawn.pop()
+            self._drawn.pop()
             self.record({"do": "undo"})
-        self.last_step = self.drawn[-1] if self.drawn else None
+        self.last_step = self._restored(len(self._drawn) - 1) if self._drawn else None
         self.query = None
         return undone
 
@@ -195,14 +222,69 @@ class Text:
         return self.query
 
     def nbytes(self) -> int:
-        """Bytes the text holds now: its window's attention and scores, its cache's keys and values,
-        and the kept distributions."""
+        """Bytes the text holds now: its window's attention and scores, its cache's keys and values and
+        next-token logits (none of these while cold), the kept distributions and the sampler's states."""
         d = self.decoder
         if d is None:
             return 0
-        cache = 0 if d.cache is None else sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size()
-                                              for c in d.cache.layers)
-        return d.attention_nbytes + cache + sum(s.probs.nbytes + s.adjusted.nbytes for s in self.drawn)
+        return d.warm_nbytes + d.undo_bytes + sum(s.probs.nbytes + s.adjusted.nbytes for s in self._drawn)
+
+    def heavy_nbytes(self) -> int:
+        """Bytes `cool` would give back: what the text holds beyond what it keeps cold."""
+        d = self.decoder
+        if d is None:
+            return 0
+        return d.warm_nbytes + sum(s.probs.nbytes + s.adjusted.nbytes for s in self._drawn[:-1])
+
+    def warm_bytes(self) -> int:
+        """Bytes the text will hold warm, as the memory budget reserves them (text_bytes)."""
+        return 0 if self.decoder is None else text_bytes(self.entry, len(self.decoder.ids))
+
+    def cool(self) -> None:
+        """Give up the heavy part (see the module's docstring); the next read-out or Step computes it
+        again from the same weights (`_warm`, `_restored`)."""
+        if self.decoder is None:
+            return
+        self.decoder.cool()
+        self._drawn[:-1] = [s if not kept(s) else dataclasses.replace(s, probs=NOT_KEPT, adjusted=NOT_KEPT)
+                            for s in self._drawn[:-1]]
+        self.hold(self.nbytes())  # less: always granted
+
+    def _warm(self) -> Decoder:
+        """The decoder, with its window's attention, cache and logits (computed again if cooled)."""
+        d = self.decoder
+        if not d.warm:
+            self.hold(self.warm_bytes())
+            d.rewarm()
+        return d
+
+    def _restored(self, j: int) -> Step:
+        """Generated token j's Step with its distributions, computed again if `cool` dropped them.
+
+        The token at text position p was drawn from the logits after the tokens ids[max(0, p - block):p]
+        (the window when it was drawn; a text's decoder has no intervention), under the settings it was
+        drawn with: one forward over that context gives them again. They equal the dropped ones within
+        float32 rounding of another batch shape (allclose, atol 1e-6), as Decoder.rewarm's numbers do.
+        """
+        s = self._drawn[j]
+        if kept(s):
+            return s
+        self.hold(self.warm_bytes())
+        d = self.decoder
+        pos = d.prompt_len + j
+        context = d.ids[max(0, pos - d.block_size) : pos]
+        with torch.inference_mode():
+            logits = self.entry.model(torch.tensor([context], device=d.device)).logits[0, -1]
+        logits = mask_padding(logits.float().cpu(), self.entry.model.cfg.vocab_used)
+        s = dataclasses.replace(s, probs=torch.softmax(logits, dim=-1).numpy(),
+                                adjusted=adjust_probs(logits, s.sampling or d.sampling).numpy())
+        self._drawn[j] = s
+        return s
+
+    @property
+    def drawn(self) -> list[Step]:
+        """What each generated token was drawn from, in order, with its distributions (rows dropped)."""
+        return [self._restored(j) for j in range(len(self._drawn))]
 
     # ----------------------------------------------------------------------- read-outs
 
@@ -222,6 +304,7 @@ class Text:
         d = self.decoder
         if d is None:
             return None
+        d = self._warm()
         return Attention(d.attention, d.scores, [p for p, _ in self.tokens()],
                          causal=self.entry.model.cfg.mask == "causal")
 
@@ -241,7 +324,7 @@ class Text:
         pos = d.start + index  # position in the whole text
         pieces = list(self.entry.pieces)
         if pos >= d.prompt_len:
-            s = self.drawn[pos - d.prompt_len]
+            s = self._restored(pos - d.prompt_len)
             adjusted = s.adjusted
             if sampling is not None:  # log(probs) are the logits up to a constant, which softmax ignores
                 adjusted = adjust_probs(torch.log(torch.from_numpy(s.probs)), sampling).numpy()

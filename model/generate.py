@@ -91,7 +91,8 @@ class Step:
     probs: softmax of the logits the token was chosen from (V,); adjusted: the distribution
     after temperature/top-k/top-p that was actually sampled. rows: per layer, the new query
     row(s) of attention, (H, n_new, T) — one row normally, the whole recomputed matrix when
-    the context was cropped (`cropped=True`).
+    the context was cropped (`cropped=True`). sampling: the settings it was drawn with (with the
+    logits, they give `adjusted` again).
     """
 
     token_id: int
@@ -102,6 +103,7 @@ class Step:
     position: int
     cropped: bool
     eos: bool
+    sampling: Sampling | None = None
 
 
 @dataclass
@@ -175,6 +177,34 @@ class Decoder:
         """Bytes held for the window's attention and scores, with the room for rows still to come."""
         return sum(g.nbytes for g in (*self._attention, *self._scores))
 
+    @property
+    def warm_nbytes(self) -> int:
+        """Bytes `cool` gives up: the attention and scores, the cache's keys and values and the next-token
+        logits (with the storage they are a view of)."""
+        tensors = [t for c in (self.cache.layers if self.cache is not None else []) for t in (c.k, c.v)]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()  # each storage once: a view
+                    for t in [*tensors, *([] if self.logits is None else [self.logits])]}  # keeps all of it
+        return self.attention_nbytes + sum(storages.values())
+
+    @property
+    def warm(self) -> bool:
+        """Whether the decoder holds its window's cache, logits and attention (`cool` drops them)."""
+        return self.logits is not None
+
+    def cool(self) -> None:
+        """Drop what a prefill of the window computes again: the key/value cache, the next-token logits,
+        the attention and the scores. The tokens, the sampler's state and its history for undo stay, so
+        the text goes on exactly where it was. `rewarm` computes them again."""
+        self.cache, self.logits = None, None
+        self._attention, self._scores, self.attention, self.scores = [], [], [], []
+
+    def rewarm(self) -> None:
+        """After `cool`: run the window through the model again, with the same weights and intervention.
+        The numbers equal the dropped ones within float32 rounding, not bit for bit: rows grown one token
+        at a time came from other matmul shapes than one forward over the window (allclose, atol 1e-6)."""
+        if self.logits is None:
+            self._prefill()
+
     def _intervention(self, start: int, seq_len: int) -> Intervention | None:
         """The intervention for a forward over the window whose new positions begin at `start`."""
         return None if self.intervention is None else self.intervention.within(self.start, start, seq_len)
@@ -203,6 +233,7 @@ class Decoder:
         the sampled one (a replay of a recorded text); the sampler advances exactly as it would,
         and a token the settings could not have produced (probability 0) is refused (ValueError)."""
         s = sampling or self.sampling
+        self.rewarm()  # a cooled decoder computes its window again first
         # sample on the CPU with the CPU generator, whatever the device; padded rows never come next
         logits = mask_padding(self.logits.float().cpu(), self.model.cfg.vocab_used)
         probs = torch.softmax(logits, dim=-1)
@@ -248,6 +279,7 @@ class Decoder:
             position=len(self.ids) - 1,
             cropped=cropped,
             eos=self.eos_id is not None and token == self.eos_id,
+            sampling=s,
         )
 
 

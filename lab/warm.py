@@ -1,0 +1,111 @@
+"""The server's warm texts: which sessions' texts keep their heavy part in memory, within one byte bound.
+
+A text's heavy part is what it can compute again from the model's weights (lab.text: the window's
+attention and scores, its key/value cache and next-token logits, the distributions of its older
+tokens). A session tells the store after each action what its text's heavy part holds (`used`); the
+store keeps the sessions most recently used last, and while they hold more than `limit_bytes`
+together it asks the least recently used to give theirs up (`cool_text`: dropped now, computed again
+when next used, so the person loses nothing but the time of one forward pass). A busy session says
+no and keeps it until a later action asks again. The session that just acted is never asked: one
+text larger than the bound stays warm while it is the newest (what one text may hold at all is the
+memory budget's question, lab.budget). Sessions are held weakly; a closed one counts for nothing.
+
+Nothing here imports gradio or the session module (the session calls this).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Protocol
+
+from .limits import WARM_MAX_BYTES
+
+__all__ = ["WarmTenant", "WarmTexts", "WARM"]
+
+
+class WarmTenant(Protocol):
+    """What the store reads and asks of a session (lab.session.Session implements it)."""
+
+    closed: bool
+    text: object  # a lab.text.Text: heavy_nbytes() is what its heavy part holds now (0 when cooled)
+
+    def cool_text(self) -> bool:
+        """Drop its text's heavy part and tell its memory budget; False, taking nothing, if busy. Must not
+        wait for the session's turn."""
+        ...
+
+
+class WarmTexts:
+    """Sessions whose texts hold a heavy part, least recently used first, at most `limit_bytes` together
+    (but the newest)."""
+
+    def __init__(self, limit_bytes: int = WARM_MAX_BYTES):
+        self.limit_bytes = limit_bytes
+        self._held: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()  # id → (session, bytes)
+        self._lock = threading.Lock()
+
+    def _live(self) -> list[tuple[int, object, int]]:
+        """Forget sessions that are gone or closed; the others, least recently used first."""
+        live = []
+        for k, (ref, nbytes) in list(self._held.items()):
+            owner = ref()
+            if owner is None or owner.closed:
+                del self._held[k]
+            else:
+                live.append((k, owner, nbytes))
+        return live
+
+    @property
+    def total(self) -> int:
+        """Bytes the warm texts hold, as their sessions last told."""
+        with self._lock:
+            return sum(n for _, _, n in self._live())
+
+    def held(self, owner) -> int:
+        with self._lock:
+            ref, nbytes = self._held.get(id(owner), (None, 0))
+            return nbytes if ref is not None and ref() is owner else 0
+
+    def used(self, owner: WarmTenant) -> None:
+        """`owner` has just acted: it becomes the most recently used, with what its text holds now; then
+        the least recently used others cool until the rest fits the bound (those that are busy stay)."""
+        nbytes = owner.text.heavy_nbytes()
+        with self._lock:
+            self._held.pop(id(owner), None)
+            if nbytes > 0:
+                self._held[id(owner)] = (weakref.ref(owner), nbytes)
+            live = self._live()
+            over = sum(n for _, _, n in live) - self.limit_bytes
+            asked = []
+            for k, o, n in live:  # least recently used first
+                if over <= 0:
+                    break
+                if o is not owner:
+                    asked.append((k, o))
+                    over -= n
+        for k, o in asked:  # outside the lock: a session's cool_text tells its memory budget
+            if o.cool_text():
+                self._told(k, o, o.text.heavy_nbytes())
+
+    def _told(self, k: int, owner, nbytes: int) -> None:
+        """What a cooled session holds now, keeping its place in the order."""
+        with self._lock:
+            entry = self._held.get(k)
+            if entry is None or entry[0]() is not owner:
+                return
+            if nbytes > 0:
+                self._held[k] = (entry[0], nbytes)
+            else:
+                del self._held[k]
+
+    def forget(self, owner) -> None:
+        with self._lock:
+            entry = self._held.get(id(owner))
+            if entry is not None and entry[0]() is owner:
+                del self._held[id(owner)]
+
+
+# The server's own store (one process, one store).
+WARM = WarmTexts()
