@@ -77,8 +77,8 @@ def _bound(values: np.ndarray) -> float:
 
 def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subtitle: str = "",
                 presentation: bool = False, width_px: int | None = None) -> FigureSpec:
-    """Vectors of one length as rows of cells: rows = [(label, vector)], labels plain text such as
-    "q_i = W_Q · x_i". Red positive, blue negative, white zero, one symmetric scale for all rows;
+    """Vectors of one length as rows of cells: rows = [(label, vector)], labels, title and subtitle
+    plain text (escaped) such as "q_i = W_Q · x_i". Red positive, blue negative, white zero, one symmetric scale for all rows;
     up to `CELL_TEXT_MAX` dimensions each cell prints its number, and hover always gives it."""
     if not rows:
         raise ValueError("vector_rows needs at least one (label, vector) row")
@@ -99,7 +99,7 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
     if n <= CELL_TEXT_MAX:
         trace.update(text=[[f"{x:.2f}" for x in row] for row in z], texttemplate="%{text}",
                      textfont={"size": tick - 1 if not presentation else tick})
-    layout = _layout(title, subtitle, cell_h * len(rows), presentation, width_px,
+    layout = _layout(esc(title), esc(subtitle), cell_h * len(rows), presentation, width_px,
                      {"viz": "inside_vectors", "rows": labels}, {"l": left, "r": 10, "b": 28 + tick})
     layout["xaxis"] = {"title": {"text": "dimension", "standoff": 2}, "showgrid": False, "zeroline": False,
                        "ticks": "", "range": [-0.5, n - 0.5], "fixedrange": True}

@@ -368,14 +368,14 @@ def test_row_and_log_colours_match_a_slow_loop(mode):
 
 
 def test_colour_modes_exported_scores_ignore_them_bad_mode_refused():
-    assert COLOUR_MODES == ("linear", "row", "log")
+    assert COLOUR_MODES == ("linear", "row", "log", "value")
     t = 6
     w, s = softmax_attention(2, t)
     common = dict(layer=0, head=None, causal=True, overview_max_tokens=48)
     plain = attention_view(w[None], s[None], tokens(t), view="scores", **common)
     logged = attention_view(w[None], s[None], tokens(t), view="scores", colour="log", **common)
     assert plot_json(plain) == plot_json(logged)
-    with pytest.raises(ValueError, match="colour must be one of 'linear', 'row', 'log', got 'rainbow'"):
+    with pytest.raises(ValueError, match="colour must be one of 'linear', 'row', 'log', 'value', got 'rainbow'"):
         attention_view(w[None], s[None], tokens(t), view="weights", colour="rainbow", **common)
 
 
