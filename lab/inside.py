@@ -39,7 +39,17 @@ def _list(a) -> list:
     a = np.asarray(a, dtype=np.float64)
     if a.ndim == 0:
         return _num(a)
-    return [_list(x) for x in a] if a.ndim > 1 else [_num(x) for x in a]
+    out = a.tolist()
+    if np.isfinite(a).all():
+        return out
+    return _finite(out)
+
+
+def _finite(x):
+    """Nested lists with None in place of every infinity or NaN."""
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x if math.isfinite(x) else None
 
 
 def _num(x) -> float | None:
@@ -114,13 +124,14 @@ def _facts(text: Text, layer: int) -> dict:
 def _changes(text: Text, settings: ProbeSettings) -> tuple[Intervention | None, dict]:
     iv = window_intervention(text, settings)
     d = text.decoder
-    what = settings.describe([text.entry.tokenizer.piece(i) for i in d.window], d.start)
+    what = settings.describe([text.entry.pieces[i] for i in d.window], d.start)
     return iv, {"changed": iv is not None, "what": what}
 
 
 def _base(text: Text, what: str, layer: int, head: int) -> dict:
     d = text.decoder
-    return {"what": what, "model": text.entry.name, "tokens": [p for p, _ in text.tokens()],
+    pieces = text.entry.pieces
+    return {"what": what, "model": text.entry.name, "tokens": [pieces[i] for i in d.window],
             "text_offset": int(d.start), "layer": layer, "head": head, "head_label": head_label(layer, head)}
 
 
@@ -189,13 +200,20 @@ def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None)
     layer, head = _layer_head(text, layer, head)
     query = position(text, query)
     T = len(text.decoder.window)
+    key = None if key is None else check_int("key position", key, 0, T - 1)
     iv, changes = _changes(text, settings)
-    out = MEMO.forward(text, iv)
-    model = text.entry.model
-    if key is None:
-        key = int(np.argmax(out.attentions[layer][0, head, query].float().numpy()))
-    key = check_int("key position", key, 0, T - 1)
-    w = inside_cell(model, text.decoder.window, layer, head, query, key, iv, forward=out)
+    model, d = text.entry.model, text.decoder
+    window = d.window
+    cache = getattr(d, "cache", None)
+    if iv is None and cache is not None and cache.length == T and len(d.attention) == model.cfg.n_layers:
+        # the text as the decoder holds it: its cache has every key and value, so only the query's and
+        # the key's tokens run again (a Step's worth of work), checked against the decoder's attention
+        key = int(np.argmax(d.attention[layer][head, query])) if key is None else key
+        w = inside_cell(model, window, layer, head, query, key, cache=cache, attention=d.attention)
+    else:
+        out = MEMO.forward(text, iv)
+        key = int(np.argmax(out.attentions[layer][0, head, query].float().numpy())) if key is None else key
+        w = inside_cell(model, window, layer, head, query, key, iv, forward=out)
     return cell_dict(text, w, changes)
 
 
@@ -213,7 +231,7 @@ def cell_dict(text: Text, w: CellWork, changes: dict) -> dict:
         "rotary": None if not w.rotary else {"dims": w.rotary_dims, "fraction": w.rotary_fraction,
                                              "cos_i": _list(w.rope_cos_i), "sin_i": _list(w.rope_sin_i),
                                              "cos_j": _list(w.rope_cos_j), "sin_j": _list(w.rope_sin_j)},
-        "v": _list(w.v), "w_o": None if w.w_o is None else _list(w.w_o),
+        "v": _list(w.v),
         "out_bias": None if w.out_bias is None else _list(w.out_bias),
         "heads_out": [{"head": h, "label": head_label(w.layer, h), "norm": float(np.linalg.norm(o)), "vector": _list(o)}
                       for h, o in enumerate(w.heads_out)],

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .interventions import Intervention, LayerPlan
-from .transformer import DecoderLM, ForwardOutput, apply_rope, causal_mask
+from .transformer import DecoderLM, ForwardOutput, KVCache, LayerCache, apply_rope, causal_mask
 
 REBUILD_TOL = 1e-5  # largest difference allowed between the rebuilt weights and the forward's
 
@@ -169,23 +169,28 @@ class HeadWork:
 
 @dataclass
 class _Layer:
-    """Every head of one layer, rebuilt (torch tensors in the model's dtype)."""
+    """The heads of one layer rebuilt at some query positions `rows` (R of the T positions; tensors in the
+    model's dtype). k and v hold every position: from the same rebuild, or from the key/value cache."""
 
-    x: torch.Tensor  # (T, C) residual input
-    xn: torch.Tensor  # (T, C) what the attention reads
-    q_raw: torch.Tensor  # (H, T, hs)
-    k_raw: torch.Tensor  # (Hkv, T, hs)
-    q: torch.Tensor  # (H, T, hs)
-    k: torch.Tensor  # (Hkv, T, hs)
+    rows: list[int]
+    x: torch.Tensor  # (R, C) residual input at the rows
+    xn: torch.Tensor  # (R, C) what the attention reads there
+    q_raw: torch.Tensor  # (H, R, hs)
+    k_raw: torch.Tensor  # (Hkv, R, hs) the rows' own keys before the rotary step
+    q: torch.Tensor  # (H, R, hs)
+    k: torch.Tensor  # (Hkv, T, hs) every key, after the rotary step
     v: torch.Tensor  # (Hkv, T, hs)
-    raw: torch.Tensor  # (H, T, T) q kᵀ (keys of each head's group)
-    scores: torch.Tensor  # (H, T, T) scaled and masked
-    allowed: torch.Tensor  # (T, T) bool
-    weights: torch.Tensor  # (H, T, T) softmax
-    used: torch.Tensor  # (H, T, T) what multiplied V
-    values: torch.Tensor  # (H, T, hs) what each head passed on (after ablation)
+    raw: torch.Tensor  # (H, R, T) q kᵀ (keys of each head's group)
+    scores: torch.Tensor  # (H, R, T) scaled and masked
+    allowed: torch.Tensor  # (R, T) bool
+    weights: torch.Tensor  # (H, R, T) softmax
+    used: torch.Tensor  # (H, R, T) what multiplied V
+    values: torch.Tensor  # (H, R, hs) what each head passed on (after ablation)
     plan: LayerPlan | None
     scale: float
+
+    def at(self, position: int) -> int:
+        return self.rows.index(position)
 
 
 def run_forward(model: DecoderLM, ids, intervention: Intervention | None = None) -> ForwardOutput:
@@ -230,47 +235,79 @@ def kv_head_of(model: DecoderLM, head: int) -> int:
 
 
 def _rebuild(model: DecoderLM, out: ForwardOutput, layer: int, intervention: Intervention | None) -> _Layer:
-    """The attention of `layer` rebuilt from the residual the forward fed it, checked against the forward."""
+    """The attention of `layer` at every position, rebuilt from the residual the forward fed it."""
+    x = out.residuals[layer][0]  # (T, C): the layer's residual input
+    T = x.shape[0]
+    plan = None
+    if intervention is not None and not intervention.is_empty:
+        plan = intervention.layer_plans(model.cfg, T)[layer]
+    given = out.attentions[layer][0] if out.attentions is not None else None
+    return _attend(model, layer, x, list(range(T)), None, None, plan, given)
+
+
+def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], k: torch.Tensor | None,
+            v: torch.Tensor | None, plan: LayerPlan | None, given: torch.Tensor | None) -> _Layer:
+    """Layer `layer`'s attention for the queries at positions `rows` (their residual input x: (R, C)),
+    as `SelfAttention.forward` computes it. k, v (Hkv, T, hs): every key and value (after the rotary
+    step) from a cache; None: the rows are every position and give them. given (H, R, T): the weights
+    the forward used at these rows, which the rebuilt ones must equal (RebuildMismatch)."""
     cfg = model.cfg
     block = model.blocks[layer]
     attn = block.attn
     H, Hkv, hs = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    R = len(rows)
     with torch.inference_mode():
-        x = out.residuals[layer][0]  # (T, C): the layer's residual input
-        T = x.shape[0]
         xn = x if cfg.norm == "post" else block.norm1(x)  # a post-norm block's attention reads x itself
-        qkv = attn.qkv(xn)  # (T, (H + 2 Hkv) hs): queries of every head, then keys, then values
-        q_raw, k_raw, v = qkv.split((H * hs, Hkv * hs, Hkv * hs), dim=-1)
-        q_raw = q_raw.view(T, H, hs).transpose(0, 1)  # (H, T, hs)
-        k_raw = k_raw.view(T, Hkv, hs).transpose(0, 1)  # (Hkv, T, hs)
-        v = v.view(T, Hkv, hs).transpose(0, 1)  # (Hkv, T, hs)
-        q, k = q_raw, k_raw
+        qkv = attn.qkv(xn)  # (R, (H + 2 Hkv) hs): queries of every head, then keys, then values
+        q_raw, k_raw, v_rows = qkv.split((H * hs, Hkv * hs, Hkv * hs), dim=-1)
+        q_raw = q_raw.view(R, H, hs).transpose(0, 1)  # (H, R, hs)
+        k_raw = k_raw.view(R, Hkv, hs).transpose(0, 1)  # (Hkv, R, hs)
+        v_rows = v_rows.view(R, Hkv, hs).transpose(0, 1)  # (Hkv, R, hs)
+        q, k_rows = q_raw, k_raw
         if cfg.pos_encoding == "rope":
-            rope = (model.rope_cos[:T], model.rope_sin[:T])
-            q, k = apply_rope(q_raw, *rope), apply_rope(k_raw, *rope)
+            rope = (model.rope_cos[rows], model.rope_sin[rows])  # each row turns by its own position
+            q, k_rows = apply_rope(q_raw, *rope), apply_rope(k_raw, *rope)
+        if k is None:
+            k, v = k_rows, v_rows
+        T = k.shape[1]
         group = H // Hkv
         k_all, v_all = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)  # (H, T, hs)
-        raw = q @ k_all.transpose(-2, -1)  # (H, T, T)
+        raw = q @ k_all.transpose(-2, -1)  # (H, R, T)
         scale = 1.0 / math.sqrt(hs) if attn.scale is None else 1.0
         scores = raw * (1.0 / math.sqrt(hs)) if attn.scale is None else raw
         if cfg.mask == "causal":
-            forbidden = causal_mask(T, T, x.device, attn.window)  # (T, T)
+            forbidden = causal_mask(T, T, x.device, attn.window)[rows]  # (R, T)
             scores = scores.masked_fill(forbidden, float("-inf"))
             allowed = ~forbidden
         else:
-            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device)
-        weights = torch.softmax(scores, dim=-1)  # (H, T, T)
-        plan = None
-        if intervention is not None and not intervention.is_empty:
-            plan = intervention.layer_plans(cfg, T)[layer]
+            allowed = torch.ones(R, T, dtype=torch.bool, device=x.device)
+        weights = torch.softmax(scores, dim=-1)  # (H, R, T)
         used = _used_weights(weights, allowed, plan)
-        values = _ablated(used @ v_all, plan)  # (H, T, hs)
-        given = out.attentions[layer][0] if out.attentions is not None else None
+        values = _ablated(used @ v_all, plan)  # (H, R, hs)
         if given is not None:
             diff = float((given.to(used.dtype) - used).abs().max())
             if not diff <= REBUILD_TOL:
                 raise RebuildMismatch(f"layer {layer}: rebuilt attention differs from the forward's by {diff:.3g}")
-    return _Layer(x, xn, q_raw, k_raw, q, k, v, raw, scores, allowed, weights, used, values, plan, scale)
+    return _Layer(rows, x, xn, q_raw, k_raw, q, k, v, raw, scores, allowed, weights, used, values, plan, scale)
+
+
+def _cached(model: DecoderLM, ids: torch.Tensor, layer: int, positions: list[int], cache: KVCache,
+            attention) -> _Layer:
+    """Layer `layer` at `positions` from the key/value cache of the forward over `ids`: each position's
+    residual input comes from running its token alone after the cached keys before it (the path a
+    generated token takes), every key and value from the cache; attention (one (H, T, T) per layer,
+    or None): the weights that forward used, checked against."""
+    rows = sorted(set(positions))
+    xs = []
+    with torch.inference_mode():
+        for p in rows:
+            past = KVCache([LayerCache(c.k[:, :, :p], c.v[:, :, :p]) for c in cache.layers])
+            xs.append(model(ids[:, p : p + 1], cache=past, return_residuals=True).residuals[layer][0, 0])
+        layer_cache = cache.layers[layer]
+        given = None
+        if attention is not None:
+            given = torch.as_tensor(np.asarray(attention[layer])[:, rows])  # (H, R, T)
+        return _attend(model, layer, torch.stack(xs), rows, layer_cache.k[0], layer_cache.v[0], None, given)
 
 
 def _used_weights(weights: torch.Tensor, allowed: torch.Tensor, plan: LayerPlan | None) -> torch.Tensor:
@@ -339,50 +376,64 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: int,
-                intervention: Intervention | None = None, forward: ForwardOutput | None = None) -> CellWork:
+                intervention: Intervention | None = None, forward: ForwardOutput | None = None,
+                cache: KVCache | None = None, attention=None) -> CellWork:
     """Cell (query, key) of head `head` in layer `layer`, worked through for the forward over `ids`.
 
     forward: that forward's output if it was already run (it must hold `residuals`, from
     `run_forward` or `return_residuals=True`, with the same ids and intervention); its attention,
-    when present, is what the rebuilt weights are checked against. A key after the query (masked)
-    is allowed: its dot product exists, its score is -inf and its weight 0.
+    when present, is what the rebuilt weights are checked against. cache (no intervention): the
+    key/value cache of the forward over exactly `ids` (a Decoder's), with `attention`, its weights
+    (one (H, T, T) per layer), to check against: then only the query's and the key's tokens are run
+    (after the cached keys before them), not the whole text. A key after the query (masked) is
+    allowed: its dot product exists, its score is -inf and its weight 0.
     """
     ids_t = _ids(ids)
     T = ids_t.shape[1]
     _check(model, T, layer, head, query, key)
-    out = _forward(model, ids_t, intervention, forward)
-    work = _rebuild(model, out, layer, intervention)
+    if cache is not None and (intervention is None or intervention.is_empty) and forward is None:
+        if cache.length != T:
+            raise ValueError(f"the cache holds {cache.length} positions, not the {T} of these ids")
+        work = _cached(model, ids_t, layer, [query, key], cache, attention)
+    else:
+        work = _rebuild(model, _forward(model, ids_t, intervention, forward), layer, intervention)
+    return _cell(model, work, layer, head, query, key)
+
+
+def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key: int) -> CellWork:
     cfg, g = model.cfg, kv_head_of(model, head)
+    i, j = work.at(query), work.at(key)  # their rows in `work`
     with torch.inference_mode():
-        q, k = work.q[head, query], work.k[g, key]
+        q, k = work.q[head, i], work.k[g, key]
         products = q * k  # (hs,)
-        row = work.scores[head, query]  # (T,)
+        row = work.scores[head, i]  # (T,)
         row_max = row.max()
         exp_row = torch.exp(row - row_max)  # exp(-inf) = 0 where masked
-        heads_out, bias = _heads_out(model, layer, work.values[:, query : query + 1])
+        heads_out, bias = _heads_out(model, layer, work.values[:, i : i + 1])
         heads_out = heads_out[:, 0]  # (H, C)
         attn_out = heads_out.sum(0) + (bias if bias is not None else 0.0)
-        rope = cfg.pos_encoding == "rope"
-        weighted = work.used[head, query] @ work.v[g]
-    softmax_row = _np(work.weights[head, query])
-    used_row = _np(work.used[head, query])
+        weighted = work.used[head, i] @ work.v[g]
+        dot = float(work.raw[head, i, key])
+        score = float(work.raw[head, i, key] * work.scale) if work.scale != 1.0 else dot
+    rope = cfg.pos_encoding == "rope"
+    softmax_row = _np(work.weights[head, i])
+    used_row = _np(work.used[head, i])
     return CellWork(
         layer=layer, head=head, query=query, key=key, kv_head=g, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
         head_dim=cfg.head_dim, norm=cfg.norm, norm_kind=cfg.norm_kind, parallel=cfg.parallel_residual,
-        x_i=_np(work.x[query]), x_j=_np(work.x[key]), xn_i=_np(work.xn[query]), xn_j=_np(work.xn[key]),
-        q_raw=_np(work.q_raw[head, query]), k_raw=_np(work.k_raw[g, key]), q=_np(q), k=_np(k),
+        x_i=_np(work.x[i]), x_j=_np(work.x[j]), xn_i=_np(work.xn[i]), xn_j=_np(work.xn[j]),
+        q_raw=_np(work.q_raw[head, i]), k_raw=_np(work.k_raw[g, j]), q=_np(q), k=_np(k),
         rotary=rope, rotary_dims=cfg.rope_dim if rope else 0, rotary_fraction=cfg.rope_fraction if rope else 0.0,
         rope_cos_i=_np(model.rope_cos[query]) if rope else None, rope_sin_i=_np(model.rope_sin[query]) if rope else None,
         rope_cos_j=_np(model.rope_cos[key]) if rope else None, rope_sin_j=_np(model.rope_sin[key]) if rope else None,
-        products=_np(products), dot=float(work.raw[head, query, key]), scale=work.scale, scale_kind=cfg.attn_scale,
-        score=float(work.raw[head, query, key] * work.scale) if work.scale != 1.0 else float(work.raw[head, query, key]),
-        allowed=work.allowed[query].cpu().numpy(), masked=not bool(work.allowed[query, key]),
+        products=_np(products), dot=dot, scale=work.scale, scale_kind=cfg.attn_scale, score=score,
+        allowed=work.allowed[i].cpu().numpy(), masked=not bool(work.allowed[i, key]),
         scores_row=_np(row), row_max=float(row_max), exp_row=_np(exp_row), exp_sum=float(exp_row.sum()),
         softmax_row=softmax_row, weight=float(softmax_row[key]), used_row=used_row, used_weight=float(used_row[key]),
         row_source=_row_source(work.plan, head, query), v=_np(work.v[g]), weighted=_np(weighted),
-        ablation=_ablation(work.plan, head), head_value=_np(work.values[head, query]), w_o=_np(_w_o(model, layer, head)),
+        ablation=_ablation(work.plan, head), head_value=_np(work.values[head, i]), w_o=_np(_w_o(model, layer, head)),
         head_out=_np(heads_out[head]), out_bias=_np(bias), heads_out=_np(heads_out), attn_out=_np(attn_out),
-        residual_after=_np(work.x[query] + attn_out),
+        residual_after=_np(work.x[i] + attn_out),
     )
 
 

@@ -19,6 +19,7 @@ import torch
 
 from lab.models import BUILTINS
 from model.config import ModelConfig
+from model.generate import Decoder, Sampling
 from model.inside import RebuildMismatch, inside_cell, inside_head, run_forward, value_weighted
 from model.interventions import AttentionEdit, Intervention
 from model.transformer import DecoderLM
@@ -83,6 +84,21 @@ def check_model(model: DecoderLM, ids, intervention=None, cells_per_head: int = 
                 assert np.abs(c.head_value - engine_head).max() <= ENGINE_TOL * max(1.0, np.abs(engine_head).max())
                 engine_out = outs_engine[layer][query].double().numpy()
                 assert np.abs(c.attn_out - engine_out).max() <= ENGINE_TOL * max(1.0, np.abs(engine_out).max())
+    if intervention is None and cfg.mask == "causal":
+        check_cached(model, ids)
+
+
+def check_cached(model: DecoderLM, ids) -> None:
+    """A text as the app holds it (its last token generated through the key/value cache): each cell from
+    the decoder's cache, running only the query's and the key's tokens, against the float64 path."""
+    dec = Decoder(model, ids[:-1], Sampling(temperature=0.0))
+    dec.step()
+    T = len(dec.ids)
+    for layer, r in enumerate(reference(model, dec.ids)):
+        for head in range(model.cfg.n_heads):
+            for query, key in ((T - 1, int(np.argmax(r.used[head, T - 1]))), (T - 1, 0), (3, T - 1), (0, 0)):
+                c = inside_cell(model, dec.ids, layer, head, query, key, cache=dec.cache, attention=dec.attention)
+                check_cell(c, r, head, query, key)
 
 
 def vw_ref(model, layer: int, r) -> np.ndarray:
@@ -239,6 +255,15 @@ def test_rotary_fields_and_group():
     assert np.array_equal(c.q[2:], c.q_raw[2:])  # the unrotated dimensions pass through
     plain = inside_cell(sharpened(ModelConfig(**BASE)), IDS, 0, 0, 3, 1)
     assert not plain.rotary and plain.rope_cos_i is None and np.array_equal(plain.q, plain.q_raw)
+
+
+def test_a_cache_of_other_settings_is_caught():
+    model = sharpened(ModelConfig(**BASE))
+    dec = Decoder(model, IDS, Sampling(temperature=0.0), intervention=Intervention(((0, 1),), "zero"))
+    with pytest.raises(RebuildMismatch):  # layer 1's keys and values were computed with L0H1 zeroed
+        inside_cell(model, IDS, 1, 0, 5, 2, cache=dec.cache, attention=dec.attention)
+    with pytest.raises(ValueError, match="the cache holds 9 positions"):
+        inside_cell(model, IDS, 1, 0, 5, 2, cache=Decoder(model, IDS[:-1]).cache)
 
 
 def test_a_forward_run_with_other_settings_is_caught():

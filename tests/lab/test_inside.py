@@ -206,7 +206,7 @@ def test_the_article_example_on_the_article_toy_model():
             assert c["softmax_row"][6] == 0.0  # "exciting", written after the prompt, is masked for every row here
             close(c["head_out"], pct[i] @ v, "attention values (no output projection)")
             close(c["residual_after"], residual[i], "residual connection")
-            assert c["out_bias"] is None and c["w_o"] is None
+            assert c["out_bias"] is None and c["model_facts"]["out_projection"] is False
     assert s.text.entry.tokenizer.piece(int(np.argmax(logits[5]))) == "exciting"
     assert s.tokens()[6][0] == "exciting"  # the app's greedy Step writes it too
     c = inside.cell(s.text, s.probe, 0, 0, 5, 1)
