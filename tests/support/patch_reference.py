@@ -37,13 +37,12 @@ def _linear(layer, x):
 def _rotate(cfg, t):
     """RoPE on (T, hs): pairs (2i, 2i+1) of the first rope_dim dimensions turn by p * base^(-2i/rope_dim)."""
     T, rd = t.shape[0], cfg.rope_dim
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * cfg.pe_base ** (
+        -torch.arange(0, rd, 2, dtype=torch.float64) / rd)  # (T, rd/2)
+    c, s = torch.cos(angle), torch.sin(angle)
+    x1, x2 = t[:, 0:rd:2], t[:, 1:rd:2]
     out = t.clone()
-    for p in range(T):
-        for i in range(rd // 2):
-            a = p * cfg.pe_base ** (-2 * i / rd)
-            c, s = math.cos(a), math.sin(a)
-            x1, x2 = t[p, 2 * i], t[p, 2 * i + 1]
-            out[p, 2 * i], out[p, 2 * i + 1] = x1 * c - x2 * s, x1 * s + x2 * c
+    out[:, 0:rd:2], out[:, 1:rd:2] = x1 * c - x2 * s, x1 * s + x2 * c
     return out
 
 
@@ -71,6 +70,7 @@ def _swap(x, kind, layer, sites, source, head=None):
     return x
 
 
+@torch.no_grad()
 def reference(model, ids, sites=(), source=None):
     """Float64 forward of one text `ids` (a list): (logits (T, V), activations).
 
@@ -108,12 +108,9 @@ def reference(model, ids, sites=(), source=None):
                 s = q @ k.T
                 if cfg.attn_scale == "inverse_sqrt":
                     s = s / math.sqrt(hs)
-                if cfg.mask == "causal":
-                    w = cfg.window(layer)
-                    for i in range(T):
-                        for j in range(T):
-                            if j > i or (w and j <= i - w):
-                                s[i, j] = float("-inf")
+                if cfg.mask == "causal":  # key j after query i, or (a local layer) w or more before it
+                    w, i, j = cfg.window(layer), torch.arange(T)[:, None], torch.arange(T)[None, :]
+                    s = s.masked_fill((j > i) | ((j <= i - w) if w else torch.zeros_like(j > i)), float("-inf"))
                 o = torch.softmax(s, dim=-1) @ v  # (T, hs): this head's output before W_O
                 heads.append(_swap(o, "head", layer, sites, source, head=h))
             acts["head"].append(heads)
