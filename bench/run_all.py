@@ -48,6 +48,7 @@ FULL = [
     ("train_race", []),
     ("real_models", ["--reps", "7", "--gen-reps", "3"]),
     ("real_app", ["--reps", "15", "--sessions", "50", "--steps", "8"]),
+    ("browser_real", ["--rounds", "9"]),
     ("step_path", []),
     ("step_path", ["--view", "0"]),
 ]
@@ -71,6 +72,7 @@ QUICK = [
     ("train_bench", ["--iters", "30", "--compile", "none", "--no-bf16", "--threads", "1", "--eval-batches", "2"]),
     ("real_models", ["--reps", "1", "--gen-reps", "1", "--models", "pythia-70m", "--skip", "memory"]),
     ("real_app", ["--reps", "1", "--sessions", "2", "--steps", "1"]),
+    ("browser_real", ["--rounds", "1"]),
     ("step_path", []),
 ]
 # Left out unless asked for: name -> (the flag that includes it, why it is left out).
