@@ -147,7 +147,8 @@
     outline(gd, ok ? q : null);
     shadeText(ok ? shade : null, q, els);
     lab.applied++;
-    scheduleTools(key + "#" + (lab.query === null ? "last" : q));
+    lab.sig = key + "#" + (lab.query === null ? "last" : q);
+    scheduleTools(lab.sig);
   }
   // The head tools under the text follow it once it has stayed the same for a moment: quick
   // Steps (or held arrow keys) never wait behind them (ui/heads_tab.py, "refresh_tools").
@@ -161,9 +162,10 @@
       if (!b) return;
       lab.toolsSig = sig;
       b.click();
+      // the open "Inside one cell" panel follows a new text or token, not a cell clicked since
       const inside = document.querySelector("#inside > .label-wrap.open, #inside .label-wrap.open");
       const refresh = document.querySelector("#inside_refresh");
-      if (inside && refresh && inside.closest("#inside_matrices_section") === null) refresh.click();
+      if (inside && refresh && lab.insideSig !== sig) { lab.insideSig = sig; refresh.click(); }
     }, 250);
   };
   lab.apply = apply;
@@ -242,6 +244,7 @@
         const cell = cellFrom(gd, ev), button = document.querySelector("#pick_cell");
         if (!cell || !button) return;
         lab.cell = cell;
+        lab.insideSig = lab.sig; // the panel shows this cell now, until the text or the token changes
         button.click();
       });
     }

@@ -161,7 +161,7 @@ def open_panel(session, layer, head, query, key, view_layer, view_head, request:
     if session.text.decoder is None:
         return (CLOSED, "", *[message_plot("Press Step first.")] + [gr.skip()] * (N_FIGURES - 1),
                 *[gr.skip()] * 4)
-    if query is None or layer is None or head is None:
+    if query is None or layer is None or head is None:  # no cell yet (a blank box may read 0, not None)
         layer, head = _view_head(view_layer, view_head)
         query = key = None
     return draw_cell(session, layer, head, query, key)
@@ -178,9 +178,10 @@ def pick_cell(session, cell, request: gr.Request = None):
 
 
 @handler(exclusive=False)
-def selected_token(session, layer, head, view_layer, view_head, request: gr.Request = None):
-    """The selected token's row (the last token when none is selected), at the key it gives the largest share."""
-    if layer is None or head is None:
+def selected_token(session, layer, head, query, view_layer, view_head, request: gr.Request = None):
+    """The selected token's row (the last token when none is selected), at the key it gives the largest share,
+    in the panel's head (the head the Explore view shows when no cell is drawn yet)."""
+    if query is None or layer is None or head is None:
         layer, head = _view_head(view_layer, view_head)
     return draw_cell(session, layer, head, None, None)
 

@@ -70,9 +70,9 @@ def bind_inside_section(ses: gr.State, s: SimpleNamespace) -> None:
     s.panel.expand(open_panel, [ses, *numbers, s.view_layer, s.view_head], drawn, **quiet).then(**matrices)
     for box in numbers:
         box.submit(open_panel, [ses, *numbers, s.view_layer, s.view_head], drawn, **quiet).then(**matrices)
-    s.selected.click(selected_token, [ses, s.layer, s.head, s.view_layer, s.view_head], drawn, **quiet).then(
+    s.selected.click(selected_token, [ses, s.layer, s.head, s.query, s.view_layer, s.view_head], drawn, **quiet).then(
         **matrices)
-    s.refresh.click(selected_token, [ses, s.layer, s.head, s.view_layer, s.view_head], drawn, **quiet).then(
+    s.refresh.click(selected_token, [ses, s.layer, s.head, s.query, s.view_layer, s.view_head], drawn, **quiet).then(
         **matrices)
     s.pick.click(pick_cell, [ses, s.cell], [s.panel, *drawn],
                  js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.cell : ''; return a; }",

@@ -63,7 +63,9 @@ def test_a_cell_is_drawn_with_the_labs_numbers_and_their_formulas(session):
 def test_the_selected_token_opens_on_its_strongest_key(session):
     session.select(11)
     try:
-        out = selected_token(session, None, None, 1, 0)
+        out = selected_token(session, None, None, None, 1, 0)
+        assert out[-4:] == (1, 0, 11, 9)
+        out = selected_token(session, 0, 0, None, 1, 0)  # no cell drawn yet: blank boxes may read 0
         assert out[-4:] == (1, 0, 11, 9)  # "he" gives "tom" its largest share
         opened = open_panel(session, None, None, None, None, 1, "all")  # a grid of heads: its first
         assert opened[-4:] == (1, 0, 11, 9)
