@@ -5,10 +5,11 @@ Two models: the grammar built-in (target ≤ 30 ms) and GPT-2 small with random 
 folder, opened as the app opens --model folders; target ≤ 60 ms). For each, per round a new session
 Steps a 63-token prompt (the text then holds 64), then:
 
-* first_cell: the first cell of that text (the forward over the window with residuals and attention,
-  the layer rebuilt and checked against it, every number with its formula) and its JSON;
-* next_cell: another cell of the same text (the kept forward: one layer rebuilt) and its JSON;
-* head: the head as matrices (lab.inside.head) on the same text.
+* first_cell: the first cell of that text (the query's and the key's tokens run after the decoder's
+  key/value cache, the layer rebuilt at those rows and checked against the decoder's attention, every
+  number with its formula) and its JSON (orjson, as gradio's responses are encoded);
+* next_cell: another cell of the same text, the same work;
+* head: the head as matrices (lab.inside.head: a forward over the window, kept for the text) and its JSON.
 
 The cell is in the last layer, head 0, query = the last token, key = a different earlier token each time.
 
@@ -17,10 +18,10 @@ The cell is in the last layer, head 0, query = the last token, key = a different
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
+import orjson
 import torch
 
 from bench.common import Timer, emit, grammar_prompt, parser, summary
@@ -43,11 +44,11 @@ def measure(name: str, entry, reps: int) -> dict:
         s.step(name, grammar_prompt(entry.tokenizer, T - 1, offset=41 * r), Sampling(temperature=0.0))
         assert len(s.decoder.window) == T
         with Timer() as first:
-            json.dumps(inside(s, layer, 0, T - 1, r % T))
+            orjson.dumps(inside(s, layer, 0, T - 1, r % T))
         with Timer() as nxt:
-            json.dumps(inside(s, layer, 0, T - 1, (r + 7) % T))
+            orjson.dumps(inside(s, layer, 0, T - 1, (r + 7) % T))
         with Timer() as head:
-            json.dumps(lab_inside.head(s.text, s.probe, layer, 0))
+            orjson.dumps(lab_inside.head(s.text, s.probe, layer, 0))
         s.close()
         if r >= 3:
             for k, t in (("first_cell", first), ("next_cell", nxt), ("head", head)):

@@ -190,6 +190,17 @@ ROWS = ("scores_row", "exp_row", "softmax_row", "used_row")
 SCALARS = ("dot", "scale", "score", "row_max", "exp_sum", "weight", "used_weight")
 
 
+def _source(text: Text, iv: Intervention | None) -> dict:
+    """Where the numbers come from: the decoder's key/value cache and attention (the text as it was
+    computed; only the rows needed run again), or, under the head tools' settings or when the decoder
+    holds no cache, a forward over the window with them (kept for the text)."""
+    d, cfg = text.decoder, text.entry.model.cfg
+    cache = getattr(d, "cache", None)
+    if iv is None and cache is not None and cache.length == len(d.window) and len(d.attention) == cfg.n_layers:
+        return {"cache": cache, "attention": d.attention}
+    return {"intervention": iv, "forward": MEMO.forward(text, iv)}
+
+
 def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None) -> dict:
     """Cell (query, key) of head `head` in `layer` on the text's window, worked through.
 
@@ -202,18 +213,11 @@ def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None)
     T = len(text.decoder.window)
     key = None if key is None else check_int("key position", key, 0, T - 1)
     iv, changes = _changes(text, settings)
-    model, d = text.entry.model, text.decoder
-    window = d.window
-    cache = getattr(d, "cache", None)
-    if iv is None and cache is not None and cache.length == T and len(d.attention) == model.cfg.n_layers:
-        # the text as the decoder holds it: its cache has every key and value, so only the query's and
-        # the key's tokens run again (a Step's worth of work), checked against the decoder's attention
-        key = int(np.argmax(d.attention[layer][head, query])) if key is None else key
-        w = inside_cell(model, window, layer, head, query, key, cache=cache, attention=d.attention)
-    else:
-        out = MEMO.forward(text, iv)
-        key = int(np.argmax(out.attentions[layer][0, head, query].float().numpy())) if key is None else key
-        w = inside_cell(model, window, layer, head, query, key, iv, forward=out)
+    source = _source(text, iv)
+    if key is None:  # the key the query gives the largest share
+        weights = source["attention"][layer] if "cache" in source else source["forward"].attentions[layer][0].float().numpy()
+        key = int(np.argmax(weights[head, query]))
+    w = inside_cell(text.entry.model, text.decoder.window, layer, head, query, key, **source)
     return cell_dict(text, w, changes)
 
 
@@ -268,8 +272,7 @@ def head(text: Text, settings: ProbeSettings, layer, head) -> dict:
     masked, the softmax, the rows used, and value-weighted attention ‖a_ij v_j W_O‖."""
     layer, head = _layer_head(text, layer, head)
     iv, changes = _changes(text, settings)
-    out = MEMO.forward(text, iv)
-    w: HeadWork = inside_head(text.entry.model, text.decoder.window, layer, head, iv, forward=out)
+    w: HeadWork = inside_head(text.entry.model, text.decoder.window, layer, head, **_source(text, iv))
     data = _base(text, "inside attention head", layer, head)
     data.update({"kv_head": w.kv_head, "scale": w.scale, "model_facts": _facts(text, layer),
                  "active": {**changes, "ablation": w.ablation, "edited_rows": w.edited_rows},
@@ -285,8 +288,7 @@ def layer_value_weighted(text: Text, settings: ProbeSettings, layer) -> dict:
     n_layers, _, _ = _shape(text)
     layer = check_int("layer", layer, 0, n_layers - 1)
     iv, changes = _changes(text, settings)
-    out = MEMO.forward(text, iv)
-    vw = value_weighted(text.entry.model, text.decoder.window, layer, iv, forward=out)
+    vw = value_weighted(text.entry.model, text.decoder.window, layer, **_source(text, iv))
     data = _base(text, "value-weighted attention", layer, None)
     data.pop("head_label")
     data.update({"active": changes, "value_weighted": _list(vw)})

@@ -1,28 +1,16 @@
 """Inside one attention cell: the arithmetic of scaled dot-product attention with the model's own numbers.
 
-For one layer, head, query token i and key token j of one forward pass this module rebuilds, from
-the residual stream that forward fed into the layer and the layer's own modules (its norm, its qkv
-weights, the rotary tables, W_O), every intermediate number of attention:
-
-    x_i  --norm-->  x̂_i  --W_Q, b_Q-->  q_i  --rotary-->  q_i  ·  k_j  --×scale, mask-->  s_ij
-    a_i = softmax(s_i)  (exp(s_ij - max), their sum, the share a_ij)
-    z_i = Σ_j a_ij v_j  --W_O slice-->  the head's addition to the residual of token i
-
-`inside_cell` returns a `CellWork`, `inside_head` a `HeadWork` (the head's Q, K, V and QKᵀ as
-matrices), `value_weighted` the norms ‖a_ij · v_j W_O‖ of every head of a layer (Kobayashi et al.
-2020). All are computed in the model's own dtype with the same operations as
-`model.transformer.SelfAttention`, and every call checks that the attention it rebuilt equals the
-attention the forward multiplied V with (`RebuildMismatch` otherwise): the numbers shown are the
-forward's, not a second model's.
-
-Under an intervention (model.interventions) the numbers actually used are reported beside the
-model's own: `used_row` (a uniform or edited row replaces the softmax row) and `head_value` (a
-zero- or mean-ablated head's output replaces Σ_j a_ij v_j).
-
-The output projection's bias b_O is added once per token to the sum of the heads' outputs; it
-belongs to no single head, so it is reported on its own (`out_bias`) and never split among heads:
-attention sublayer output at i = Σ_h head_out_h + b_O.
-
+For one layer, head, query token i and key token j this module rebuilds, from the residual stream the
+forward fed into the layer and the layer's own modules (norm, qkv weights, rotary tables, W_O), every
+intermediate number:  x_i -norm-> x̂_i -W_Q-> q_i -rotary-> q_i · k_j -×scale, mask-> s_ij;
+a_i = softmax(s_i) (exp(s_ij - max), their sum, the share a_ij); z_i = Σ_j a_ij v_j -W_O-> the head's
+addition to the residual of token i. `inside_cell` returns a `CellWork`, `inside_head` a `HeadWork`
+(Q, K, V and QKᵀ as matrices), `value_weighted` ‖a_ij · v_j W_O‖ for a layer (Kobayashi et al. 2020).
+They compute in the model's dtype with `SelfAttention`'s operations, and check that the weights they
+rebuilt equal the ones the forward multiplied V with (`RebuildMismatch`): the numbers are the forward's.
+Under an intervention the numbers used are reported beside the model's own (`used_row`, `head_value`).
+The output projection's bias b_O is added once to the sum of the heads; it belongs to no single head,
+so it is reported on its own (`out_bias`): attention output at i = Σ_h head_out_h + b_O.
 Positions are positions in `ids` (0-based); the forward runs over `ids` from position 0.
 """
 
@@ -30,11 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from .interventions import Intervention, LayerPlan
-from .transformer import DecoderLM, ForwardOutput, KVCache, LayerCache, apply_rope, causal_mask
+from .transformer import DecoderLM, ForwardOutput, KVCache, apply_rope, causal_mask
 
 REBUILD_TOL = 1e-5  # largest difference allowed between the rebuilt weights and the forward's
 
@@ -48,15 +37,12 @@ class CellWork:
     """One attention cell (layer, head, query i, key j) worked through; arrays are float64 numpy
     copies of the model's own (float32) numbers. C = d_model, hs = head_dim, T = tokens.
 
-    kv_head: the key/value head this query head reads (its group under grouped-query attention).
-    norm: where the attention reads the residual ("pre": after norm1; "post" and "none": x itself,
-    a post-norm block normalises after adding); norm_kind: layernorm / rmsnorm; parallel: GPT-NeoX's
-    parallel residual (the MLP branch reads the same x and is added beside attention).
-    x_i, x_j (C,): the layer's residual input at i and j; xn_i, xn_j (C,): what the attention reads.
-    q_raw (hs,) = W_Q x̂_i + b_Q, k_raw (hs,) = W_K x̂_j + b_K before the rotary step; q, k after it
-    (the same arrays without rotary). rotary: the model rotates q and k (RoPE); rotary_dims: how many
-    of the hs dimensions turn (rotary_fraction of them); rope_cos_i/sin_i, rope_cos_j/sin_j
-    (rotary_dims/2,): the rotation of positions i and j (None without rotary).
+    kv_head: the key/value head read (grouped-query attention). norm: "pre" (attention reads norm1(x)),
+    "post" or "none" (it reads x); norm_kind; parallel: GPT-NeoX's parallel residual. x_i, x_j (C,): the
+    layer's residual input at i and j; xn_i, xn_j (C,): what the attention reads. q_raw (hs,) = W_Q x̂_i
+    + b_Q, k_raw (hs,) = W_K x̂_j + b_K before the rotary step; q, k after it (equal without rotary);
+    rotary_dims of the hs dimensions turn; rope_cos_i/sin_i, rope_cos_j/sin_j (rotary_dims/2,): the
+    rotation of positions i and j (None without rotary).
     products (hs,) = q[d] * k[d]; dot = Σ_d products; scale: 1/√hs, or 1 for unscaled models
     (scale_kind "none"); score = dot × scale, the cell's scaled score (before the mask).
     allowed (T,): the keys the mask lets query i see (j ≤ i, inside a local window); masked: j is
@@ -68,12 +54,10 @@ class CellWork:
     v (T, hs): v_j = W_V x̂_j + b_V of every key; weighted (hs,) = Σ_j used_row[j] v_j.
     ablation: None, "zero", "mean" or "uniform" (this head); head_value (hs,): what the head passed on
     (weighted, 0 when zeroed, its mean over the text's positions when mean-ablated).
-    w_o (C, hs): the head's slice of W_O (None: the model has no output projection, and the head's
-    value sits in its own hs dimensions of the output). head_out (C,): the head's addition to the
-    residual of token i. out_bias (C,) or None: b_O. heads_out (H, C): every head's addition at i
-    (the numbers actually used); attn_out (C,) = Σ_h heads_out[h] + b_O, the attention sublayer's
-    output at i; residual_after (C,) = x_i + attn_out (a post-norm block then normalises it; a
-    parallel block adds its MLP branch too).
+    w_o (C, hs): the head's columns of W_O (None without an output projection: the value sits in the
+    head's own dimensions). head_out (C,): the head's addition to the residual of token i; out_bias:
+    b_O or None; heads_out (H, C): every head's addition at i; attn_out (C,) = Σ_h heads_out + b_O;
+    residual_after (C,) = x_i + attn_out (post-norm then normalises; parallel adds the MLP too).
     """
 
     layer: int
@@ -293,21 +277,40 @@ def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], k: t
 
 def _cached(model: DecoderLM, ids: torch.Tensor, layer: int, positions: list[int], cache: KVCache,
             attention) -> _Layer:
-    """Layer `layer` at `positions` from the key/value cache of the forward over `ids`: each position's
-    residual input comes from running its token alone after the cached keys before it (the path a
-    generated token takes), every key and value from the cache; attention (one (H, T, T) per layer,
-    or None): the weights that forward used, checked against."""
+    """Layer `layer` at `positions` from the key/value cache of the forward over `ids`, without running
+    the whole text again: the positions' residual streams are carried up through the blocks below
+    `layer` (each block's own norms, projections and MLP; its attention reads every key and value from
+    the cache), and at every layer the rebuilt weights of these rows are checked against `attention`
+    (one (H, T, T) per layer: the weights that forward used; None: not checked)."""
     rows = sorted(set(positions))
-    xs = []
+    cfg = model.cfg
     with torch.inference_mode():
-        for p in rows:
-            past = KVCache([LayerCache(c.k[:, :, :p], c.v[:, :, :p]) for c in cache.layers])
-            xs.append(model(ids[:, p : p + 1], cache=past, return_residuals=True).residuals[layer][0, 0])
-        layer_cache = cache.layers[layer]
-        given = None
-        if attention is not None:
-            given = torch.as_tensor(np.asarray(attention[layer])[:, rows])  # (H, R, T)
-        return _attend(model, layer, torch.stack(xs), rows, layer_cache.k[0], layer_cache.v[0], None, given)
+        x = model.tok_emb(ids[0, rows])  # (R, C): the embedding, then the positions, as the forward adds them
+        where = torch.tensor(rows, device=x.device)
+        if cfg.pos_encoding == "learned":
+            x = x + model.pos_emb(where)
+        elif cfg.pos_encoding == "sinusoidal":
+            x = x + model.pe_table[where]
+        for m in range(layer + 1):
+            given = None if attention is None else torch.as_tensor(np.asarray(attention[m])[:, rows])  # (H, R, T)
+            kv = cache.layers[m]
+            work = _attend(model, m, x, rows, kv.k[0], kv.v[0], None, given)
+            if m < layer:
+                x = _block_rest(model.blocks[m], x, work.values)
+    return work
+
+
+def _block_rest(block, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The rest of a block (as `Block.forward`) after its heads' outputs `values` (H, R, hs) at rows x (R, C)."""
+    y = values.transpose(0, 1).reshape(x.shape)  # heads side by side again: (R, C)
+    a = block.attn.proj(y) if block.attn.proj is not None else y
+    if block.parallel:
+        return (block.ffn(block.norm2(x)) if block.ffn is not None else 0.0) + a + x
+    if block.norm_mode == "post":
+        x = block.norm1(x + a)
+        return block.norm2(x + block.ffn(x)) if block.ffn is not None else x
+    x = x + a
+    return x + block.ffn(block.norm2(x)) if block.ffn is not None else x
 
 
 def _used_weights(weights: torch.Tensor, allowed: torch.Tensor, plan: LayerPlan | None) -> torch.Tensor:
@@ -351,12 +354,6 @@ def _row_source(plan: LayerPlan | None, head: int, query: int) -> str:
     return "uniform" if plan.mode == "uniform" and head in plan.ablate else "softmax"
 
 
-def _w_o(model: DecoderLM, layer: int, head: int) -> torch.Tensor | None:
-    """The head's columns of W_O: (C, hs); None when the model has no output projection."""
-    proj, hs = model.blocks[layer].attn.proj, model.cfg.head_dim
-    return None if proj is None else proj.weight[:, head * hs : (head + 1) * hs]
-
-
 def _heads_out(model: DecoderLM, layer: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Every head's addition to the residual, (H, T, C), from what the heads passed on, and b_O."""
     attn, cfg = model.blocks[layer].attn, model.cfg
@@ -389,15 +386,20 @@ def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: i
     allowed: its dot product exists, its score is -inf and its weight 0.
     """
     ids_t = _ids(ids)
-    T = ids_t.shape[1]
-    _check(model, T, layer, head, query, key)
+    _check(model, ids_t.shape[1], layer, head, query, key)
+    work = _work(model, ids_t, layer, intervention, forward, cache, attention, [query, key])
+    return _cell(model, work, layer, head, query, key)
+
+
+def _work(model: DecoderLM, ids: torch.Tensor, layer: int, intervention: Intervention | None,
+          forward: ForwardOutput | None, cache: KVCache | None, attention, positions: list[int] | None) -> _Layer:
+    """The layer rebuilt from the cache (no intervention; at `positions`, None: all) or from a forward."""
+    T = ids.shape[1]
     if cache is not None and (intervention is None or intervention.is_empty) and forward is None:
         if cache.length != T:
             raise ValueError(f"the cache holds {cache.length} positions, not the {T} of these ids")
-        work = _cached(model, ids_t, layer, [query, key], cache, attention)
-    else:
-        work = _rebuild(model, _forward(model, ids_t, intervention, forward), layer, intervention)
-    return _cell(model, work, layer, head, query, key)
+        return _cached(model, ids, layer, list(range(T)) if positions is None else positions, cache, attention)
+    return _rebuild(model, _forward(model, ids, intervention, forward), layer, intervention)
 
 
 def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key: int) -> CellWork:
@@ -416,6 +418,8 @@ def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key
         dot = float(work.raw[head, i, key])
         score = float(work.raw[head, i, key] * work.scale) if work.scale != 1.0 else dot
     rope = cfg.pos_encoding == "rope"
+    proj, hs = model.blocks[layer].attn.proj, cfg.head_dim
+    w_o = None if proj is None else proj.weight[:, head * hs : (head + 1) * hs]  # the head's columns of W_O
     softmax_row = _np(work.weights[head, i])
     used_row = _np(work.used[head, i])
     return CellWork(
@@ -431,7 +435,7 @@ def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key
         scores_row=_np(row), row_max=float(row_max), exp_row=_np(exp_row), exp_sum=float(exp_row.sum()),
         softmax_row=softmax_row, weight=float(softmax_row[key]), used_row=used_row, used_weight=float(used_row[key]),
         row_source=_row_source(work.plan, head, query), v=_np(work.v[g]), weighted=_np(weighted),
-        ablation=_ablation(work.plan, head), head_value=_np(work.values[head, i]), w_o=_np(_w_o(model, layer, head)),
+        ablation=_ablation(work.plan, head), head_value=_np(work.values[head, i]), w_o=_np(w_o),
         head_out=_np(heads_out[head]), out_bias=_np(bias), heads_out=_np(heads_out), attn_out=_np(attn_out),
         residual_after=_np(work.x[i] + attn_out),
     )
@@ -458,23 +462,22 @@ def _value_weighted(model: DecoderLM, layer: int, work: _Layer) -> tuple[torch.T
 
 
 def value_weighted(model: DecoderLM, ids, layer: int, intervention: Intervention | None = None,
-                   forward: ForwardOutput | None = None) -> np.ndarray:
+                   forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None) -> np.ndarray:
     """‖a_ij · v_j W_O,h‖ for every head h, query i and key j of `layer`: (H, T, T) float64."""
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, 0)
-    out = _forward(model, ids_t, intervention, forward)
-    work = _rebuild(model, out, layer, intervention)
+    work = _work(model, ids_t, layer, intervention, forward, cache, attention, None)
     with torch.inference_mode():
         return _np(_value_weighted(model, layer, work)[1])
 
 
 def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Intervention | None = None,
-                forward: ForwardOutput | None = None) -> HeadWork:
-    """Head `head` of layer `layer` as matrices for the forward over `ids` (see `inside_cell` for `forward`)."""
+                forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None) -> HeadWork:
+    """Head `head` of layer `layer` as matrices for the forward over `ids` (`forward`, `cache`: as in
+    `inside_cell`; from a cache every position is carried up through the layers below)."""
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, head)
-    out = _forward(model, ids_t, intervention, forward)
-    work = _rebuild(model, out, layer, intervention)
+    work = _work(model, ids_t, layer, intervention, forward, cache, attention, None)
     g = kv_head_of(model, head)
     with torch.inference_mode():
         norms, vw = _value_weighted(model, layer, work)

@@ -95,7 +95,10 @@ def check_cached(model: DecoderLM, ids) -> None:
     dec.step()
     T = len(dec.ids)
     for layer, r in enumerate(reference(model, dec.ids)):
+        vw = value_weighted(model, dec.ids, layer, cache=dec.cache, attention=dec.attention)
+        close(vw, vw_ref(model, layer, r), "value-weighted from the cache")
         for head in range(model.cfg.n_heads):
+            check_head(inside_head(model, dec.ids, layer, head, cache=dec.cache, attention=dec.attention), r, head)
             for query, key in ((T - 1, int(np.argmax(r.used[head, T - 1]))), (T - 1, 0), (3, T - 1), (0, 0)):
                 c = inside_cell(model, dec.ids, layer, head, query, key, cache=dec.cache, attention=dec.attention)
                 check_cell(c, r, head, query, key)
