@@ -151,8 +151,9 @@ class PatchSetup:
 
 
 def _run(entry: ModelEntry, ids: torch.Tensor, patch: Patch | None = None, record: bool = False):
+    """The model's forward over `ids` (B, T), reading out only the last position (all the metric needs)."""
     with torch.inference_mode():
-        return entry.model(ids, patch=patch, record=record)
+        return entry.model(ids, patch=patch, record=record, logits="last")
 
 
 def prepare(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=None, other=None) -> PatchSetup:
@@ -266,8 +267,20 @@ class PatchProgress:
     result: PatchResult | None = None
 
 
+def _batches(sites: list[PatchSite], per_batch: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each batch: at most `per_batch` sites of one layer (a batch runs from its
+    layer on: the blocks before it are the base run's, model.patching's `base`)."""
+    start = 0
+    while start < len(sites):
+        stop = start + 1
+        while stop < len(sites) and stop - start < per_batch and sites[stop].layer == sites[start].layer:
+            stop += 1
+        yield start, stop
+        start = stop
+
+
 def sweep_steps(setup: PatchSetup, what, direction, stop: threading.Event | None = None,
-                batch_tokens: int = BATCH_TOKENS) -> Iterator[PatchProgress]:
+                batch_tokens: int | None = None) -> Iterator[PatchProgress]:
     """Run a sweep a batch at a time, yielding progress after each batch and the result at the end
     (a set `stop` ends it after the batch running: the cells not computed are NaN)."""
     what = check_choice("what to patch", what, SWEEPS)
@@ -275,19 +288,21 @@ def sweep_steps(setup: PatchSetup, what, direction, stop: threading.Event | None
     entry = setup.entry
     T = len(setup.ids_a)
     rows, cols, sites = grid(entry, what, T)
-    base, source = ((setup.ids_b, setup.source_a) if direction == "denoising" else (setup.ids_a, setup.source_b))
-    per_batch = max(1, batch_tokens // T)
+    # the patched run's input, its own recording (blocks before a batch's first site are not run again) and the source
+    base, own, source = ((setup.ids_b, setup.source_b, setup.source_a) if direction == "denoising"
+                         else (setup.ids_a, setup.source_a, setup.source_b))
+    per_batch = max(1, (batch_tokens or BATCH_TOKENS) // T)
     out = np.full(len(sites), np.nan)
     done, stopped = 0, False
-    for start in range(0, len(sites), per_batch):
+    for start, stop_at in _batches(sites, per_batch):
         if stop is not None and stop.is_set():
             stopped = True
             break
-        chunk = sites[start : start + per_batch]
+        chunk = sites[start:stop_at]
         batch = [PatchSite(s.kind, s.layer, s.head, s.positions, row=j) for j, s in enumerate(chunk)]
         ids = torch.tensor([base]).expand(len(chunk), T)
-        logits = _run(entry, ids, Patch(source, batch)).logits[:, -1]
-        out[start : start + len(chunk)] = setup.metric.of(logits, entry)
+        logits = _run(entry, ids, Patch(source, batch, base=own)).logits[:, -1]
+        out[start:stop_at] = setup.metric.of(logits, entry)
         done += len(chunk)
         if done < len(sites):
             yield PatchProgress(done, len(sites))
@@ -300,9 +315,9 @@ def sweep_steps(setup: PatchSetup, what, direction, stop: threading.Event | None
 
 
 def sweep(setup: PatchSetup, what, direction, progress: Callable[[int, int], None] | None = None,
-          stop: threading.Event | None = None) -> PatchResult:
+          stop: threading.Event | None = None, batch_tokens: int | None = None) -> PatchResult:
     """`sweep_steps` to the end, calling progress(done, total) after each batch."""
-    for p in sweep_steps(setup, what, direction, stop):
+    for p in sweep_steps(setup, what, direction, stop, batch_tokens):
         if p.result is not None:
             return p.result
         if progress is not None:
@@ -313,11 +328,11 @@ def sweep(setup: PatchSetup, what, direction, progress: Callable[[int, int], Non
 # ----------------------------------------------------------------- one person's sweeps
 
 
-def sweep_bytes(entry: ModelEntry, T: int, batch_tokens: int = BATCH_TOKENS) -> int:
+def sweep_bytes(entry: ModelEntry, T: int) -> int:
     """Memory a sweep holds while it runs (float32): the two recorded runs, and one batch's
     activations (residual, q/k/v, feed-forward, the last position's logits)."""
     cfg = entry.model.cfg
-    per_batch = max(1, batch_tokens // T)
+    per_batch = max(1, BATCH_TOKENS // T)
     recorded = 2 * (cfg.n_layers * 3 + 1) * T * cfg.d_model
     batch = per_batch * T * (8 * cfg.d_model + 2 * max(cfg.ff_dim, 1)) + per_batch * cfg.vocab_size
     return 4 * (recorded + batch)

@@ -20,7 +20,10 @@ Two pieces, both plain data:
   embedding, l + 1 after block l); at every position (positions=None) or the positions listed; in
   every batch row (row=None) or in one row only, so one batched forward runs many patched runs at
   once (a sweep). The substituted values are `source`'s at the same positions; `source` has batch 1
-  (used for every row) or the forward's batch.
+  (used for every row) or the forward's batch. Optionally `base`: the recording of the patched
+  forward's own input (the same ids, no intervention); with it a plain forward (no attention,
+  residuals, recording, cache or intervention asked) does not run again the blocks before the first
+  one a site changes: it starts from `base`'s residual stream there, which is what they would compute.
 
 A patched activation is replaced where it is made, so everything after it reads the new value
 (a residual patched after block l is what block l + 1 reads). With patch=None or an empty patch the
@@ -103,6 +106,7 @@ class Patch:
 
     source: Activations | None = None
     sites: tuple[PatchSite, ...] = ()
+    base: Activations | None = None
 
     def __post_init__(self) -> None:
         sites = tuple(self.sites)
@@ -110,6 +114,8 @@ class Patch:
             raise ValueError("patch sites must be PatchSite objects")
         if sites and not isinstance(self.source, Activations):
             raise ValueError("a patch needs the source run's Activations (a forward with record=True)")
+        if self.base is not None and not isinstance(self.base, Activations):
+            raise ValueError("a patch's base must be the Activations of its own input's run, or None")
         object.__setattr__(self, "sites", sites)
 
     @property
@@ -119,14 +125,17 @@ class Patch:
     def validate(self, cfg: ModelConfig, batch: int, seq_len: int) -> None:
         """ValueError unless every site exists in `cfg`, fits `seq_len` positions and `batch` rows,
         and the source was recorded on this model's shapes."""
-        B_src, T_src = self.source.shape
-        if T_src != seq_len:
-            raise ValueError(f"the patch's source run has {T_src} positions, this forward {seq_len}; "
-                             "patching needs inputs of the same length")
-        if B_src not in (1, batch):
-            raise ValueError(f"the patch's source run has batch {B_src}; use 1 or this forward's {batch}")
-        if len(self.source.heads) != cfg.n_layers or self.source.residuals[0].shape[-1] != cfg.d_model:
-            raise ValueError("the patch's source run was recorded on a model of another shape")
+        for what, run in (("source", self.source), ("base", self.base)):
+            if run is None:
+                continue
+            B_src, T_src = run.shape
+            if T_src != seq_len:
+                raise ValueError(f"the patch's {what} run has {T_src} positions, this forward {seq_len}; "
+                                 "patching needs inputs of the same length")
+            if B_src not in (1, batch):
+                raise ValueError(f"the patch's {what} run has batch {B_src}; use 1 or this forward's {batch}")
+            if len(run.heads) != cfg.n_layers or run.residuals[0].shape[-1] != cfg.d_model:
+                raise ValueError(f"the patch's {what} run was recorded on a model of another shape")
         for s in self.sites:
             top = cfg.n_layers + 1 if s.kind == "resid" else cfg.n_layers
             if s.layer >= top:
@@ -204,6 +213,8 @@ class Taps:
         self.layers = [LayerTap(record) for _ in range(n_layers)]
         self.resid_swaps: dict[int, _Swap] = {}
         self.residuals: list[torch.Tensor] = []
+        self.skip = 0  # blocks the forward need not run: before the first one the patch changes
+        self.start: torch.Tensor | None = None  # then the residual stream entering block `skip` (B, T, C)
 
     def resid(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """The residual stream at `index` (0: after the embedding, l + 1: after block l)."""
@@ -220,11 +231,12 @@ class Taps:
 
 
 def make_taps(cfg: ModelConfig, patch: Patch | None, record: bool, batch: int, seq_len: int,
-              device, start: int = 0) -> Taps | None:
+              device, start: int = 0, plain: bool = False) -> Taps | None:
     """The taps a forward needs (None: neither a patch nor a recording, the plain forward).
 
     Validates the patch first (ValueError); `start` is the key/value cache's length, which must be 0
-    for a patch."""
+    for a patch. plain: the forward asks for nothing but logits (no attention, residuals, cache or
+    intervention), so a patch with a `base` may skip the blocks before its first site."""
     if patch is not None and not isinstance(patch, Patch):
         raise ValueError(f"patch must be a Patch, got {type(patch).__name__}")
     patching = patch is not None and not patch.is_empty
@@ -251,4 +263,9 @@ def make_taps(cfg: ModelConfig, patch: Patch | None, record: bool, batch: int, s
             else:
                 taps.layers[layer].swaps[kind] = _Swap(_mask_for(sites, (B, T), device),
                                                        getattr(src, kind)[layer])
+    if plain and not record and patch.base is not None:
+        # a site at residual index r or in block l leaves blocks before r (before l) as the base run has them
+        taps.skip = min(s.layer for s in patch.sites)
+        if taps.skip:
+            taps.start = patch.base.residuals[taps.skip].expand(B, -1, -1)
     return taps

@@ -305,7 +305,7 @@ class Block(nn.Module):
 
     def forward(self, x, rope, past, want_cache, want_attention, plan=None, tap=None):
         # a patched or recorded forward sees each branch's output through its tap (model.patching)
-        attn_out, mlp_out = (tap.attn, tap.mlp) if tap is not None else (_same, _same)
+        attn_out, mlp_out = (tap.attn, tap.mlp) if tap is not None else (lambda t: t,) * 2
         if self.parallel:
             # GPT-NeoX's parallel residual: both branches read the same x (Wang & Komatsuzaki's GPT-J)
             a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan, tap)
@@ -322,10 +322,6 @@ class Block(nn.Module):
             if self.ffn is not None:
                 x = x + self.drop(mlp_out(self.ffn(self.norm2(x))))
         return x, cache, w, s
-
-
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
 
 
 class DecoderLM(nn.Module):
@@ -387,9 +383,8 @@ class DecoderLM(nn.Module):
         position (B, T, V); "last" only the last one (B, 1, V), for a caller that wants the
         next token alone: the head is the largest product of a forward over a short text
         (GPT-2's 50,257 x 768 per position).
-        patch: activations of another run to substitute (model.patching; None or an empty one:
-        the normal forward, bit for bit). record: also return every head's output, each
-        branch's output and the residual stream in `activations` (a patch's source).
+        patch: activations of another run to substitute (model.patching; None or an empty one: the
+        normal forward, bit for bit). record: also return them all in `activations`.
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape (batch, time), got {tuple(ids.shape)}")
@@ -424,14 +419,19 @@ class DecoderLM(nn.Module):
         # RoPE adds nothing here: each attention layer rotates its queries and keys instead
         rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T]) if pe == "rope" else None
         x = self.drop(x)
-        taps = make_taps(self.cfg, patch, record, B, T, ids.device, start)  # None: nothing patched or recorded
+        # None: nothing patched or recorded; a patch with a `base` skips the blocks it leaves unchanged
+        plain = not (return_attention or return_residuals or cache is not None or any(plans))
+        taps = make_taps(self.cfg, patch, record, B, T, ids.device, start, plain)
+        skip = 0 if taps is None else taps.skip
         if taps is not None:
-            x = taps.resid(0, x)
+            x = taps.resid(skip, taps.start if skip else x)
 
         want_cache = cache is not None
         layers, atts, scs = [], [], []
         residuals = [x]
         for i, block in enumerate(self.blocks):
+            if i < skip:  # the patch changes nothing before block `skip`
+                continue
             past = cache.layers[i] if cache is not None and cache.layers else None
             x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention, plans[i],
                                         None if taps is None else taps.layers[i])

@@ -213,3 +213,23 @@ def test_patches_on_random_folders_of_the_real_families(family, tmp_path):
         got = run(model, b, patch=Patch(source, [PatchSite(kind, layer, head, positions)])).logits[0].double()
         want, _ = reference(model, b, [(kind, layer, head, positions)], ref_source)
         assert torch.allclose(got, want, atol=1e-4, rtol=0), (family, kind, layer, head, positions)
+
+
+@pytest.mark.parametrize("name", ["learned", "post-norm", "neox", "llama"])
+def test_a_patch_with_its_inputs_own_run_skips_the_blocks_it_does_not_change(name):
+    """With `base` (the recording of the patched input itself) a plain forward starts at the first block a
+    site changes; the logits are those of the whole forward. Asked for more (attention, residuals, a
+    recording, an intervention), the forward runs every block as usual."""
+    model = make(name)
+    source, own = run(model, A, record=True).activations, run(model, B, record=True).activations
+    for sites in ([PatchSite("head", 1, 2)], [PatchSite("resid", 2, positions=(6,))], [PatchSite("mlp", 1, row=1)],
+                  [PatchSite("attn", 1, positions=(4,)), PatchSite("resid", 1, positions=(1,), row=0)]):
+        whole = run(model, [B, B], patch=Patch(source, sites)).logits
+        skipped = run(model, [B, B], patch=Patch(source, sites, base=own)).logits
+        assert torch.allclose(skipped, whole, atol=1e-6, rtol=0), sites
+        full = run(model, [B, B], patch=Patch(source, sites, base=own), return_attention=True, return_residuals=True)
+        assert torch.allclose(full.logits, whole, atol=1e-5, rtol=0)  # the written-out attention path
+        assert len(full.attentions) == model.cfg.n_layers and len(full.residuals) == model.cfg.n_layers + 1
+    # a base of the wrong length is refused like a source
+    with pytest.raises(ValueError, match="base run has 5 positions"):
+        run(model, B, patch=Patch(source, [PatchSite("head", 1, 2)], base=run(model, B[:5], record=True).activations))
