@@ -203,3 +203,15 @@ def draw_matrices(session, layer, head, query, key, request: gr.Request = None):
                                    width_px=_width(session, 1.0))
     name = file_name(model_stem(data["model"]), f"L{data['layer']}H{data['head']}", "matrices")
     return to_plot(viz.with_filename(fig, name))
+
+
+@handler(rate="export")
+def download_cell(session, fmt, layer, head, query, key, request: gr.Request = None):
+    """The cell's numbers (q, k, v, the row's softmax and the rest, each with its formula) as CSV or JSON."""
+    if fmt not in ("csv", "json"):
+        raise UserError("The format must be csv or json.")
+    if query is None or key is None:
+        raise UserError("Open a cell first: click a cell of the attention, or use the selected token.")
+    exp = lab_inside.cell_export(session.text, session.probe, layer, head, query, key)
+    data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
+    return str(session.save_file(exp.name, f".{fmt}", data))

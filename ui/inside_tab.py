@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from .common import RAW, message_plot
-from .inside import CLOSED, draw_matrices, open_panel, pick_cell, selected_token
+from .inside import CLOSED, download_cell, draw_matrices, open_panel, pick_cell, selected_token
 
 ROW_HINT = ("Each figure names its formula; hover any bar or cell for its numbers. Columns: "
             "**1** what the head reads, **2** the query and the key, **3** their dot product; "
@@ -49,7 +49,12 @@ def build_inside_section(views: dict) -> SimpleNamespace:
             with gr.Column(min_width=300):
                 s.plots += [gr.Plot(message_plot(""), show_label=False, elem_id=f"inside_{name}")
                             for name in ("softmax", "values", "heads")]
-        s.table = gr.Markdown("", elem_id="inside_numbers")
+        with gr.Row(equal_height=True):
+            s.table = gr.Markdown("", elem_id="inside_numbers")
+            with gr.Column(min_width=240, scale=0):
+                s.fmt = gr.Radio(["csv", "json"], value="csv", label="The cell's numbers as", elem_id="inside_fmt")
+                s.download = gr.Button("Download the cell's numbers", elem_id="inside_download")
+                s.file = gr.File(label="Numbers", elem_id="inside_file", interactive=False, height=90)
         with gr.Accordion("The whole head as matrices: Q, K, V and QKᵀ", open=False,
                           elem_id="inside_matrices_section") as s.matrices_panel:
             s.matrices = gr.Plot(message_plot(MATRICES_NOTE), show_label=False, elem_id="inside_matrices")
@@ -77,6 +82,7 @@ def bind_inside_section(ses: gr.State, s: SimpleNamespace) -> None:
     s.pick.click(pick_cell, [ses, s.cell], [s.panel, *drawn],
                  js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.cell : ''; return a; }",
                  **quiet).then(**matrices)
+    s.download.click(download_cell, [ses, s.fmt, *numbers], s.file, **quiet)
     s.matrices_panel.expand(None, None, s.matrices_open, js="() => true").then(
         draw_matrices, [ses, *numbers], s.matrices, **quiet)
     s.matrices_panel.collapse(None, None, s.matrices_open, js="() => false")

@@ -26,7 +26,7 @@ import numpy as np
 
 from ._common import (
     DIVERGING, FONT, GRID_GREY, PRESENTATION_FONT_PX, ROW_OUTLINE, SEQUENTIAL, TRANSPARENT, colorscale, esc,
-    hatch_image, hover_label, short_token, wrapped,
+    hatch_image, hover_label, short_token, title_y, wrapped,
 )
 from .payload import FigureSpec
 
@@ -58,12 +58,13 @@ def _layout(title: str, subtitle: str, height: int, presentation: bool, width_px
     subtitle = wrapped(subtitle, (width - 20) / tick) if subtitle else ""
     lines = title.count("<br>") + 1 + (subtitle.count("<br>") + 1 if subtitle else 0)
     margin = {**margin, "t": margin.get("t", 0) + math.ceil(10 + lines * 1.35 * max(tick, title_px))}
-    title_dict = {"text": title, "x": 0.01, "xanchor": "left", "y": 1, "yanchor": "top", "yref": "container",
-                  "pad": {"t": 8}, "font": {"size": title_px}}
+    height = height + margin["t"] + margin["b"]
+    title_dict = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, title_px, title), "yanchor": "top",
+                  "yref": "container", "font": {"size": title_px}}
     if subtitle:
         title_dict["subtitle"] = {"text": subtitle, "font": {"size": tick}}
     return {"template": "none", "font": {**FONT, "size": tick}, "paper_bgcolor": TRANSPARENT,
-            "plot_bgcolor": TRANSPARENT, "height": height + margin["t"] + margin["b"], "margin": margin,
+            "plot_bgcolor": TRANSPARENT, "height": height, "margin": margin,
             "title": title_dict, "hoverlabel": hover_label(18 if presentation else 12), "meta": meta}
 
 

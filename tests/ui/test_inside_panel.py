@@ -15,7 +15,7 @@ from lab.checks import UserError
 from lab.session import Session
 from model.generate import Sampling
 from ui.explore import frame_spec
-from ui.inside import N_FIGURES, draw_cell, draw_matrices, open_panel, pick_cell, selected_token
+from ui.inside import N_FIGURES, download_cell, draw_cell, draw_matrices, open_panel, pick_cell, selected_token
 
 GRAMMAR = "grammar (built-in)"
 P = "anna found the key . she gave it to tom because he"
@@ -121,3 +121,14 @@ def test_out_of_range_cells_are_refused_and_nothing_changes(session):
         with pytest.raises(UserError):
             draw_cell(session, *args)
     assert session.probe is probe and session.display is display
+
+
+def test_the_cells_numbers_download_holds_q_k_v_and_the_row(session):
+    data = lab_inside.cell(session.text, session.probe, 1, 0, 11, 9)
+    saved = json.loads(open(download_cell(session, "json", 1, 0, 11, 9), encoding="utf-8").read())
+    for name in ("q", "k", "v", "softmax_row", "scores_row"):
+        assert saved[name] == data[name], name
+    table = open(download_cell(session, "csv", 1, 0, 11, 9), encoding="utf-8-sig").read()
+    assert "softmax_row,a_ij = exp(s_ij − m) / Σ_j exp(s_ij − m),9,tom," in table
+    with pytest.raises(Exception, match="Open a cell first"):
+        download_cell(session, "csv", None, None, None, None)
