@@ -15,14 +15,19 @@ Nothing here imports gradio or the session module (the session calls this).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from collections import OrderedDict
 from typing import Protocol
 
 from .limits import WARM_MAX_BYTES
+from .ownmodels import release_freed_memory
 
-__all__ = ["WarmTenant", "WarmTexts", "WARM"]
+__all__ = ["WarmTenant", "WarmTexts", "WARM", "map_large_blocks"]
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MAP_FROM_BYTES = 128 * 1024  # glibc's own starting threshold, kept from then on
 
 
 class WarmTenant(Protocol):
@@ -85,9 +90,15 @@ class WarmTexts:
                 if o is not owner:
                     asked.append((k, o))
                     over -= n
+        cooled = False
         for k, o in asked:  # outside the lock: a session's cool_text tells its memory budget
             if o.cool_text():
                 self._told(k, o, o.text.heavy_nbytes())
+                cooled = True
+        if cooled:
+            # glibc keeps what the texts freed for later allocations of its own (in each thread's arena, and
+            # at sizes its moving mmap threshold no longer maps): hand it back, or the bound saves nothing
+            release_freed_memory()
 
     def _told(self, k: int, owner, nbytes: int) -> None:
         """What a cooled session holds now, keeping its place in the order."""
@@ -105,6 +116,20 @@ class WarmTexts:
             entry = self._held.get(id(owner))
             if entry is not None and entry[0]() is owner:
                 del self._held[id(owner)]
+
+
+def map_large_blocks(threshold: int = MAP_FROM_BYTES) -> None:
+    """Have glibc map every block of `threshold` bytes or more on its own, and give it back when freed.
+
+    By default glibc raises that threshold to the largest block freed so far, and then serves blocks
+    below it from its heaps, where what a cooled text frees stays as fragments that later blocks seldom
+    fit: the bound on warm texts would then save little (bench/RESULTS.md, issue 28). The app's start
+    calls this (not an import: it changes the whole process). A no-op where the C library is not glibc.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
+    except (OSError, AttributeError):
+        pass
 
 
 # The server's own store (one process, one store).
