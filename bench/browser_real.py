@@ -16,6 +16,10 @@ answer read by the page (the app's event stream, read through fetch: the time th
 loopback took), `tokens` the click to the new tokens on screen, `drawn` the click to the painted figure;
 `drawn − reply` is the page's part (gradio's update and Plotly's draw), of which `plotly_react` is the
 time inside Plotly.react for the attention (and `plotly_react_calls` how many times it ran per click).
+`cpu_ms` is the CPU time the served app (its process tree) and Chromium (every process the benchmark
+started but the app) used from the click to the drawn figure: the work itself, which a loaded machine
+stretches less than it stretches the wall clock. Each click waits 1.5 s after the one before, so what a
+click sets off after its figure (the chart, the head tools) is not counted in the next.
 
     python -m bench.browser_real [--rounds 9] [--tokens 64]
 
@@ -37,6 +41,7 @@ from tests.support.browser import Page
 from tests.support.server import CHROMIUM, CHROMIUM_ARGS, AppServer
 
 TARGET_MS = 400.0
+SETTLE_S = 1.5  # after a click, what it set off besides the attention (the chart, the head tools) finishes
 # the attention figure on screen (gradio mounts a new one per update; one drawn but not displayed is skipped)
 PLOT = "Array.from(document.querySelectorAll('#attention .js-plotly-plot')).find(g => g.offsetParent !== null)"
 
@@ -127,6 +132,35 @@ def set_prompt(p: Page, text: str) -> None:
     time.sleep(0.3)  # the textbox's change reaches gradio's state before the click reads it
 
 
+def process_tree(root: int) -> set[int]:
+    """`root` and every process below it (from /proc)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        parent[int(stat.parent.name)] = int(fields[1])
+    tree, grown = {root}, True
+    while grown:
+        more = {pid for pid, ppid in parent.items() if ppid in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return tree
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """User + system CPU time these processes have used so far (those still running)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def measure(server: AppServer, folder: Path, rounds: int, t: int) -> dict:
     from playwright.sync_api import sync_playwright
 
@@ -136,6 +170,7 @@ def measure(server: AppServer, folder: Path, rounds: int, t: int) -> dict:
     rows = {k: [] for k in ("first", "next", "page")}
     parts = {f"{k}_{part}": [] for k in rows for part in ("reply", "tokens", "plotly_react")}
     calls = {k: set() for k in rows}  # how many times Plotly.react drew the attention per click
+    cpu = {f"{k}_{side}": [] for k in rows for side in ("server", "browser")}  # CPU time used from click to drawn
     timeouts = 0
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -152,17 +187,25 @@ def measure(server: AppServer, folder: Path, rounds: int, t: int) -> dict:
         texts = prompts(folder, t, rounds + 1)
         for r, text in enumerate(texts):  # the first round warms the model and the page up
             set_prompt(p, text)
-            got = {}
+            got, used = {}, {}
             for kind, button, n, heads in (("first", "#step", t + 1, first_page), ("next", "#step", t + 2, first_page),
                                            ("page", "#next_head", t + 2, second_page)):
+                server_tree = process_tree(server.proc.pid)
+                browser_tree = process_tree(os.getpid()) - server_tree - {os.getpid()}
+                before = cpu_seconds(server_tree), cpu_seconds(browser_tree)
                 got[kind] = p.page.evaluate(CLICK, [button, n, heads, 120_000 if r == 0 else 30_000])
+                used[kind] = cpu_seconds(server_tree) - before[0], cpu_seconds(browser_tree) - before[1]
+                time.sleep(SETTLE_S)
             p.page.evaluate(CLICK, ["#next_head", t + 2, first_page, 30_000])  # back to heads 0–5
+            time.sleep(SETTLE_S)
             if r == 0:
                 continue
             for kind, (drawn, tokens, reply, draws, draw_ms) in got.items():
                 timeouts += drawn < 0
                 parts[f"{kind}_plotly_react"].append(draw_ms / 1000)
                 calls[kind].add(draws)
+                cpu[f"{kind}_server"].append(used[kind][0])
+                cpu[f"{kind}_browser"].append(used[kind][1])
                 if drawn >= 0:
                     rows[kind].append(drawn / 1000)
                 if reply >= 0:
@@ -175,6 +218,7 @@ def measure(server: AppServer, folder: Path, rounds: int, t: int) -> dict:
     ms = {k: summary(v) for k, v in rows.items()}
     return dict(click_to_drawn_ms=ms, parts_ms={k: summary(v) for k, v in parts.items() if v},
                 plotly_react_calls={k: sorted(v) for k, v in calls.items()},
+                cpu_ms={k: summary(v) for k, v in cpu.items()},
                 met={k: ms[k].get("median", 1e9) <= TARGET_MS for k in ("first", "next")},
                 target_ms=TARGET_MS, timeouts=timeouts, console_errors=console[:5], browser="chromium " + version)
 
