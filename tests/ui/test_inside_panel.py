@@ -132,3 +132,32 @@ def test_the_cells_numbers_download_holds_q_k_v_and_the_row(session):
     assert "softmax_row,a_ij = exp(s_ij − m) / Σ_j exp(s_ij − m),9,tom," in table
     with pytest.raises(Exception, match="Open a cell first"):
         download_cell(session, "csv", None, None, None, None)
+
+
+@pytest.mark.parametrize("name", ["sort digits (built-in)", "copy / induction (built-in)", "article toy (built-in)",
+                                  "shakespeare (built-in)"])
+def test_every_built_in_draws_its_last_layers_cell(name):
+    s = Session()
+    entry = s.entry_for(name)
+    s.step(name, entry.examples[0], Sampling(temperature=0.0))
+    layer = entry.model.cfg.n_layers - 1
+    header, table, *rest = draw_cell(s, layer, 0, None, None)
+    data = lab_inside.cell(s.text, s.probe, layer, 0)
+    assert rest[N_FIGURES:] == [layer, 0, data["query"], data["key"]] and data["query"] == len(data["tokens"]) - 1
+    assert f"{data['weight']:.4f}" in header and f"{data['dot']:.4f}" in table
+    heads = figure(rest[5])
+    assert len(arr(heads["data"][0]["x"])) == entry.model.cfg.n_heads + (data["out_bias"] is not None)
+
+
+def test_a_rotary_model_shows_its_rotary_step():
+    s = Session()
+    for progress in s.train("grammar", "", None, "word", 1, 2, 32, 64, "rope", "pre", "gelu", 0.0, 3, 3e-3, 0):
+        pass
+    assert progress.done
+    s.step(progress.run.name, P, Sampling(temperature=0.0))
+    data = lab_inside.cell(s.text, s.probe, 0, 1, 11, 2)
+    header, table, *rest = draw_cell(s, 0, 1, 11, 2)
+    qk = figure(rest[1])
+    assert np.allclose(arr(qk["data"][0]["z"]), [data["q_raw"], data["k_raw"], data["q"], data["k"]])
+    assert "rotary" in qk["layout"]["title"]["text"] and "rotary" in table
+    assert not np.allclose(data["q_raw"], data["q"])  # position 11 turns the query
