@@ -28,6 +28,7 @@ from lab.limits import (
 from lab.models import DEFAULT_MODEL
 from lab.session import SESSIONS, Session
 from lab.sessionstore import SessionKey
+from lab.warm import map_large_blocks
 from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
@@ -37,6 +38,7 @@ from ui.http import RefuseMalformedCalls
 from ui.inside_api import bind_inside_api
 from ui.inside_tab import bind_inside_section
 from ui.patch_api import bind_patch_api
+from ui.patching import bind_patching
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
@@ -87,6 +89,7 @@ def build_demo() -> gr.Blocks:
         bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
         bind_patch_api(ses)
         bind_inside_section(ses, explore["inside"])  # page-only events: after every endpoint
+        bind_patching(ses, explore["heads"])  # page-only events too
     return demo
 
 
@@ -109,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> list:
 
 def main(argv: list[str] | None = None) -> None:
     EXTERNAL.configure(parse_args(argv))  # loaded on first use, not here
+    map_large_blocks()  # memory that cooled texts free goes back to the system (lab/warm.py)
     logging.basicConfig(level=logging.INFO)
     for chatty in ("httpx", "httpcore", "urllib3"):  # one line per request of gradio's own start-up checks
         logging.getLogger(chatty).setLevel(logging.WARNING)

@@ -42,7 +42,8 @@ DIRECTION_LABELS = {"denoising": "denoising: A into B", "noising": "noising: B i
 METRIC_LABELS = {"logit_diff": "logit difference", "prob": "probability"}
 NO_SWEEP = "Choose the answer tokens and press Run patching."
 NO_HEAD = "Click a head's cell in the map above to see its attention on both prompts."
-SHOW_BEST = 3  # cells outlined and named in the summary
+SHOW_BEST = 3  # cells named in the summary (and outlined, from the second on only where they move BEST_SHARE)
+BEST_SHARE = 0.1
 DEFAULT_ANSWERS = {"grammar (built-in)": ("her", "him")}  # the first grammar pair continues with her / him
 # The answer tokens that tell the minimal pairs' continuations apart (ui/heads.py PAIRS), A's first.
 PAIR_ANSWERS = {
@@ -57,7 +58,7 @@ _LAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def direction_help() -> str:
     """One line per direction: what it runs and what its 1 means (lab.patching.DIRECTIONS)."""
-    return "  \n".join(f"**{DIRECTION_LABELS[d]}** — {html.escape(patching.DIRECTIONS[d], quote=False)}"
+    return "  \n".join(f"**{d.capitalize()}**, {html.escape(patching.DIRECTIONS[d], quote=False)}"
                        for d in patching.DIRECTIONS)
 
 
@@ -124,6 +125,12 @@ def best_line(result: patching.PatchResult) -> str:
     return line
 
 
+def best_cells(result: patching.PatchResult) -> list[tuple[int, int]]:
+    """The cells outlined as the best: the best one, and the next ones while they move a tenth or more."""
+    top = result.best(SHOW_BEST)
+    return [(r, c) for k, (r, c, v) in enumerate(top) if k == 0 or v >= BEST_SHARE]
+
+
 def ends(direction: str) -> tuple[str, str]:
     """What the metric equals at share 0 and at share 1: B's run and A's when denoising, A's and B's when noising."""
     return ("B", "A") if direction == "denoising" else ("A", "B")
@@ -139,7 +146,7 @@ def patch_figure(session, result: patching.PatchResult, selected: tuple[int, int
              f"{result.value_name.replace('A→B', s.metric.difference_name)}")
     fig = patching_map(result.values, kind="heads" if heads else "positions",
                        columns=None if heads else s.aligned_tokens(), rows=result.rows, metric=result.metric,
-                       ends=ends(result.direction), best=[(r, c) for r, c, _ in result.best(SHOW_BEST)],
+                       ends=ends(result.direction), best=best_cells(result),
                        selected=selected, title=title, presentation=session.display.presentation,
                        width_px=width_for(session), scale_title=f"share {result.value_name.split()[-1]}")
     return to_plot(named(fig, model_stem(s.entry.name), "patching", result.what, result.direction))

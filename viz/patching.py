@@ -52,6 +52,7 @@ from .payload import FigureSpec
 PATCH_KINDS = ("heads", "positions")
 NOT_RUN = "–"  # a cell the sweep did not reach
 _SELECT_INSET = 0.47
+NARROW_PX = 480  # `head_on_two_prompts` laid out narrower than this puts B under A
 
 
 def _percent(value: float) -> str:
@@ -283,7 +284,8 @@ def head_on_two_prompts(
     """One head's attention weights on prompt A and on prompt B, side by side on one scale (0–1).
 
     weights_a, weights_b: (T, T) each, over the same positions; tokens: T labels ("a→b" where the
-    prompts differ). Drawn by viz.panels like the attention grid (rows = queries); causal: the future
+    prompts differ). Drawn by viz.panels like the attention grid (rows = queries; under `NARROW_PX`
+    wide, B under A); causal: the future
     cells are hatched. Both panels name [layer, head] in layout.meta.panels. Raises ValueError for
     inconsistent shapes.
     """
@@ -306,7 +308,7 @@ def head_on_two_prompts(
     masked = np.broadcast_to(masked_cells(values, causal_mask(t) if causal else None), values.shape)
     default = f"L{int(layer)}H{int(head)}: attention weights on prompt A and on prompt B"
     return panels_figure(
-        values, masked, tokens, ncols=2, panels=[(int(layer), int(head))] * 2, panel_titles=["prompt A", "prompt B"],
+        values, masked, tokens, ncols=1 if width_px < NARROW_PX else 2, panels=[(int(layer), int(head))] * 2, panel_titles=["prompt A", "prompt B"],
         row_titles=None, kind="weights", title=title_text(title, default), width_px=width_px,
         max_height_px=max_height_px, focus=GRID_LABEL_LIMIT, presentation=presentation,
     )

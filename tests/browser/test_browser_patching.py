@@ -19,13 +19,20 @@ from lab import patching
 from lab.session import Session
 from tests.support.browser import Page
 from tests.support.explore_page import open_page, step, wait_picture
-from tests.support.heads_page import GRAMMAR, click_cell, greedy, head_tab, plot_title, text, wait_text, wait_title
+from tests.support.heads_page import GRAMMAR, click_cell, greedy, plot_title, text, wait_text, wait_title
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 A = "anna found the key . she gave it to tom because he asked"  # the Compare tab's first pair, its default
 B = "tom found the key . he gave it to anna because she asked"
 N_TOKENS = 13  # the Explore prompt after one Step
+OPEN_FROM_MENU = """name => {
+  if (document.querySelector('#patch_run')?.offsetParent) return true;
+  const entry = [...document.querySelectorAll('#head_tools .overflow-dropdown button')]
+    .find(b => b.innerText.trim() === name && b.getBoundingClientRect().height > 0);
+  if (entry) entry.click(); else document.querySelector("#head_tools button[aria-label='More tabs']")?.click();
+  return false;
+}"""
 PATCHING_PART = ["#patching", "#patch_map", "#patch_head", "#patch_run", "#patch_stop"]
 
 
@@ -36,7 +43,13 @@ def local(what: str = "heads", direction: str = "denoising") -> patching.PatchRe
 def open_compare(p: Page) -> None:
     greedy(p)
     step(p, N_TOKENS)
-    head_tab(p, "Compare A / B")
+    tab = p.page.locator("#head_tools").get_by_role("tab", name="Compare A / B")
+    if tab.is_visible():
+        tab.click()
+    else:  # on a narrow window the tab sits in the "More tabs" menu, which a redraw of the tools may close:
+        # open it and choose the tab until the tab shows
+        p.page.wait_for_function(OPEN_FROM_MENU, arg="Compare A / B", polling=500, timeout=60_000)
+    p.page.locator("#patch_run").wait_for(state="visible", timeout=30_000)
     p.page.locator("#patch_run").scroll_into_view_if_needed()
 
 
@@ -66,6 +79,7 @@ def both_themes(p: Page, path: str) -> None:
         p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=10_000)
         p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         if dark:
+            p.page.locator("#patch_map").scroll_into_view_if_needed()
             p.page.screenshot(path=path + "-dark.png")
 
 
@@ -114,7 +128,7 @@ def test_position_sweep_names_the_tokens_and_refusals_change_nothing(app_server,
         open_compare(p)
         p.choose("patch_what", patching.SWEEPS["attn"])
         p.page.locator("#patch_direction label", has_text="noising: B into A").click()
-        run_sweep(p, "Noising · attention output")
+        run_sweep(p, "Noising: B into A")
         r = local("attn", "noising")
         assert r.summary() in wait_text(p, "#patch_note", "makes")
         np.testing.assert_allclose(shown_values(p), r.values, atol=1e-5)

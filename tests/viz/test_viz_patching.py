@@ -162,3 +162,12 @@ def test_head_on_two_prompts_rejects_bad_input():
         head_on_two_prompts(np.ones((2, 3)), w, list("abc"), layer=0, head=0, causal=True)
     with pytest.raises(ValueError, match="head"):
         head_on_two_prompts(w, w, list("abc"), layer=0, head=-1, causal=True)
+
+
+def test_head_on_two_prompts_puts_b_under_a_on_a_phone():
+    w = np.tril(np.ones((5, 5)))
+    w /= w.sum(-1, keepdims=True)
+    for width, side_by_side in ((720, True), (390, False)):
+        layout = sent(head_on_two_prompts(w, w, list("abcde"), layer=1, head=0, causal=True, width_px=width))["layout"]
+        a, b = (layout["xaxis" + p["xaxis"][1:]]["domain"] for p in layout["meta"]["panels"])
+        assert (a[1] <= b[0]) == side_by_side and (a == b) != side_by_side, width
