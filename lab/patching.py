@@ -347,7 +347,7 @@ def run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, wh
     """A session's sweep (one at a time per session; `stop_sweep` ends it): checks everything and
     reserves its memory in the server's budget before the first batch, then `sweep_steps`."""
     entry = session.entry_for(model_name)
-    check_choice("what to patch", what, SWEEPS)
+    grid(entry, check_choice("what to patch", what, SWEEPS), 1)  # a sweep the model cannot run is refused first
     check_choice("direction", direction, DIRECTIONS)
     with _LOCK:
         if session in _RUNNING:
@@ -355,8 +355,13 @@ def run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, wh
         stop = _RUNNING[session] = threading.Event()
     try:
         setup = prepare(entry, prompt_a, prompt_b, metric, answer, other)
-        with MODEL_BUDGET.borrow(session, sweep_bytes(entry, len(setup.ids_a))):
-            yield from sweep_steps(setup, what, direction, stop)
+        nbytes = sweep_bytes(entry, len(setup.ids_a))
+        try:
+            with MODEL_BUDGET.borrow(session, nbytes):
+                yield from sweep_steps(setup, what, direction, stop)
+        except UserError as exc:  # only the budget refuses past the checks above
+            raise UserError(f"A patching sweep on this model needs {nbytes / 2**20:,.1f} MB of memory while it "
+                            f"runs. {exc}") from None
     finally:
         with _LOCK:
             _RUNNING.pop(session, None)
