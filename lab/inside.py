@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from model.inside import CellWork, HeadWork, inside_cell, inside_head, run_forward, value_weighted
+from model.inside import CellWork, HeadWork, inside_cell, inside_head, layer_inputs, run_forward, value_weighted
 from model.interventions import Intervention
 from model.transformer import ForwardOutput
 
@@ -63,33 +63,54 @@ def _num(x) -> float | None:
 @dataclass
 class _Kept:
     key: tuple
-    out: ForwardOutput
+    value: object
 
 
 class _Memo:
-    """The last forward of each text, held only as long as the text itself (weakly keyed)."""
+    """What a text's cells share, held only as long as the text itself (weakly keyed) and only while its
+    window (and the settings) stay: the forward under the head tools' settings, and the residual inputs
+    of the layers carried up from the decoder's cache."""
 
     def __init__(self) -> None:
-        self._kept: weakref.WeakKeyDictionary[Text, _Kept] = weakref.WeakKeyDictionary()
+        self._forwards: weakref.WeakKeyDictionary[Text, _Kept] = weakref.WeakKeyDictionary()
+        self._inputs: weakref.WeakKeyDictionary[Text, _Kept] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+
+    def _get(self, table, text: Text, key: tuple):
+        with self._lock:
+            kept = table.get(text)
+        return kept.value if kept is not None and kept.key == key else None
+
+    def _put(self, table, text: Text, key: tuple, value, size: int) -> None:
+        with self._lock:
+            if size <= MEMO_BYTES:
+                table[text] = _Kept(key, value)
+            else:
+                table.pop(text, None)
 
     def forward(self, text: Text, iv: Intervention | None) -> ForwardOutput:
         d = text.decoder
         key = (id(text.entry), id(d), tuple(d.window), iv)
-        with self._lock:
-            kept = self._kept.get(text)
-        if kept is not None and kept.key == key:
-            return kept.out
-        out = run_forward(text.entry.model, d.window, iv)
-        size = sum(t.numel() * t.element_size() for t in (*out.residuals, *out.attentions))
-        # logits and scores are not needed here: only residuals and attention are kept
-        out = ForwardOutput(logits=out.logits[:, -1:], attentions=out.attentions, residuals=out.residuals)
-        with self._lock:
-            if size <= MEMO_BYTES:
-                self._kept[text] = _Kept(key, out)
-            else:
-                self._kept.pop(text, None)
+        out = self._get(self._forwards, text, key)
+        if out is None:
+            out = run_forward(text.entry.model, d.window, iv)
+            # logits and scores are not needed here: only residuals and attention are kept
+            out = ForwardOutput(logits=out.logits[:, -1:], attentions=out.attentions, residuals=out.residuals)
+            size = sum(t.numel() * t.element_size() for t in (*out.residuals, *out.attentions))
+            self._put(self._forwards, text, key, out, size)
         return out
+
+    def inputs(self, text: Text, layer: int) -> list:
+        """The residual input of layers 0..layer at every position (model.inside.layer_inputs), carried
+        up from the decoder's cache once per window and kept, so a text's next cells rebuild one layer."""
+        d = text.decoder
+        key = (id(text.entry), id(d), tuple(d.window))
+        known = self._get(self._inputs, text, key)
+        if known is not None and len(known) > layer:
+            return known
+        xs = layer_inputs(text.entry.model, d.window, layer, d.cache, d.attention, known)
+        self._put(self._inputs, text, key, xs, sum(x.numel() * x.element_size() for x in xs))
+        return xs
 
 
 MEMO = _Memo()
@@ -190,14 +211,14 @@ ROWS = ("scores_row", "exp_row", "softmax_row", "used_row")
 SCALARS = ("dot", "scale", "score", "row_max", "exp_sum", "weight", "used_weight")
 
 
-def _source(text: Text, iv: Intervention | None) -> dict:
+def _source(text: Text, iv: Intervention | None, layer: int) -> dict:
     """Where the numbers come from: the decoder's key/value cache and attention (the text as it was
     computed; only the rows needed run again), or, under the head tools' settings or when the decoder
     holds no cache, a forward over the window with them (kept for the text)."""
     d, cfg = text.decoder, text.entry.model.cfg
     cache = getattr(d, "cache", None)
     if iv is None and cache is not None and cache.length == len(d.window) and len(d.attention) == cfg.n_layers:
-        return {"cache": cache, "attention": d.attention}
+        return {"cache": cache, "attention": d.attention, "inputs": MEMO.inputs(text, layer)}
     return {"intervention": iv, "forward": MEMO.forward(text, iv)}
 
 
@@ -213,7 +234,7 @@ def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None)
     T = len(text.decoder.window)
     key = None if key is None else check_int("key position", key, 0, T - 1)
     iv, changes = _changes(text, settings)
-    source = _source(text, iv)
+    source = _source(text, iv, layer)
     if key is None:  # the key the query gives the largest share
         weights = source["attention"][layer] if "cache" in source else source["forward"].attentions[layer][0].float().numpy()
         key = int(np.argmax(weights[head, query]))
@@ -272,7 +293,7 @@ def head(text: Text, settings: ProbeSettings, layer, head) -> dict:
     masked, the softmax, the rows used, and value-weighted attention ‖a_ij v_j W_O‖."""
     layer, head = _layer_head(text, layer, head)
     iv, changes = _changes(text, settings)
-    w: HeadWork = inside_head(text.entry.model, text.decoder.window, layer, head, **_source(text, iv))
+    w: HeadWork = inside_head(text.entry.model, text.decoder.window, layer, head, **_source(text, iv, layer))
     data = _base(text, "inside attention head", layer, head)
     data.update({"kv_head": w.kv_head, "scale": w.scale, "model_facts": _facts(text, layer),
                  "active": {**changes, "ablation": w.ablation, "edited_rows": w.edited_rows},
@@ -288,7 +309,7 @@ def layer_value_weighted(text: Text, settings: ProbeSettings, layer) -> dict:
     n_layers, _, _ = _shape(text)
     layer = check_int("layer", layer, 0, n_layers - 1)
     iv, changes = _changes(text, settings)
-    vw = value_weighted(text.entry.model, text.decoder.window, layer, **_source(text, iv))
+    vw = value_weighted(text.entry.model, text.decoder.window, layer, **_source(text, iv, layer))
     data = _base(text, "value-weighted attention", layer, None)
     data.pop("head_label")
     data.update({"active": changes, "value_weighted": _list(vw)})

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .inside_types import CellWork, HeadWork
 from .interventions import Intervention, LayerPlan
 from .transformer import DecoderLM, ForwardOutput, KVCache, apply_rope, causal_mask
 
@@ -30,125 +31,6 @@ REBUILD_TOL = 1e-5  # largest difference allowed between the rebuilt weights and
 
 class RebuildMismatch(RuntimeError):
     """The attention rebuilt here differs from the forward's: a bug, never a person's mistake."""
-
-
-@dataclass
-class CellWork:
-    """One attention cell (layer, head, query i, key j) worked through; arrays are float64 numpy
-    copies of the model's own (float32) numbers. C = d_model, hs = head_dim, T = tokens.
-
-    kv_head: the key/value head read (grouped-query attention). norm: "pre" (attention reads norm1(x)),
-    "post" or "none" (it reads x); norm_kind; parallel: GPT-NeoX's parallel residual. x_i, x_j (C,): the
-    layer's residual input at i and j; xn_i, xn_j (C,): what the attention reads. q_raw (hs,) = W_Q x̂_i
-    + b_Q, k_raw (hs,) = W_K x̂_j + b_K before the rotary step; q, k after it (equal without rotary);
-    rotary_dims of the hs dimensions turn; rope_cos_i/sin_i, rope_cos_j/sin_j (rotary_dims/2,): the
-    rotation of positions i and j (None without rotary).
-    products (hs,) = q[d] * k[d]; dot = Σ_d products; scale: 1/√hs, or 1 for unscaled models
-    (scale_kind "none"); score = dot × scale, the cell's scaled score (before the mask).
-    allowed (T,): the keys the mask lets query i see (j ≤ i, inside a local window); masked: j is
-    not allowed (its score is -inf, its weight 0). scores_row (T,): s_i, -inf where masked;
-    row_max = max_j s_ij; exp_row (T,) = exp(s_ij - row_max) (0 where masked); exp_sum = Σ_j
-    exp_row; softmax_row (T,) = exp_row / exp_sum; weight = softmax_row[j].
-    used_row (T,): the row that multiplied V (softmax_row unless row_source is "uniform" (an
-    ablation), "edit: uniform" or "edit: key k"); used_weight = used_row[j].
-    v (T, hs): v_j = W_V x̂_j + b_V of every key; weighted (hs,) = Σ_j used_row[j] v_j.
-    ablation: None, "zero", "mean" or "uniform" (this head); head_value (hs,): what the head passed on
-    (weighted, 0 when zeroed, its mean over the text's positions when mean-ablated).
-    w_o (C, hs): the head's columns of W_O (None without an output projection: the value sits in the
-    head's own dimensions). head_out (C,): the head's addition to the residual of token i; out_bias:
-    b_O or None; heads_out (H, C): every head's addition at i; attn_out (C,) = Σ_h heads_out + b_O;
-    residual_after (C,) = x_i + attn_out (post-norm then normalises; parallel adds the MLP too).
-    """
-
-    layer: int
-    head: int
-    query: int
-    key: int
-    kv_head: int
-    n_heads: int
-    kv_heads: int
-    head_dim: int
-    norm: str
-    norm_kind: str
-    parallel: bool
-    x_i: np.ndarray
-    x_j: np.ndarray
-    xn_i: np.ndarray
-    xn_j: np.ndarray
-    q_raw: np.ndarray
-    k_raw: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    rotary: bool
-    rotary_dims: int
-    rotary_fraction: float
-    rope_cos_i: np.ndarray | None
-    rope_sin_i: np.ndarray | None
-    rope_cos_j: np.ndarray | None
-    rope_sin_j: np.ndarray | None
-    products: np.ndarray
-    dot: float
-    scale: float
-    scale_kind: str
-    score: float
-    allowed: np.ndarray
-    masked: bool
-    scores_row: np.ndarray
-    row_max: float
-    exp_row: np.ndarray
-    exp_sum: float
-    softmax_row: np.ndarray
-    weight: float
-    used_row: np.ndarray
-    used_weight: float
-    row_source: str
-    v: np.ndarray
-    weighted: np.ndarray
-    ablation: str | None
-    head_value: np.ndarray
-    w_o: np.ndarray | None
-    head_out: np.ndarray
-    out_bias: np.ndarray | None
-    heads_out: np.ndarray
-    attn_out: np.ndarray
-    residual_after: np.ndarray
-
-
-@dataclass
-class HeadWork:
-    """One head of one layer as matrices (T tokens, hs = head_dim); float64 copies of the model's numbers.
-
-    q_raw, k_raw (T, hs): before the rotary step; q, k (T, hs): after it (what the dot products
-    use); v (T, hs). kv_head: the key/value head read (grouped-query attention). raw (T, T) = q kᵀ;
-    scaled = raw × scale; masked = scaled with -inf where the mask forbids (allowed (T, T) is False);
-    weights = softmax(masked) row by row; used (T, T): the rows that multiplied V (weights unless
-    the head is made uniform or a row is edited; `edited_rows` lists the edited queries).
-    value_norms (T,) = ‖v_j W_Oᵀ‖ (‖v_j‖ without an output projection); value_weighted (T, T) =
-    ‖a_ij v_j W_O‖ = used_ij × value_norms[j], what key j moves query i's output by (0 for a
-    zeroed head; for a mean-ablated head every row is the mean over queries of that).
-    """
-
-    layer: int
-    head: int
-    kv_head: int
-    scale: float
-    scale_kind: str
-    rotary: bool
-    ablation: str | None
-    edited_rows: list[int]
-    q_raw: np.ndarray
-    k_raw: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    raw: np.ndarray
-    scaled: np.ndarray
-    allowed: np.ndarray
-    masked: np.ndarray
-    weights: np.ndarray
-    used: np.ndarray
-    value_norms: np.ndarray
-    value_weighted: np.ndarray
 
 
 @dataclass
@@ -276,28 +158,56 @@ def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], k: t
 
 
 def _cached(model: DecoderLM, ids: torch.Tensor, layer: int, positions: list[int], cache: KVCache,
-            attention) -> _Layer:
+            attention, inputs: list[torch.Tensor] | None = None) -> _Layer:
     """Layer `layer` at `positions` from the key/value cache of the forward over `ids`, without running
     the whole text again: the positions' residual streams are carried up through the blocks below
-    `layer` (each block's own norms, projections and MLP; its attention reads every key and value from
-    the cache), and at every layer the rebuilt weights of these rows are checked against `attention`
-    (one (H, T, T) per layer: the weights that forward used; None: not checked)."""
+    `layer` (`_carry`), or taken from `inputs` (`layer_inputs` of every position, already carried);
+    every key and value comes from the cache, and the rebuilt weights of these rows are checked
+    against `attention` (one (H, T, T) per layer: the weights that forward used; None: not checked)."""
     rows = sorted(set(positions))
+    if inputs is not None and len(inputs) > layer:
+        x = inputs[layer][rows]
+    else:
+        x = _carry(model, ids, rows, cache, attention, layer)[layer]
+    kv = cache.layers[layer]
+    return _attend(model, layer, x, rows, kv.k[0], kv.v[0], None, _given(attention, layer, rows))
+
+
+def _given(attention, layer: int, rows: list[int]) -> torch.Tensor | None:
+    return None if attention is None else torch.as_tensor(np.asarray(attention[layer])[:, rows])  # (H, R, T)
+
+
+def _carry(model: DecoderLM, ids: torch.Tensor, rows: list[int], cache: KVCache, attention, upto: int,
+           known: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The residual input (R, C) of layers 0..upto at `rows`: the embedding, then each block as
+    `Block.forward` runs it, its attention reading every key and value from the cache (and checked
+    against `attention`). known: the first layers' inputs, already carried."""
     cfg = model.cfg
     with torch.inference_mode():
-        x = model.tok_emb(ids[0, rows])  # (R, C): the embedding, then the positions, as the forward adds them
-        where = torch.tensor(rows, device=x.device)
-        if cfg.pos_encoding == "learned":
-            x = x + model.pos_emb(where)
-        elif cfg.pos_encoding == "sinusoidal":
-            x = x + model.pe_table[where]
-        for m in range(layer + 1):
-            given = None if attention is None else torch.as_tensor(np.asarray(attention[m])[:, rows])  # (H, R, T)
+        xs = list(known or [])
+        if not xs:
+            x = model.tok_emb(ids[0, rows])  # (R, C): the embedding, then the positions, as the forward adds them
+            where = torch.tensor(rows, device=x.device)
+            if cfg.pos_encoding == "learned":
+                x = x + model.pos_emb(where)
+            elif cfg.pos_encoding == "sinusoidal":
+                x = x + model.pe_table[where]
+            xs.append(x)
+        for m in range(len(xs) - 1, upto):
             kv = cache.layers[m]
-            work = _attend(model, m, x, rows, kv.k[0], kv.v[0], None, given)
-            if m < layer:
-                x = _block_rest(model.blocks[m], x, work.values)
-    return work
+            work = _attend(model, m, xs[m], rows, kv.k[0], kv.v[0], None, _given(attention, m, rows))
+            xs.append(_block_rest(model.blocks[m], xs[m], work.values))
+    return xs
+
+
+def layer_inputs(model: DecoderLM, ids, upto: int, cache: KVCache, attention=None,
+                 known: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The residual input (T, C) of layers 0..upto at every position of `ids`, carried up from the
+    cache of the forward over them (`known`: the first layers', from an earlier call). Pass it as
+    `inputs` to `inside_cell` / `inside_head` / `value_weighted`: then only their own layer is rebuilt."""
+    ids_t = _ids(ids)
+    _check(model, ids_t.shape[1], upto, 0)
+    return _carry(model, ids_t, list(range(ids_t.shape[1])), cache, attention, upto, known)
 
 
 def _block_rest(block, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -374,7 +284,7 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
 
 def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: int,
                 intervention: Intervention | None = None, forward: ForwardOutput | None = None,
-                cache: KVCache | None = None, attention=None) -> CellWork:
+                cache: KVCache | None = None, attention=None, inputs: list[torch.Tensor] | None = None) -> CellWork:
     """Cell (query, key) of head `head` in layer `layer`, worked through for the forward over `ids`.
 
     forward: that forward's output if it was already run (it must hold `residuals`, from
@@ -382,23 +292,25 @@ def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: i
     when present, is what the rebuilt weights are checked against. cache (no intervention): the
     key/value cache of the forward over exactly `ids` (a Decoder's), with `attention`, its weights
     (one (H, T, T) per layer), to check against: then only the query's and the key's tokens are run
-    (after the cached keys before them), not the whole text. A key after the query (masked) is
+    (after the cached keys before them), not the whole text; with `inputs` (`layer_inputs`), only
+    this layer is rebuilt. A key after the query (masked) is
     allowed: its dot product exists, its score is -inf and its weight 0.
     """
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, head, query, key)
-    work = _work(model, ids_t, layer, intervention, forward, cache, attention, [query, key])
+    work = _work(model, ids_t, layer, intervention, forward, cache, attention, [query, key], inputs)
     return _cell(model, work, layer, head, query, key)
 
 
 def _work(model: DecoderLM, ids: torch.Tensor, layer: int, intervention: Intervention | None,
-          forward: ForwardOutput | None, cache: KVCache | None, attention, positions: list[int] | None) -> _Layer:
+          forward: ForwardOutput | None, cache: KVCache | None, attention, positions: list[int] | None,
+          inputs: list[torch.Tensor] | None) -> _Layer:
     """The layer rebuilt from the cache (no intervention; at `positions`, None: all) or from a forward."""
     T = ids.shape[1]
     if cache is not None and (intervention is None or intervention.is_empty) and forward is None:
         if cache.length != T:
             raise ValueError(f"the cache holds {cache.length} positions, not the {T} of these ids")
-        return _cached(model, ids, layer, list(range(T)) if positions is None else positions, cache, attention)
+        return _cached(model, ids, layer, list(range(T)) if positions is None else positions, cache, attention, inputs)
     return _rebuild(model, _forward(model, ids, intervention, forward), layer, intervention)
 
 
@@ -462,22 +374,24 @@ def _value_weighted(model: DecoderLM, layer: int, work: _Layer) -> tuple[torch.T
 
 
 def value_weighted(model: DecoderLM, ids, layer: int, intervention: Intervention | None = None,
-                   forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None) -> np.ndarray:
+                   forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None,
+                   inputs: list[torch.Tensor] | None = None) -> np.ndarray:
     """‖a_ij · v_j W_O,h‖ for every head h, query i and key j of `layer`: (H, T, T) float64."""
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, 0)
-    work = _work(model, ids_t, layer, intervention, forward, cache, attention, None)
+    work = _work(model, ids_t, layer, intervention, forward, cache, attention, None, inputs)
     with torch.inference_mode():
         return _np(_value_weighted(model, layer, work)[1])
 
 
 def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Intervention | None = None,
-                forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None) -> HeadWork:
+                forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None,
+                inputs: list[torch.Tensor] | None = None) -> HeadWork:
     """Head `head` of layer `layer` as matrices for the forward over `ids` (`forward`, `cache`: as in
     `inside_cell`; from a cache every position is carried up through the layers below)."""
     ids_t = _ids(ids)
     _check(model, ids_t.shape[1], layer, head)
-    work = _work(model, ids_t, layer, intervention, forward, cache, attention, None)
+    work = _work(model, ids_t, layer, intervention, forward, cache, attention, None, inputs)
     g = kv_head_of(model, head)
     with torch.inference_mode():
         norms, vw = _value_weighted(model, layer, work)

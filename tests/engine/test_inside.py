@@ -20,7 +20,7 @@ import torch
 from lab.models import BUILTINS
 from model.config import ModelConfig
 from model.generate import Decoder, Sampling
-from model.inside import RebuildMismatch, inside_cell, inside_head, run_forward, value_weighted
+from model.inside import RebuildMismatch, inside_cell, inside_head, layer_inputs, run_forward, value_weighted
 from model.interventions import AttentionEdit, Intervention
 from model.transformer import DecoderLM
 from tests.support.inside_ref import reference
@@ -94,7 +94,12 @@ def check_cached(model: DecoderLM, ids) -> None:
     dec = Decoder(model, ids[:-1], Sampling(temperature=0.0))
     dec.step()
     T = len(dec.ids)
+    first = layer_inputs(model, dec.ids, 0, dec.cache, dec.attention)  # carried in two goes: the same
+    inputs = layer_inputs(model, dec.ids, model.cfg.n_layers - 1, dec.cache, dec.attention, known=first)
     for layer, r in enumerate(reference(model, dec.ids)):
+        close(inputs[layer].double().numpy(), r.x, "layer input carried up from the cache")
+        c = inside_cell(model, dec.ids, layer, 0, T - 1, 1, cache=dec.cache, attention=dec.attention, inputs=inputs)
+        check_cell(c, r, 0, T - 1, 1)
         vw = value_weighted(model, dec.ids, layer, cache=dec.cache, attention=dec.attention)
         close(vw, vw_ref(model, layer, r), "value-weighted from the cache")
         for head in range(model.cfg.n_heads):
