@@ -297,10 +297,12 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
     width = width_px or 900
     ncols = 1 if width < 560 else 3
     nrows = math.ceil(len(MATRIX_PANELS) / ncols)
-    gap_x, gap_y = 0.06 if ncols > 1 else 0.0, 0.14 / nrows * 2
+    gap_x = 0.06 if ncols > 1 else 0.0
     panel_h = min(300, max(140, (width - 120) / ncols * 0.8))
+    gap_px = 3.4 * tick  # room for a panel's dimension ticks and the next panel's title
+    plot_h = nrows * panel_h + (nrows - 1) * gap_px
     layout = _layout(f"Layer {layer}, head {head} as matrices", "click an entry to work through its cell · "
-                     "hatched = masked", panel_h * nrows / (1 - gap_y), presentation, width_px,
+                     "hatched = masked", plot_h, presentation, width_px,
                      {"viz": "inside_matrices", "layer": layer, "head": head, "query": query, "key": key,
                       "panels": []}, {"l": int(tick * 5) + 12, "r": 10, "b": 24, "t": int(tick * 1.8)})
     layout.update(annotations=[], shapes=[], images=[])
@@ -311,8 +313,8 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
         sfx = "" if n == 0 else str(n + 1)
         x0 = c * (1 + gap_x) / ncols
         x1 = x0 + (1 - gap_x * (ncols - 1)) / ncols
-        y1 = 1 - r / nrows
-        y0 = y1 - (1 - gap_y) / nrows
+        y1 = 1 - r * (panel_h + gap_px) / plot_h
+        y0 = y1 - panel_h / plot_h
         z = mats[what]
         data.append(_matrix_trace(z, what, rows, labels, sfx, scale))
         layout[f"xaxis{sfx}"] = {"domain": [round(x0, 4), round(min(1.0, x1), 4)], "anchor": f"y{sfx}",
