@@ -86,6 +86,11 @@ def lay_out_patching(h: SimpleNamespace, default_model: str) -> None:
                 h.patch_progress = gr.HTML(progress_html(None), elem_id="patch_progress")
         h.patch_note = gr.Markdown("", elem_id="patch_note")
         h.patch_plot = gr.Plot(message_plot(NO_SWEEP), show_label=False, elem_id="patch_map")
+        with gr.Row(equal_height=True):
+            h.patch_fmt = gr.Radio(["csv", "json"], value="csv", label="The map's numbers as", elem_id="patch_fmt",
+                                   scale=1, min_width=160)
+            h.patch_download = gr.Button("Download the numbers", elem_id="patch_download", scale=1, min_width=160)
+            h.patch_file = gr.File(label="Numbers", elem_id="patch_file", interactive=False, height=90, scale=2)
         h.patch_head_plot = gr.Plot(message_plot(NO_HEAD), show_label=False, elem_id="patch_head")
         h.patch_pick_value = gr.Textbox(visible=False)
         h.patch_pick_btn = gr.Button("pick", elem_id="patch_pick", elem_classes="lab-hidden")
@@ -173,6 +178,19 @@ def run_patching(session, model_name, prompt_a, prompt_b, metric, answer, other,
             yield progress_html(p.done, p.total), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
 
+@handler(rate="export")
+def download_patching(session, fmt, request: gr.Request = None):
+    """The last sweep's numbers, one line per cell (lab.patching.export), as CSV or JSON."""
+    if fmt not in ("csv", "json"):
+        raise UserError("The format must be csv or json.")
+    result = _LAST.get(session)
+    if result is None:
+        raise UserError("Run patching first: the numbers are the map's.")
+    exp = patching.export(result)
+    data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
+    return str(session.save_file(exp.name, f".{fmt}", data))
+
+
 @handler(exclusive=False)  # Stop must not wait for the sweep it stops
 def stop_patching(session, request: gr.Request = None):
     if not patching.stop_sweep(session):
@@ -223,6 +241,8 @@ def bind_patching(ses: gr.State, h: SimpleNamespace) -> None:
                                              h.patch_json],
                       api_name=False, show_progress="hidden", **group)
     h.patch_stop.click(stop_patching, ses, h.patch_progress, api_name=False, queue=False, **RAW)
+    h.patch_download.click(download_patching, [ses, h.patch_fmt], h.patch_file, api_name=False,
+                           show_progress="hidden", **RAW)
     # the page puts "layer,head" in `patch_pick_value` (assets/explore.js)
     h.patch_pick_btn.click(
         open_patched_head, [ses, h.patch_pick_value, h.prompt_a, h.prompt_b, ex["view"]],

@@ -56,15 +56,15 @@ def test_noising_names_its_own_ends_and_scale():
 def test_stop_ends_the_sweep_after_its_batch_and_the_map_says_so():
     s = Session()
     updates = ui_patching.run_patching(s, GRAMMAR, A, B, "logit_diff", "her", "him", "resid", "denoising")
-    first = next(updates)  # the first batch's progress (52 cells, 39 a batch at 13 tokens)
-    assert "39 / 52 patched runs" in first[0]
+    first = next(updates)  # the first batch's progress: the embedding's row, 13 positions, of 4 rows
+    assert "13 / 52 patched runs" in first[0]
     assert "Stopping" in ui_patching.stop_patching(s)
     *_, (progress, note, plot, _, data) = list(updates)
-    assert "stopped: 39 / 52" in progress and "Stopped after 39 of 52" in note
+    assert "stopped: 13 / 52" in progress and "Stopped after 13 of 52" in note
     fig = figure(plot)
     z = decode_array(fig["data"][0]["z"]).astype(np.float64)
-    assert np.isnan(z).sum() == 13 and np.isfinite(z[:3]).all()  # the last row was not computed
-    assert sum(a["text"] == "–" for a in fig["layout"]["annotations"]) == 13
+    assert np.isfinite(z[0]).all() and np.isnan(z[1:]).all()  # only the first row was computed
+    assert sum(a["text"] == "–" for a in fig["layout"]["annotations"]) == 39
     assert data["stopped"] is True
     assert ui_patching.stop_patching(s) == gr.skip()  # nothing runs any more
 
@@ -120,3 +120,19 @@ def test_minimal_pairs_bring_their_answers_and_a_new_model_clears_the_part():
     answer, other, progress, note, *_ = ui_patching.model_switched("sort digits (built-in)")
     assert (answer, other, note) == ("", "", "") and "No sweep yet" in progress
     assert ui_patching.model_switched(GRAMMAR)[:2] == ("her", "him")
+
+
+def test_the_maps_numbers_download_as_csv_and_json():
+    s = Session()
+    with pytest.raises(gr.Error, match="Run patching first"):
+        ui_patching.download_patching(s, "csv")
+    *_, (_, _, _, _, data) = sweep(s)
+    csv_path = ui_patching.download_patching(s, "csv")
+    lines = open(csv_path, encoding="utf-8-sig").read().splitlines()
+    assert lines[0].split(",") == patching.CSV_COLUMNS and len(lines) == 1 + 12
+    cell = next(line.split(",") for line in lines[1:] if line.startswith("heads,denoising,L1,1,0,"))
+    assert float(cell[-1]) == pytest.approx(data["values"][1][0])
+    with open(ui_patching.download_patching(s, "json"), encoding="utf-8") as f:
+        assert json.load(f)["values"] == data["values"]
+    with pytest.raises(gr.Error, match="csv or json"):
+        ui_patching.download_patching(s, "xlsx")
