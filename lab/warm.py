@@ -16,6 +16,7 @@ Nothing here imports gradio or the session module (the session calls this).
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -26,6 +27,7 @@ from .ownmodels import release_freed_memory
 
 __all__ = ["WarmTenant", "WarmTexts", "WARM", "map_large_blocks"]
 
+log = logging.getLogger("decoder_lab")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MAP_FROM_BYTES = 128 * 1024  # glibc's own starting threshold, kept from then on
 
@@ -92,7 +94,12 @@ class WarmTexts:
                     over -= n
         cooled = False
         for k, o in asked:  # outside the lock: a session's cool_text tells its memory budget
-            if o.cool_text():
+            try:
+                gave = o.cool_text()
+            except Exception:  # noqa: BLE001 - another person's text must never fail this one's action
+                log.exception("cooling a text failed")
+                continue
+            if gave:
                 self._told(k, o, o.text.heavy_nbytes())
                 cooled = True
         if cooled:
