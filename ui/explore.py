@@ -31,6 +31,7 @@ from .plots import to_plot
 
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
 NO_PROBS = "Next-token probabilities appear after the first step."
+VALUE_NOTE = " *Colours: ‖a·v W_O‖, how far each key moves the output, not the weight.*"
 OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a token to see where it looks. "
                      "Heads that point one token back or at repeated text are worth finding.")
 
@@ -75,12 +76,20 @@ def caption_markdown(line: str | None) -> str:
     return OWN_MODEL_CAPTION if line is None else html.escape(line, quote=False)
 
 
+def frame_caption(frame: Frame) -> str:
+    """A Frame's line above the attention; with the value-weighted colour, what the colours are."""
+    line = caption_markdown(frame.caption)
+    if frame.colour == "value" and frame.view is not None and frame.view.view != "scores":
+        line += VALUE_NOTE
+    return line
+
+
 def view_caption(session: Session, model_name, layer, head, view) -> str:
     """The line above the attention, true of what it shows."""
     frame = session.frame(layer, head, view)
     if frame.attention is None:
         return caption_markdown(captions.no_text_caption(session.entry_for(model_name), layer, head, view))
-    return caption_markdown(frame.caption)
+    return frame_caption(frame)
 
 
 def probs_chart(p: Probabilities | None, first_token: str | None, presentation: bool, chart_height: int, name: str):
@@ -167,7 +176,7 @@ def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, l
     """`step` without the probability chart, which the page fetches right after the picture."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     frame = session.step(model_name, prompt, sampling, view=(layer, head, view))
-    return session, frame.tokens, frame.status, attention_plot(frame), caption_markdown(frame.caption)
+    return session, frame.tokens, frame.status, attention_plot(frame), frame_caption(frame)
 
 
 @handler(rate="generate")  # no ZeroGPU decorator: generation runs on the CPU (it never touches CUDA)
@@ -298,3 +307,11 @@ def redisplay(session: Session, colour, presentation, screen, layer, head, view)
         head = 0
     return attention_figure(session, layer, head, view) if session.model_name else gr.skip(), \
         probs_figure(session) if session.model_name else gr.skip(), head
+
+
+@handler
+def colour_caption(session, colour, model_name, layer, head, view, request: gr.Request = None):
+    """The colour menu changed: the line above the attention says what the colours are (the colour is set
+    here too, so this answer never depends on `set_display`'s coming first)."""
+    session.set_display(colour, None, None)
+    return view_caption(session, model_name, layer, head, view)

@@ -62,7 +62,8 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
             _lay_out_text(c, first, default)
             _lay_out_share(c)
     c.screen = gr.Textbox(visible=False)
-    inside = build_inside_section({"layer": c.layer, "head": c.head})  # its events are bound last (app.py)
+    inside = build_inside_section({"layer": c.layer, "head": c.head, "view": c.view, "model": c.model_dd,
+                                   "colour": c.colour, "caption": c.caption})  # its events are bound last (app.py)
     heads_section = gr.Column(elem_id="heads_section")
 
     api_example(c.prompt, default.examples[0])

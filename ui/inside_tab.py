@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from .common import RAW, message_plot
+from .explore import colour_caption
 from .inside import CLOSED, download_cell, draw_matrices, open_panel, pick_cell, selected_token
 
 ROW_HINT = ("Each figure names its formula; hover any bar or cell for its numbers. Columns: "
@@ -29,7 +30,7 @@ MATRICES_NOTE = "Open this to see the head's Q, K, V and QKᵀ; a click on an en
 def build_inside_section(views: dict) -> SimpleNamespace:
     """Lay out the panel (call inside the Explore tab, under its main row). `views`: the Explore's
     Layer and Head menus (the panel starts from the head they show)."""
-    s = SimpleNamespace(view_layer=views["layer"], view_head=views["head"])
+    s = SimpleNamespace(view_layer=views["layer"], view_head=views["head"], views=views)
     with gr.Accordion("Inside one cell: how an attention weight is computed", open=False,
                       elem_id="inside") as s.panel:
         with gr.Row(elem_id="inside_controls", equal_height=True):
@@ -83,6 +84,10 @@ def bind_inside_section(ses: gr.State, s: SimpleNamespace) -> None:
                  js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.cell : ''; return a; }",
                  **quiet).then(**matrices)
     s.download.click(download_cell, [ses, s.fmt, *numbers], s.file, **quiet)
+    # the line above the attention says what the colour menu's colours are (value-weighted or weights)
+    v = s.views
+    v["colour"].change(colour_caption, [ses, v["colour"], v["model"], v["layer"], v["head"], v["view"]], v["caption"],
+                       **quiet)
     s.matrices_panel.expand(None, None, s.matrices_open, js="() => true").then(
         draw_matrices, [ses, *numbers], s.matrices, **quiet)
     s.matrices_panel.collapse(None, None, s.matrices_open, js="() => false")

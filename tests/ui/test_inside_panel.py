@@ -14,7 +14,7 @@ from lab import inside as lab_inside
 from lab.checks import UserError
 from lab.session import Session
 from model.generate import Sampling
-from ui.explore import frame_spec
+from ui.explore import colour_caption, frame_spec
 from ui.inside import N_FIGURES, download_cell, draw_cell, draw_matrices, open_panel, pick_cell, selected_token
 
 GRAMMAR = "grammar (built-in)"
@@ -161,3 +161,16 @@ def test_a_rotary_model_shows_its_rotary_step():
     assert np.allclose(arr(qk["data"][0]["z"]), [data["q_raw"], data["k_raw"], data["q"], data["k"]])
     assert "rotary" in qk["layout"]["title"]["text"] and "rotary" in table
     assert not np.allclose(data["q_raw"], data["q"])  # position 11 turns the query
+
+
+def test_the_caption_says_what_the_value_weighted_colours_are(session):
+    try:
+        line = colour_caption(session, "value", GRAMMAR, 1, 0, "weights")
+        assert "Colours: ‖a·v W_O‖" in line and 'the row of "he"' in line
+        assert "‖a·v W_O‖" not in colour_caption(session, "value", GRAMMAR, 1, 0, "scores")
+        assert "‖a·v W_O‖" not in colour_caption(session, "linear", GRAMMAR, 1, 0, "weights")
+        with pytest.raises(Exception, match="colour"):
+            colour_caption(session, "rainbow", GRAMMAR, 1, 0, "weights")
+        assert session.display.colour == "linear"  # a refused colour changes nothing
+    finally:
+        session.set_display("linear", None, None)
