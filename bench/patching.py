@@ -9,6 +9,10 @@
   16-token prompts of that tokenizer, the layer × head sweep (144 patched runs), metric the logit
   difference of A's and B's most likely next tokens. Target ≤ 10 s. Also the residual-stream sweep
   (13 × 16 = 208 runs), without a target, and the sweep at other batch sizes (--batch-tokens).
+* arithmetic: the floating-point operations of that sweep as it is batched (each batch from its layer
+  on, the last position read out) and this CPU's float32 rate on a matmul of the feed-forward's shape,
+  measured in the same run: their quotient is the time no float32 implementation of these forwards
+  on this CPU can beat, whatever the machine's load does to the wall clock.
 
     python -m bench.patching [--reps 5] [--batch-tokens 256,512,1024] [--skip gpt2]
 
@@ -62,6 +66,36 @@ def grammar(reps: int) -> None:
          cpu=cpu_model(), threads=torch.get_num_threads())
 
 
+def sweep_flops(entry, what: str, T: int) -> float:
+    """Floating-point operations of a sweep as lab.patching batches it: each batch runs its rows through
+    the blocks from its layer on (2 per multiply-add of the projections, feed-forward and attention)
+    and reads out the last position (the (V, C) head)."""
+    from lab import patching
+
+    cfg = entry.model.cfg
+    C, hs, F = cfg.d_model, cfg.head_dim, cfg.ff_dim
+    proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + C * C + C * F * (3 if cfg.activation == "swiglu" else 2)
+    per_token_block = 2 * proj + 4 * T * cfg.n_heads * hs
+    _, _, sites = patching.grid(entry, what, T)
+    flops = 0.0
+    for start, stop in patching._batches(sites, max(1, patching.BATCH_TOKENS // T)):
+        rows, first = stop - start, sites[start].layer
+        flops += rows * (T * (cfg.n_layers - first) * per_token_block + 2 * C * cfg.vocab_size)
+    return flops
+
+
+def matmul_rate(rows: int, d_model: int) -> float:
+    """This CPU's float32 rate (FLOP/s, current torch threads) on the feed-forward's shape: (rows, C) @ (C, 4C)."""
+    x, w = torch.randn(rows, d_model), torch.randn(d_model, 4 * d_model)
+    x @ w
+    times = []
+    for _ in range(10):
+        with Timer() as t:
+            x @ w
+        times.append(t.s)
+    return 2 * rows * d_model * 4 * d_model / sorted(times)[len(times) // 2]
+
+
 def gpt2_entry(folder: Path):
     from bench.real_app import build_gpt2
     from lab.models import ModelEntry
@@ -86,6 +120,9 @@ def gpt2(reps: int, batch_tokens: list[int]) -> None:
         y = int(lb.topk(2).indices[1])
     answer, other = entry.pieces[x], entry.pieces[y]
     default = patching.BATCH_TOKENS
+    flops, rate = sweep_flops(entry, "heads", T_GPT2), matmul_rate(12 * T_GPT2, entry.model.cfg.d_model)
+    emit("patching_gpt2_arithmetic", gflop_heads_sweep=round(flops / 1e9, 1), gflop_per_s=round(rate / 1e9, 1),
+         floor_s=round(flops / rate, 2), cpu=cpu_model(), threads=torch.get_num_threads())
     for bt in batch_tokens:
         out = timed(lambda: patching.prepare(entry, a, b, "logit_diff", answer, other),
                     lambda s: patching.sweep(s, "heads", "denoising", batch_tokens=bt), reps)
