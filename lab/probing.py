@@ -24,7 +24,7 @@ import torch
 
 from model.generate import Decoder, Sampling, generate
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
-from model.transformer import KVCache, LayerCache, logit_lens
+from model.transformer import KVCache, LayerCache, read_out_rows
 
 from .checks import UserError, check_choice, check_int
 from .display import check_head
@@ -185,19 +185,18 @@ class Lens:
 
 
 def lens_readout(text: Text, index=None) -> Lens:
-    """What the model would predict after `index` (default: the selected token) if it stopped
-    after each layer: the residual stream through the final norm and the output head
-    (model.transformer.logit_lens)."""
+    """What the model would predict after `index` (default: the selected token) if it stopped after
+    each layer: the residual stream through the final norm and the output head (read_out_rows)."""
     need_text(text)
     index = position(text, index)
     d, entry = text.decoder, text.entry
     streams, own = streams_at(d, index)
     with torch.inference_mode():
-        # every stream but the last, read out as one (1, L, C) batch: one pass over the output head
+        # every stream but the last, read out as one (L, C) batch: one pass over the output head
         # (GPT-2's is 154 MB; a pass per layer and position took a second); the last row is the
         # forward's own logits there
-        rows = torch.cat(streams[:-1], dim=1)  # (1, L, C)
-        logits = torch.cat([logit_lens(entry.model, [rows])[0, 0], own]).cpu()  # (L + 1, V)
+        rows = torch.cat(streams[:-1], dim=1)[0]  # (L, C)
+        logits = torch.cat([read_out_rows(entry.model, rows), own]).cpu()  # (L + 1, V)
     probs = torch.softmax(used_rows(logits.double(), entry), dim=-1).numpy()
     labels = ["embedding"] + [f"after layer {i}" for i in range(len(streams) - 1)]
     return Lens(probs, labels, list(entry.pieces), index, entry.tokenizer.piece(d.window[index]))
@@ -205,20 +204,21 @@ def lens_readout(text: Text, index=None) -> Lens:
 
 def streams_at(d: Decoder, index: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The residual streams at window position `index` (n_layers + 1 of shape (1, 1, C)) and the
-    logits there (1, V), as the text's decoder computes them (its model, its intervention).
+    logits there (1, V), as the text's decoder computed or computes them (its model, its intervention).
 
-    Under the causal mask a position sees only the tokens up to it, whose keys and values the text's
-    cache holds: the token alone runs against the cache cut before it (views, never changed), as a
-    Step runs its new token and on the same attention path, so at the newest token the last row is
-    the distribution the Step drew from, bit for bit. Without a cache that fits the window
-    (bidirectional mask, mean ablation, a cache dropped) the whole window runs."""
+    The newest token's are the ones its Step (or the window's prefill) kept, with the logits it drew
+    from. Under the causal mask an earlier position sees only the tokens up to it, whose keys and
+    values the text's cache holds: the token alone runs against the cache cut before it (views, never
+    changed). Without a cache that fits the window (bidirectional mask, mean ablation, a cooled text)
+    the whole window runs."""
     model, cache, iv = d.model, d.cache, d.intervention
+    if index == len(d.window) - 1 and d.streams is not None:
+        return list(d.streams), d.logits[None]
     with torch.inference_mode():
         if d.use_cache and cache is not None and cache.length == len(d.window):
             past = KVCache([LayerCache(c.k[:, :, :index], c.v[:, :, :index]) for c in cache.layers])
-            out = model(torch.tensor([[d.window[index]]], device=d.device), return_attention=d.capture_attention,
-                        cache=past, intervention=None if iv is None else iv.within(d.start, index, index + 1),
-                        return_residuals=True)
+            out = model(torch.tensor([[d.window[index]]], device=d.device), cache=past, return_residuals=True,
+                        intervention=None if iv is None else iv.within(d.start, index, index + 1))
             return list(out.residuals), out.logits[:, 0]
         out = model(torch.tensor([d.window], device=d.device), return_residuals=True,
                     intervention=None if iv is None else iv.within(d.start, 0, len(d.window)))

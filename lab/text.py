@@ -117,9 +117,9 @@ def sampling_record(s: Sampling) -> list:
 def text_bytes(entry: ModelEntry, tokens: int) -> int:
     """Bytes a warm text of `tokens` tokens on this model will hold: the attention and scores of its
     window, (layers, heads, T, T) float32 each with the room the decoder keeps for rows to come, the
-    keys and values its cache keeps for the window, the next-token logits, and for every token the two
-    distributions kept and the sampler's state (over the model's rows, padded ones included: GPT-2's
-    50,257 are 0.38 MB a token).
+    keys and values its cache keeps for the window, the next-token logits and the last token's residual
+    streams (the logit lens reads them), and for every token the two distributions kept and the
+    sampler's state (over the model's rows, padded ones included: GPT-2's 50,257 are 0.38 MB a token).
 
     GPT-2 small (12 layers × 12 heads, d_model 768) at T = 64: 10.1 MB of attention and scores (room
     for 96 rows), 4.5 MB of cache (MB = 2**20 bytes, as the budget's sentences count)."""
@@ -129,7 +129,8 @@ def text_bytes(entry: ModelEntry, tokens: int) -> int:
     cache = 2 * cfg.n_layers * cfg.kv_heads * window * cfg.head_dim * 4  # keys and values (B, Hkv, T, hs)
     vocab = max(cfg.vocab_size, entry.tokenizer.vocab_size)
     per_token = 2 * vocab * 4 + SAMPLER_STATE_BYTES
-    return 2 * cfg.n_layers * cfg.n_heads * t * t * 4 + cache + vocab * 4 + per_token * tokens
+    streams = (cfg.n_layers + 1) * cfg.d_model * 4
+    return 2 * cfg.n_layers * cfg.n_heads * t * t * 4 + cache + vocab * 4 + streams + per_token * tokens
 
 
 def kept(step: Step) -> bool:

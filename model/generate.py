@@ -161,9 +161,12 @@ class Decoder:
         ids = torch.tensor([self.window], device=self.device)  # (1, T)
         # only the last position's logits are read out: the next token is all a Step samples
         out = self.model(ids, return_attention=self.capture_attention, cache=KVCache([]) if self.use_cache else None,
-                         intervention=self._intervention(0, ids.shape[1]), logits="last")
+                         intervention=self._intervention(0, ids.shape[1]), logits="last", return_residuals=True)
         self.cache = out.cache
         self.logits = out.logits[0, -1]  # (V,) for the token after the window
+        # the last token's residual streams, (1, 1, C) each, copied out of the (1, T, C) ones: the logit lens
+        # reads the newest token from them without running the model again
+        self.streams = tuple(r[:, -1:].clone() for r in out.residuals)
         # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer, each inside a buffer with room
         # for more rows (see _Grown)
         cap = rows_held(ids.shape[1], self.block_size)
@@ -179,11 +182,12 @@ class Decoder:
 
     @property
     def warm_nbytes(self) -> int:
-        """Bytes `cool` gives up: the attention and scores, the cache's keys and values and the next-token
-        logits (with the storage they are a view of)."""
+        """Bytes `cool` gives up: the attention and scores, the cache's keys and values, the next-token
+        logits and the last token's residual streams (with the storage they are a view of)."""
         tensors = [t for c in (self.cache.layers if self.cache is not None else []) for t in (c.k, c.v)]
+        tensors += [*([] if self.logits is None else [self.logits]), *(self.streams or ())]
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()  # each storage once: a view
-                    for t in [*tensors, *([] if self.logits is None else [self.logits])]}  # keeps all of it
+                    for t in tensors}  # keeps all of it
         return self.attention_nbytes + sum(storages.values())
 
     @property
@@ -195,7 +199,7 @@ class Decoder:
         """Drop what a prefill of the window computes again: the key/value cache, the next-token logits,
         the attention and the scores. The tokens, the sampler's state and its history for undo stay, so
         the text goes on exactly where it was. `rewarm` computes them again."""
-        self.cache, self.logits = None, None
+        self.cache, self.logits, self.streams = None, None, None
         self._attention, self._scores, self.attention, self.scores = [], [], [], []
 
     def rewarm(self) -> None:
@@ -258,8 +262,8 @@ class Decoder:
             # matrices grow by one row and one masked column.
             T = len(self.ids) - self.start
             out = self.model(torch.tensor([[token]], device=self.device), return_attention=self.capture_attention,
-                             cache=self.cache, intervention=self._intervention(T - 1, T))
-            self.cache, self.logits = out.cache, out.logits[0, -1]
+                             cache=self.cache, intervention=self._intervention(T - 1, T), return_residuals=True)
+            self.cache, self.logits, self.streams = out.cache, out.logits[0, -1], out.residuals
             rows = [a[0].float().cpu().numpy().copy() for a in out.attentions] if out.attentions else []  # (H, 1, T)
             self.attention = [g.grow(r, self.block_size) for g, r in zip(self._attention, rows)]
             # Without capture there are no new rows and zip() leaves both lists empty, so scores

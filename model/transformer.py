@@ -470,6 +470,18 @@ class DecoderLM(nn.Module):
         return pe, None
 
 
+def read_out_rows(model: DecoderLM, rows: torch.Tensor) -> torch.Tensor:
+    """The model's final norm and output head on a few residual streams: rows (n, C) -> logits (n, V).
+
+    The product of `DecoderLM.read_out`, written (V, C) @ (C, n): for a handful of rows a CPU's
+    float32 matmul runs this shape about twice as fast as the forward's (n, C) @ (C, V), over
+    GPT-2's 50,257 x 768 head (bench/RESULTS.md, issue 28). The same sums, rounded in another
+    order: within about 1e-6 of `read_out`'s.
+    """
+    logits = (model.head.weight @ model.norm_f(rows).T).T  # (n, V)
+    return logits if model.head.bias is None else logits + model.head.bias
+
+
 def logit_lens(model: DecoderLM, residuals: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
     """Logits read out of each residual stream: (len(residuals), B, T, V).
 

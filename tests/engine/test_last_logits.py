@@ -1,11 +1,13 @@
-"""`DecoderLM.forward(logits="last")` reads out the last position only: the same numbers as the
-whole readout's last row (float32 rounds a product of another shape a few units of its last place
-apart: 1e-6 absolute and relative), with
-everything else the forward returns unchanged, for the built-in checkpoints and a model of each
-imported family; the decoder's prefill, which samples from that row, uses it."""
+"""`DecoderLM.forward(logits="last")` reads out the last position only, and `read_out_rows` reads a few
+residual streams with the head's weight on the left: the same numbers as the forward's own readout
+(float32 rounds a product of another shape a few units of its last place apart: 1e-6 absolute and
+relative), with everything else the forward returns unchanged, for the built-in checkpoints and a
+model of each imported family. The decoder's prefill samples from that last row and keeps the last
+token's residual streams (the logit lens reads the newest token from them), as its Steps do."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ from model.checkpoint import load_checkpoint
 from model.families import open_folder
 from model.generate import Decoder
 from model.interventions import AttentionEdit, Intervention
-from model.transformer import KVCache
+from model.generate import Sampling, generate
+from model.transformer import KVCache, read_out_rows
 from tests.support.families import PROMPTS, save_reference, sharpen
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -60,11 +63,26 @@ def check_last(model, ids: list[int]) -> None:
         assert torch.equal(b.cache.layers[-1].k, a.cache.layers[-1].k)
         fused = model(x, logits="last").logits
         torch.testing.assert_close(fused[:, 0], model(x).logits[:, -1], atol=TOL, rtol=TOL)
-        one = model(x[:1], return_attention=True)
-    # a decoder's first logits (what its first Step samples from) are the whole forward's last row
-    dec = Decoder(model, ids)
+        # a few residual streams through the final norm and the head, the head's weight on the left
+        rows = torch.cat([r[0, -1:] for r in full.residuals])  # (L + 1, C)
+        torch.testing.assert_close(read_out_rows(model, rows), model.read_out(rows[None])[0], atol=TOL, rtol=TOL)
+        one = model(x[:1], return_attention=True, return_residuals=True)
+    # a decoder's first logits (what its first Step samples from) are the whole forward's last row, and it
+    # keeps that row's residual streams
+    dec = Decoder(model, ids, Sampling(temperature=0.0))
     torch.testing.assert_close(dec.logits, one.logits[0, -1], atol=TOL, rtol=TOL)
     assert all(torch.equal(torch.from_numpy(a.copy()), b[0]) for a, b in zip(dec.attention, one.attentions))
+    assert all(torch.equal(a, b[:, -1:]) for a, b in zip(dec.streams, one.residuals))
+    # after a Step through the cache: the new token's streams, as a forward over the whole text has them
+    # (in float64, where the two orders of the same sums agree far below any wrong position or token)
+    exact = copy.deepcopy(model).double()
+    dec = Decoder(exact, ids, Sampling(temperature=0.0))
+    next(generate(dec, 1))
+    with torch.inference_mode():
+        again = exact(torch.tensor([dec.window]), return_residuals=True)
+    assert len(dec.streams) == L + 1
+    for a, b in zip(dec.streams, again.residuals):
+        torch.testing.assert_close(a, b[:, -1:], atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("name", list(BUILTIN_MODELS))

@@ -36,11 +36,13 @@ def test_a_gpt2_small_text_reserves_its_attention_cache_and_50k_distributions():
     distributions = 2 * GPT2_VOCAB * 4 * 64  # before and after sampling, per token
     logits = GPT2_VOCAB * 4  # the next token's, float32
     sampler = 5056 * 64  # the sampler's state kept for undo (torch's CPU generator), per token
-    assert rows == 96 and text_bytes(entry, 64) == attention + cache + distributions + logits + sampler == 41_591_620
+    streams = 13 * 768 * 4  # the last token's residual streams (embedding and 12 blocks), for the logit lens
+    total = attention + cache + distributions + logits + streams + sampler
+    assert rows == 96 and text_bytes(entry, 64) == total == 41_631_556
     # a vocabulary padded past the tokenizer's (nanoGPT's 50,304) is counted by the model's rows
     padded = ModelConfig(vocab_size=50_304, block_size=1024, n_layers=12, n_heads=12, d_model=768)
     entry.model.cfg = padded
-    assert text_bytes(entry, 64) == attention + cache + 2 * 50_304 * 4 * 64 + 50_304 * 4 + sampler
+    assert text_bytes(entry, 64) == attention + cache + 2 * 50_304 * 4 * 64 + 50_304 * 4 + streams + sampler
 
 
 @pytest.fixture(scope="module")

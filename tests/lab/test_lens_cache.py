@@ -1,10 +1,11 @@
-"""The logit lens read from the text's key/value cache (lab.probing.streams_at).
+"""The logit lens read from what the text's decoder keeps (lab.probing.streams_at).
 
 Each row of the lens is the residual stream at the chosen position through the model's final norm
 and head. Here it is held to a float64 by-hand forward over the whole window (tests/support/by_hand),
 on a RoPE and a learned-position model, with no intervention, with heads ablated and rows edited,
-before and after the window slid. A hook on the token embedding tells which path ran: the one token
-against the cache, or the whole window where no cache fits (mean ablation, a bidirectional mask).
+before and after the window slid. A hook on the token embedding tells which path ran: none for the
+newest token (its Step kept its streams), the one token against the key/value cache for an earlier
+one, or the whole window where no cache fits (mean ablation, a bidirectional mask, a cooled text).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def test_lens_from_the_cache_is_the_by_hand_readout(pe, name, steps):
     T = len(d.window)
     for index in (0, 1, T // 2, T - 2, T - 1):
         probs, seen = tokens_run(t, index)
-        assert seen == ([1] if cached else [T])  # the token alone against the cache, else the window
+        assert seen == ([] if index == T - 1 else [1] if cached else [T])  # kept, the token alone, the window
         np.testing.assert_allclose(probs, expect[:, index], atol=ATOL, rtol=0)
         # the tolerance tells positions apart: the neighbour's readout is far from this one's
         other = expect[:, index - 1] if index else expect[:, 1]
@@ -119,13 +120,20 @@ def test_the_intervention_moves_the_lens(name):
 
 
 @pytest.mark.parametrize("capture", [True, False])
-def test_at_the_newest_token_the_last_row_is_what_the_step_drew_from(capture):
-    """The token runs on the path its Step ran (the written-out attention while attention is captured,
-    the fused kernel otherwise) against the same keys and values: the same logits, bit for bit."""
-    t = text_of(entry_of("learned", seed=1), INTERVENTIONS["zero and a one-hot row"], 3, capture)
+@pytest.mark.parametrize("then", ["step", "undo", "slide", "mean"])
+def test_at_the_newest_token_the_last_row_is_what_the_step_drew_from(capture, then):
+    """The newest token's streams and logits are the ones its Step kept (through the cache, or a prefill
+    of the window after an Undo, a slide, under mean ablation): the lens runs nothing and its last row
+    is the distribution the next token is drawn from, bit for bit."""
+    iv = INTERVENTIONS["mean" if then == "mean" else "zero and a one-hot row"]
+    t = text_of(entry_of("learned", seed=1), iv, 10 if then == "slide" else 3, capture)
     d = t.decoder
-    lens = probing.lens_readout(t, len(d.window) - 1)
-    assert np.array_equal(lens.probs[-1], torch.softmax(d.logits.double(), -1).numpy())  # bit for bit
+    if then == "undo":
+        assert d.undo()
+    probs, seen = tokens_run(t, len(d.window) - 1)
+    assert seen == []
+    assert np.array_equal(probs[-1], torch.softmax(d.logits.double(), -1).numpy())
+    np.testing.assert_allclose(probs, reference(t)[:, -1], atol=ATOL, rtol=0)
 
 
 def test_a_bidirectional_model_runs_the_whole_window():
@@ -136,12 +144,15 @@ def test_a_bidirectional_model_runs_the_whole_window():
     np.testing.assert_allclose(probs, reference(t)[:, 4], atol=ATOL, rtol=0)
 
 
-def test_a_dropped_cache_runs_the_whole_window():
-    """A text whose cache is gone (or no longer fits its window) is read from a whole-window forward."""
+def test_a_cooled_text_runs_the_whole_window():
+    """A decoder that gave up its cache and kept streams (Decoder.cool) is read from a whole-window forward."""
     t = text_of(entry_of("rope"), INTERVENTIONS["zero and a one-hot row"], 3)
-    with_cache = probing.lens_readout(t, 5).probs
-    t.decoder.cache = None
-    probs, seen = tokens_run(t, 5)
-    assert seen == [len(t.decoder.window)]
-    np.testing.assert_allclose(probs, with_cache, atol=ATOL, rtol=0)
-    np.testing.assert_allclose(probs, reference(t)[:, 5], atol=ATOL, rtol=0)
+    T = len(t.decoder.window)
+    warm = [probing.lens_readout(t, i).probs for i in (5, T - 1)]
+    t.decoder.cool()
+    expect = reference(t)
+    for index, before in zip((5, T - 1), warm):
+        probs, seen = tokens_run(t, index)
+        assert seen == [T]
+        np.testing.assert_allclose(probs, before, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(probs, expect[:, index], atol=ATOL, rtol=0)

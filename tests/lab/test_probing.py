@@ -174,14 +174,14 @@ def test_lens_last_row_is_the_models_own_distribution(variant):
         with torch.inference_mode():
             logits = model(window(s)).logits[0, index]
         own = torch.softmax(logits.double(), -1).numpy()
-        if s.decoder.use_cache:
-            # the token runs against the text's cache (tests/lab/test_lens_cache.py): the whole window's
-            # forward adds the same numbers in another order; at the newest token the last row is, bit
-            # for bit, the distribution its Step drew from
+        # the newest token's row is, bit for bit, the distribution its Step drew from; an earlier one comes
+        # from the token run against the text's cache (tests/lab/test_lens_cache.py), the same sums as
+        # the whole window's in another order, or for a bidirectional model from exactly that forward
+        if index == newest:
+            assert np.array_equal(lens.probs[-1], torch.softmax(s.decoder.logits.double(), -1).numpy())
+        if s.decoder.use_cache or index == newest:
             np.testing.assert_allclose(lens.probs[-1], own, atol=1e-6, rtol=0)
-            if index == newest:
-                assert np.array_equal(lens.probs[-1], torch.softmax(s.decoder.logits.double(), -1).numpy())
-        else:  # a bidirectional model runs its whole window: exactly that forward
+        else:
             assert np.array_equal(lens.probs[-1], own)
         assert lens.probs.shape == (model.cfg.n_layers + 1, s.entry.tokenizer.vocab_size)
         np.testing.assert_allclose(lens.probs.sum(-1), 1.0, atol=1e-12)
