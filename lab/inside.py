@@ -100,14 +100,17 @@ class _Memo:
             self._put(self._forwards, text, key, out, size)
         return out
 
-    def inputs(self, text: Text, layer: int) -> list:
+    def inputs(self, text: Text, layer: int, carry: bool = True) -> list | None:
         """The residual input of layers 0..layer at every position (model.inside.layer_inputs), carried
-        up from the decoder's cache once per window and kept, so a text's next cells rebuild one layer."""
+        up from the decoder's cache once per window and kept, so a text's next cells rebuild one layer.
+        carry=False: only what is kept (None when it does not reach `layer`)."""
         d = text.decoder
         key = (id(text.entry), id(d), tuple(d.window))
         known = self._get(self._inputs, text, key)
         if known is not None and len(known) > layer:
             return known
+        if not carry:
+            return None
         xs = layer_inputs(text.entry.model, d.window, layer, d.cache, d.attention, known)
         self._put(self._inputs, text, key, xs, sum(x.numel() * x.element_size() for x in xs))
         return xs
@@ -211,14 +214,15 @@ ROWS = ("scores_row", "exp_row", "softmax_row", "used_row")
 SCALARS = ("dot", "scale", "score", "row_max", "exp_sum", "weight", "used_weight")
 
 
-def _source(text: Text, iv: Intervention | None, layer: int) -> dict:
+def _source(text: Text, iv: Intervention | None, layer: int, rows_only: bool = False) -> dict:
     """Where the numbers come from: the decoder's key/value cache and attention (the text as it was
-    computed; only the rows needed run again), or, under the head tools' settings or when the decoder
-    holds no cache, a forward over the window with them (kept for the text)."""
+    computed: every position's layer inputs carried up once and kept; rows_only: unless they are kept
+    already, only the rows asked for are carried, which is what a first cell costs), or, under the head
+    tools' settings or when the decoder holds no cache, a forward over the window with them (kept)."""
     d, cfg = text.decoder, text.entry.model.cfg
     cache = getattr(d, "cache", None)
     if iv is None and cache is not None and cache.length == len(d.window) and len(d.attention) == cfg.n_layers:
-        return {"cache": cache, "attention": d.attention, "inputs": MEMO.inputs(text, layer)}
+        return {"cache": cache, "attention": d.attention, "inputs": MEMO.inputs(text, layer, carry=not rows_only)}
     return {"intervention": iv, "forward": MEMO.forward(text, iv)}
 
 
@@ -234,7 +238,7 @@ def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None)
     T = len(text.decoder.window)
     key = None if key is None else check_int("key position", key, 0, T - 1)
     iv, changes = _changes(text, settings)
-    source = _source(text, iv, layer)
+    source = _source(text, iv, layer, rows_only=True)
     if key is None:  # the key the query gives the largest share
         weights = source["attention"][layer] if "cache" in source else source["forward"].attentions[layer][0].float().numpy()
         key = int(np.argmax(weights[head, query]))
