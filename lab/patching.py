@@ -27,6 +27,7 @@ heads that each restore 60 % may do it by the same path).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -129,8 +130,8 @@ class PatchSetup:
     metric: Metric
     clean: float  # m_A
     corrupted: float  # m_B
-    source_a: Activations = field(repr=False)
-    source_b: Activations = field(repr=False)
+    source_a: Activations | None = field(repr=False)  # the recorded runs (None in a session's kept result)
+    source_b: Activations | None = field(repr=False)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -358,7 +359,10 @@ def run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, wh
         nbytes = sweep_bytes(entry, len(setup.ids_a))
         try:
             with MODEL_BUDGET.borrow(session, nbytes):
-                yield from sweep_steps(setup, what, direction, stop)
+                for p in sweep_steps(setup, what, direction, stop):
+                    if p.result is not None:  # the recorded runs are the sweep's memory: a kept result drops them
+                        p.result.setup = dataclasses.replace(setup, source_a=None, source_b=None)
+                    yield p
         except UserError as exc:  # only the budget refuses past the checks above
             raise UserError(f"A patching sweep on this model needs {nbytes / 2**20:,.1f} MB of memory while it "
                             f"runs. {exc}") from None

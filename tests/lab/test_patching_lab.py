@@ -183,6 +183,7 @@ def test_progress_stop_and_one_sweep_per_session():
     cells = (3 + 1) * T
     assert seen and all(t == cells for _, t in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert result.done == cells and np.isfinite(result.values).all()
+    assert result.setup.source_a is None and result.setup.source_b is None  # a kept result holds no recorded runs
     held = MODEL_BUDGET.held(session)
     steps = patching.run_steps(session, *args)
     first = next(steps)
