@@ -102,7 +102,7 @@ def test_build_demo_builds_without_launching():
     assert public == {"step", "generate", "undo", "reset", "select_model", "positional", "train", "stop",
                       "upload_model", "film", "head_roles", "logit_lens", "ablate", "edit_attention", "regenerate",
                       "clear_changes", "compare", "export_session", "import_session", "link", "export_numbers",
-                      "export_page", "export_film_page"}
+                      "export_page", "export_film_page", "inside", "patch"}
 
 
 
