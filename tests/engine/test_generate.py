@@ -557,3 +557,29 @@ def test_cli_help_covers_every_flag():
             assert action.help and action.help.strip(), action.option_strings
     assert f"[{TEMPERATURE_RANGE[0]}, {TEMPERATURE_RANGE[1]}]" in text
     assert f"[{TOP_P_RANGE[0]}, {TOP_P_RANGE[1]}]" in text
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9]])  # the second starts cropped
+def test_a_cooled_decoder_computes_its_window_again_and_samples_on_exactly(model, prompt):
+    """Decoder.cool drops the cache, logits, attention and scores; the next use runs the window again: the
+    same numbers within float32 rounding of another batch shape, and the same tokens (the sampler stays)."""
+    s = Sampling(temperature=1.0, seed=4)
+    cooled, plain = Decoder(model, prompt, s), Decoder(model, prompt, s)
+    for _ in range(3):
+        assert cooled.step().token_id == plain.step().token_id
+    held = cooled.warm_nbytes
+    cooled.cool()
+    assert not cooled.warm and cooled.warm_nbytes == 0 < held
+    assert cooled.cache is None and cooled.attention == [] and cooled.scores == []
+    cooled.rewarm()
+    assert cooled.warm and cooled.window == plain.window
+    torch.testing.assert_close(cooled.logits, plain.logits, atol=1e-6, rtol=0)
+    for a, b in zip(cooled.attention + cooled.scores, plain.attention + plain.scores):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)  # -inf where masked, in both
+    for _ in range(4):  # cooled before every Step: each rewarms first
+        cooled.cool()
+        x, y = cooled.step(), plain.step()
+        assert x.token_id == y.token_id and x.sampling == y.sampling == s
+        np.testing.assert_allclose(x.probs, y.probs, atol=1e-6, rtol=0)
+    assert cooled.ids == plain.ids and cooled.undo() and plain.undo()
+    assert cooled.step().token_id == plain.step().token_id  # undo restored the same sampler state
