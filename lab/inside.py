@@ -240,7 +240,7 @@ def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None)
     iv, changes = _changes(text, settings)
     source = _source(text, iv, layer, rows_only=True)
     if key is None:  # the key the query gives the largest share
-        weights = source["attention"][layer] if "cache" in source else source["forward"].attentions[layer][0].float().numpy()
+        weights = source["attention"][layer] if "cache" in source else source["forward"].attentions[layer][0].float().cpu().numpy()
         key = int(np.argmax(weights[head, query]))
     w = inside_cell(text.entry.model, text.decoder.window, layer, head, query, key, **source)
     return cell_dict(text, w, changes)

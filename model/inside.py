@@ -62,16 +62,17 @@ class _Layer:
 def run_forward(model: DecoderLM, ids, intervention: Intervention | None = None) -> ForwardOutput:
     """The forward the numbers come from: residual streams and attention weights of every layer."""
     with torch.inference_mode():
-        return model(_ids(ids), return_attention=True, return_residuals=True, intervention=intervention)
+        return model(_ids(ids, model), return_attention=True, return_residuals=True, intervention=intervention)
 
 
-def _ids(ids) -> torch.Tensor:
+def _ids(ids, model: DecoderLM) -> torch.Tensor:
+    """One sequence of token ids as a (1, T) tensor on the model's device."""
     t = ids if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.long)
     if t.dim() == 1:
         t = t.unsqueeze(0)
     if t.dim() != 2 or t.shape[0] != 1:
         raise ValueError(f"ids must be one sequence of token ids, got shape {tuple(t.shape)}")
-    return t
+    return t.to(model.tok_emb.weight.device)
 
 
 def _forward(model: DecoderLM, ids: torch.Tensor, intervention: Intervention | None,
@@ -151,7 +152,7 @@ def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], k: t
         used = _used_weights(weights, allowed, plan)
         values = _ablated(used @ v_all, plan)  # (H, R, hs)
         if given is not None:
-            diff = float((given.to(used.dtype) - used).abs().max())
+            diff = float((given.to(device=used.device, dtype=used.dtype) - used).abs().max())
             if not diff <= REBUILD_TOL:
                 raise RebuildMismatch(f"layer {layer}: rebuilt attention differs from the forward's by {diff:.3g}")
     return _Layer(rows, x, xn, q_raw, k_raw, q, k, v, raw, scores, allowed, weights, used, values, plan, scale)
@@ -205,7 +206,7 @@ def layer_inputs(model: DecoderLM, ids, upto: int, cache: KVCache, attention=Non
     """The residual input (T, C) of layers 0..upto at every position of `ids`, carried up from the
     cache of the forward over them (`known`: the first layers', from an earlier call). Pass it as
     `inputs` to `inside_cell` / `inside_head` / `value_weighted`: then only their own layer is rebuilt."""
-    ids_t = _ids(ids)
+    ids_t = _ids(ids, model)
     _check(model, ids_t.shape[1], upto, 0)
     return _carry(model, ids_t, list(range(ids_t.shape[1])), cache, attention, upto, known)
 
@@ -296,7 +297,7 @@ def inside_cell(model: DecoderLM, ids, layer: int, head: int, query: int, key: i
     this layer is rebuilt. A key after the query (masked) is
     allowed: its dot product exists, its score is -inf and its weight 0.
     """
-    ids_t = _ids(ids)
+    ids_t = _ids(ids, model)
     _check(model, ids_t.shape[1], layer, head, query, key)
     work = _work(model, ids_t, layer, intervention, forward, cache, attention, [query, key], inputs)
     return _cell(model, work, layer, head, query, key)
@@ -377,7 +378,7 @@ def value_weighted(model: DecoderLM, ids, layer: int, intervention: Intervention
                    forward: ForwardOutput | None = None, cache: KVCache | None = None, attention=None,
                    inputs: list[torch.Tensor] | None = None) -> np.ndarray:
     """‖a_ij · v_j W_O,h‖ for every head h, query i and key j of `layer`: (H, T, T) float64."""
-    ids_t = _ids(ids)
+    ids_t = _ids(ids, model)
     _check(model, ids_t.shape[1], layer, 0)
     work = _work(model, ids_t, layer, intervention, forward, cache, attention, None, inputs)
     with torch.inference_mode():
@@ -389,7 +390,7 @@ def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Inte
                 inputs: list[torch.Tensor] | None = None) -> HeadWork:
     """Head `head` of layer `layer` as matrices for the forward over `ids` (`forward`, `cache`: as in
     `inside_cell`; from a cache every position is carried up through the layers below)."""
-    ids_t = _ids(ids)
+    ids_t = _ids(ids, model)
     _check(model, ids_t.shape[1], layer, head)
     work = _work(model, ids_t, layer, intervention, forward, cache, attention, None, inputs)
     g = kv_head_of(model, head)
