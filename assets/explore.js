@@ -228,7 +228,7 @@
     const panel = meta.panels.find((p) => p.xaxis === (pt.xaxis && pt.xaxis._id) && p.yaxis === (pt.yaxis && pt.yaxis._id));
     if (!panel) return null;
     if (meta.viz === "inside_matrices") {
-      const row = Math.round(Number(pt.y)), col = Math.round(Number(pt.x));
+      const row = posOf(pt.y), col = panel.cols === "key" ? posOf(pt.x) : Math.round(Number(pt.x));
       const q = panel.rows === "query" ? row : meta.query, k = panel.cols === "key" ? col : panel.rows === "key" ? row : meta.key;
       return `${meta.layer},${meta.head},${q},${k}`;
     }

@@ -320,10 +320,12 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
         layout[f"xaxis{sfx}"] = {"domain": [round(x0, 4), round(min(1.0, x1), 4)], "anchor": f"y{sfx}",
                                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
                                  "range": [-0.5, z.shape[1] - 0.5], "tickfont": {"size": tick - 1},
-                                 "showticklabels": cols == "dim"}
+                                 "showticklabels": cols == "dim",
+                                 **({"type": "category", "categoryarray": labels} if cols == "key" else {})}
         layout[f"yaxis{sfx}"] = {"domain": [round(max(0.0, y0), 4), round(y1, 4)], "anchor": f"x{sfx}",
                                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
                                  "range": [t - 0.5, -0.5], "tickmode": "array", "tickvals": list(range(t)),
+                                 "type": "category", "categoryarray": labels,
                                  "ticktext": [short_token(tok, 8) for tok in tokens] if t <= 24 else list(range(t)),
                                  "tickfont": {"size": tick - 1}, "showticklabels": c == 0}
         if what == "scaled":
@@ -347,18 +349,14 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
 
 
 def _matrix_trace(z: np.ndarray, what: str, rows: str, labels: list[str], sfx: str, scale: float) -> dict:
-    """One panel's heatmap: symmetric scale around 0, masked entries left blank (the hatch shows)."""
+    """One panel's heatmap: symmetric scale around 0, masked entries left blank (the hatch shows). Rows
+    (and key columns) are named by their token labels, so the hover reads them without a text per cell."""
     bound = _bound(z)
     formula = {"Q": "q_i[d]", "K": "k_j[d]", "V": "v_j[d]", "raw": "q_i · k_j",
                "scaled": f"(q_i · k_j) × {scale:.4f}", "masked": "s_ij"}[what]
-    hover = []
-    for i in range(z.shape[0]):
-        line = []
-        for j in range(z.shape[1]):
-            where = f"{rows} {labels[i]}, dim {j}" if what in ("Q", "K", "V") else f"query {labels[i]} → key {labels[j]}"
-            value = f"{z[i, j]:.4f}" if np.isfinite(z[i, j]) else "−∞ (masked: key after the query)"
-            line.append(f"{where}<br>{formula} = {value}")
-        hover.append(line)
+    matrix = what in ("Q", "K", "V")
+    where = f"{rows} %{{y}}, dim %{{x}}" if matrix else "query %{y} → key %{x}"
     return {"type": "heatmap", "z": np.where(np.isfinite(z), z, np.nan), "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
+            "y": labels, "x": list(range(z.shape[1])) if matrix else labels,
             "zmin": -bound, "zmax": bound, "colorscale": colorscale(DIVERGING), "showscale": False,
-            "hoverongaps": False, "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
+            "hoverongaps": False, "hovertemplate": f"{where}<br>{formula} = %{{z:.4f}}<extra></extra>"}

@@ -108,7 +108,8 @@ def test_head_matrices_name_what_each_panel_is_for_a_click():
     for trace, m in zip(fig["data"], (q, k, v, raw, scaled, masked)):
         z = arr(trace["z"])
         assert np.allclose(np.where(np.isfinite(m), m, np.nan), z, equal_nan=True)
-    assert "−∞" in fig["data"][5]["hovertext"][0][4]
+    assert fig["data"][5]["y"][4] == '"he" (4)' and "query %{y} → key %{x}<br>s_ij" in fig["data"][5]["hovertemplate"]
+    assert fig["data"][0]["x"] == [0, 1, 2] and "dim %{x}<br>q_i[d]" in fig["data"][0]["hovertemplate"]
     assert len(fig["layout"]["images"]) == 1  # the hatch behind the masked panel only
 
 
