@@ -86,10 +86,10 @@ def lay_out_patching(h: SimpleNamespace, default_model: str) -> None:
                 h.patch_progress = gr.HTML(progress_html(None), elem_id="patch_progress")
         h.patch_note = gr.Markdown("", elem_id="patch_note")
         h.patch_plot = gr.Plot(message_plot(NO_SWEEP), show_label=False, elem_id="patch_map")
-        with gr.Row(equal_height=True):
-            h.patch_fmt = gr.Radio(["csv", "json"], value="csv", label="The map's numbers as", elem_id="patch_fmt",
+        with gr.Accordion("Download the map's numbers", open=False, elem_id="patch_numbers"), gr.Row():
+            h.patch_fmt = gr.Radio(["csv", "json"], value="csv", label="One line per cell, as", elem_id="patch_fmt",
                                    scale=1, min_width=160)
-            h.patch_download = gr.Button("Download the numbers", elem_id="patch_download", scale=1, min_width=160)
+            h.patch_download = gr.Button("Download", elem_id="patch_download", scale=0, min_width=120)
             h.patch_file = gr.File(label="Numbers", elem_id="patch_file", interactive=False, height=90, scale=2)
         h.patch_head_plot = gr.Plot(message_plot(NO_HEAD), show_label=False, elem_id="patch_head")
         h.patch_pick_value = gr.Textbox(visible=False)

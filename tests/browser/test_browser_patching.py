@@ -81,6 +81,11 @@ def both_themes(p: Page, path: str) -> None:
         if dark:
             p.page.locator("#patch_map").scroll_into_view_if_needed()
             p.page.screenshot(path=path + "-dark.png")
+            # a pale cell's number stays dark on a dark page (the page's light figure text is not for cells)
+            fills = p.page.evaluate("() => [...document.querySelectorAll('#patch_map .heatmap-label text')]"
+                                    ".map(t => [t.textContent, getComputedStyle(t).fill])")
+            pale = [fill for label, fill in fills if label == "0%"]
+            assert pale and "rgb(230, 230, 230)" not in pale, fills
 
 
 def test_head_sweep_heatmap_summary_and_a_click_opens_the_head(app_server, browser, shots):
