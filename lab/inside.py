@@ -180,7 +180,8 @@ def formulas(facts: dict) -> dict[str, str]:
     w_o = ("o_i^h = W_O[:, h] · z_i^h (the head's columns of the output projection)" if facts["out_projection"]
            else "o_i^h = z_i^h placed in the head's own dimensions (no output projection)")
     return {
-        "x_i": "x_i: the residual stream entering this layer at the query token", "x_j": "x_j: the same at the key token",
+        "x_i": "x_i: the residual stream entering this layer at the query token",
+        "x_j": "x_j: the same at the key token",
         "xn_i": reads.replace("x̂", "x̂_i").replace("(x)", "(x_i)").replace("= x ", "= x_i ").rstrip(),
         "xn_j": reads.replace("x̂", "x̂_j").replace("(x)", "(x_j)").replace("= x ", "= x_j ").rstrip(),
         "q_raw": f"q_i = W_Q · x̂_i{b}", "k_raw": f"k_j = W_K · x̂_j{bk}", "rotary": rot,
@@ -240,7 +241,10 @@ def cell(text: Text, settings: ProbeSettings, layer, head, query=None, key=None)
     iv, changes = _changes(text, settings)
     source = _source(text, iv, layer, rows_only=True)
     if key is None:  # the key the query gives the largest share
-        weights = source["attention"][layer] if "cache" in source else source["forward"].attentions[layer][0].float().cpu().numpy()
+        if "cache" in source:
+            weights = source["attention"][layer]
+        else:
+            weights = source["forward"].attentions[layer][0].float().cpu().numpy()
         key = int(np.argmax(weights[head, query]))
     w = inside_cell(text.entry.model, text.decoder.window, layer, head, query, key, **source)
     return cell_dict(text, w, changes)

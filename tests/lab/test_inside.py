@@ -210,7 +210,8 @@ def test_the_article_example_on_the_article_toy_model():
     assert s.text.entry.tokenizer.piece(int(np.argmax(logits[5]))) == "exciting"
     assert s.tokens()[6][0] == "exciting"  # the app's greedy Step writes it too
     c = inside.cell(s.text, s.probe, 0, 0, 5, 1)
-    head = torch.tensor(c["residual_after"], dtype=torch.float64) @ model.head.weight.double().T + model.head.bias.double()
+    residual = torch.tensor(c["residual_after"], dtype=torch.float64)
+    head = residual @ model.head.weight.double().T + model.head.bias.double()
     assert s.text.entry.tokenizer.piece(int(head.argmax())) == "exciting"
 
 
