@@ -242,7 +242,8 @@
       gd._labCell = true;
       gd.on("plotly_click", (ev) => {
         const cell = cellFrom(gd, ev), button = document.querySelector("#pick_cell");
-        if (!cell || !button) return;
+        const picking = document.querySelector("#picking input"); // "clicking picks heads" to ablate: not a cell
+        if (!cell || !button || (sel === "#attention" && picking && picking.checked)) return;
         lab.cell = cell;
         lab.insideSig = lab.sig; // the panel shows this cell now, until the text or the token changes
         button.click();
