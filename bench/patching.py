@@ -66,24 +66,6 @@ def grammar(reps: int) -> None:
          cpu=cpu_model(), threads=torch.get_num_threads())
 
 
-def sweep_flops(entry, what: str, T: int) -> float:
-    """Floating-point operations of a sweep as lab.patching batches it: each batch runs its rows through
-    the blocks from its layer on (2 per multiply-add of the projections, feed-forward and attention)
-    and reads out the last position (the (V, C) head)."""
-    from lab import patching
-
-    cfg = entry.model.cfg
-    C, hs, F = cfg.d_model, cfg.head_dim, cfg.ff_dim
-    proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + C * C + C * F * (3 if cfg.activation == "swiglu" else 2)
-    per_token_block = 2 * proj + 4 * T * cfg.n_heads * hs
-    _, _, sites = patching.grid(entry, what, T)
-    flops = 0.0
-    for start, stop in patching._batches(sites, max(1, patching.BATCH_TOKENS // T)):
-        rows, first = stop - start, sites[start].layer
-        flops += rows * (T * (cfg.n_layers - first) * per_token_block + 2 * C * cfg.vocab_size)
-    return flops
-
-
 def matmul_rate(rows: int, d_model: int) -> float:
     """This CPU's float32 rate (FLOP/s, current torch threads) on the feed-forward's shape: (rows, C) @ (C, 4C)."""
     x, w = torch.randn(rows, d_model), torch.randn(d_model, 4 * d_model)
@@ -120,7 +102,7 @@ def gpt2(reps: int, batch_tokens: list[int]) -> None:
         y = int(lb.topk(2).indices[1])
     answer, other = entry.pieces[x], entry.pieces[y]
     default = patching.BATCH_TOKENS
-    flops, rate = sweep_flops(entry, "heads", T_GPT2), matmul_rate(12 * T_GPT2, entry.model.cfg.d_model)
+    flops, rate = patching.sweep_flops(entry, "heads", T_GPT2), matmul_rate(12 * T_GPT2, entry.model.cfg.d_model)
     emit("patching_gpt2_arithmetic", gflop_heads_sweep=round(flops / 1e9, 1), gflop_per_s=round(rate / 1e9, 1),
          floor_s=round(flops / rate, 2), cpu=cpu_model(), threads=torch.get_num_threads())
     for bt in batch_tokens:

@@ -56,6 +56,8 @@ SWEEPS = {"heads": "head outputs (layer × head)", "resid": "residual stream (la
           "attn": "attention output (layer × position)", "mlp": "MLP output (layer × position)"}
 VALUE_NAMES = {"denoising": "share of the A→B difference restored", "noising": "share of the A→B difference made"}
 MIN_DIFFERENCE = {"logit_diff": 1e-3, "prob": 1e-4}  # |m_A − m_B| below this: nothing to restore
+# a session's sweep at most: GPT-2 small's layer × head sweep of 16 tokens is 224 GFLOP (bench/RESULTS.md, 10 s)
+MAX_SWEEP_GFLOP = 600
 BATCH_TOKENS = 512  # patched runs per batch × tokens: the batch a sweep runs at once (bench/patching.py)
 CSV_COLUMNS = ["sweep", "direction", "row", "layer", "head", "position", "token_a", "token_b", "metric_patched", "share"]
 
@@ -329,6 +331,22 @@ def sweep(setup: PatchSetup, what, direction, progress: Callable[[int, int], Non
 # ----------------------------------------------------------------- one person's sweeps
 
 
+def sweep_flops(entry: ModelEntry, what: str, T: int) -> float:
+    """Floating-point operations of a sweep as `sweep_steps` batches it: each batch runs its rows through
+    the blocks from its layer on (2 per multiply-add of the projections, feed-forward and attention)
+    and reads out the last position."""
+    cfg = entry.model.cfg
+    C, hs, F = cfg.d_model, cfg.head_dim, cfg.ff_dim
+    proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + C * C + C * F * (3 if cfg.activation == "swiglu" else 2)
+    per_token_block = 2 * proj + 4 * T * cfg.n_heads * hs
+    _, _, sites = grid(entry, what, T)
+    flops = 0.0
+    for start, stop in _batches(sites, max(1, BATCH_TOKENS // T)):
+        rows, first = stop - start, sites[start].layer
+        flops += rows * (T * (cfg.n_layers - first) * per_token_block + 2 * C * cfg.vocab_size)
+    return flops
+
+
 def sweep_bytes(entry: ModelEntry, T: int) -> int:
     """Memory a sweep holds while it runs (float32): the two recorded runs, and one batch's
     activations (residual, q/k/v, feed-forward, the last position's logits)."""
@@ -356,7 +374,13 @@ def run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, wh
         stop = _RUNNING[session] = threading.Event()
     try:
         setup = prepare(entry, prompt_a, prompt_b, metric, answer, other)
-        nbytes = sweep_bytes(entry, len(setup.ids_a))
+        T, work = len(setup.ids_a), sweep_flops(entry, what, len(setup.ids_a))
+        if work > MAX_SWEEP_GFLOP * 1e9:
+            runs = len(grid(entry, what, T)[2])
+            raise UserError(f"This sweep would run {runs:,} patched forwards of {T} tokens, about {work / 1e9:,.0f} "
+                            f"GFLOP of arithmetic; the server runs sweeps of up to {MAX_SWEEP_GFLOP:,} (the server is "
+                            "shared). Use shorter prompts: a minimal pair of a few words is enough.")
+        nbytes = sweep_bytes(entry, T)
         try:
             with MODEL_BUDGET.borrow(session, nbytes):
                 for p in sweep_steps(setup, what, direction, stop):

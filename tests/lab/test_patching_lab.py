@@ -222,3 +222,16 @@ def test_the_download_holds_every_cell():
     assert data["direction"] == "noising" and data["value_is"] == "share of the A→B difference made"
     row = lines[1 + 4].split(",")  # L1H0
     assert row[2:5] == ["L1", "1", "0"] and float(row[-1]) == result.values[1, 0]
+
+
+def test_a_sweep_past_the_servers_arithmetic_bound_is_refused(monkeypatch):
+    entry = BUILTINS.get(GRAMMAR)
+    T = len(entry.tokenizer.encode(LONG_A))
+    work = patching.sweep_flops(entry, "resid", T)
+    assert patching.sweep_flops(entry, "heads", T) < work  # 12 runs against 52
+    monkeypatch.setattr(patching, "MAX_SWEEP_GFLOP", work / 2e9)
+    session = Session()
+    with pytest.raises(UserError, match=f"would run 52 patched forwards of {T} tokens.*Use shorter prompts"):
+        patching.run(session, GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "resid")
+    assert not patching.stop_sweep(session) and MODEL_BUDGET.held(session) == 0
+    assert patching.run(session, GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "heads").done == 12
