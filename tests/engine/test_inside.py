@@ -302,6 +302,7 @@ FAMILIES = {  # small random models of each imported family, in transformers' ow
 }
 
 
+@pytest.mark.slow  # builds and saves a transformers model per family
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_models(name, tmp_path):
     transformers = pytest.importorskip("transformers")

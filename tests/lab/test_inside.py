@@ -112,6 +112,12 @@ def test_the_head_tools_settings_are_applied_and_said(how):
     if how == "zero":
         assert not any(data["head_value"]) and not any(data["head_out"])
     check_against_reference(s, data)
+    h = inside.head(s.text, s.probe, 1, 0)  # the head's matrices under the same settings
+    ref = reference(s.text.entry.model, s.decoder.window, window_intervention(s.text, s.probe))[1]
+    close(h["used"], ref.used[0], "rows used")
+    if how == "zero":  # a zeroed head moves nothing, whatever its weights
+        assert not np.any(h["value_weighted"])
+    assert h["active"]["edited_rows"] == ([11] if how == "edit" else [])
     s.clear_probe()
     assert not inside.cell(s.text, s.probe, 1, 0, 11, 9)["active"]["changed"]
 
