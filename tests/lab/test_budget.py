@@ -51,9 +51,10 @@ def test_fake_sessions_implement_the_protocol():
 RATES = {a: rates.Rate(*r) for a, r in limits.RATE_LIMITS.items()}
 # a quick person: a page reload every 5 s, Generate every 3 s, a training every 3 min (one takes up
 # to TRAIN_MAX_SECONDS), an upload a minute
-# (a session file opened a minute, a file made every 3 s, a Step replayed every second)
+# (a session file opened a minute, a file made every 3 s, a Step replayed every second, a patching sweep
+# every 8 s: each is a heatmap to read)
 PERSON_EVERY_S = {"session": 5.0, "generate": 3.0, "train": 180.0, "upload": 60.0, "import": 60.0, "export": 3.0,
-                  "replay": 1.0}
+                  "replay": 1.0, "patch": 8.0}
 
 
 def test_every_action_has_a_rate_and_a_person_pace():
