@@ -8,7 +8,9 @@ together it asks the least recently used to give theirs up (`cool_text`: dropped
 when next used, so the person loses nothing but the time of one forward pass). A busy session says
 no and keeps it until a later action asks again. The session that just acted is never asked: one
 text larger than the bound stays warm while it is the newest (what one text may hold at all is the
-memory budget's question, lab.budget). Sessions are held weakly; a closed one counts for nothing.
+memory budget's question, lab.budget). Nor is a text whose heavy part is under `COOL_FROM_BYTES`
+(a short text on a small built-in model): cooling it would save less than it costs. It is decided by
+bytes, not by model. Sessions are held weakly; a closed one counts for nothing.
 
 Nothing here imports gradio or the session module (the session calls this).
 """
@@ -25,7 +27,9 @@ from typing import Protocol
 from .limits import WARM_MAX_BYTES
 from .ownmodels import release_freed_memory
 
-__all__ = ["WarmTenant", "WarmTexts", "WARM", "map_large_blocks"]
+__all__ = ["WarmTenant", "WarmTexts", "WARM", "COOL_FROM_BYTES", "map_large_blocks"]
+
+COOL_FROM_BYTES = 64 * 1024  # a heavy part smaller than this stays (a GPT-2 text's is ~5 MB after one Step)
 
 log = logging.getLogger("decoder_lab")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -48,8 +52,8 @@ class WarmTexts:
     """Sessions whose texts hold a heavy part, least recently used first, at most `limit_bytes` together
     (but the newest)."""
 
-    def __init__(self, limit_bytes: int = WARM_MAX_BYTES):
-        self.limit_bytes = limit_bytes
+    def __init__(self, limit_bytes: int = WARM_MAX_BYTES, cool_from_bytes: int = COOL_FROM_BYTES):
+        self.limit_bytes, self.cool_from_bytes = limit_bytes, cool_from_bytes
         self._held: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()  # id → (session, bytes)
         self._lock = threading.Lock()
 
@@ -89,7 +93,7 @@ class WarmTexts:
             for k, o, n in live:  # least recently used first
                 if over <= 0:
                     break
-                if o is not owner:
+                if o is not owner and n >= self.cool_from_bytes:
                     asked.append((k, o))
                     over -= n
         cooled = False

@@ -18,7 +18,7 @@ import torch
 from lab import budget, session as session_mod
 from lab.external import ExternalModels, parse_source
 from lab.session import Session
-from lab.warm import WarmTexts
+from lab.warm import COOL_FROM_BYTES, WarmTexts
 from model.generate import Sampling
 from tests.support.families import save_reference
 
@@ -198,3 +198,17 @@ def test_the_memory_budget_holds_what_each_text_holds_warm_or_cold(gpt2, store, 
     before = b.held(first)
     act(first, first.attention)
     assert first.decoder.warm and b.held(first) == first.text.warm_bytes() > before
+
+
+def test_a_text_too_small_to_matter_stays_warm_and_the_rest_still_cools(gpt2, store):
+    """Decided by bytes: a short text on the sort model holds less than COOL_FROM_BYTES and is never asked."""
+    small = session_on()
+    steps(small, "sort digits (built-in)", "503124=", 1)
+    assert 0 < small.text.heavy_nbytes() < COOL_FROM_BYTES
+    name, prompt = model_and_prompt(gpt2)
+    big = [session_on(gpt2) for _ in range(2)]
+    store.limit_bytes = 0  # nothing but the newest may stay warm
+    for s in big:
+        steps(s, name, prompt, 2)
+    assert small.decoder.warm and not big[0].decoder.warm and big[1].decoder.warm
+    assert store.total == small.text.heavy_nbytes() + big[1].text.heavy_nbytes()
