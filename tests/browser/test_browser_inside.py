@@ -122,6 +122,18 @@ def test_columns_outline_who_looks_at_a_token(app_server, browser):
         assert "comes before the key" in titles[TOM - 1]
         p.page.locator("#shade_note .lab-dir[data-dir=row]").click()
         wait_text(p, "#shade_note", "looks in layer")
+        # the colour menu's value-weighted attention: the caption says so, the hover reads lab.inside's norm
+        p.choose("colour", "colour: ‖a·v W_O‖")
+        p.page.wait_for_function("() => (document.querySelector('#attention .js-plotly-plot')?._fullLayout.title.text"
+                                 " || '').includes('value-weighted')", timeout=30_000)
+        wait_text(p, "#caption", "Colours: ‖a·v W_O‖")
+        s = local()
+        norm = lab_inside.head(s.text, s.probe, 1, 0)["value_weighted"][HE][TOM]
+        p.page.mouse.move(*cell_xy(p, "attention", HE, TOM))
+        p.page.wait_for_function("() => (document.querySelector('#attention .hoverlayer')?.textContent || '')"
+                                 ".includes('‖a·v W_O‖')", timeout=20_000)
+        hovered = p.page.evaluate("() => document.querySelector('#attention .hoverlayer').textContent")
+        assert f"‖a·v W_O‖ {norm:.3f}" in hovered, (hovered, norm)
         assert p.console_errors == []
     finally:
         context.close()
