@@ -252,6 +252,7 @@ def bind_patching(ses: gr.State, h: SimpleNamespace) -> None:
         js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.patchPick : ''; return a; }",
         **ex["explore_group"]).success(**h.after_change)
     h.pair.input(pair_answers, h.pair, [h.patch_answer, h.patch_other], api_name=False, queue=False, **RAW)
+    h.patch_metric.input(metric_changed, h.patch_metric, h.patch_other, api_name=False, queue=False, **RAW)
     ex["model"].change(model_switched, ex["model"], [h.patch_answer, h.patch_other, h.patch_progress, h.patch_note,
                                                      h.patch_plot, h.patch_head_plot],
                        api_name=False, queue=False, **RAW)
@@ -264,6 +265,12 @@ def pair_answers(value):
     parts = value.split("\u241e") if isinstance(value, str) else []
     answers = PAIR_ANSWERS.get(tuple(parts)) if len(parts) == 2 else None
     return answers if answers is not None else (gr.skip(), gr.skip())
+
+
+@handler
+def metric_changed(metric):
+    """The second answer box is used by the logit difference only."""
+    return gr.update(interactive=metric == "logit_diff")
 
 
 @handler

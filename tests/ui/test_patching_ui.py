@@ -136,3 +136,11 @@ def test_the_maps_numbers_download_as_csv_and_json():
         assert json.load(f)["values"] == data["values"]
     with pytest.raises(gr.Error, match="csv or json"):
         ui_patching.download_patching(s, "xlsx")
+
+
+def test_the_second_answer_box_serves_the_logit_difference_only():
+    assert ui_patching.metric_changed("prob")["interactive"] is False
+    assert ui_patching.metric_changed("logit_diff")["interactive"] is True
+    s = Session()  # the probability of one answer needs no second one
+    *_, (_, note, _, _, data) = list(ui_patching.run_patching(s, GRAMMAR, A, B, "prob", "her", "", "heads", "noising"))
+    assert "P(her)" in note and data["metric"] == "prob"
