@@ -135,8 +135,9 @@ def cell_figures(data: dict, width: int, presentation: bool) -> list:
     return [to_plot(viz.with_filename(fig, file_name(stem, name, f"q{i}k{j}", part))) for fig, part in zip(figs, parts)]
 
 
-def empty_panel(note: str = CLOSED) -> tuple:
-    return (note, "", *[gr.skip()] * N_FIGURES)
+def no_text() -> tuple:
+    """The panel without a text: its note, the figures emptied, the cell's boxes cleared."""
+    return (CLOSED, "", *[message_plot("Press Step first.")] * N_FIGURES, None, None, None, None)
 
 
 def draw_cell(session, layer, head, query, key) -> tuple:
@@ -159,8 +160,7 @@ def open_panel(session, layer, head, query, key, view_layer, view_head, request:
     """The panel was opened (or its numbers typed): the cell it names, else the selected token of the
     head shown in the Explore view."""
     if session.text.decoder is None:
-        return (CLOSED, "", *[message_plot("Press Step first.")] + [gr.skip()] * (N_FIGURES - 1),
-                *[gr.skip()] * 4)
+        return no_text()
     if query is None or layer is None or head is None:  # no cell yet (a blank box may read 0, not None)
         layer, head = _view_head(view_layer, view_head)
         query = key = None
@@ -181,6 +181,8 @@ def pick_cell(session, cell, request: gr.Request = None):
 def selected_token(session, layer, head, query, view_layer, view_head, request: gr.Request = None):
     """The selected token's row (the last token when none is selected), at the key it gives the largest share,
     in the panel's head (the head the Explore view shows when no cell is drawn yet)."""
+    if session.text.decoder is None:  # the text went (another model, Reset): nothing to work through
+        return no_text()
     if query is None or layer is None or head is None:
         layer, head = _view_head(view_layer, view_head)
     return draw_cell(session, layer, head, None, None)

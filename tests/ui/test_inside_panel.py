@@ -174,3 +174,9 @@ def test_the_caption_says_what_the_value_weighted_colours_are(session):
         assert session.display.colour == "linear"  # a refused colour changes nothing
     finally:
         session.set_display("linear", None, None)
+
+
+def test_without_a_text_the_panel_says_so_quietly():
+    s = Session()
+    for out in (open_panel(s, None, None, None, None, 1, 0), selected_token(s, 1, 0, 11, 1, 0)):
+        assert "Click a cell" in out[0] and out[-4:] == (None, None, None, None)
