@@ -203,6 +203,7 @@ def test_refusals_say_what_is_wrong():
         run(no_ffn, B, patch=Patch(src, [PatchSite("mlp", 0)]))
 
 
+@pytest.mark.slow  # transformers builds and saves each folder
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_patches_on_random_folders_of_the_real_families(family, tmp_path):
     pytest.importorskip("transformers")

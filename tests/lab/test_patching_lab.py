@@ -136,6 +136,7 @@ def test_every_positional_encoding(pe):
     check_every_cell(entry, "503124=", "513124=", whats=("heads", "resid"))
 
 
+@pytest.mark.slow  # transformers builds and saves each folder
 @pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
 def test_random_folders_of_the_real_families(family, tmp_path):
     pytest.importorskip("transformers")
