@@ -42,6 +42,7 @@ DIRECTION_LABELS = {"denoising": "denoising: A into B", "noising": "noising: B i
 METRIC_LABELS = {"logit_diff": "logit difference", "prob": "probability"}
 NO_SWEEP = "Choose the answer tokens and press Run patching."
 NO_HEAD = "Click a head's cell in the map above to see its attention on both prompts."
+NO_HEAD_HERE = "A cell of this map is a layer at a position: run a sweep of the head outputs to open a head."
 SHOW_BEST = 3  # cells named in the summary (and outlined, from the second on only where they move BEST_SHARE)
 BEST_SHARE = 0.1
 DEFAULT_ANSWERS = {"grammar (built-in)": ("her", "him")}  # the first grammar pair continues with her / him
@@ -172,7 +173,7 @@ def run_patching(session, model_name, prompt_a, prompt_b, metric, answer, other,
             text = (f"stopped: {r.done} / {p.total} patched runs" if r.stopped
                     else f"{p.total} / {p.total} patched runs")
             yield (progress_html(r.done, p.total, text), metric_note(r), patch_figure(session, r),
-                   message_plot(NO_HEAD) if r.what == "heads" else message_plot(""), r.to_json())
+                   message_plot(NO_HEAD if r.what == "heads" else NO_HEAD_HERE), r.to_json())
         elif time.perf_counter() - last > 0.25:
             last = time.perf_counter()
             yield progress_html(p.done, p.total), gr.skip(), gr.skip(), gr.skip(), gr.skip()

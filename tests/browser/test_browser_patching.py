@@ -127,7 +127,7 @@ def test_head_sweep_heatmap_summary_and_a_click_opens_the_head(app_server, brows
         context.close()
 
 
-def test_position_sweep_names_the_tokens_and_refusals_change_nothing(app_server, browser):
+def test_position_sweep_names_the_tokens_and_refusals_change_nothing(app_server, browser, shots):
     context, p = open_page(app_server, browser, 1366, 900)
     try:
         open_compare(p)
@@ -139,6 +139,8 @@ def test_position_sweep_names_the_tokens_and_refusals_change_nothing(app_server,
         np.testing.assert_allclose(shown_values(p), r.values, atol=1e-5)
         ticks = p.figure("patch_map")["axes"]["xaxis"]["ticktext"]
         assert ticks[0] == "anna→tom" and ticks[-1] == "asked"
+        p.page.locator("#patch_map").scroll_into_view_if_needed()
+        p.page.screenshot(path=str(shots / "patching-attn-noising-1366x900.png"))
         before = plot_title(p, "patch_map")
         p.page.fill("#prompt_b textarea", "tom found the key")
         p.click("patch_run")
