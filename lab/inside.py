@@ -31,6 +31,9 @@ from .probing import ProbeSettings, head_label, need_text, position, window_inte
 from .text import Text
 
 MEMO_BYTES = 16 * 2**20  # a text's kept forward (residuals and attention) larger than this is not kept
+# everything kept for all texts together: past this the least recently used is dropped (it is only a
+# shortcut, recomputed when asked for again), so many visitors' open panels cannot grow the server
+MEMO_TOTAL_BYTES = 64 * 2**20
 CSV_COLUMNS = ["quantity", "formula", "index", "token", "value"]
 
 
@@ -64,6 +67,8 @@ def _num(x) -> float | None:
 class _Kept:
     key: tuple
     value: object
+    size: int = 0
+    used: int = 0  # the memo's clock when last put or read: the smallest is dropped first
 
 
 class _Memo:
@@ -75,18 +80,39 @@ class _Memo:
         self._forwards: weakref.WeakKeyDictionary[Text, _Kept] = weakref.WeakKeyDictionary()
         self._inputs: weakref.WeakKeyDictionary[Text, _Kept] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._clock = 0
 
     def _get(self, table, text: Text, key: tuple):
         with self._lock:
             kept = table.get(text)
-        return kept.value if kept is not None and kept.key == key else None
+            if kept is None or kept.key != key:
+                return None
+            self._clock += 1
+            kept.used = self._clock
+            return kept.value
 
     def _put(self, table, text: Text, key: tuple, value, size: int) -> None:
         with self._lock:
-            if size <= MEMO_BYTES:
-                table[text] = _Kept(key, value)
-            else:
-                table.pop(text, None)
+            table.pop(text, None)
+            if size > MEMO_BYTES:
+                return
+            self._clock += 1
+            table[text] = _Kept(key, value, size, self._clock)
+            self._fit()
+
+    def _fit(self) -> None:
+        """Drop the least recently used entries until all kept bytes fit MEMO_TOTAL_BYTES (lock held)."""
+        entries = [(k.used, t, text) for t in (self._forwards, self._inputs) for text, k in list(t.items())]
+        total = sum(t[text].size for _, t, text in entries)
+        for _, t, text in sorted(entries, key=lambda e: e[0]):
+            if total <= MEMO_TOTAL_BYTES:
+                break
+            total -= t.pop(text).size
+
+    def nbytes(self) -> int:
+        """Bytes kept for all texts together (never more than MEMO_TOTAL_BYTES)."""
+        with self._lock:
+            return sum(k.size for t in (self._forwards, self._inputs) for k in list(t.values()))
 
     def forward(self, text: Text, iv: Intervention | None) -> ForwardOutput:
         d = text.decoder

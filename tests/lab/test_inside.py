@@ -230,3 +230,16 @@ def test_one_forward_is_kept_per_text_and_settings():
     assert changed is not plain and not torch.equal(changed.residuals[2], plain.residuals[2])
     other = stepped()
     assert inside.MEMO.forward(other.text, None) is not plain  # each text its own
+
+
+def test_what_all_texts_keep_together_stays_under_the_server_wide_cap(monkeypatch):
+    s, t = stepped(), stepped()
+    first = inside.MEMO.forward(s.text, None)
+    one = sum(x.numel() * x.element_size() for x in (*first.residuals, *first.attentions))
+    monkeypatch.setattr(inside, "MEMO_TOTAL_BYTES", one + one // 2)  # room for one text's forward, not two
+    inside.MEMO.forward(t.text, None)  # the newer text stays, the older one is dropped
+    assert inside.MEMO.nbytes() <= inside.MEMO_TOTAL_BYTES
+    again = inside.MEMO.forward(s.text, None)  # asked for again: computed again, the same numbers
+    assert again is not first
+    assert all(torch.equal(a, b) for a, b in zip(again.residuals, first.residuals))
+    assert inside.MEMO.nbytes() <= inside.MEMO_TOTAL_BYTES
