@@ -137,7 +137,7 @@ def cell_figures(data: dict, width: int, presentation: bool) -> list:
 
 def no_text() -> tuple:
     """The panel without a text: its note, the figures emptied, the cell's boxes cleared."""
-    return (CLOSED, "", *[message_plot("Press Step first.")] * N_FIGURES, None, None, None, None)
+    return (CLOSED, "", *[message_plot("Press Step first.")] * N_FIGURES, "", "", "", "")
 
 
 def draw_cell(session, layer, head, query, key) -> tuple:
@@ -146,6 +146,11 @@ def draw_cell(session, layer, head, query, key) -> tuple:
     d = session.display
     figures = cell_figures(data, _width(session), d.presentation)
     return (header(data), numbers_table(data), *figures, data["layer"], data["head"], data["query"], data["key"])
+
+
+def _given(value):
+    """A box's value: None when blank (no cell chosen yet), else the value as typed or drawn."""
+    return None if value is None or (isinstance(value, str) and not value.strip()) else value
 
 
 def _view_head(layer, head) -> tuple:
@@ -159,6 +164,7 @@ def _view_head(layer, head) -> tuple:
 def open_panel(session, layer, head, query, key, view_layer, view_head, request: gr.Request = None):
     """The panel was opened (or its numbers typed): the cell it names, else the selected token of the
     head shown in the Explore view."""
+    layer, head, query, key = (_given(v) for v in (layer, head, query, key))
     if session.text.decoder is None:
         return no_text()
     if query is None or layer is None or head is None:  # no cell yet (a blank box may read 0, not None)
@@ -181,6 +187,7 @@ def pick_cell(session, cell, request: gr.Request = None):
 def selected_token(session, layer, head, query, view_layer, view_head, request: gr.Request = None):
     """The selected token's row (the last token when none is selected), at the key it gives the largest share,
     in the panel's head (the head the Explore view shows when no cell is drawn yet)."""
+    layer, head, query = (_given(v) for v in (layer, head, query))
     if session.text.decoder is None:  # the text went (another model, Reset): nothing to work through
         return no_text()
     if query is None or layer is None or head is None:
@@ -191,6 +198,7 @@ def selected_token(session, layer, head, query, view_layer, view_head, request: 
 @handler(exclusive=False)
 def draw_matrices(session, layer, head, query, key, request: gr.Request = None):
     """The head's Q, K, V and QKᵀ (raw, scaled, masked), the panel's cell outlined."""
+    layer, head, query, key = (_given(v) for v in (layer, head, query, key))
     if session.text.decoder is None or layer is None or head is None:
         return message_plot("Open a cell first: the matrices are those of its head.")
     data = lab_inside.head(session.text, session.probe, layer, head)
@@ -212,6 +220,7 @@ def download_cell(session, fmt, layer, head, query, key, request: gr.Request = N
     """The cell's numbers (q, k, v, the row's softmax and the rest, each with its formula) as CSV or JSON."""
     if fmt not in ("csv", "json"):
         raise UserError("The format must be csv or json.")
+    layer, head, query, key = (_given(v) for v in (layer, head, query, key))
     if query is None or key is None:
         raise UserError("Open a cell first: click a cell of the attention, or use the selected token.")
     exp = lab_inside.cell_export(session.text, session.probe, layer, head, query, key)

@@ -34,12 +34,12 @@ def build_inside_section(views: dict) -> SimpleNamespace:
     with gr.Accordion("Inside one cell: how an attention weight is computed", open=False,
                       elem_id="inside") as s.panel:
         with gr.Row(elem_id="inside_controls", equal_height=True):
-            s.layer = gr.Number(None, label="Layer", precision=0, minimum=0, elem_id="inside_layer", min_width=80)
-            s.head = gr.Number(None, label="Head", precision=0, minimum=0, elem_id="inside_head", min_width=80)
-            s.query = gr.Number(None, label="Query i (row)", precision=0, minimum=0, elem_id="inside_query",
-                                min_width=100)
-            s.key = gr.Number(None, label="Key j (column)", precision=0, minimum=0, elem_id="inside_key",
-                              min_width=100)
+            # text boxes, not number boxes: a blank number box reads 0, and blank means "no cell yet"
+            box = dict(lines=1, max_lines=1, min_width=80)
+            s.layer = gr.Textbox("", label="Layer", elem_id="inside_layer", **box)
+            s.head = gr.Textbox("", label="Head", elem_id="inside_head", **box)
+            s.query = gr.Textbox("", label="Query i (row)", elem_id="inside_query", **box)
+            s.key = gr.Textbox("", label="Key j (column)", elem_id="inside_key", **box)
             s.selected = gr.Button("Use the selected token", elem_id="inside_selected", min_width=160)
         s.header = gr.Markdown(CLOSED, elem_id="inside_header")
         gr.Markdown(ROW_HINT, elem_id="inside_hint")

@@ -65,9 +65,11 @@ def test_the_selected_token_opens_on_its_strongest_key(session):
     try:
         out = selected_token(session, None, None, None, 1, 0)
         assert out[-4:] == (1, 0, 11, 9)
-        out = selected_token(session, 0, 0, None, 1, 0)  # no cell drawn yet: blank boxes may read 0
+        out = selected_token(session, "", "", "", 1, 0)  # no cell drawn yet: the boxes are blank
         assert out[-4:] == (1, 0, 11, 9)  # "he" gives "tom" its largest share
-        opened = open_panel(session, None, None, None, None, 1, "all")  # a grid of heads: its first
+        opened = open_panel(session, "", "", " ", "", 1, "all")  # a grid of heads: its first
+        assert opened[-4:] == (1, 0, 11, 9)
+        opened = open_panel(session, "1", "0", "11", "9", 0, 0)  # typed in the boxes
         assert opened[-4:] == (1, 0, 11, 9)
     finally:
         session.select_last()
@@ -179,4 +181,4 @@ def test_the_caption_says_what_the_value_weighted_colours_are(session):
 def test_without_a_text_the_panel_says_so_quietly():
     s = Session()
     for out in (open_panel(s, None, None, None, None, 1, 0), selected_token(s, 1, 0, 11, 1, 0)):
-        assert "Click a cell" in out[0] and out[-4:] == (None, None, None, None)
+        assert "Click a cell" in out[0] and out[-4:] == ("", "", "", "")
