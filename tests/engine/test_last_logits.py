@@ -15,11 +15,11 @@ import torch
 
 from lab.models import BUILTIN_MODELS
 from model.checkpoint import load_checkpoint
+from model.config import ModelConfig
 from model.families import open_folder
-from model.generate import Decoder
+from model.generate import Decoder, Sampling, generate
 from model.interventions import AttentionEdit, Intervention
-from model.generate import Sampling, generate
-from model.transformer import KVCache, read_out_rows
+from model.transformer import DecoderLM, KVCache, read_out_rows
 from tests.support.families import PROMPTS, save_reference, sharpen
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -103,6 +103,16 @@ def test_family_models(family, tmp_path):
     sharpen(ref, seed=len(family), conv1d=family == "gpt2")
     model, tok = open_folder(save_reference(ref, tmp_path / family, VOCAB))
     check_last(model, tok.encode(PROMPTS[2]))
+
+
+def test_a_head_with_a_bias():
+    """A model whose output head has a bias (ModelConfig.head_bias), random weights of its own."""
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=40, block_size=16, n_layers=2, n_heads=2, d_model=16,
+                                  head_bias=True, tie_weights=False)).eval()
+    with torch.no_grad():
+        model.head.bias.normal_(0.0, 1.0)
+    check_last(model, [3, 9, 1, 16, 4, 4, 7, 0, 11, 2])
 
 
 def test_other_readouts_are_refused():
