@@ -583,3 +583,13 @@ def test_a_cooled_decoder_computes_its_window_again_and_samples_on_exactly(model
         np.testing.assert_allclose(x.probs, y.probs, atol=1e-6, rtol=0)
     assert cooled.ids == plain.ids and cooled.undo() and plain.undo()
     assert cooled.step().token_id == plain.step().token_id  # undo restored the same sampler state
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_a_prefill_cache_holds_its_keys_and_values_alone(pos):
+    """The cache after a prefill keeps no view into the tensor of queries, keys and values together, so
+    what a text holds is what the memory budget counts for its cache."""
+    d = Decoder(make_model(pos), [1, 2, 3, 4, 5], Sampling(temperature=0.0, seed=0))
+    for layer in d.cache.layers:
+        for t in (layer.k, layer.v):
+            assert t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
