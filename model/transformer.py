@@ -156,8 +156,7 @@ class SelfAttention(nn.Module):
         if past is not None:  # keys/values of earlier tokens: (B, H, T_past + T, hs)
             k = torch.cat((past.k, k), dim=2)
             v = torch.cat((past.v, v), dim=2)
-        # own storage: a first call's k and v are views into one tensor holding q, k and v together
-        new_cache = LayerCache(k.contiguous(), v.contiguous()) if want_cache else None
+        new_cache = LayerCache(k.contiguous(), v.contiguous()) if want_cache else None  # not views of q, k, v together
         if Hkv != H:
             # query head h reads key/value head h // (H / Hkv): each group's keys repeated per query head
             k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, T_key, hs)
