@@ -21,24 +21,15 @@ from model.generate import Decoder, Sampling, generate
 from model.interventions import AttentionEdit, Intervention
 from model.transformer import DecoderLM, KVCache, read_out_rows
 from tests.support.families import PROMPTS, save_reference, sharpen
+from tests.support.patch_reference import FAMILIES as PATCH_FAMILIES
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TOL = 1e-6
 VOCAB = 300
 # one small model per family importer (the shapes their own tests use): GPT-2, Pythia (partial rotary,
 # parallel residual, padded vocabulary), Llama (grouped keys and values), GPT-Neo (a local layer)
-FAMILIES = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=16, n_layer=2, n_head=4, n_positions=40)),
-    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                         intermediate_size=48, rotary_pct=0.25, vocab_size=320,
-                                                         max_position_embeddings=40)),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=6,
-                                                      num_key_value_heads=2, intermediate_size=40,
-                                                      max_position_embeddings=40)),
-    "neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(hidden_size=16, num_layers=2, num_heads=4, window_size=3,
-                                                      attention_types=[[["global", "local"], 1]],
-                                                      max_position_embeddings=40)),
-}
+# the families of tests/support/patch_reference, NeoX with a vocabulary of its own size (320)
+FAMILIES = {**PATCH_FAMILIES, "neox": (*PATCH_FAMILIES["neox"][:2], {**PATCH_FAMILIES["neox"][2], "vocab_size": 320})}
 
 
 def check_last(model, ids: list[int]) -> None:

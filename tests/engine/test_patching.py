@@ -18,15 +18,8 @@ from model.interventions import AttentionEdit, Intervention
 from model.patching import Patch, PatchSite
 from model.transformer import DecoderLM, KVCache
 from model.families import open_folder
-from tests.support.patch_reference import FAMILIES, FAMILY_VOCAB, family_folder, reference
+from tests.support.patch_reference import FAMILIES, FAMILY_VOCAB, family_folder, one_thread, reference  # noqa: F401 (fixture)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small float64 products on one thread: on a loaded machine a second thread's wait costs more than it gives."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 TOL = 2e-5  # float32 forward against the float64 reference

@@ -23,15 +23,8 @@ from lab.session import Session
 from model.families import open_folder
 from model.patching import Patch, PatchSite
 from model.transformer import DecoderLM
-from tests.support.patch_reference import family_folder, metric_of, reference
+from tests.support.patch_reference import family_folder, metric_of, one_thread, reference  # noqa: F401 (fixture)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small float64 products on one thread: on a loaded machine a second thread's wait costs more than it gives."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 GRAMMAR = "grammar (built-in)"

@@ -12,8 +12,19 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small float64 products on one thread: on a loaded machine a second thread's wait costs more than it gives.
+    A test module that imports this fixture runs on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _norm(cfg, module, x):
