@@ -9,6 +9,48 @@
   // * "rows | columns" in the shading note: rows = where the selected token looks (its query row),
   //   columns = who looks at it (its key column, every later token's weight on it).
   const lab = (window.decoderLab = { query: null, tokensKey: "", applied: 0, direction: "row", cell: "" });
+
+  // One Plotly draw per figure update. gradio's Plot keys its plot element on the value: every new
+  // value mounts a fresh element, but the element about to be dropped first redraws the new value too
+  // (its effect runs before the keyed block replaces it), so each update cost two full draws, the
+  // first thrown away: 110 of a Step's 180 ms of drawing in Chromium for GPT-2's six heads
+  // (bench/RESULTS.md). A fresh element is drawn at once, as before; a redraw of an element already
+  // drawn waits for the next animation frame (or 100 ms where the page is hidden and frames stop) and
+  // is skipped if the element has left the page by then, else drawn with the last figure it was given.
+  // Plotly is wrapped the moment gradio sets window.Plotly.
+  const drawOnce = (P) => {
+    if (!P || P.__labOnce || typeof P.react !== "function") return P;
+    const react = P.react;
+    const queued = new Map(); // element -> { args, settle: [[resolve, reject], ...] }
+    let timer = null, frame = null;
+    const run = () => {
+      clearTimeout(timer); cancelAnimationFrame(frame); timer = frame = null;
+      const jobs = [...queued.entries()];
+      queued.clear();
+      for (const [gd, job] of jobs) {
+        let out;
+        if (!gd.isConnected) out = Promise.resolve(gd); // replaced before it was drawn again: nothing to show
+        else try { out = Promise.resolve(react.call(P, gd, ...job.args)); } catch (err) { out = Promise.reject(err); }
+        out.then((v) => job.settle.forEach(([ok]) => ok(v)), (err) => job.settle.forEach(([, no]) => no(err)));
+      }
+    };
+    P.react = function (gd, ...args) {
+      if (!(gd instanceof Element) || !gd._fullLayout) return react.call(this, gd, ...args); // first draw: now
+      const job = queued.get(gd) || { settle: [] };
+      job.args = args;
+      queued.set(gd, job);
+      if (frame === null) { frame = requestAnimationFrame(run); timer = setTimeout(run, 100); }
+      return new Promise((ok, no) => job.settle.push([ok, no]));
+    };
+    P.__labOnce = true;
+    return P;
+  };
+  if (window.Plotly) drawOnce(window.Plotly);
+  else {
+    let plotly;
+    Object.defineProperty(window, "Plotly", { configurable: true, enumerable: true,
+      get: () => plotly, set: (v) => { plotly = drawOnce(v); } });
+  }
   const OUTLINE = "#ff2d95";
   const tokenEls = () => Array.from(document.querySelectorAll("#tokens .textfield .token"));
   const plotDiv = () => document.querySelector("#attention .js-plotly-plot");

@@ -35,6 +35,19 @@ def _check_probs(name: str, probs: np.ndarray, n: int) -> np.ndarray:
     return probs
 
 
+def first_ranked(key: np.ndarray, tie: np.ndarray, k: int) -> np.ndarray:
+    """The first k indices of `np.lexsort((-tie, -key))` (largest key first, ties by the larger tie, then
+    by index), without sorting a whole vocabulary: only the entries at or above the k-th largest key are
+    sorted, and they keep their index order, as the stable lexsort of them all does."""
+    if k >= len(key):
+        return np.lexsort((-tie, -key))[:k]
+    kth = np.partition(-key, k - 1)[k - 1]
+    near = np.flatnonzero(-key <= kth)  # ascending: ties keep the order the full sort gives them
+    if len(near) < k:  # NaNs among the first k: the full sort places them
+        return np.lexsort((-tie, -key))[:k]
+    return near[np.lexsort((-tie[near], -key[near]))][:k]
+
+
 def bar_layout(*, font: float, title_font: float, height: int, margin: dict, title: str, x_title: str, x_max: float,
                rows: list, ticktext: list[str], presentation: bool, legend: bool, meta: dict) -> dict:
     """The layout of a horizontal bar chart of token probabilities (one row per token, most likely
@@ -87,8 +100,7 @@ def probabilities(
     The chart is at most `max_height_px` tall: rows that would not fit at a legible size are left
     out (the chosen row always stays).
     """
-    pieces = [str(p) for p in pieces]
-    n = len(pieces)
+    n = len(pieces)  # a whole vocabulary (GPT-2: 50,257): only the rows drawn are read
     probs = _check_probs("probs", probs, n)
     if adjusted is not None:
         adjusted = _check_probs("adjusted", adjusted, n)
@@ -105,13 +117,14 @@ def probabilities(
     margin = {"t": int(title_font * 1.6 + legend_px + 10), "b": int(font * 1.4 * 2 + 12)}
     rows_fit = max(1, int((max_height_px - margin["t"] - margin["b"]) // pitch))
     rank_by = adjusted if adjusted is not None else probs
-    order = [int(i) for i in np.lexsort((-probs, -rank_by))[:top]]  # ties: by model probability
+    order = [int(i) for i in first_ranked(rank_by, probs, top)]  # ties: by model probability
     if chosen is not None and int(chosen) not in order[:rows_fit]:
         order = order[: rows_fit - 1] + [int(chosen)]
     order = order[:rows_fit]
     ids = np.array(order)
     rows = np.arange(len(ids), dtype=np.int32)
     is_chosen = ids == (-1 if chosen is None else int(chosen))
+    pieces = {int(i): str(pieces[i]) for i in ids}
     labels = [short_token(pieces[i], 16) for i in ids]
     mark = "◀ typed" if typed else "◀ chosen"
     ticktext = [f"<b>{lab}  {mark}</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]

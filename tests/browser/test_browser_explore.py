@@ -344,3 +344,24 @@ def test_token_selection_reacts_within_a_frame_or_two(page):
     state = p.page.evaluate("() => [window.decoderLab.applied, window.decoderLab.query,"
                             " document.querySelectorAll('#attention .lab-outline').length]")
     assert state[0] > applied and state[1] == 3 and state[2] >= 1  # synchronously, in the click itself
+
+
+def test_a_step_draws_each_figure_once(page):
+    """gradio's Plot mounts a new plot element for each new value and used to draw the value into the
+    element it was dropping as well (two full Plotly draws per update). assets/explore.js skips the
+    redraw of an element that leaves the page: after a Step the old attention element still holds the
+    old figure, and the element on screen holds the new one."""
+    p = page
+    step(p, 13)
+    p.page.evaluate(f"() => {{ const gd = {PLOT}; gd.data[0].__labOld = true; window.__labOldPlot = gd; }}")
+    p.click("step")
+    p.wait_tokens(14)
+    p.page.wait_for_function(f"() => {{ const gd = {PLOT}; return gd && gd !== window.__labOldPlot"
+                             " && gd._fullLayout && gd._fullLayout.meta && gd._fullLayout.meta.T === 14; }")
+    p.page.wait_for_function("() => !window.__labOldPlot.isConnected")
+    p.page.evaluate("() => new Promise((done) => requestAnimationFrame(() => setTimeout(done, 150)))")  # any redraw ran
+    old = p.page.evaluate("() => { const gd = window.__labOldPlot;"
+                          " return [gd.data[0].__labOld === true, gd._fullLayout.meta.T]; }")
+    assert old == [True, 13], f"the dropped element was drawn again: {old}"
+    assert p.page.evaluate("() => window.Plotly.__labOnce") is True
+    assert p.console_errors == []
