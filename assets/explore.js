@@ -22,6 +22,18 @@
     if (!P || P.__labOnce || typeof P.react !== "function") return P;
     const react = P.react;
     const queued = new Map(); // element -> { args, settle: [[resolve, reject], ...] }
+    // the last 100 draws, [figure's element id, "now" | "frame" | "skipped", ms of the synchronous part]
+    // (bench/browser_real.py reads them)
+    const log = (lab.draws = []);
+    const note = (gd, when, ms) => {
+      const block = gd.closest("[id]"); // a dropped element: its id within what was dropped, if any
+      log.push([block ? block.id : "", when, ms]);
+      if (log.length > 100) log.shift();
+    };
+    const draw = (gd, args, when) => {
+      const t = performance.now();
+      try { return react.call(P, gd, ...args); } finally { note(gd, when, performance.now() - t); }
+    };
     let timer = null, frame = null;
     const run = () => {
       clearTimeout(timer); cancelAnimationFrame(frame); timer = frame = null;
@@ -29,13 +41,16 @@
       queued.clear();
       for (const [gd, job] of jobs) {
         let out;
-        if (!gd.isConnected) out = Promise.resolve(gd); // replaced before it was drawn again: nothing to show
-        else try { out = Promise.resolve(react.call(P, gd, ...job.args)); } catch (err) { out = Promise.reject(err); }
+        if (!gd.isConnected) { // replaced before it was drawn again: nothing to show
+          note(gd, "skipped", 0);
+          out = Promise.resolve(gd);
+        } else try { out = Promise.resolve(draw(gd, job.args, "frame")); } catch (err) { out = Promise.reject(err); }
         out.then((v) => job.settle.forEach(([ok]) => ok(v)), (err) => job.settle.forEach(([, no]) => no(err)));
       }
     };
     P.react = function (gd, ...args) {
-      if (!(gd instanceof Element) || !gd._fullLayout) return react.call(this, gd, ...args); // first draw: now
+      if (!(gd instanceof Element)) return react.call(this, gd, ...args); // an id: as plotly.js takes it
+      if (!gd._fullLayout) return draw(gd, args, "now"); // an element's first draw: at once
       const job = queued.get(gd) || { settle: [] };
       job.args = args;
       queued.set(gd, job);

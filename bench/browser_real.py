@@ -15,7 +15,9 @@ Where the time goes, per click (medians): `reply` is the click to the last large
 answer read by the page (the app's event stream, read through fetch: the time the server and the
 loopback took), `tokens` the click to the new tokens on screen, `drawn` the click to the painted figure;
 `drawn − reply` is the page's part (gradio's update and Plotly's draw), of which `plotly_react` is the
-time inside Plotly.react for the attention (and `plotly_react_calls` how many times it ran per click).
+time Plotly.react took drawing the attention (and `plotly_react_calls` how many draws there were per click),
+as assets/explore.js logs its draws in `decoderLab.draws` (a redraw of an element gradio drops is skipped
+there, and not counted).
 `cpu_ms` is the CPU time the served app (its process tree) and Chromium (every process the benchmark
 started but the app) used from the click to the drawn figure: the work itself, which a loaded machine
 stretches less than it stretches the wall clock. Each click waits 1.5 s after the one before, so what a
@@ -60,19 +62,11 @@ READS = """(() => {
 
 # Click `button` and wait for a new attention figure (the one shown now is marked) of `n` tokens drawing
 # exactly `heads`, then one animation frame: [drawn, tokens shown, last big read] in ms after the click
-# (-1: did not happen within timeoutMs), then the Plotly.react calls on #attention's figures since the
-# click and their time in ms (synchronous part). Plotly.react is wrapped once window.Plotly exists.
+# (-1: did not happen within timeoutMs), then the draws of #attention's figures since the click and their
+# time in ms (synchronous part), from the page's own log (assets/explore.js, decoderLab.draws).
 CLICK = """async ([button, n, heads, timeoutMs]) => {
-  const P = window.Plotly;
-  if (P && !P.__bench) {
-    const react = P.react;
-    P.react = function (div, ...rest) {
-      const t = performance.now(); const out = react.call(this, div, ...rest);
-      if (div && div.closest && div.closest('#attention')) window.__benchDraws.push(performance.now() - t);
-      return out; };
-    P.__bench = true;
-  }
-  window.__benchDraws = [];
+  const lab = window.decoderLab;
+  lab.draws.splice(0);  // the draws since this click
   const gd = () => """ + PLOT + """;
   const old = gd();
   if (old && old.data && old.data[0]) old.data[0].__benchOld = true;
@@ -92,8 +86,8 @@ CLICK = """async ([button, n, heads, timeoutMs]) => {
       if (fresh()) {
         const reads = window.__benchReads.filter(t => t >= t0);
         const tRead = reads.length ? reads[reads.length - 1] - t0 : -1;
-        requestAnimationFrame(() => { const d = window.__benchDraws;
-          resolve([performance.now() - t0, tTokens, tRead, d.length, d.reduce((a, x) => a + x, 0)]); });
+        requestAnimationFrame(() => { const d = lab.draws.filter(x => x[0] === 'attention' && x[1] !== 'skipped');
+          resolve([performance.now() - t0, tTokens, tRead, d.length, d.reduce((a, x) => a + x[2], 0)]); });
         return true;
       }
       if (performance.now() - t0 > timeoutMs) { resolve([-1, tTokens, -1, 0, 0]); return true; }
