@@ -24,9 +24,8 @@ at T = 64 (a 64-token prompt):
   products: an idle core's rate) and median: FLOP / best rate is the time no float32 forward on this
   CPU can beat.
 * attention_figure: the attention figure of one layer's 12 heads at T = 64 (ui.explore.attention_plot
-  of the frame, viz's build) and its JSON. The browser's draw time is not measured here (the
-  browser benchmark, bench/browser_latency.py, drives the built-in models only); the issue's
-  target of ≤ 400 ms from click to drawn is the server's part plus that draw.
+  of the frame, viz's build) and its JSON. The browser's draw time is not measured here:
+  bench/browser_real.py measures the issue's ≤ 400 ms from click to drawn in Chromium on this model.
 * head_roles: lab.roles.compute_head_roles over all 144 heads (what a Step's first head-roles call
   computes; later calls on the same text are cached). Target ≤ 20 ms.
 * logit_lens: Session.lens at the last token (12 layers read through the final norm and the

@@ -149,10 +149,19 @@ def open_film(session, model_name, request: gr.Request = None):
 
 @handler(exclusive=False)
 def follow_model(session, model_name, request: gr.Request = None):
-    """Explore's model changed (picked, trained or uploaded), or the list was opened: the film
-    section offers every model of the session (one in training too) and shows `model_name`'s."""
+    """Explore's model changed (picked, trained or uploaded): the film section offers every model of
+    the session (one in training too) and shows `model_name`'s."""
     names = session.model_names()
     return gr.update(choices=names, value=model_name if model_name in names else names[0])
+
+
+@handler(exclusive=False)
+def film_choices(session, model_name, request: gr.Request = None):
+    """The list was opened: it offers every model of the session (one in training too). The value is
+    left as the page has it, so an answer that comes after the person picked a model never takes
+    their pick back; only a model that left the list is replaced."""
+    names = session.model_names()
+    return gr.update(choices=names) if model_name in names else gr.update(choices=names, value=names[0])
 
 
 @handler(exclusive=False)

@@ -15,7 +15,8 @@ from lab.session import Session
 
 from .common import RAW
 from .film import (
-    follow_model, next_frame, open_film, opening, redraw_film, save_film_page, score_choices, score_names, show_film,
+    film_choices, follow_model, next_frame, open_film, opening, redraw_film, save_film_page, score_choices, score_names,
+    show_film,
 )
 
 INTRO = ("### Training film\nWatch attention form while a model learns. Each frame is the attention of every head "
@@ -69,7 +70,7 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
         control.change(lambda: None, None, page_file, api_name=False, queue=False, show_progress="hidden")
     # The film follows Explore's model: a model trained here is shown as soon as its run ends.
     model_dd.change(follow_model, [ses, model_dd], film_model, api_name=False, **RAW)
-    film_model.focus(follow_model, [ses, film_model], film_model, api_name=False, **RAW)  # a run's model, mid-run
+    film_model.focus(film_choices, [ses, film_model], film_model, api_name=False, **RAW)  # a run's model, mid-run
     # drawn when the tab is shown, never while it is hidden (a hidden plot is laid out at the wrong width)
     tab.select(show_film, frame_inputs, frame_outputs, api_name=False, **group)
     play.click(lambda on: (not on, gr.Timer(active=not on)), playing, [playing, timer], api_name=False, queue=False)

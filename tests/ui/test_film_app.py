@@ -186,3 +186,19 @@ def test_the_probe_shown_in_the_caption_stays_text():
 
     shown = plain('<img src=x onerror=alert(1)> [a](javascript:x) *b*')
     assert "<img" not in shown and "](" not in shown and "\\*b\\*" in shown
+
+
+def test_opening_the_film_list_never_takes_back_a_model_picked_meanwhile():
+    """The list's focus handler answers after the person may have picked another model: it offers the
+    session's models and leaves the value as the page has it (else a slow answer reverted the pick);
+    a model that left the list is replaced by the first one."""
+    from ui.film import film_choices, follow_model
+
+    s = Session()
+    names = s.model_names()
+    picked = next(n for n in names if n.startswith("sort"))
+    update = film_choices(s, picked)
+    assert update["choices"] == names and "value" not in update
+    gone = film_choices(s, "a model that left the list")
+    assert gone["value"] == names[0] and gone["choices"] == names
+    assert follow_model(s, picked)["value"] == picked  # Explore's model changed: the film follows it
