@@ -124,12 +124,12 @@ def probabilities(
     ids = np.array(order)
     rows = np.arange(len(ids), dtype=np.int32)
     is_chosen = ids == (-1 if chosen is None else int(chosen))
-    pieces = {int(i): str(pieces[i]) for i in ids}
-    labels = [short_token(pieces[i], 16) for i in ids]
+    shown = {int(i): str(pieces[i]) for i in ids}  # the rows drawn, as strings
+    labels = [short_token(shown[i], 16) for i in ids]
     mark = "◀ typed" if typed else "◀ chosen"
     ticktext = [f"<b>{lab}  {mark}</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]
-    hover_names = [f'"{esc(pieces[i])}" (id {i})' for i in ids]
-    label_em = max(text_width_em(pieces[i][:16]) + (6.5 if c else 0) for i, c in zip(ids, is_chosen, strict=True))
+    hover_names = [f'"{esc(shown[i])}" (id {i})' for i in ids]
+    label_em = max(text_width_em(shown[i][:16]) + (6.5 if c else 0) for i, c in zip(ids, is_chosen, strict=True))
 
     def bars(values: np.ndarray, name: str, colour: str) -> dict:
         colours = [CHOSEN_COLOUR if c else colour for c in is_chosen]
