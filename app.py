@@ -33,11 +33,13 @@ from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
 )
-from ui.explore_tab import build_explore_tab
+from ui.explore_tab import bind_token_view, build_explore_tab
 from ui.http import RefuseMalformedCalls
 from ui.inside_api import bind_inside_api
 from ui.inside_tab import bind_inside_section
+from ui.lanes import assign as assign_lanes
 from ui.patch_api import bind_patch_api
+from ui.pairs import bind_pair_helper
 from ui.patching import bind_patching
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
@@ -52,6 +54,7 @@ __all__ = [  # the handlers, importable from here as the API names them (tests a
 ]
 
 torch.set_num_threads(int(os.environ.get("DECODER_LAB_THREADS", "1")))  # one thread per request: bench/RESULTS.md
+import sys as _sys; _sys.setswitchinterval(float(os.environ.get("XSWITCH", "0.005")))
 ASSETS = Path(__file__).resolve().parent / "assets"
 LEARN_PATH = ASSETS / "learn.md"
 
@@ -90,6 +93,9 @@ def build_demo() -> gr.Blocks:
         bind_patch_api(ses)
         bind_inside_section(ses, explore["inside"])  # page-only events: after every endpoint
         bind_patching(ses, explore["heads"])  # page-only events too
+        bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count
+        bind_token_view(ses, explore["token_view"])  # page-only too: a token clicked, the lines view
+    assign_lanes(demo)  # every queued event in its lane of workers (ui/lanes.py; per address: ui/shares.py)
     return demo
 
 
@@ -106,8 +112,8 @@ def parse_args(argv: list[str] | None = None) -> list:
     args = parser.parse_args(argv)
     try:
         return sources_from(args.model, os.environ.get(ENV_VAR))
-    except ValueError as exc:
-        parser.error(str(exc))
+    except ValueError as exc:  # a source no model can be read from: one line, exit status 2
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     files.sweep_runs()
     demo = build_demo()
+    # gradio summarises its last 10,000 calls with pandas after every call, for the monitoring page this
+    # app turns off: ~14 ms of CPU each, which one address's flood made every visitor's call pay
+    os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(2**31))
+    os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "100")
     demo.queue(max_size=QUEUE_SIZE)
     demo.launch(max_file_size=f"{UPLOAD_MAX_MB}mb", show_error=False, enable_monitoring=False,
                 state_session_capacity=SESSION_CAPACITY, ssr_mode=False, footer_links=[],

@@ -251,9 +251,9 @@
   // head or, with "clicking picks", adds it to the heads to ablate (ui/heads.pick_head).
   const pickFrom = (gd, ev) => {
     const pt = ev && ev.points && ev.points[0];
-    if (!pt) return null;
-    if (Array.isArray(pt.customdata) && pt.customdata.length >= 2) return `${pt.customdata[0]},${pt.customdata[1]}`;
     const meta = gd._fullLayout && gd._fullLayout.meta;
+    if (!pt || (meta && meta.pick === "none")) return null; // the lines view: its points are weights, not heads
+    if (Array.isArray(pt.customdata) && pt.customdata.length >= 2) return `${pt.customdata[0]},${pt.customdata[1]}`;
     const xa = pt.xaxis && pt.xaxis._id, ya = pt.yaxis && pt.yaxis._id;
     const panel = meta && meta.panels && meta.panels.find((p) => p.xaxis === xa && p.yaxis === ya);
     return panel ? `${panel.layer},${panel.head}` : null;
@@ -275,6 +275,32 @@
     }
   };
   lab.hookPicks = hookPicks;
+  // The lines view (viz/layer_heads.py) is drawn again for each token clicked: the heads its legend hid
+  // stay hidden while the layer and its number of heads stay the same (each head's traces carry
+  // legendgroup "h<head>"; the legend's own entries are the traces named by their head's number).
+  const hidden = { key: "", heads: [] };
+  const linesKey = (gd) => {
+    const m = gd && gd._fullLayout && gd._fullLayout.meta;
+    return m && m.viz === "layer_heads" ? `${m.layer}/${m.heads}` : null;
+  };
+  const keepHidden = () => {
+    const gd = plotDiv(), P = window.Plotly, key = linesKey(gd);
+    if (!key || !gd.data || !P || typeof gd.on !== "function") return;
+    if (!gd._labLegend) {
+      gd._labLegend = true;
+      gd.on("plotly_restyle", () => {
+        hidden.key = linesKey(gd);
+        hidden.heads = gd.data.filter((t) => t.showlegend && t.visible === "legendonly").map((t) => t.legendgroup);
+      });
+    }
+    if (gd._labLegendData === gd.data) return; // this figure had its hidden heads already
+    gd._labLegendData = gd.data;
+    if (hidden.key !== key || !hidden.heads.length) return;
+    const idx = [];
+    gd.data.forEach((t, i) => { if (hidden.heads.includes(t.legendgroup) && t.visible !== false) idx.push(i); });
+    if (idx.length) P.restyle(gd, { visible: "legendonly" }, idx);
+  };
+  lab.keepHidden = keepHidden;
   // A click on a cell of the attention (query row, key column) or on an entry of the head's matrices
   // (a Q row picks the query, a K or V row the key) works that cell through in the "Inside one cell"
   // panel (ui/inside_tab.py): "layer,head,query,key" in lab.cell, then the hidden #pick_cell.
@@ -308,7 +334,7 @@
     }
   };
   lab.hookCells = hookCells;
-  new MutationObserver(() => requestAnimationFrame(() => { hookPicks(); lab.hookCells(); }))
+  new MutationObserver(() => requestAnimationFrame(() => { hookPicks(); lab.hookCells(); keepHidden(); }))
     .observe(document.body, { childList: true, subtree: true });
 
   const select = (i) => {
@@ -358,8 +384,9 @@
   // modebar's camera button with gd._context.toImageButtonOptions set. PNG at scale 2. Nothing is
   // fetched. File name: layout.meta.filename when the server set one, else the title's text, else
   // the plot's (or its block's) element id; only [A-Za-z0-9._-], at most 100 characters.
-  // Like plotly's own tool bar they show while the pointer is over the figure (or a key focuses them;
-  // always on touch screens), so they never cover the figure in a screenshot or on a projector.
+  // Like plotly's own tool bar they show while the pointer is over the figure (or a key focuses them),
+  // so they never cover the figure in a screenshot or on a projector. On a touch screen (a phone) they are
+  // always shown, in a strip of their own under the figure, never over its key labels or colour bar.
   (() => {
     const BAR = "lab-export";
     if (!document.getElementById("lab-export-style")) {
@@ -369,7 +396,8 @@
         .${BAR} { position: absolute; left: 4px; bottom: 4px; z-index: 20; display: flex; gap: 4px;
                   opacity: 0; transition: opacity 0.15s; }
         .js-plotly-plot:hover > .${BAR}, .${BAR}:focus-within { opacity: 1; }
-        @media (hover: none) { .${BAR} { opacity: 0.9; } }
+        @media (hover: none) { .${BAR} { opacity: 0.9; bottom: 2px; }
+                               .js-plotly-plot:has(> .${BAR}) { padding-bottom: 34px; } }
         .js-plotly-plot > .${BAR} > button { all: unset; box-sizing: border-box; cursor: pointer; padding: 3px 7px;
                   font: 600 11px/1.2 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; letter-spacing: 0.02em;
                   border: 1px solid #9aa3b2; border-radius: 4px; background: rgba(255, 255, 255, 0.92); color: #374151; }

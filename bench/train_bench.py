@@ -6,9 +6,11 @@ weights, no bias, dropout 0, AdamW lr 1e-3 -> 1e-4 (warm-up, hold, linear decay 
 val_loss is the loss over the whole held-out 10 % (model.evaluation.stream_loss). The text defaults
 to the shared Tiny Shakespeare next to the checkout (../shared/data/tinyshakespeare.txt).
 
-    python -m bench.train_bench        # default: all cores, bf16, the hand-written step (model/fastpath.py: flat fp32
-                                       # master weights, one bf16 copy, fused AdamW), wsd; compiled (max-autotune,
-                                       # autograd) only from COMPILE_PAYS_AFTER iterations on
+    python -m bench.train_bench        # default: all cores, the hand-written step (model/fastpath.py: flat fp32
+                                       # master weights, a bf16 copy when in bf16, fused AdamW), wsd; bf16 where the
+                                       # app's Train tab would use it (lab.recipe.bf16_choice: AMX tiles, or CUDA),
+                                       # the choice and why in the JSON; compiled (max-autotune, autograd) only from
+                                       # COMPILE_PAYS_AFTER iterations on
     python -m bench.train_bench --no-bf16 --compile none --backward autograd  # the plain fp32 eager loop
     python -m bench.train_bench --no-bf16 --compile none --sdpa auto --adamw loop --schedule cosine --backward autograd
                                        # the first loop
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.common import emit, parser
+from lab.recipe import bf16_choice
 from model.config import ModelConfig
 from model.corpora import build_corpus
 from model.evaluation import stream_loss
@@ -46,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # in a shorter run (the measurements are in bench/RESULTS.md, "on this CPU").
 COMPILE_PAYS_AFTER = 10_000
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+BATCH_SIZE = 12
 
 
 def bench_config(vocab_size: int) -> ModelConfig:
@@ -54,7 +58,16 @@ def bench_config(vocab_size: int) -> ModelConfig:
                        tie_weights=True, dropout=0.0)
 
 
-def arguments() -> argparse.Namespace:
+def precision(asked: bool | None, device: str, vocab_size: int = 65) -> tuple[bool, str]:
+    """Whether the run is in bf16, and why: as `--bf16` / `--no-bf16` asked, else as the app decides for this
+    model and batch on `device` (lab.recipe.bf16_choice, the Train tab's rule); the vocabulary does not count."""
+    if asked is not None:
+        return asked, f"{'--bf16' if asked else '--no-bf16'} asked"
+    bf16, why = bf16_choice(bench_config(vocab_size), BATCH_SIZE, device)
+    return bf16, f"default, the app's rule (lab.recipe.bf16_choice): {why}"
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with `--compile auto` and `none` resolved to a mode or None."""
     p = parser("train_bench", __doc__)
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="training text (default: shared Tiny Shakespeare)")
@@ -62,7 +75,9 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch intra-op threads (default: one per core, torch's own default; "
                         "use 1 when the box is shared)")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bfloat16 autocast")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bfloat16 matrix products (default: where the app's Train tab would use them: CUDA, or a CPU "
+                        "with AMX tiles; see lab.recipe.bf16_choice)")
     p.add_argument("--compile", nargs="?", const="default", default="auto",
                    choices=["auto", "none", *COMPILE_MODES],
                    help="torch.compile mode for the training forward+loss and its backward ('none' = eager; "
@@ -79,12 +94,12 @@ def arguments() -> argparse.Namespace:
                    help="lr 1e-3 -> 1e-4 after 100 warm-up steps: wsd (hold, then linear over the last 30%%) or cosine")
     p.add_argument("--seed", type=int, default=1337, help="seed for initialisation and batches")
     p.add_argument("--eval-batches", type=int, default=50, help="batches for the final train/val loss")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train (cuda: bf16 as asked)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     p.add_argument("--target", type=float, default=None, metavar="LOSS",
                    help="also report the wall clock from the process start to the first whole-held-out "
                         "validation loss <= LOSS, checked every --check-every iterations (check time excluded)")
     p.add_argument("--check-every", type=int, default=250)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.compile == "auto":  # skip compiling a run too short to earn its compile time back
         args.compile = "max-autotune-no-cudagraphs" if args.iters >= COMPILE_PAYS_AFTER else None
     if args.compile == "none":
@@ -97,7 +112,7 @@ def get_batch_ms(corpus) -> float:
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     for _ in range(200):
-        corpus.train.get_batch(12, 64, g)
+        corpus.train.get_batch(BATCH_SIZE, 64, g)
     return (time.perf_counter() - t0) / 200 * 1000
 
 
@@ -134,9 +149,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     model = DecoderLM(bench_config(corpus.tokenizer.vocab_size)).to(device)
-    cfg = TrainConfig(steps=args.iters, batch_size=12, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
+    bf16, bf16_why = precision(args.bf16, args.device, corpus.tokenizer.vocab_size)
+    cfg = TrainConfig(steps=args.iters, batch_size=BATCH_SIZE, lr=1e-3, min_lr=1e-4, warmup=100, weight_decay=0.1,
                       betas=(0.9, 0.99), grad_clip=1.0, eval_every=0, eval_batches=args.eval_batches,
-                      seed=args.seed, bf16=args.bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
+                      seed=args.seed, bf16=bf16, schedule=args.schedule, decay_frac=0.3, adamw=args.adamw,
                       compile=args.compile, sdpa=args.sdpa, backward=args.backward)
     manual = uses_manual_step(model, cfg)
     batch_ms = get_batch_ms(corpus)
@@ -150,7 +166,8 @@ def main() -> None:
         iters=last.step,
         seed=args.seed,
         threads=args.threads,
-        bf16=args.bf16,
+        bf16=bf16,
+        bf16_why=bf16_why,
         compile=args.compile,
         adamw=args.adamw,
         sdpa=None if manual else args.sdpa,
@@ -159,7 +176,7 @@ def main() -> None:
         schedule=args.schedule,
         ms_per_iter_median=round(1000 * med, 2),
         ms_per_iter_p10=round(1000 * sorted(warm)[len(warm) // 10], 2),
-        tokens_per_s=round(12 * 64 / med),
+        tokens_per_s=round(BATCH_SIZE * 64 / med),
         first_iters_overhead_s=round(sum(times[:10]) - 10 * med, 2),  # compile time when --compile
         get_batch_ms=round(batch_ms, 4),
         total_s=round(last.elapsed, 1),

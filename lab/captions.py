@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from model import heads
+from viz import LINES_VIEW, THUMBNAILS_VIEW
 
 from . import probing
 from .models import ModelEntry
@@ -120,6 +121,8 @@ def caption(entry: ModelEntry, weights, scores, tokens: Sequence[str], ids: Sequ
     if view == "all layers":
         return (lead + f"Every layer, every head: in each panel a row is a query token and its colours are the "
                 f"weights it puts on the tokens up to it. The last token is “{tokens[last]}”.")
+    if view in (LINES_VIEW, THUMBNAILS_VIEW):
+        return lead + many_heads_caption(weights, tokens, layer, view)
     if head is None and len(weights[layer]) == 1:
         head = 0
     if head is None:
@@ -139,6 +142,24 @@ def caption(entry: ModelEntry, weights, scores, tokens: Sequence[str], ids: Sequ
     top = int(row.argmax())
     return (lead + f"Layer {layer}, head {head}: the row of the last token “{tokens[last]}” puts its largest "
             f"weight ({row[top]:.2f}) on “{tokens[top]}” (position {top}). Click a token to see its row.")
+
+
+def many_heads_caption(weights, tokens: Sequence[str], layer: int, view: str) -> str:
+    """The line above the views of many heads at once: how to read it, and one number read off it."""
+    last = len(tokens) - 1
+    if view == LINES_VIEW:
+        w = np.asarray(weights[layer])[:, last]  # (H, T): the last token's row in each head
+        h, k = np.unravel_index(int(w.argmax()), w.shape)
+        return (f"Layer {layer}, all {len(w)} heads, one colour each; a line is as opaque as its weight. The last "
+                f"token “{tokens[last]}” sends its strongest line to “{tokens[k]}” in head {h} "
+                f"({w[h, k]:.2f}).")
+    line = f"All {len(weights)} × {len(weights[0])} heads, each a small map of its weights: click one to open it."
+    if last >= 1:
+        q = np.arange(1, last + 1)
+        prev = np.array([np.asarray(w)[:, q, q - 1].mean(-1) for w in weights])  # (L, H)
+        li, h = np.unravel_index(int(prev.argmax()), prev.shape)
+        line += f" Most on the previous token: layer {li}, head {h} (mean weight {prev[li, h]:.2f})."
+    return line
 
 
 # ------------------------------------------------------------------------- the head tools' change

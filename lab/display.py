@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .checks import UserError, check_choice, check_int
+from .checks import UserError, check_choice, check_int, whole_numbers
 from .limits import ATTENTION_VIEWS, COLOUR_MODES
 from .models import ModelEntry
 
@@ -118,10 +118,10 @@ def changed_display(d: Display, colour=None, presentation=None, screen=None) -> 
         raise UserError("presentation must be true or false.")
     width, height = d.width, d.height
     if screen is not None:
-        parts = screen.split("x") if isinstance(screen, str) else []
-        if len(parts) != 2 or not all(p.isdigit() and len(p) <= 5 for p in parts):
+        size = whole_numbers(screen, "x", 2)
+        if size is None:
             raise UserError("screen must look like 1366x900.")
-        width, height = (min(max(int(p), 200), 8000) for p in parts)
+        width, height = (min(max(p, 200), 8000) for p in size)
     return Display(colour, d.presentation if presentation is None else presentation, width, height, d.tool)
 
 

@@ -16,6 +16,8 @@ Conventions:
   the JSON's "text_offset" is where the window starts in the whole text.
 - Cells the causal mask hides (a key after its query) are empty in the CSV and null in the JSON;
   so is any score that is undefined on the text (NaN), and a loss that was not measured.
+- Attention is what the Explore figure draws: under the head tools' change, the changed attention,
+  named as such, with the model's own beside it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 from . import probing
 from .checks import UserError, check_choice, check_int
+from .frame import shown_attention
 from .files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
 
 if TYPE_CHECKING:
@@ -42,6 +45,7 @@ LENS_TOP = 10
 MAX_TOP = 1000
 NO_TEXT = "Press Step first: there is no text to export yet."
 ATTENTION_COLUMNS = ["layer", "head", "query_position", "query_token", "key_position", "key_token", "value"]
+CHANGED_COLUMNS = ["unchanged_value", "change"]  # added while the head tools change the attention drawn
 PROBABILITY_COLUMNS = ["rank", "token_id", "piece", "probability", "adjusted", "chosen"]
 LOSS_COLUMNS = ["step", "train_loss", "val_loss"]
 LENS_COLUMNS = ["stage", "rank", "token_id", "piece", "probability"]
@@ -130,12 +134,17 @@ def _text_json(session: Session, what: str) -> dict:
 
 def attention(session: Session, layer, head, kind="weights") -> Export:
     """The attention of one head (`head` None or "all": every head of `layer`) on the current
-    window: its weights, or its scores before the softmax (`kind`)."""
+    window, as the Explore figure draws it: its weights, or its scores before the softmax (`kind`).
+    While the head tools ablate heads or edit a row, that is the attention the model computes under
+    the change; the file then says so ("drawn", "change") and adds the model's own attention beside
+    it (column `unchanged_value`, JSON "unchanged_values")."""
     _need_text(session)
     kind = check_choice("kind", kind, KINDS)
     view = session.check_view(None, layer, "all" if head is None else head, "weights")
     att = session.attention()
-    matrices = (att.weights if kind == "weights" else att.scores)[view.layer]  # (H, T, T) float32
+    drawn, change = shown_attention(session.text, session.probe)  # the figure's numbers (lab.frame)
+    pick = (lambda a: (a.weights if kind == "weights" else a.scores)[view.layer])  # (H, T, T) float32
+    matrices, own = pick(drawn), pick(att) if change else None
     heads = list(range(matrices.shape[0])) if view.head is None else [view.head]
     tokens = att.tokens
     T = len(tokens)
@@ -146,15 +155,27 @@ def attention(session: Session, layer, head, kind="weights") -> Export:
             return None  # hidden by the mask: weight 0, score -inf
         return _number(m[q, k])
 
-    values = [[[value(matrices[h], q, k) for k in range(T)] for q in range(T)] for h in heads]
-    rows = [[view.layer, h, q, tokens[q], k, tokens[k], values[i][q][k]]
+    def grid(m: np.ndarray) -> list:
+        return [[[value(m[h], q, k) for k in range(T)] for q in range(T)] for h in heads]
+
+    values = grid(matrices)
+    unchanged = grid(own) if change else None
+    columns = ATTENTION_COLUMNS + (CHANGED_COLUMNS if change else [])
+    rows = [[view.layer, h, q, tokens[q], k, tokens[k], values[i][q][k],
+             *([unchanged[i][q][k], change] if change else [])]
             for i, h in enumerate(heads) for q in range(T) for k in range(T)]
     data = {**_text_json(session, "attention"), "kind": kind, "layer": view.layer, "heads": heads,
             "causal": causal, "masked": "null where the causal mask hides a key after its query",
+            "drawn": "changed" if change else "unchanged", "change": change,
+            "values_are": (f"the attention drawn, computed under the head tools' change ({change}); "
+                           "unchanged_values: the model's own attention without it") if change else
+                          "the attention drawn: the model's own (no head ablated, no row edited)",
             "values": values}
+    if change:
+        data["unchanged_values"] = unchanged
     which = f"L{view.layer}H{view.head}" if view.head is not None else f"L{view.layer}-all-heads"
-    name = _stem(model_stem(session.entry.name), which, "attention", kind, f"{T}tokens")
-    return Export(name, to_csv(ATTENTION_COLUMNS, rows), data)
+    name = _stem(model_stem(session.entry.name), which, "changed" if change else "", "attention", kind, f"{T}tokens")
+    return Export(name, to_csv(columns, rows), data)
 
 
 # ----------------------------------------------------------------------- probabilities

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.checkpoint import atomic_write
+from model.sources import check_links, kind_of, local_path, shortened
 
 from .checks import UserError
 from .models import ModelEntry
@@ -80,25 +81,22 @@ def parse_source(text: str) -> Source:
     if not isinstance(text, str) or not text.strip():
         raise ValueError("a model source is empty")
     text = text.strip()
-    path = Path(text).expanduser()
-    if path.is_dir():
+    path = local_path(text)  # a name no file can have (3,000 characters, a NUL) is a sentence, not an OSError
+    kind = kind_of(path)
+    if kind == "folder":
         return Source("folder", path=path.resolve())
-    if path.suffix == ".pt":
-        if not path.is_file():
-            raise ValueError(f"there is no file {text}")
-        return Source("nanogpt", path=path.resolve())
-    if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise ValueError(f"there is no file {text}")
-        return Source("file", path=path.resolve())
+    if path.suffix in (".pt", ".safetensors"):
+        if kind != "file":
+            raise ValueError(f"there is no file {shortened(text)}")
+        return Source("nanogpt" if path.suffix == ".pt" else "file", path=path.resolve())
     repo, at, revision = text.partition("@")
     if _REPO.fullmatch(repo) and not at:
-        raise ValueError(f"{text} is not a folder here; as a Hugging Face repo id it needs a pinned revision "
+        raise ValueError(f"{shortened(text)} is not a folder here; as a Hugging Face repo id it needs a pinned revision "
                          f"({text}@main, or a commit)")
     if _REPO.fullmatch(repo) and _REVISION.fullmatch(revision) and ".." not in revision:
         return Source("hub", repo=repo, revision=revision)
-    raise ValueError(f"{text} is neither a model folder, a nanoGPT .pt file, a Decoder Lab .safetensors file "
-                     "nor a repo id as owner/name@revision")
+    raise ValueError(f"{shortened(text)} is neither a model folder, a nanoGPT .pt file, a Decoder Lab .safetensors "
+                     "file nor a repo id as owner/name@revision")
 
 
 def sources_from(args: list[str] | None, env: str | None) -> list[Source]:
@@ -128,12 +126,17 @@ def hub_folder(source: Source) -> Path:
 
 
 def model_files(source: Source, folder: Path | None) -> list[Path]:
-    """The files a model is made of (what its hash covers), in a fixed order."""
+    """The files a model is made of (what its hash covers), in a fixed order. A folder's files are
+    read only when none of them is a link out of it (model.sources.check_links): a ValueError."""
     if source.kind == "nanogpt":
         meta = source.path.parent / "meta.pkl"
-        return [source.path] + ([meta] if meta.is_file() else [])
+        if not meta.is_file():
+            return [source.path]
+        check_links(source.path.parent, ("meta.pkl",))
+        return [source.path, meta]
     if source.kind == "file":
         return [source.path]
+    check_links(folder)
     names = [n for n in _FOLDER_FILES if (folder / n).is_file()]
     names += sorted(p.name for p in folder.glob("*.safetensors"))
     return [folder / n for n in names]
@@ -160,7 +163,7 @@ class HashRecord:
     def _read(self) -> dict[str, str]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return {}
         return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
 
@@ -236,7 +239,10 @@ class ExternalModels:
     def _open(self, name: str, source: Source, folder: Path) -> ModelEntry:
         from .realmodels import open_source  # the engine's importers load only once a model is used
 
-        files = model_files(source, folder)
+        try:
+            files = model_files(source, folder)
+        except ValueError as exc:  # a link out of the folder: refused as the importers refuse it
+            raise UserError(f"'{source.shown}' cannot be opened: {str(exc).rstrip('.')}.") from None
         if not files or not all(p.is_file() for p in files):
             raise UserError(f"'{source.shown}' has no model files here.")
         digest = files_hash(files)

@@ -11,6 +11,10 @@ it adds the task-match score to the known ideal pattern, and for every model the
 the caption of its `FirstView` (lab/models.py); tests/lab/test_first_views.py checks those claims.
 
     python -m lab.first_views [--new 16]
+    python -m lab.first_views --model SRC      # a model added with `python app.py --model SRC`
+
+With --model it prints, for a model of someone else's, what lab.realmodels.opening chose its first view
+by: every example's best head per role (and the word-start score of a character model), and the view.
 
 A tool for whoever edits the captions, not part of the app: nothing imports it.
 """
@@ -119,11 +123,40 @@ def evidence(name: str, prompts: tuple[str, ...], new_tokens: int) -> None:
               f"{int((A[li, h, q].argmax(-1) == np.array(k)).sum())} of {len(q)}")
 
 
+def external(source: str) -> None:
+    """An added model's examples, each role's best head on each, and the view `opening` chose from them."""
+    import tempfile
+    from pathlib import Path
+
+    from lab.external import ExternalModels, parse_source
+    from lab.realmodels import SHOWN, SHOWN_ROLES, example_scores
+
+    with tempfile.TemporaryDirectory() as tmp:  # the app's record of hashes stays as it is
+        found = ExternalModels([parse_source(source)], Path(tmp) / "hashes.json")
+        entry = found.get(found.names[0])
+    print(f"== {entry.summary}")
+    for prompt, scores in zip(entry.examples, example_scores(entry)):
+        print(f" example {prompt!r}")
+        for key in SHOWN_ROLES:
+            table = np.asarray(scores.get(key, np.nan), dtype=np.float64)
+            if np.isfinite(table).any():
+                layer, head = np.unravel_index(np.nanargmax(table), table.shape)
+                print(f"  {SHOWN[key].name}: best L{layer}H{head} {table[layer, head]:.3f} "
+                      f"(a role from {SHOWN[key].threshold:g})")
+    fv = entry.first_view
+    print(" first view: none" if fv is None else f" first view: layer {fv.layer}, head {fv.head} on the first "
+          f"example — {fv.caption}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new", type=int, default=16, help="greedy tokens to add after the prompt")
+    ap.add_argument("--model", metavar="SRC", help="a model as `python app.py --model SRC` takes it")
     args = ap.parse_args(argv)
     np.set_printoptions(precision=3, suppress=True)
+    if args.model:
+        external(args.model)
+        return
     for name, builtin in BUILTIN_MODELS.items():
         prompt = builtin.examples[0]
         entry = BUILTINS.get(name)

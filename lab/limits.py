@@ -69,8 +69,10 @@ STATE_TTL_S = float(os.environ.get("DECODER_LAB_STATE_TTL", "1800"))
 SESSION_CAPACITY = 2000  # gradio's own copies of session state (~135 KB each); lab.sessionstore keeps the sessions
 QUEUE_SIZE = int(os.environ.get("DECODER_LAB_QUEUE", "32"))
 RUN_FILES_MAX_AGE_S = 3600  # downloadable model files of a session
-# concurrency_limit of each group of events (one training at a time: it takes a whole core)
-CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2, "patch": 1}  # patch: lab/patching.py sweeps
+# concurrency_limit of each lane of the queue (ui/lanes.py puts every event in one; one training at a time: it
+# takes a whole core; patch: lab/patching.py sweeps; replay: session files opened, never behind another address's)
+CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2, "patch": 1, "tools": 2, "film": 2, "export": 2,
+               "page": 4, "replay": 8}
 
 # ------------------------------ Server-wide budgets (lab/budget.py, lab/rates.py, lab/sessionstore.py)
 # What one visitor may take of what everyone shares. A client is its address (an IPv6 address
@@ -131,7 +133,13 @@ CLIENT_QUEUE = _share("DECODER_LAB_CLIENT_QUEUE", QUEUE_SIZE, 4)  # calls waitin
 # (scaled as the rates are: a test suite calls from one address all along)
 CLIENT_LONG_CALLS = {"train": int(os.environ.get("DECODER_LAB_CLIENT_TRAININGS", str(_RATE_SCALE))),
                      "replay": int(os.environ.get("DECODER_LAB_CLIENT_REPLAYS", str(_RATE_SCALE)))}
-__all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE", "CLIENT_LONG_CALLS"]
+# bytes of warm texts (lab/warm.py) of one address: past the bound, an address over this share cools its own first
+CLIENT_WARM_BYTES = _share("DECODER_LAB_CLIENT_WARM_MB", WARM_MAX_BYTES // 2**20, 4) * 2**20
+# calls of one address in gradio's queue at once, waiting or running, besides its trainings: its further calls
+# wait at the door (ui/shares.py), holding no worker, so one address keeps at most this many workers busy
+CLIENT_WORKERS = int(os.environ.get("DECODER_LAB_CLIENT_WORKERS", str(_RATE_SCALE)))
+__all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE", "CLIENT_LONG_CALLS",
+            "CLIENT_WORKERS", "CLIENT_WARM_BYTES"]
 
 
 MAX_LOG = 4 * MAX_NEW_TOKENS  # actions (Step, Generate, Undo) a text's log keeps: a session file replays them
@@ -201,8 +209,10 @@ def budget_rows() -> list[str]:
         f"≤ {MAX_SESSIONS} sessions; when full, the least recently used idle session's go first, and a session "
         f"that acted in the last {_num(IDLE_S / 60)} min loses nothing |",
         f"| one address's share | ≤ {CLIENT_SESSIONS} sessions, ≤ {CLIENT_MEMORY_BYTES // mb:,} MB of own models and "
-        f"texts, ≤ {CLIENT_FILES_BYTES // mb:,} MB of files, ≤ {CLIENT_QUEUE} calls waiting or running, of them ≤ "
+        f"texts, ≤ {CLIENT_FILES_BYTES // mb:,} MB of files, ≤ {CLIENT_WARM_BYTES // mb:,} MB of texts kept warm "
+        f"before its own cool first, ≤ {CLIENT_QUEUE} calls waiting or running, of them ≤ "
         f"{CLIENT_LONG_CALLS['train']} training and ≤ {CLIENT_LONG_CALLS['replay']} replay (a session file or a link "
-        "with steps); past it, the address's own idle sessions make room, never another address's, and calls are "
-        "refused when they join the queue |",
+        f"with steps, its Steps and its model's work paid before it runs) and ≤ {CLIENT_WORKERS} in the queue at once "
+        "besides its training (the others wait at the door, holding no worker); past it, the address's own idle "
+        "sessions make room, never another address's, and calls are refused when they join the queue |",
     ]

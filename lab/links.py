@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from model.generate import Sampling
 
-from .checks import UserError, check_choice, check_float, check_int
+from .checks import UserError, check_choice, check_float, check_int, number_from_text, quoted
 from .display import check_head
 from .limits import ATTENTION_VIEWS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE
 from .models import DEFAULT_MODEL
@@ -41,8 +41,7 @@ class Link:
 
 
 def _quote(value) -> str:
-    text = str(value)
-    return repr(text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…")
+    return quoted(value, MAX_SHOWN)
 
 
 def read_link(session: Session, params: dict) -> Link:
@@ -90,10 +89,10 @@ def read_link(session: Session, params: dict) -> Link:
 def _float(v):
     """A number as a URL carries it (text), or as the API sends it."""
     if isinstance(v, str):
-        try:
-            return float(v.strip())
-        except ValueError:
-            raise UserError("not a number") from None
+        number = number_from_text(v)
+        if number is None:
+            raise UserError("not a number")
+        return number
     return v
 
 

@@ -36,13 +36,15 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from model.hf_tokenizer import HFFileTokenizer
 from model.patching import Activations, Patch, PatchSite
 
 from .budget import MODEL_BUDGET
-from .checks import UserError, check_choice
+from .checks import UserError, check_choice, quoted
 from .export import Export, to_csv
 from .files import model_stem
 from .models import ModelEntry
+from .pairs import pairs_for
 from .text import encode_prompt, used_rows
 
 METRICS = {"logit_diff": "logit difference of two answer tokens", "prob": "probability of one answer token"}
@@ -56,6 +58,13 @@ SWEEPS = {"heads": "head outputs (layer × head)", "resid": "residual stream (la
           "attn": "attention output (layer × position)", "mlp": "MLP output (layer × position)"}
 VALUE_NAMES = {"denoising": "share of the A→B difference restored", "noising": "share of the A→B difference made"}
 MIN_DIFFERENCE = {"logit_diff": 1e-3, "prob": 1e-4}  # |m_A − m_B| below this: nothing to restore
+# A difference small next to what changes it: the sweep's patched runs spread over more than NOISE_RATIO times
+# |m_A − m_B| (max − min of the cells' metric), so its shares span more than NOISE_RATIO × 100 percentage points.
+# When A and B really differ in what the metric reads, each cell lands between B's value and A's (shares 0 … 1,
+# an overshoot or a negative cell a fraction of the difference): every sweep of the built-ins' minimal pairs
+# spreads 0.78-1.14 times its difference. A difference that single patches overshoot twice over is one those
+# patches' own effects drown (issue 36: a random GPT-2's 0.506 vs 0.543 gave shares from −358 % to +443 %).
+NOISE_RATIO = 2.0
 # a session's sweep at most: GPT-2 small's layer × head sweep of 16 tokens is 224 GFLOP (bench/RESULTS.md, 10 s)
 MAX_SWEEP_GFLOP = 600
 BATCH_TOKENS = 512  # patched runs per batch × tokens: the batch a sweep runs at once (bench/patching.py)
@@ -99,15 +108,17 @@ def answer_token(entry: ModelEntry, value, which: str) -> int:
     if not isinstance(value, str) or not value:
         raise UserError(f"Type the {which} answer token (for example “ she”).")
     tok = entry.tokenizer
-    enc = tok.encode_verbose(value)
+    # the answer continues the prompt: its own tokens, without the BOS a Llama-style tokenizer puts first
+    enc = tok.encode_verbose(value, add_special_tokens=False) if isinstance(tok, HFFileTokenizer) else \
+        tok.encode_verbose(value)
     if not enc.unknown and len(enc.ids) == 1:
         return enc.ids[0]
     pieces = {p: i for i, p in enumerate(entry.pieces)}
     if value in pieces and pieces[value] < (entry.model.cfg.vocab_used or entry.model.cfg.vocab_size):
         return pieces[value]
-    shown = value if len(value) <= 30 else value[:29] + "…"
-    raise UserError(f"The {which} answer “{shown}” is {len(enc.ids)} tokens for this model; the metric needs a "
-                    "single token (a whole word for a word-level model, one character for a character-level one).")
+    raise UserError(f"The {which} answer {quoted(value, 30)} is {len(enc.ids)} tokens for this model; the metric "
+                    "needs a single token (a whole word for a word-level model, one character for a "
+                    "character-level one).")
 
 
 def make_metric(entry: ModelEntry, kind, answer, other=None) -> Metric:
@@ -165,19 +176,23 @@ def prepare(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=N
     ids_a, notes_a = encode_prompt(prompt_a, entry)
     ids_b, notes_b = encode_prompt(prompt_b, entry)
     if len(ids_a) != len(ids_b):
+        made = pairs_for(entry)  # a pair made for this model's tokenizer, never another model's
+        such = f", such as “{made[0].a}” ⇄ “{made[0].b}”" if made else ""
         raise UserError(
             f"Patching swaps activations position by position, so both prompts need the same number of tokens: "
-            f"A has {len(ids_a)}, B has {len(ids_b)}. Use a minimal pair, two prompts that differ only in a word "
-            "or two of one token each (Compare A / B lists example pairs, such as “anna found the key . she” "
-            "⇄ “tom found the key . he”).")
+            f"A has {len(ids_a)}, B has {len(ids_b)}. Use a minimal pair, two prompts that differ only in words "
+            f"of as many tokens (Compare A / B lists pairs made for this model{such}; its “Which words keep the "
+            "token count” finds more).")
     m = make_metric(entry, metric, answer, other)
     runs = [_run(entry, torch.tensor([ids]), record=True) for ids in (ids_a, ids_b)]
     clean, corrupted = (float(m.of(r.logits[:, -1], entry)[0]) for r in runs)
     if abs(clean - corrupted) < MIN_DIFFERENCE[m.kind]:
+        made = pairs_for(entry)
+        such = f" such as “{made[0].a}” ⇄ “{made[0].b}”" if made else ""
         raise UserError(
             f"{m.label} is {clean:.4g} on A and {corrupted:.4g} on B: there is no difference for a patch to "
-            "restore. Choose prompts whose answer changes (a minimal pair such as “anna … she” ⇄ “tom … he”) "
-            "or answer tokens whose scores the change moves.")
+            f"restore. Choose prompts whose answer changes (a minimal pair{such}) or answer tokens whose scores "
+            "the change moves.")
     notes = [f"Prompt A: {n}" for n in notes_a] + [f"Prompt B: {n}" for n in notes_b]
     return PatchSetup(entry, ids_a, ids_b, m, clean, corrupted, runs[0].activations, runs[1].activations, notes)
 
@@ -227,6 +242,40 @@ class PatchResult:
         R, C = self.values.shape
         return [(int(i) // C, int(i) % C, float(flat[i])) for i in order if np.isfinite(flat[i])]
 
+    def spread(self) -> tuple[float, float] | None:
+        """(lowest, highest) metric of the patched runs computed (None before any)."""
+        done = self.metric[np.isfinite(self.metric)]
+        return (float(done.min()), float(done.max())) if done.size else None
+
+    def small_difference(self) -> bool:
+        """Whether the A/B difference is small next to what the sweep's patches do to the metric (NOISE_RATIO)."""
+        span = self.spread()
+        return span is not None and span[1] - span[0] > NOISE_RATIO * abs(self.setup.difference)
+
+    def wrong_sign(self) -> bool:
+        """Whether the metric is lower on A than on B: the answer tokens say it is A's answer that is higher."""
+        return self.setup.difference < 0
+
+    def cautions(self) -> list[str]:
+        """What a reader of the map must know first: a difference of the wrong sign, one too small to read."""
+        s, out = self.setup, []
+        m = s.metric
+        if self.wrong_sign():
+            what = (f"A gives {m.answer_piece} a lower probability than B does" if m.kind == "prob" else
+                    f"A favours {m.answer_piece} over {m.other_piece} less than B does")
+            out.append(f"Wrong sign: the answer tokens put A's answer first, but {m.label} is lower on A "
+                       f"({s.clean:.3f}) than on B ({s.corrupted:.3f}): {what}. A share here measures a move "
+                       "away from A's answer.")
+        if self.small_difference():
+            low, high = self.spread()
+            out.append(f"The A/B difference ({s.difference:+.3f}) is small next to what single patches do: the "
+                       f"patched runs' {m.label} spreads from {low:.3f} to {high:.3f}, "
+                       f"{(high - low) / abs(s.difference):.1f} times the difference (this lab warns above "
+                       f"{NOISE_RATIO:g}). Shares from {100 * np.nanmin(self.values):.0f} % to "
+                       f"{100 * np.nanmax(self.values):.0f} % come from dividing by a small number: read this map "
+                       "as noise, and choose a pair whose answer changes more.")
+        return out
+
     def cell_name(self, r: int, c: int) -> str:
         if self.what == "heads":
             return f"{self.rows[r]}{self.columns[c]}"
@@ -243,7 +292,10 @@ class PatchResult:
             return "No cell was computed."
         r, c, v = top[0]
         verb = "restores" if self.direction == "denoising" else "makes"
-        return f"{self.cell_name(r, c)} {verb} {100 * v:.0f} % of the {self.setup.metric.difference_name} difference"
+        line = f"{self.cell_name(r, c)} {verb} {100 * v:.0f} % of the {self.setup.metric.difference_name} difference"
+        flags = [f"of the wrong sign ({self.setup.difference:+.3f})"] if self.wrong_sign() else []
+        flags += ["too small to read (see the warning)"] if self.small_difference() else []
+        return line + (", a difference " + " and ".join(flags) if flags else "")  # the headline says it too
 
     def to_json(self) -> dict:
         s = self.setup
@@ -258,7 +310,7 @@ class PatchResult:
                 "value_is": self.value_name, "values": [[num(v) for v in row] for row in self.values],
                 "metric_patched": [[num(v) for v in row] for row in self.metric],
                 "done": self.done, "cells": int(self.values.size), "stopped": self.stopped,
-                "summary": self.summary(), "notes": s.notes}
+                "summary": self.summary(), "cautions": self.cautions(), "notes": s.notes}
 
 
 @dataclass

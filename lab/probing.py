@@ -26,7 +26,7 @@ from model.generate import Decoder, Sampling, generate
 from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
 from model.transformer import KVCache, LayerCache, read_out_rows
 
-from .checks import UserError, check_choice, check_int
+from .checks import UserError, check_choice, check_int, number_from_text
 from .display import check_head
 from .limits import MAX_NEW_TOKENS
 from .models import ModelEntry
@@ -362,8 +362,8 @@ def with_selected_edit(text: Text, settings: ProbeSettings, head, key) -> ProbeS
     """`with_edit` for the selected token, with the head as a label ("L1H0") and the key as the page
     sends it (a position as text, "uniform" or "off")."""
     need_text(text)
-    if isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
-        key = int(key)  # anything else that is text (“²”, “3.5”) is left to with_edit's check, which names it
+    if (number := number_from_text(key)) is not None and number.is_integer():
+        key = int(number)  # a position as text ("3"); other text (“²”, “3.5”) is left to with_edit's check
     if key is None or key == "off":
         return with_edit(text, settings, None, None, None, None)
     cfg = text.entry.model.cfg

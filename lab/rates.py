@@ -5,7 +5,8 @@
 - `client_key` turns a request's address (and, behind a proxy, its X-Forwarded-For) into the client;
   `client_of(session)` is the client a session counts against (`SessionStore` sets it).
 - `charge(session, action)` takes from the server's own limiter, `LIMITER`; `replay_cost` is what
-  replaying a session file costs.
+  replaying a text costs (a session file's, a link's), counted before the replay starts: its Steps,
+  and with its model (`ModelWork`) the model's work, so a replay's time is bounded on any model.
 
 The other shared guards are lab/sessionstore.py (the sessions) and lab/budget.py (memory and disk).
 Nothing here imports gradio or the session module.
@@ -24,7 +25,8 @@ from typing import Callable
 from .checks import UserError
 from .limits import BEHIND_PROXY, RATE_LIMITS, RATE_MAX_KEYS
 
-__all__ = ["Rate", "RateLimiter", "client_key", "client_of", "wait_words", "charge", "replay_cost", "LIMITER"]
+__all__ = ["Rate", "RateLimiter", "client_key", "client_of", "wait_words", "charge", "replay_cost", "ModelWork",
+           "TOKEN_WORK", "LIMITER"]
 
 Clock = Callable[[], float]
 
@@ -68,7 +70,8 @@ _SLOW_DOWN = {
     "replay": "too many Steps were replayed (session files and links) from your address",
     "upload_bytes": "too many megabytes were uploaded from your address",
 }
-_UNITS = {"replay": "Steps to replay (a Step, an Undo or a generated token each)", "upload_bytes": "MB of uploads"}
+_UNITS = {"replay": "Steps' worth of replay (a Step, an Undo or a generated token each, more on a larger model, "
+                    "for an Undo and past the context)", "upload_bytes": "MB of uploads"}
 _UNIT_SIZE = {"upload_bytes": 2**20}  # a bucket of bytes speaks of MB
 
 
@@ -161,15 +164,57 @@ def client_key(host: str | None, forwarded_for: str | None = None, *, behind_pro
     return _key(ip) if ip is not None else str(host or "unknown")[:100]
 
 
-def replay_cost(actions) -> int:
-    """What replaying a session file's actions costs, in Steps: one per Step and Undo, one per token
-    a Generate makes (what is not a list of actions costs nothing: the file is refused for it later)."""
+# The model's work that costs a replay as much as a Step's own work (its distributions, its attention rows,
+# its bookkeeping): 2**26 parameter-tokens, a token through 67 M parameters (measured on 2 vCPUs: ~7 ms a
+# Step's own work, ~0.1 ms a token through a million parameters). A Step of a built-in model costs about 1.
+TOKEN_WORK = 2**26
+
+
+@dataclass(frozen=True)
+class ModelWork:
+    """What a replay's model costs: its parameters, its context (block size) and the prompt's tokens."""
+
+    params: int
+    block_size: int
+    prompt_tokens: int
+
+    def tokens(self, actions: list) -> int:
+        """Tokens the model runs for `actions` replayed one after the other (as lab.session and the
+        engine's Decoder do): the prompt's window before the first Step, then one token a Step while the
+        window has room, the whole window when it slides past the context, the whole window for an Undo,
+        and for a Generate once more at its end (its attention, computed for the last token only)."""
+        length, window, started, ran = self.prompt_tokens, max(1, self.block_size), False, 0
+        for a in actions:
+            do = a.get("do") if isinstance(a, dict) else None
+            if do == "undo":
+                if started and length > self.prompt_tokens:
+                    length -= 1
+                    ran += min(length, window)
+                continue
+            tokens = a.get("tokens") if do == "generate" else None
+            for _ in range(len(tokens) if isinstance(tokens, list) and tokens else 1):
+                if not started:
+                    started, ran = True, ran + min(length, window)
+                length += 1
+                ran += window if length > window else 1
+            if do == "generate":
+                ran += min(length, window)
+        return ran
+
+
+def replay_cost(actions, model: ModelWork | None = None) -> int:
+    """What replaying a text's actions costs, in Steps: one per Step and Undo, one per token a Generate
+    makes, and with its `model` the model's work besides, its parameters times the tokens it runs
+    (`ModelWork.tokens`) over `TOKEN_WORK`: a larger model, an Undo (the window again) and a text past
+    the context cost more. (What is not a list of actions costs nothing: the file is refused for it later.)"""
     if not isinstance(actions, list):
         return 0
     cost = 0
     for a in actions:
         tokens = a.get("tokens") if isinstance(a, dict) and a.get("do") == "generate" else None
         cost += len(tokens) if isinstance(tokens, list) and tokens else 1
+    if model is not None:
+        cost += math.ceil(model.params * model.tokens(actions) / TOKEN_WORK)
     return cost
 
 

@@ -13,15 +13,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.heads import ROLES, head_scores
+from model.heads import ROLES, Role, head_scores
 
 from .checks import UserError
 from .models import FirstView, ModelEntry, counted, usable_examples
 
-# Prompts that show something on a real model: a pronoun to resolve and a name to repeat (the
-# indirect-object pattern). The first example is made per model: a random token sequence, twice.
+# Prompts that show something on a real model: a sentence said twice (a model that learned to copy, a
+# character model too, follows it), a pronoun to resolve and a name to repeat (the indirect-object pattern);
+# and one made per model: a random token sequence, twice. The model opens on the one where it shows most.
+REPEAT_PROMPT = "the cat sat on the mat. the cat sat on the mat."
 PRONOUN_PROMPT = "Anna found the key under the mat. She gave it to Tom because he"
 NAME_PROMPT = "When Mary and John went to the store, John gave a drink to"
+# A character model's own pattern (the built-in Shakespeare model's first view): each character of a word
+# looks at the space or line break that starts it. A score like model.heads' roles, for character tokenizers.
+WORD_START = Role("word_start", "word-start", "mean over characters i after the first space of A[i, s(i)], s(i) "
+                  "the space or line break that starts i's word", 0.5,
+                  "each character looks at the space or line break that starts its word")
+SHOWN_ROLES = ("induction", "previous_token", "word_start")  # what a first view looks for, the rarer first
+SHOWN = {**ROLES, "word_start": WORD_START}
 INDUCTION_TOKENS = 10  # random tokens in the sequence that the induction prompt repeats
 _WORD = re.compile(r" ?[A-Za-z]{3,10}")
 
@@ -106,7 +115,7 @@ def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
     entry = ExternalEntry(name, model, tok, {"source": source.shown, "sha256": digest}, examples=examples,
                           family=family, source=source.shown, sha256=digest, film=film,
                           licence=licence_of(folder if source.kind in ("folder", "hub") else None, hf))
-    entry.first_view = first_view(entry)
+    entry.first_view, entry.examples = opening(entry)
     return entry
 
 
@@ -130,7 +139,7 @@ def induction_prompt(tok, seed: int = 0) -> str | None:
 def example_prompts(tok, block_size: int) -> tuple[str, ...]:
     """The examples this model can read whole within its context (the induction prompt first)."""
     found = []
-    for prompt in (induction_prompt(tok), PRONOUN_PROMPT, NAME_PROMPT):
+    for prompt in (induction_prompt(tok), REPEAT_PROMPT, PRONOUN_PROMPT, NAME_PROMPT):
         if prompt is None:
             continue
         enc = tok.encode_verbose(prompt)
@@ -139,29 +148,80 @@ def example_prompts(tok, block_size: int) -> tuple[str, ...]:
     return usable_examples(found)
 
 
+def word_start_scores(attention: list[np.ndarray], pieces: list[str]) -> np.ndarray:
+    """WORD_START's score of every head (L, H); NaN without a character after a space."""
+    seps = [i for i, p in enumerate(pieces) if p in ("␣", "⏎")]
+    queries = [i for i, p in enumerate(pieces) if p not in ("␣", "⏎") and seps and i > seps[0]]
+    A = np.stack(attention)  # (L, H, T, T)
+    if not queries:
+        return np.full(A.shape[:2], np.nan)
+    keys = [max(s for s in seps if s < i) for i in queries]
+    return A[:, :, queries, keys].mean(-1).astype(np.float64)
+
+
+def example_scores(entry: ModelEntry) -> list[dict[str, np.ndarray]]:
+    """Each example's head scores (model.heads.head_scores, and WORD_START for a character tokenizer), as
+    the app computes them on the prompt."""
+    found = []
+    for prompt in entry.examples:
+        ids = entry.tokenizer.encode(prompt)
+        with torch.inference_mode():
+            out = entry.model(torch.tensor([ids]), return_attention=True)
+        attention = [a[0].float().numpy() for a in out.attentions]
+        scores = head_scores(attention, ids)
+        if entry.tokenizer.kind == "char":
+            scores["word_start"] = word_start_scores(attention, [entry.tokenizer.piece(i) for i in ids])
+        found.append(scores)
+    return found
+
+
+def best_heads(entry: ModelEntry) -> list[tuple[str, int, int, int, float]]:
+    """Per role of SHOWN_ROLES that some example defines: (role, example, layer, head, score) of the highest
+    score over the examples and heads (the first example wins a tie)."""
+    scores, best = example_scores(entry), []
+    for key in SHOWN_ROLES:
+        top = None
+        for k, found in enumerate(scores):
+            table = np.asarray(found.get(key, np.nan), dtype=np.float64)
+            if np.isfinite(table).any() and (top is None or np.nanmax(table) > top[4]):
+                layer, head = (int(v) for v in np.unravel_index(np.nanargmax(table), table.shape))
+                top = (key, k, layer, head, float(table[layer, head]))
+        if top is not None:
+            best.append(top)
+    return best
+
+
+def opening(entry: ModelEntry) -> tuple[FirstView | None, tuple[str, ...]]:
+    """(first view, examples with its example first): the head and example where the model shows something,
+    as the built-ins open on one. The rule: of the roles in SHOWN_ROLES, the first that some head reaches
+    (its score ≥ the role's threshold) on some example, at its highest score; when no head reaches one, the
+    head nearest to a role (the highest score over its threshold), and the caption says no head stands out."""
+    best = best_heads(entry) if entry.examples else []
+    if not best:
+        return None, entry.examples
+    key, k, layer, head, score = choose(best)
+    examples = (entry.examples[k], *entry.examples[:k], *entry.examples[k + 1:])
+    return FirstView(layer, head, _caption(SHOWN[key], layer, head, score)), examples
+
+
+def choose(best: list[tuple[str, int, int, int, float]]) -> tuple[str, int, int, int, float]:
+    """Of `best_heads`' heads, the first whose score reaches its role's threshold, else the nearest to one
+    (the highest score relative to its threshold)."""
+    reached = [b for b in best if b[4] >= SHOWN[b[0]].threshold]
+    return reached[0] if reached else max(best, key=lambda b: b[4] / SHOWN[b[0]].threshold)
+
+
 def first_view(entry: ModelEntry) -> FirstView | None:
-    """The head with the highest induction score on the first example (the previous-token score where
-    there is none), with a caption quoting the score as computed."""
-    if not entry.examples:
-        return None
-    ids = entry.tokenizer.encode(entry.examples[0])
-    with torch.inference_mode():
-        out = entry.model(torch.tensor([ids]), return_attention=True)
-    scores = head_scores([a[0].float().numpy() for a in out.attentions], ids)
-    for key in ("induction", "previous_token"):
-        table = np.asarray(scores[key], dtype=np.float64)
-        if np.isfinite(table).any():
-            layer, head = (int(v) for v in np.unravel_index(np.nanargmax(table), table.shape))
-            return FirstView(layer, head, _caption(ROLES[key], layer, head, float(table[layer, head])))
-    return None
+    """The view `opening` chooses (for an entry whose examples are in its order)."""
+    return opening(entry)[0]
 
 
 def _caption(role, layer: int, head: int, score: float) -> str:
-    where = f"On the first example, layer {layer}, head {head} has the highest {role.name} score of all heads"
-    if role.key == "induction":
-        what = "in the second copy of the sequence, each token looks at the token that followed it the first time"
-    else:
-        what = "each token looks at the token just before it"
-    verdict = (f"({score:.2f} ≥ {role.threshold:g}): {what}." if score >= role.threshold
-               else f"({score:.2f}, below the {role.threshold:g} from which a head is said to play that role).")
-    return f"{where} {verdict} Press Step."
+    what = ("in the second copy of the sequence, each token looks at the token that followed it the first time"
+            if role.key == "induction" else role.meaning)
+    if score >= role.threshold:
+        return (f"On this example, layer {layer}, head {head} is this model's clearest {role.name} head "
+                f"({score:.2f} ≥ {role.threshold:g}): {what}. Press Step.")
+    return (f"No head of this model stands out on its examples: the nearest to a role is layer {layer}, "
+            f"head {head}, {role.name} {score:.2f} (a head plays that role from {role.threshold:g}). Press Step, "
+            "then look through the heads: the head tools below score every one.")

@@ -49,9 +49,24 @@ def amx_available() -> bool:
         return False
 
 
+def bf16_choice(mcfg: ModelConfig, batch_size: int, device: str = "cpu", amx: bool | None = None) -> tuple[bool, str]:
+    """Whether a run of this model and batch trains in bf16 on `device`, and why, in a few words: the one
+    rule the Train tab and `python -m bench.train_bench` follow. On CUDA always (autocast); on a CPU only
+    with AMX tiles (`amx`: None asks this CPU) and matrices big enough to pay for the bf16 copy
+    (BF16_PAYS_FROM); without AMX, bf16 products (AVX-512 BF16 included) were measured slower than fp32."""
+    if device == "cuda":
+        return True, "CUDA: bf16 autocast, as the lab trains on a GPU"
+    if not (amx_available() if amx is None else amx):
+        return False, "this CPU has no AMX tiles: bf16 matrix products do not beat fp32 here"
+    size = mcfg.d_model * batch_size * mcfg.block_size
+    if size < BF16_PAYS_FROM:
+        return False, f"AMX, but d_model x tokens per step = {size:,} < {BF16_PAYS_FROM:,}: too small to pay for the copy"
+    return True, f"AMX and d_model x tokens per step = {size:,} >= {BF16_PAYS_FROM:,}"
+
+
 def tab_bf16(mcfg: ModelConfig, batch_size: int = TAB_BATCH_SIZE) -> bool:
-    """Whether a Train-tab run of this model trains in bf16 (see BF16_PAYS_FROM)."""
-    return amx_available() and mcfg.d_model * batch_size * mcfg.block_size >= BF16_PAYS_FROM
+    """Whether a Train-tab run of this model trains in bf16 on the CPU (`bf16_choice`)."""
+    return bf16_choice(mcfg, batch_size)[0]
 
 
 def train_tab_defaults(corpus_name: str, limits: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:

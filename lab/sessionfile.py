@@ -11,7 +11,9 @@ Opening one replays the actions with the engine's own code (`Session.step` / `Se
 `Session.undo`, each token forced to the recorded one: the sampler still advances as it did), so
 the text, its attention and every distribution are computed again, not read from the file. All of
 it happens on a scratch session first; only a file that replays completely replaces anything.
-A hostile or inconsistent file is refused with a sentence and changes nothing.
+A hostile or inconsistent file is refused with a sentence and changes nothing. The replay's cost
+(lab.rates.replay_cost: its Steps and its model's work) is taken from the importer's address's share
+once the model is known and before the first action runs, so no replay runs past that share.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from model.interventions import ABLATION_MODES
 
 from . import files, probing
 from .budget import MODEL_BUDGET
-from .checks import UserError, check_choice, check_sampling
+from .checks import UserError, check_choice, check_sampling, quoted
 from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
 from .models import ModelEntry
+from .rates import ModelWork, charge, replay_cost
 from .session import HEAD_TOOLS, Session, View, encode_prompt
 from .uploads import checkpoint_data
 
@@ -148,7 +151,7 @@ def read_session_file(path) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise _bad("it is not a session file (saved with “Save session”)")
     if doc.get("version") != VERSION:
-        raise _bad(f"it is version {str(doc.get('version'))[:20]}, this app reads version {VERSION}")
+        raise _bad(f"it is version {quoted(doc.get('version'), 20)}, this app reads version {VERSION}")
     return doc
 
 
@@ -169,7 +172,7 @@ def _external_model(scratch: Session, model: dict) -> str:
         raise _bad("its model's source is not text")
     name = scratch.external.by_label(source)
     if name is None:
-        raise UserError(f"This session was made with '{source[:120]}', which this app does not offer, so it "
+        raise UserError(f"This session was made with {quoted(source, 120)}, which this app does not offer, so it "
                         "cannot be reproduced here.")
     if model.get("sha256") != scratch.entry_for(name).meta["sha256"]:
         raise UserError(f"This session was saved with other weights of '{source[:120]}' (their checksum "
@@ -203,9 +206,21 @@ def _load_model(scratch: Session, model: dict) -> str:
         return scratch.upload(str(path))
 
 
-def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list) -> None:
+def model_work(entry: ModelEntry, prompt) -> ModelWork | None:
+    """What a replay of `prompt` on this model costs besides its Steps (None: a prompt it cannot read, whose
+    first Step is refused before the model runs)."""
+    try:
+        prompt_tokens = len(encode_prompt(prompt, entry)[0])
+    except UserError:
+        return None
+    params = sum(p.numel() for p in entry.model.parameters())
+    return ModelWork(params, entry.model.cfg.block_size, prompt_tokens)
+
+
+def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list, payer: Session) -> None:
     if len(actions) > MAX_LOG:
         raise _bad(f"it lists {len(actions)} actions, more than {MAX_LOG}")
+    charge(payer, "replay", replay_cost(actions, model_work(scratch.entry_for(name), prompt)))  # before it runs
     vocab = scratch.entry_for(name).tokenizer.vocab_size
     for i, action in enumerate(actions):
         if not isinstance(action, dict) or action.get("do") not in ("step", "generate", "undo"):
@@ -304,7 +319,7 @@ def open_session(session: Session, path) -> Opened:
     try:
         name = _load_model(scratch, model)
         if actions:
-            _replay(scratch, name, prompt, seed, actions)
+            _replay(scratch, name, prompt, seed, actions, session)
             notes = []
         else:
             try:

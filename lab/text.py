@@ -17,6 +17,7 @@ its history for undo, the settings each token was drawn with, and the last token
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from model.generate import Decoder, Sampling, Step, adjust_probs, mask_padding, rows_held
+from viz import probability_text
 
 from .checks import UserError, check_int
 from .limits import MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
@@ -34,6 +36,17 @@ SAMPLER_STATE_BYTES = torch.Generator().get_state().numel()  # 5,056: the CPU sa
 # a generated token's distributions after `Text.cool`: dropped (size 0), computed again when asked for
 NOT_KEPT = np.empty(0, dtype=np.float32)
 NOT_KEPT.flags.writeable = False
+# What the status says when the text shown is not all of it (`cut_lines` finds these lines again).
+PROMPT_CUT = "The prompt has {n} tokens but the model's context is {block}; it keeps the last {block}."
+CONTEXT_FULL = "The context is full: the oldest token was dropped to keep {block}."
+
+
+def cut_lines(status) -> list[str]:
+    """The lines of a status (`Text.status`) that say the text shown is cut: the prompt to the model's context
+    (PROMPT_CUT), or its oldest token dropped as the context filled (CONTEXT_FULL). The page says them where
+    the text is shown."""
+    forms = [re.escape(t).replace(r"\{n\}", r"\d+").replace(r"\{block\}", r"\d+") for t in (PROMPT_CUT, CONTEXT_FULL)]
+    return [line for line in str(status or "").splitlines() if any(re.fullmatch(f, line) for f in forms)]
 
 
 def used_rows(logits: torch.Tensor, entry: ModelEntry) -> torch.Tensor:
@@ -69,8 +82,7 @@ def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
         raise UserError("The prompt has no tokens for this model.")
     notices = []
     if len(ids) > block_size:
-        notices.append(f"The prompt has {len(ids)} tokens but the model's context is {block_size}; "
-                       f"it keeps the last {block_size}.")
+        notices.append(PROMPT_CUT.format(n=len(ids), block=block_size))
         ids = ids[-block_size:]
     return ids, notices
 
@@ -353,9 +365,9 @@ class Text:
                      f"Model: {self.entry.summary}")
         s = self.last_step
         if s is not None:
-            lines.append(f"Last token: {s.piece!r} (sampled with probability {float(s.adjusted[s.token_id]):.3f}).")
+            lines.append(f"Last token: {s.piece!r} (sampled with probability {probability_text(s.adjusted[s.token_id])}).")
             if s.cropped:
-                lines.append(f"The context is full: the oldest token was dropped to keep {d.block_size}.")
+                lines.append(CONTEXT_FULL.format(block=d.block_size))
             if s.eos:
                 lines.append("The model produced <EOS>: end of sequence.")
         return "\n".join(lines)

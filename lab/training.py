@@ -29,7 +29,7 @@ from .limits import (
 )
 from .models import ModelEntry, usable_examples
 from .ownmodels import removed_note
-from .recipe import OWN_TOKENIZER, train_tab_recipe
+from .recipe import OWN_TOKENIZER, bf16_choice, train_tab_recipe
 
 # Training runs on the GPU only when asked (or on ZeroGPU); stepping a model this small is fastest on the CPU.
 TRAIN_DEVICE = os.environ.get("DECODER_LAB_DEVICE") or ("cuda" if os.environ.get("SPACES_ZERO_GPU") else "cpu")
@@ -194,7 +194,7 @@ def on_device(model, tcfg: TrainConfig) -> tuple[TrainConfig, bool]:
     call; the model returns to the CPU after), and train under bfloat16 autocast there."""
     if TRAIN_DEVICE == "cuda" and torch.cuda.is_available():
         model.to("cuda")
-        return dataclasses.replace(tcfg, bf16=True), True
+        return dataclasses.replace(tcfg, bf16=bf16_choice(model.cfg, tcfg.batch_size, "cuda")[0]), True
     return tcfg, False
 
 

@@ -11,6 +11,7 @@ from .models import ModelEntry
 
 # the exact reason, shortened: a message stays a few lines (bench/fuzz/checks.py's MAX_MESSAGE_CHARS bounds it)
 UPLOAD_DETAIL_CHARS = 160
+CONVERT = "python -m model.convert FOLDER --out FILE.safetensors"  # what makes other models' files uploadable
 
 
 def checkpoint_data(entry: ModelEntry) -> bytes:
@@ -25,15 +26,20 @@ def reserved_bytes(cfg) -> int:
 
 
 def upload_refusal(reason: str) -> str:
-    """A refused upload in a learner's words first; the exact reason after, for whoever needs it."""
+    """A refused upload in a learner's words first; the exact reason after, for whoever needs it. A safetensors
+    file without a Decoder Lab description (a Hugging Face model.safetensors, as a rule) is told the command that
+    makes one."""
+    advice = "Load a model saved with the Train tab's Download button."
     if reason.startswith(("not a safetensors", "safetensors header", "file is ")) or "8-byte" in reason:
         what = "This file is not a Decoder Lab model (.safetensors): it is not a safetensors file at all."
     elif reason.startswith("not a Decoder Lab checkpoint"):
         what = "This file is a safetensors file, but not a Decoder Lab model: it lacks the model's description."
+        advice = (f"For a Hugging Face model.safetensors, run {CONVERT} on its folder (config.json and the "
+                  "tokenizer beside it) and upload the file that writes.")
     else:
         what = "This file is not a Decoder Lab model this app can load (.safetensors): part of it is damaged."
     reason = reason if len(reason) <= UPLOAD_DETAIL_CHARS else reason[: UPLOAD_DETAIL_CHARS - 1] + "…"
-    return f"{what} Load a model saved with the Train tab's Download button. Details: {reason}."
+    return f"{what} {advice} Details: {reason}."
 
 
 def load_upload(path: str, reserve, give_back) -> Checkpoint:

@@ -12,6 +12,11 @@ memory budget's question, lab.budget). Nor is a text whose heavy part is under `
 (a short text on a small built-in model): cooling it would save less than it costs. It is decided by
 bytes, not by model. Sessions are held weakly; a closed one counts for nothing.
 
+Each address has a share of the bound (`client_limit_bytes`, lab.limits.CLIENT_WARM_BYTES): the texts of
+an address that holds more than its share cool first, its least recently used first, and only then the
+least recently used of all. So one address's many texts cool its own, not another visitor's, whose next
+Step would otherwise wait for a forward pass over its whole window.
+
 Nothing here imports gradio or the session module (the session calls this).
 """
 
@@ -24,8 +29,9 @@ import weakref
 from collections import OrderedDict
 from typing import Protocol
 
-from .limits import WARM_MAX_BYTES
+from .limits import CLIENT_WARM_BYTES, WARM_MAX_BYTES
 from .ownmodels import release_freed_memory
+from .rates import client_of
 
 __all__ = ["WarmTenant", "WarmTexts", "WARM", "COOL_FROM_BYTES", "map_large_blocks"]
 
@@ -52,8 +58,10 @@ class WarmTexts:
     """Sessions whose texts hold a heavy part, least recently used first, at most `limit_bytes` together
     (but the newest)."""
 
-    def __init__(self, limit_bytes: int = WARM_MAX_BYTES, cool_from_bytes: int = COOL_FROM_BYTES):
+    def __init__(self, limit_bytes: int = WARM_MAX_BYTES, cool_from_bytes: int = COOL_FROM_BYTES,
+                 client_limit_bytes: int = CLIENT_WARM_BYTES):
         self.limit_bytes, self.cool_from_bytes = limit_bytes, cool_from_bytes
+        self.client_limit_bytes = client_limit_bytes
         self._held: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()  # id → (session, bytes)
         self._lock = threading.Lock()
 
@@ -89,13 +97,7 @@ class WarmTexts:
                 self._held[id(owner)] = (weakref.ref(owner), nbytes)
             live = self._live()
             over = sum(n for _, _, n in live) - self.limit_bytes
-            asked = []
-            for k, o, n in live:  # least recently used first
-                if over <= 0:
-                    break
-                if o is not owner and n >= self.cool_from_bytes:
-                    asked.append((k, o))
-                    over -= n
+            asked = self._to_cool(live, owner, over)
         cooled = False
         for k, o in asked:  # outside the lock: a session's cool_text tells its memory budget
             try:
@@ -110,6 +112,28 @@ class WarmTexts:
             # glibc keeps what the texts freed for later allocations of its own (in each thread's arena, and
             # at sizes its moving mmap threshold no longer maps): hand it back, or the bound saves nothing
             release_freed_memory()
+
+    def _to_cool(self, live: list, owner, over: int) -> list:
+        """The sessions to ask, until `over` bytes are given up: first those of an address past its share
+        (until it is back within it), then any; least recently used first (lock held)."""
+        held: dict = {}
+        for _, o, n in live:
+            held[client_of(o)] = held.get(client_of(o), 0) + n
+        asked, chosen = [], set()
+        for past_share in (True, False):
+            for k, o, n in live:  # least recently used first
+                if over <= 0:
+                    return asked
+                client = client_of(o)
+                if o is owner or n < self.cool_from_bytes or k in chosen:
+                    continue
+                if past_share and (client is None or held[client] <= self.client_limit_bytes):
+                    continue
+                asked.append((k, o))
+                chosen.add(k)
+                held[client] -= n
+                over -= n
+        return asked
 
     def _told(self, k: int, owner, nbytes: int) -> None:
         """What a cooled session holds now, keeping its place in the order."""

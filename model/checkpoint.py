@@ -37,6 +37,7 @@ from .config import ModelConfig
 from .film import PREFIX as FILM_PREFIX
 from .film import Film, film_from_tensors, film_to_tensors
 from .heads import task_of
+from .st_layout import check_layout
 from .tokenizers import MAX_LOADED_VOCAB, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
@@ -288,10 +289,12 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
         ):
             raise ValueError(f"tensor {name} points outside the file or has the wrong byte length")
 
+    # every tensor's bytes its own, and together exactly the file's: what the library would refuse in its own words
+    check_layout(header, body_len, "the file")
     try:
         tensors = st_load(data)
-    except Exception as exc:  # safetensors raises its own error types
-        raise ValueError(f"could not read the tensors: {exc}") from None
+    except Exception:  # safetensors raises its own error types; the layout was checked, so this is not reached
+        raise ValueError("could not read the tensors: the file does not hold them as its header says") from None
     film_tensors = {k: tensors.pop(k) for k in film_names}
     for name, t in tensors.items():
         if not torch.isfinite(t).all():

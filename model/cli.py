@@ -3,7 +3,8 @@
 Each has a parser (every flag with its help, as nanochat's scripts) and a main that returns the exit
 status; `model/train.py` and `model/generate.py` only hand their `__main__` over to these, so the
 engine's modules hold no argparse. A refusal is one sentence on stderr in the words of the command
-line (a config's field named by its flag) and exit status 2, argparse's own.
+line (a config's field named by its flag) and exit status 2, argparse's own; a model file or prompt the
+generator refuses is that one line alone (model.sources.refuse), without the usage.
 
     python -m model.train --corpus sort --steps 2000 --out assets/sort
     python -m model.train --preset shakespeare --text tinyshakespeare.txt --out assets/shakespeare
@@ -30,6 +31,7 @@ from .distributed import DEFAULT_TIMEOUT_S
 from .film import FILM_FRAMES, MAX_FILM_FRAMES, clip_probe, default_probe_ids
 from .generate import SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Decoder, Sampling, generate
 from .presets import PRESETS
+from .sources import refuse
 from .tokenizers import TOKENIZER_KINDS, Tokenizer
 from .train import BACKWARDS, SCHEDULES, TrainConfig, train, uses_manual_step
 from .transformer import DecoderLM
@@ -355,7 +357,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         decoder = Decoder(model, prompt_ids(tok, args.prompt), sampling, capture_attention=False,
                           eos_id=tok.eos_id, piece=tok.piece)
     except ValueError as exc:
-        parser.error(str(exc))  # exits with status 2
+        refuse(parser, str(exc))  # one line, exit status 2
     new: list[int] = []
     for step in generate(decoder, args.max_new_tokens, attention="none"):
         new.append(step.token_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 POS_ENCODINGS = ("sinusoidal", "learned", "rope", "none")
@@ -105,8 +106,8 @@ class ModelConfig:
         _choice("init", self.init, INITS)
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
-                f"try d_model={self.n_heads * max(1, round(self.d_model / self.n_heads))}"
+                f"d_model ({_short(self.d_model)}) must be divisible by n_heads ({_short(self.n_heads)}); "
+                f"try d_model={_short(self.n_heads * max(1, _nearest(self.d_model, self.n_heads)))}"
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise ValueError(
@@ -179,6 +180,8 @@ class ModelConfig:
     @property
     def rope_dim(self) -> int:
         """Dimensions of each head that RoPE rotates (the first ones)."""
+        if self.head_dim >= 2**53:  # a float would round it, or overflow: exact arithmetic
+            return int(Fraction(self.head_dim) * Fraction(self.rope_fraction))
         return int(self.head_dim * self.rope_fraction)
 
     @property
@@ -251,6 +254,12 @@ def _short(value: Any, limit: int = 40) -> str:
         return "a number far too large"  # (repr of a huge int is slow, and refused past 4,300 digits)
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _nearest(a: int, b: int) -> int:
+    """round(a / b) in whole numbers (ties to even, as round does), for numbers of any size."""
+    q, r = divmod(a, b)
+    return q + (2 * r > b or (2 * r == b and q % 2 == 1))
 
 
 def _real(name: str, value: Any, rule: str) -> float:

@@ -25,14 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import DEFAULT_LIMITS, Limits, load_checkpoint, save_checkpoint
+from .families.common import MAX_LAYERS, MAX_PARAMS, MAX_POSITIONS
+from .sources import kind_of, local_path, refuse, shortened
 from .tokenizers import MAX_PRETRAINED_VOCAB, STORED_TOKENIZER_KINDS, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
 # Bounds for files the person running the command chose: any model the importers read (up to
 # model.families.common.MAX_PARAMS parameters) passes, and the checkpoint loader still checks it.
 # The header holds the tokenizer.json of a pretrained model (safetensors itself reads at most 100 MB).
-LOCAL_LIMITS = Limits(max_file_bytes=16 * 1024**3, max_params=2_000_000_000, max_layers=256, max_heads=256,
-                      max_d_model=16_384, max_d_ff=65_536, max_block_size=131_072, max_vocab=MAX_PRETRAINED_VOCAB,
+LOCAL_LIMITS = Limits(max_file_bytes=16 * 1024**3, max_params=MAX_PARAMS, max_layers=MAX_LAYERS, max_heads=256,
+                      max_d_model=16_384, max_d_ff=65_536, max_block_size=MAX_POSITIONS, max_vocab=MAX_PRETRAINED_VOCAB,
                       max_header_bytes=100_000_000)
 
 
@@ -48,13 +50,16 @@ class Opened:
 def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str | Path | None = None) -> Opened:
     """The model at `src` (see the module docstring). meta / tokenizer: a nanoGPT run's meta.pkl or
     GPT-2 tokenizer.json (only for a ckpt.pt). Any problem is a ValueError with one sentence."""
-    path = Path(src)
-    if not path.exists():
-        raise ValueError(f"{src} does not exist")
-    nanogpt = path.is_file() and path.suffix != ".safetensors"
+    path = local_path(src)  # a name no file can have is a sentence, not an OSError
+    kind = kind_of(path)
+    if kind is None:
+        raise ValueError(f"{shortened(src)} does not exist")
+    if kind == "other":
+        raise ValueError(f"{shortened(src)} is neither a file nor a folder")
+    nanogpt = kind == "file" and path.suffix != ".safetensors"
     if not nanogpt and (meta is not None or tokenizer is not None):
         raise ValueError("--meta and --tokenizer apply to a nanoGPT ckpt.pt only")
-    if path.is_dir():
+    if kind == "folder":
         from .families import open_folder
 
         model, tok = open_folder(path)
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         check_storable(opened)
         path = save_checkpoint(args.out, opened.model, opened.tokenizer, opened.meta)
     except ValueError as exc:
-        parser.error(str(exc))  # exits with status 2
+        refuse(parser, str(exc))  # one line, exit status 2
     size = path.stat().st_size
     print(f"wrote {path} ({opened.model.n_params():,} parameters, {size:,} bytes)")
     refusal = upload_refusal(opened.model, path)

@@ -97,11 +97,12 @@ class Phase:
     loss_before: float  # the loss (validation where measured, else train) at the window's start ...
     loss_after: float  # ... and at its end
     task: str | None = None  # the film's task, which names its "match" score
+    loss_name: str = "the loss"  # which loss that is, as the sentence names it (`Film.phase_loss_name`)
 
     def sentence(self) -> str:
         thr = score_threshold(self.score)
         who = f"layer {self.layer} · head {self.head}"
-        loss = (f"as the loss {'falls' if self.loss_after < self.loss_before else 'rises'} "
+        loss = (f"as {self.loss_name} {'falls' if self.loss_after < self.loss_before else 'rises'} "
                 f"from {self.loss_before:.2f} to {self.loss_after:.2f}")
         role = "the task's ideal pattern"
         noun = None if self.score == "match" else _ROLE_NOUNS.get(self.score, ROLES[self.score].name + " head")
@@ -153,6 +154,20 @@ class Film:
     total_steps: int  # the steps the run was set to take (the last frame is the last step run)
     task: str | None = None  # one of model.heads.TASKS or None (enables the task's own "match" score)
     kept_step: int | None = None  # when keep_best brought earlier weights back: their step
+    # what a frame's train_loss was measured on: "training" (batches of the training data, with val_loss on
+    # held-out batches), or "probe" (a film from a checkpoint series: the probe prompt itself, with val_loss
+    # on a held-out text when one was given)
+    loss_source: str = "training"
+
+    def loss_names(self) -> tuple[str, str]:
+        """How the frames' two losses are named (train_loss, val_loss) in figures and captions."""
+        return ("loss on the probe", "held-out loss") if self.loss_source == "probe" else ("train", "validation")
+
+    def phase_loss_name(self) -> str:
+        """The loss a phase sentence quotes (`losses`), by what it was measured on."""
+        if self.loss_source != "probe":
+            return "the loss"
+        return "the held-out loss" if any(f.val_loss is not None for f in self.frames) else "the loss on the probe"
 
     def steps(self) -> np.ndarray:
         return np.asarray([f.step for f in self.frames], dtype=np.int64)
@@ -274,7 +289,7 @@ class Film:
                 k = next(k for k in range(i + 1, j + 1)
                          if (series[k] >= half if rising else series[k] <= half))
                 found.append((rel, Phase(layer, head, key, int(steps[k]), float(series[i]), float(series[j]),
-                                         float(losses[i]), float(losses[j]), self.task)))
+                                         float(losses[i]), float(losses[j]), self.task, self.phase_loss_name())))
         found.sort(key=lambda x: (-x[0], x[1].step, x[1].layer, x[1].head))
         return [p for _, p in found]
 
@@ -314,6 +329,8 @@ def film_to_tensors(film: Film, causal: bool | None = None) -> tuple[dict[str, t
         "kept_step": None if film.kept_step is None else int(film.kept_step),
         "total_steps": int(film.total_steps),
     }
+    if film.loss_source != "training":  # written only where it says something (older files lack it)
+        meta["loss_source"] = film.loss_source
     return tensors, meta
 
 
@@ -344,7 +361,7 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
     missing = [k for k in need if k not in meta]
     if missing:
         raise bad(f"metadata lacks {', '.join(missing)}")
-    extra = sorted(set(meta) - set(need))
+    extra = sorted(set(meta) - set(need) - {"loss_source"})
     if extra:
         raise bad(f"unexpected metadata fields {extra[:5]}")
     total = meta["total_steps"]
@@ -380,6 +397,9 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
     task = meta["task"]
     if task is not None and task not in TASKS:
         raise bad(f"task must be null, {' or '.join(TASKS)}, got {str(task)[:40]!r}")
+    source = meta.get("loss_source", "training")
+    if source not in ("training", "probe"):
+        raise bad(f"loss_source must be training or probe, got {str(source)[:40]!r}")
     kept = meta["kept_step"]
     if kept is not None and not (_is_int(kept) and 0 <= kept <= steps[-1]):
         raise bad(f"kept_step must be null or a step within 0 … {steps[-1]}")
@@ -424,7 +444,7 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
                     train_loss=float(train_loss[f]), val_loss=None if val_loss[f] is None else float(val_loss[f]))
               for f in range(F)]
     return Film(probe_ids=[int(i) for i in ids], probe_tokens=list(pieces), frames=frames, total_steps=int(total),
-                task=task, kept_step=None if kept is None else int(kept))
+                task=task, kept_step=None if kept is None else int(kept), loss_source=source)
 
 
 # --------------------------------------------------------------------------- the probe

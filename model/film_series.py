@@ -3,12 +3,14 @@
 Some models publish their training as a series of checkpoints (Pythia: hub revisions step0 …
 step143000). Each checkpoint becomes one frame, computed as a training film's frame is: the
 attention of every head on the probe prompt (`model.train.probe`), so the film's head scores and
-phases (model/film.py) are those of a film recorded while training. A frame's loss is that
-checkpoint's mean next-token loss on the probe prompt itself (no other text is at hand); it is stored
-as the frame's train loss, with no validation loss.
+phases (model/film.py) are those of a film recorded while training. A frame's first loss is that
+checkpoint's mean next-token loss on the probe prompt itself, named "loss on the probe" wherever it is
+shown (the film's `loss_source` is "probe"): a few dozen tokens the film also looks at, not the training
+data. With `--heldout FILE` each frame also holds the checkpoint's loss on that text (its first
+HELDOUT_TOKENS tokens), the "held-out loss", which the phases then quote.
 
     python -m model.film EleutherAI/pythia-14m --revisions step0,step1000,step143000 \\
-        --probe "..." --out pythia-14m-film.safetensors
+        --probe "..." --heldout some-text.txt --out pythia-14m-film.safetensors
 
 SRC is a folder holding one Hugging Face model folder per revision (SRC/step0, SRC/step1000, …), or a
 hub repo id whose revisions are read from the local Hugging Face cache (nothing is downloaded). The
@@ -26,7 +28,10 @@ from pathlib import Path
 import torch
 
 from .film import MAX_FILM_FRAMES, Film, Frame, clip_probe
+from .sources import kind_of, local_path, refuse, shortened, shown_name
 
+HELDOUT_TOKENS = 4096  # the held-out text's first tokens that are scored (a frame must stay cheap on a CPU)
+HELDOUT_BYTES = 256 * 1024  # what is read of the held-out file: far more text than HELDOUT_TOKENS tokens
 _STEP = re.compile(r"(\d+)$")
 _REVISION = re.compile(r"[\w.-]{1,100}")
 
@@ -49,14 +54,15 @@ def revision_steps(revisions: list[str]) -> list[int]:
 def series_folders(src: str, revisions: list[str]) -> list[Path]:
     """The model folder of each revision: SRC/<revision> for a local folder, else the hub cache's
     snapshot of SRC at that revision. A missing one is a ValueError naming it."""
-    root = Path(src).expanduser()
+    root = local_path(src)  # a name no file can have is a sentence, not an OSError
+    local = kind_of(root) == "folder"
     folders = []
     for rev in revisions:
-        if root.is_dir():
+        if local:
             if not _REVISION.fullmatch(rev) or rev in (".", ".."):
-                raise ValueError(f"revision {rev!r} is not a plain folder name")
+                raise ValueError(f"revision {shown_name(rev)} is not a plain folder name")
             folder = root / rev
-            if not folder.is_dir():
+            if kind_of(folder) != "folder":
                 raise ValueError(f"{root.name} has no folder {rev} (one folder per revision is expected)")
         else:
             from huggingface_hub import snapshot_download
@@ -64,8 +70,9 @@ def series_folders(src: str, revisions: list[str]) -> list[Path]:
             try:
                 folder = Path(snapshot_download(src, revision=rev, local_files_only=True))
             except Exception:  # not cached, an unknown revision, an invalid id: one answer
-                raise ValueError(f"{src} is not a folder here, and revision {rev} of it is not in the local "
-                                 f"Hugging Face cache (fetch it once with: hf download {src} --revision {rev})") from None
+                src_, rev_ = shortened(src), shortened(rev, 60)
+                raise ValueError(f"{src_} is not a folder here, and revision {rev_} of it is not in the local "
+                                 f"Hugging Face cache (fetch it once with: hf download {src_} --revision {rev_})") from None
         folders.append(folder)
     return folders
 
@@ -79,10 +86,47 @@ def probe_loss(model, ids: list[int]) -> float:
     return float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
 
 
-def series_film(folders: list[Path], revisions: list[str], probe_text: str):
+@torch.no_grad()
+def text_loss(model, ids: list[int]) -> float:
+    """The model's mean next-token cross-entropy (nats) over a text longer than its context: windows of
+    block_size tokens, each starting at the last token of the one before, so that every token after the
+    first is predicted once (from at most block_size − 1 tokens before it); padded rows left out."""
+    used = model.cfg.vocab_used or model.cfg.vocab_size
+    block, total, count = model.cfg.block_size, 0.0, 0
+    if block < 2 or len(ids) < 2:
+        raise ValueError("a loss on a text needs a context of 2 tokens and a text of at least 2")
+    for start in range(0, len(ids) - 1, block - 1):
+        window = ids[start:start + block]
+        logits = model(torch.tensor([window])).logits[0, :-1, :used].double()
+        total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(window[1:]), reduction="sum"))
+        count += len(window) - 1
+    return total / count
+
+
+def read_heldout(path: str) -> str:
+    """The held-out text of `--heldout`: UTF-8, its first HELDOUT_BYTES bytes (a character cut at that end is
+    left out). A ValueError names what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(HELDOUT_BYTES)
+    except OSError as exc:
+        raise ValueError(f"cannot read the held-out text {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if len(data) < HELDOUT_BYTES or exc.start < len(data) - 3:
+            raise ValueError(f"the held-out text {path} is not UTF-8 text (byte {exc.start})") from None
+        text = data[:exc.start].decode("utf-8")
+    if not text.strip():
+        raise ValueError(f"the held-out text {path} is empty")
+    return text
+
+
+def series_film(folders: list[Path], revisions: list[str], probe_text: str, heldout_text: str | None = None):
     """(film, model, tokenizer): the film of the series (one frame per folder, in order) and the last
     revision's model and tokenizer. Every revision must be the same model: the same config and the same
-    tokens for the probe."""
+    tokens for the probe (and for the held-out text, whose loss, when it is given, is each frame's
+    validation loss)."""
     from .families import open_folder
     from .train import probe
 
@@ -99,19 +143,24 @@ def series_film(folders: list[Path], revisions: list[str], probe_text: str):
             raise ValueError(f"revision {rev}: {exc}") from None
         model.eval()
         ids = clip_probe(tok.encode(probe_text), model.cfg.block_size)
+        held = None if heldout_text is None else tok.encode(heldout_text)[:HELDOUT_TOKENS]
         if first is None:
             if len(ids) < 2:
                 raise ValueError("the probe prompt needs at least 2 tokens (a loss needs a token to predict)")
-            first = (rev, model.cfg.to_dict(), ids, tok)
+            if held is not None and len(held) < 2:
+                raise ValueError("the held-out text needs at least 2 tokens (a loss needs a token to predict)")
+            first = (rev, model.cfg.to_dict(), ids, tok, held)
         elif model.cfg.to_dict() != first[1]:
             raise ValueError(f"revision {rev} is not the same model as {first[0]}: its config differs")
         elif ids != first[2]:
             raise ValueError(f"revision {rev} reads the probe as other tokens than {first[0]} does")
+        elif held != first[4]:
+            raise ValueError(f"revision {rev} reads the held-out text as other tokens than {first[0]} does")
         frames.append(Frame(step=step, attention=probe(model, tuple(ids)), train_loss=probe_loss(model, ids),
-                            val_loss=None))
-    _, _, ids, first_tok = first
+                            val_loss=None if held is None else text_loss(model, held)))
+    _, _, ids, first_tok, _ = first
     film = Film(probe_ids=ids, probe_tokens=[first_tok.piece(i) for i in ids], frames=frames,
-                total_steps=steps[-1])
+                total_steps=steps[-1], loss_source="probe")
     return film, model, tok
 
 
@@ -125,6 +174,9 @@ def film_parser() -> argparse.ArgumentParser:
     p.add_argument("--revisions", required=True,
                    help="the revisions in training order, separated by commas (step0,step1000,…)")
     p.add_argument("--probe", required=True, help="the probe prompt (its last 32 tokens are kept)")
+    p.add_argument("--heldout", metavar="FILE",
+                   help="a UTF-8 text the model did not train on: each frame also shows the loss on its first "
+                        f"{HELDOUT_TOKENS} tokens (without it, the only loss is the one on the probe prompt)")
     p.add_argument("--out", required=True, help="the .safetensors file to write (a Decoder Lab model file)")
     return p
 
@@ -141,16 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     if not args.probe.strip():
         parser.error("the probe prompt is empty")
     try:
+        heldout = None if args.heldout is None else read_heldout(args.heldout)
         folders = series_folders(args.source, revisions)
-        film, model, tok = series_film(folders, revisions, args.probe)
+        film, model, tok = series_film(folders, revisions, args.probe, heldout)
         meta = {"source": "checkpoint series", "name": Path(args.source).name or args.source,
                 "revisions": revisions, "examples": [args.probe]}
         check_storable(Opened(model, tok, meta))
         path = save_checkpoint(args.out, model, tok, meta, film=film)
     except ValueError as exc:
-        parser.error(str(exc))  # exits with status 2, nothing written
+        refuse(parser, str(exc))  # one line, exit status 2, nothing written
     print(f"wrote {path}: {len(film.frames)} frames (steps {film.frames[0].step} … {film.frames[-1].step}), "
           f"probe of {len(film.probe_ids)} tokens, the weights of revision {revisions[-1]}")
+    first, last = film.frames[0], film.frames[-1]
+    print(f"  loss on the probe {first.train_loss:.2f} -> {last.train_loss:.2f}"
+          + (f", held-out loss {first.val_loss:.2f} -> {last.val_loss:.2f}" if last.val_loss is not None else
+             " (give --heldout FILE for a loss on text the film does not look at)"))
     for phase in film.phases()[:5]:
         print(f"  {phase.sentence()}")
     refusal = upload_refusal(model, path)

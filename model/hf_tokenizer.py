@@ -1,11 +1,13 @@
 """A Hugging Face `tokenizer.json` (byte-level BPE, or SentencePiece-style BPE) behind the app's
 `Tokenizer` interface, through the `tokenizers` library.
 
-These files come with a model folder that the person running the app chose, so they are trusted
-as the model's own; they are still size-bounded and must parse. A converted model's Decoder Lab
-file carries the tokenizer too (`to_dict`: the tokenizer.json text, BOS / EOS and `add_bos`), and
-such a file may be a visitor's upload: `from_dict` checks all of it field by field
-(model/hf_tokenizer_checks.py) before the library parses it.
+These files come with a model folder that the person running the app chose, but a folder can be
+damaged or hostile too, and a converted model's Decoder Lab file carries the tokenizer (`to_dict`: the
+tokenizer.json text, BOS / EOS and `add_bos`), which may come back as a visitor's upload. Both are held
+to one check (model/hf_tokenizer_checks.py), so every command and the app give a tokenizer the same
+answer: `from_dict` checks the stored JSON field by field before the library parses it; `from_folder`
+checks the folder file's counts (a vocabulary no larger than the model's rows) before the library
+reads it, then the library's reading of it field by field (a file an older library wrote has other keys).
 
 * Pieces are shown as people read them: GPT-2's byte alphabet (`Ġ` for a space, `Ċ` for a
   newline) and SentencePiece's `▁` are turned back into the text they stand for, then made
@@ -27,7 +29,8 @@ from typing import Any, Iterable
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .hf_tokenizer_checks import checked_document
+from . import json_bounds
+from .hf_tokenizer_checks import check_counts, checked_document
 from .tokenizer_core import MAX_PRETRAINED_VOCAB, Encoded, Tokenizer, check_keys, display_piece, preview
 
 MAX_TOKENIZER_BYTES = 50_000_000  # GPT-2's tokenizer.json is 1.4 MB, Llama 3's 9 MB
@@ -73,11 +76,17 @@ class HFFileTokenizer(Tokenizer):
         self.add_bos = bool(add_bos and self.bos_id is not None)
 
     @classmethod
-    def from_folder(cls, folder: str | Path, family_adds_bos: bool, hf_config: dict | None = None) -> "HFFileTokenizer":
+    def from_folder(cls, folder: str | Path, family_adds_bos: bool, hf_config: dict | None = None,
+                    model_rows: int | None = None) -> "HFFileTokenizer":
         """The folder's tokenizer.json (with tokenizer_config.json's BOS/EOS tokens when present).
 
         family_adds_bos: False for families that never prepend BOS (GPT-2, Neo, NeoX); True lets the
-        tokenizer's own files decide (its post-processor, or add_bos_token)."""
+        tokenizer's own files decide (its post-processor, or add_bos_token). model_rows: the model's
+        embedding rows, which bound the vocabulary (else MAX_PRETRAINED_VOCAB does).
+
+        The file is held to the checks a tokenizer inside a Decoder Lab file gets
+        (model/hf_tokenizer_checks.py), so every command and the app give it the same answer: its
+        counts before the library reads it, then the library's own reading of it, field by field."""
         folder = Path(folder)
         path = folder / "tokenizer.json"
         try:
@@ -86,12 +95,24 @@ class HFFileTokenizer(Tokenizer):
             raise ValueError("the folder has no tokenizer.json (only tokenizer.json files are read)") from None
         if size > MAX_TOKENIZER_BYTES:
             raise ValueError(f"tokenizer.json is {size:,} bytes; at most {MAX_TOKENIZER_BYTES:,} are read")
+        max_vocab = min(model_rows or MAX_PRETRAINED_VOCAB, MAX_PRETRAINED_VOCAB)
         try:
-            hf = HFTokenizer.from_str(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise ValueError("tokenizer.json cannot be read as UTF-8 text") from None
+        n = check_counts(json_bounds.parse(text, "tokenizer.json"), max_vocab)
+        if model_rows and n > model_rows:
+            raise ValueError(f"tokenizer.json has {n:,} tokens but the model only {model_rows:,} embedding rows; "
+                             "they do not belong together")
+        if n > max_vocab:
+            raise ValueError(f"tokenizer.json has {n:,} tokens; at most {max_vocab:,} are read")
+        try:
+            hf = HFTokenizer.from_str(text)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # the Rust library reports bad files as exceptions (or panics)
             raise ValueError("tokenizer.json could not be read by the tokenizers library") from None
+        checked_document(hf.to_str(), max_vocab)  # the library's reading, as a Decoder Lab file would hold it
         hf.no_padding()  # before the post-processor is probed below (a left padding would hide its BOS)
         hf.no_truncation()
         settings = _tokenizer_config(folder)
@@ -122,12 +143,14 @@ class HFFileTokenizer(Tokenizer):
     def vocab(self) -> list[str]:
         return [self._raw_token(i) for i in range(self._size)]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The text's ids, BOS first when the tokenizer adds one (`add_bos`) and `add_special_tokens`
+        is true: False gives the text's own tokens only, as for a piece that continues a text."""
         ids = self._hf.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if self.add_bos else ids
+        return [self.bos_id, *ids] if self.add_bos and add_special_tokens else ids
 
-    def encode_verbose(self, text: str) -> Encoded:
-        ids = self.encode(text)
+    def encode_verbose(self, text: str, add_special_tokens: bool = True) -> Encoded:
+        ids = self.encode(text, add_special_tokens)
         return Encoded(ids=ids, pieces=[self.piece(i) for i in ids], unknown=[])
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -211,12 +234,7 @@ def _tokenizer_config(folder: Path) -> dict[str, Any]:
     path = folder / "tokenizer_config.json"
     if not path.is_file():
         return {}
-    if path.stat().st_size > MAX_TOKENIZER_BYTES:
-        raise ValueError(f"tokenizer_config.json is larger than {MAX_TOKENIZER_BYTES:,} bytes")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError("tokenizer_config.json is not valid JSON") from None
+    doc = json_bounds.read(path, "tokenizer config", MAX_TOKENIZER_BYTES)
     return doc if isinstance(doc, dict) else {}
 
 

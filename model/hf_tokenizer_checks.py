@@ -21,9 +21,9 @@ Every refusal is a ValueError with one sentence that names the field.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
+from . import json_bounds
 from .tokenizer_core import check_keys, check_same, json_type, preview, utf8_len
 
 # A token's text as the file stores it (GPT-2's byte alphabet takes at most 2 bytes of UTF-8 per
@@ -50,14 +50,8 @@ def checked_document(text: Any, max_vocab: int) -> dict[str, Any]:
     cap = MAX_JSON_CHARS_PER_TOKEN * max_vocab
     if len(text) > cap:
         raise ValueError(f"the hf tokenizer's tokenizer.json is {len(text):,} characters; the limit is {cap:,}")
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("the hf tokenizer's tokenizer.json is nested too deeply") from None
-    except ValueError as exc:
-        if "tokenizer.json" in str(exc):
-            raise
-        raise ValueError("the hf tokenizer's tokenizer.json is not valid JSON") from None
+    doc = json_bounds.parse(text, "the hf tokenizer's tokenizer.json", object_pairs_hook=_no_duplicate_keys,
+                            parse_constant=_no_constant)
     check_keys(doc, "tokenizer.json", TOP_KEYS)
     check_same(doc["version"], "1.0", "tokenizer.json version")
     for key in ("truncation", "padding"):  # the app never pads or truncates a prompt
@@ -68,6 +62,26 @@ def checked_document(text: Any, max_vocab: int) -> dict[str, Any]:
     for slot in STEPS:
         _checked_step(doc[slot], slot, n_tokens, top=True)
     return doc
+
+
+def check_counts(doc: Any, max_vocab: int) -> int:
+    """The counts of a tokenizer.json as a model folder holds it (an older release of the library may
+    have written it, so its keys are not checked yet), before the library builds anything from it:
+    the added tokens and merges within the bounds `checked_document` holds them to. Returns the number
+    of tokens in its model's vocabulary (the caller compares it with the model's rows)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"tokenizer.json must hold an object, not {json_type(doc)}")
+    model = doc.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    n = len(vocab) if isinstance(vocab, (dict, list)) else 0
+    added, merges = doc.get("added_tokens"), model.get("merges") if isinstance(model, dict) else None
+    limit = min(MAX_ADDED_TOKENS, max_vocab)
+    if isinstance(added, list) and len(added) > limit:
+        raise ValueError(f"tokenizer.json added_tokens has {len(added):,} entries; the limit is {limit:,}")
+    if isinstance(merges, list) and len(merges) > max(n, 1):
+        raise ValueError(f"tokenizer.json model.merges has {len(merges):,} entries; the limit is the "
+                         f"vocabulary's {n:,} tokens")
+    return n
 
 
 def _checked_model(model: Any, max_vocab: int) -> dict[str, int]:

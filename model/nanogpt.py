@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .safe_unpickle import MAX_TORCH_FILE_BYTES, load_plain_pickle, load_torch_weights
+from .families.common import MAX_WHOLE, shown
+from .safe_unpickle import MAX_TORCH_FILE_BYTES, TOO_LARGE, load_plain_pickle, load_torch_weights
+from .sources import check_links, kind_of, local_path, shortened
 from .tokenizers import MAX_VOCAB, CharTokenizer, Tokenizer
 from .transformer import DecoderLM
 
@@ -55,11 +57,11 @@ class NanoGPTRun:
 
 def read_meta(path: str | Path) -> CharTokenizer:
     """nanoGPT's meta.pkl ({'vocab_size', 'itos', 'stoi'}) as a character tokenizer (ids + 1)."""
-    path = Path(path)
+    path = local_path(path, "the meta.pkl")
     try:
         data = path.read_bytes()
     except OSError:
-        raise ValueError(f"cannot read {path.name}") from None
+        raise ValueError(f"cannot read {shown(path.name)}") from None
     meta = load_plain_pickle(data, what=path.name)
     return char_vocabulary(meta, path.name)
 
@@ -88,11 +90,12 @@ def char_vocabulary(meta: Any, what: str = "meta.pkl") -> CharTokenizer:
 def gpt2_tokenizer_file(given: str | Path | None = None) -> Path:
     """GPT-2's tokenizer.json: `given`, or the one in the local Hugging Face cache."""
     if given is not None:
-        path = Path(given)
-        if path.is_dir():
+        path = local_path(given, "the tokenizer")
+        if kind_of(path) == "folder":
             path = path / "tokenizer.json"
-        if path.name != "tokenizer.json" or not path.is_file():
-            raise ValueError(f"no tokenizer.json at {given} (give the file, or the folder that holds it)")
+        if path.name != "tokenizer.json" or kind_of(path) != "file":
+            raise ValueError(f"no tokenizer.json at {shortened(given)} (give the file, or the folder "
+                             "that holds it)")
         return path
     from huggingface_hub import try_to_load_from_cache
 
@@ -111,8 +114,9 @@ def check_model_args(args: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in _ARGS:
         value = args.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"model_args['{name}'] must be a positive whole number, got {str(value)[:40]}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_WHOLE:
+            raise ValueError(f"model_args['{name}'] must be a whole number from 1 to {MAX_WHOLE:,}, "
+                             f"got {value if value == TOO_LARGE else shown(value)}")
         out[name] = value
     bias = args.get("bias", True)  # nanoGPT's default; runs from before the option had biases
     if not isinstance(bias, bool):
@@ -160,29 +164,41 @@ def check_tensors(tensors: dict[str, torch.Tensor], args: dict[str, Any]) -> Non
             raise ValueError(f"tensor {name} contains NaN or infinite values")
 
 
-def gpt2_state(tensors: dict[str, torch.Tensor], args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(GPT-2 config.json dict, GPT-2-named tensors) for these nanoGPT weights.
-
-    Conv1D weights are passed as transposed views (no copy). Without biases (bias=False) the
-    biases are zeros: x + 0 is x, so the model computes what nanoGPT computes.
-    """
-    C, V = args["n_embd"], args["vocab_size"]
-    tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"], tensors["transformer.wte.weight"])
-    config = {
+def gpt2_config(args: dict[str, Any], tied: bool) -> dict[str, Any]:
+    """The GPT-2 config.json dict of a nanoGPT model of these model_args."""
+    return {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
         "n_layer": args["n_layer"],
         "n_head": args["n_head"],
-        "n_embd": C,
+        "n_embd": args["n_embd"],
         "n_positions": args["block_size"],
         "n_ctx": args["block_size"],
-        "vocab_size": V,
+        "vocab_size": args["vocab_size"],
         "n_inner": None,
         "activation_function": "gelu",  # nanoGPT's nn.GELU() is exact, GPT-2's gelu_new is not
         "layer_norm_epsilon": 1e-5,  # torch's LayerNorm default, which nanoGPT's LayerNorm uses
         "tie_word_embeddings": tied,
         "scale_attn_weights": True,
     }
+
+
+def check_size(args: dict[str, Any], tied: bool) -> None:
+    """The bounds a config.json gets (layers, positions, parameters: model.families.common.check_size),
+    applied to model_args before a tensor list is made from them."""
+    from .families import common, gpt2
+
+    common.check_size(gpt2.model_config(gpt2_config(args, tied)), source="the nanoGPT checkpoint")
+
+
+def gpt2_state(tensors: dict[str, torch.Tensor], args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(GPT-2 config.json dict, GPT-2-named tensors) for these nanoGPT weights.
+
+    Conv1D weights are passed as transposed views (no copy). Without biases (bias=False) the
+    biases are zeros: x + 0 is x, so the model computes what nanoGPT computes.
+    """
+    tied = "lm_head.weight" not in tensors or torch.equal(tensors["lm_head.weight"], tensors["transformer.wte.weight"])
+    config = gpt2_config(args, tied)
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         if name == "lm_head.weight" and tied:
@@ -226,6 +242,7 @@ def read_checkpoint(path: str | Path, max_bytes: int = MAX_TORCH_FILE_BYTES,
         tensors = load_file(str(Path(tmp) / "tensors.safetensors"))
         plain = json.loads(Path(tmp, "plain.json").read_text())
     args = check_model_args(plain.get("model_args"))
+    check_size(args, tied="lm_head.weight" not in tensors)  # before a list of every layer's tensors is made
     check_tensors(tensors, args)
     notes = {"source": "nanoGPT", "iter_num": plain.get("iter_num")}
     config = plain.get("config")
@@ -240,6 +257,7 @@ def load_nanogpt(path: str | Path, meta: str | Path | None = None, tokenizer: st
     tokenizer: GPT-2's tokenizer.json for a BPE run. Any problem is a ValueError sentence."""
     path = Path(path)
     if meta is None and (path.parent / "meta.pkl").is_file():
+        check_links(path.parent, ("meta.pkl",))  # found beside it: a link out of the run's folder is not followed
         meta = path.parent / "meta.pkl"
     chars = read_meta(meta) if meta is not None else None  # a bad meta.pkl is refused before the big file
     tensors, args, notes = read_checkpoint(path, **limits)
@@ -259,6 +277,7 @@ def load_nanogpt(path: str | Path, meta: str | Path | None = None, tokenizer: st
 
     # GPT-2 never puts a BOS token first; <|endoftext|> (50256) ends a text, as between nanoGPT's documents
     tok = HFFileTokenizer.from_folder(gpt2_tokenizer_file(tokenizer).parent, False,
-                                      {"bos_token_id": GPT2_VOCAB - 1, "eos_token_id": GPT2_VOCAB - 1})
+                                      {"bos_token_id": GPT2_VOCAB - 1, "eos_token_id": GPT2_VOCAB - 1},
+                                      model_rows=args["vocab_size"])
     model = from_state(config, state, tokenizer=tok)
     return NanoGPTRun(model, tok, notes)

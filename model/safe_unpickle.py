@@ -31,12 +31,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .zipcheck import check_torch_zip
+
 # A character vocabulary of thousands of entries is tens of KB. The bound also bounds memory: the
 # costliest object per opcode byte is an empty dict (2 bytes of pickle, 64 of Python), so at most ~32 MB.
 MAX_PLAIN_PICKLE_BYTES = 1024 * 1024
 # torch.save files are read only up to this size (a GPT-2 medium run with its Adam state is ~4.3 GB)
 MAX_TORCH_FILE_BYTES = 8 * 1024**3
 WORKER_TIMEOUT_S = 900.0
+TOO_LARGE = "a number far too large"  # what plain.json holds in place of a whole number past 2**62
 # The child may grow its address space by this much beyond what it holds after importing torch:
 # the file mapped once, the model tensors copied once and written once, plus a margin.
 WORKER_MARGIN_BYTES = 512 * 1024**2
@@ -110,6 +113,7 @@ def load_torch_weights(path: str | Path, out_dir: str | Path, max_bytes: int = M
         raise ValueError(f"{name} is not a file")
     if size > max_bytes:
         raise ValueError(f"{name} is {size:,} bytes; the limit is {max_bytes:,}")
+    check_torch_zip(path, name)  # no compressed entry, a directory that tells the truth (model/zipcheck.py)
     budget = 3 * size + margin_bytes
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     root = str(Path(__file__).resolve().parent.parent)  # so that the child imports this same package
@@ -143,7 +147,10 @@ def _last_json_line(out: bytes) -> dict[str, Any]:
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
-    """`value` if it is JSON-able plain data (nested at most a few levels), else None."""
+    """`value` if it is JSON-able plain data (nested at most a few levels), else None; a whole number
+    past 2**62 is written as a phrase (json cannot write one of over 4,300 digits, and none is needed)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 62:
+        return TOO_LARGE
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -183,8 +190,10 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
             ckpt = torch.load(src, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
     except pickle.UnpicklingError as exc:
         found = _UNSUPPORTED_GLOBAL.search(str(exc))
-        what = f" ({found.group(1)})" if found else ""
-        return {"error": f"its pickle asks for something a weights file never needs{what}; "
+        if not found:  # bytes that are no pickle torch reads (junk, truncated, opcodes no weights file has)
+            return {"error": "not a PyTorch checkpoint that can be read (truncated, or another format); nothing "
+                             "in it was run"}
+        return {"error": f"its pickle asks for something a weights file never needs ({found.group(1)}); "
                          f"it was refused and nothing in it was run"}
     except Exception as exc:
         if isinstance(exc, MemoryError) or "allocate memory" in str(exc):  # torch's allocator says it so

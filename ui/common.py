@@ -24,7 +24,7 @@ import logging
 import gradio as gr
 
 import viz
-from lab.checks import UserError
+from lab.checks import UserError, quoted
 from lab.export import file_name
 from lab.rates import LIMITER, client_key
 from lab.session import SESSIONS, Session
@@ -89,9 +89,12 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays
         if isinstance(exc, gr.Error):
             return exc
         if isinstance(exc, ValueError):
-            log.info("refused %s: %s", fn.__name__, exc)  # one line: a refusal is not a fault
+            # a lone surrogate (JSON's \\udfff) in a message, had one slipped past lab.checks.quoted, is written
+            # as its escape: gradio cannot send it, and the page's event stream would never say the call ended
+            text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+            log.info("refused %s: %s", fn.__name__, text)  # one line: a refusal is not a fault
             # gradio shows a message as HTML: escaped, "<EOS>" or a typed "<b>" reads as written
-            return gr.Error(html.escape(str(exc), quote=False), print_exception=False)
+            return gr.Error(html.escape(text, quote=False), print_exception=False)
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error("Something went wrong on the server; the error was logged. Try again or reset.")
 
@@ -140,6 +143,17 @@ def file_path(value, suffix: str) -> str | None:
     if not isinstance(path, str) or not isinstance(name, str) or not name.lower().endswith(suffix):
         raise UserError(f"Choose a {suffix} file.")
     return path
+
+
+def known_model(session: Session, name) -> str:
+    """`name` when it is a model of the session's list (or its text's own model), checked without loading
+    it: a handler that takes a model name it may not need (a text goes on with its own model) still
+    refuses one that is not known, as a handler that needs it would."""
+    if not isinstance(name, str):
+        raise UserError("The model must be given by its name in the list.")
+    if name != session.model_name and name not in session.model_names():
+        raise UserError(f"Unknown model {quoted(name, 60)}. Pick one from the list.")
+    return name
 
 
 def api_example(component, value):

@@ -26,19 +26,21 @@ from lab.models import ModelEntry
 from lab.session import Session
 from lab.text import Probabilities
 
-from .common import handler, message_plot
+from .common import handler, known_model, message_plot
 from .plots import to_plot
 
 NO_TEXT = "Press Step (or Enter in the prompt) to see attention."
 NO_PROBS = "Next-token probabilities appear after the first step."
 VALUE_NOTE = " *Colours: ‖a·v W_O‖, how far each key moves the output, not the weight.*"
+WEIGHTS_ONLY = ("scores", viz.LINES_VIEW, viz.THUMBNAILS_VIEW)  # views the colour menu leaves as they are
 OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a token to see where it looks. "
                      "Heads that point one token back or at repeated text are worth finding.")
 
 
 def attention_figure(session: Session, layer, head, view):
-    """The attention picture of the session's current text, for a gr.Plot."""
-    return attention_plot(session.frame(layer, head, view))
+    """The attention picture of the session's current text, for a gr.Plot (the lines view from the
+    token selected in the text)."""
+    return attention_plot(session.frame(layer, head, view), session.query)
 
 
 def attention_spec(session: Session, layer, head, view):
@@ -46,14 +48,15 @@ def attention_spec(session: Session, layer, head, view):
     return frame_spec(session.frame(layer, head, view))
 
 
-def attention_plot(frame: Frame):
-    """A Frame's attention picture, for a gr.Plot."""
-    spec = frame_spec(frame)
+def attention_plot(frame: Frame, query: int | None = None):
+    """A Frame's attention picture, for a gr.Plot (`query`: the token the lines view draws from, None: the last)."""
+    spec = frame_spec(frame, query)
     return message_plot(NO_TEXT) if spec is None else to_plot(spec)
 
 
-def frame_spec(frame: Frame):
-    """A Frame's attention figure (None without a text), named for its download."""
+def frame_spec(frame: Frame, query: int | None = None):
+    """A Frame's attention figure (None without a text), named for its download; `query`: the token the
+    lines view draws its lines from (None: the last; the heatmaps' selected row is outlined by the page)."""
     att, v = frame.attention, frame.view
     if att is None:
         return None
@@ -63,7 +66,8 @@ def frame_spec(frame: Frame):
                               causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=frame.plot_width,
                               max_height_px=frame.plot_height, presentation=frame.presentation, colour=frame.colour,
                               badges=frame.badges, heads=v.heads, value_weighted=frame.value_weighted,
-                              title_prefix=f"{frame.change} · " if frame.change else None)
+                              title_prefix=f"{frame.change} · " if frame.change else None,
+                              query=query if v.view == viz.LINES_VIEW else None)
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
         spec.layout.setdefault("meta", {})["change"] = frame.change  # what the head tools changed ('' = nothing)
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
@@ -77,15 +81,28 @@ def caption_markdown(line: str | None) -> str:
 
 
 def frame_caption(frame: Frame) -> str:
-    """A Frame's line above the attention; with the value-weighted colour, what the colours are."""
+    """A Frame's line above the attention; with the value-weighted colour, what the colours are. Where the
+    all-layers view draws no panels (too many heads, or too long a text), the line says why, as its figure does."""
+    att, v = frame.attention, frame.view
+    if att is not None and v is not None and v.view == "all layers":
+        refused = viz.overview_refusal(len(att.weights), len(att.weights[0]), len(att.tokens), OVERVIEW_MAX_TOKENS)
+        if refused is not None:
+            return html.escape(f"No panels here: {refused}", quote=False)
     line = caption_markdown(frame.caption)
-    if frame.colour == "value" and frame.view is not None and frame.view.view != "scores":
+    if frame.colour == "value" and frame.view is not None and frame.view.view not in WEIGHTS_ONLY:
         line += VALUE_NOTE
     return line
 
 
+def check_caption_view(session: Session, model_name, layer, head, view) -> None:
+    """The page's model and view as a caption reads them, checked (the text's model, once there is a text)."""
+    known_model(session, model_name)
+    session.check_view(None if session.tokens() else model_name, layer, head, view)
+
+
 def view_caption(session: Session, model_name, layer, head, view) -> str:
     """The line above the attention, true of what it shows."""
+    check_caption_view(session, model_name, layer, head, view)
     frame = session.frame(layer, head, view)
     if frame.attention is None:
         return caption_markdown(captions.no_text_caption(session.entry_for(model_name), layer, head, view))
@@ -237,6 +254,17 @@ def select_token(session, temperature, top_k, top_p, evt: gr.SelectData, request
 
 
 @handler
+def lines_from_token(session, layer, head, view, evt: gr.SelectData, request: gr.Request = None):
+    """A token of the text was clicked (or reached with ←/→): the lines view draws that token's lines
+    (the other views answer at once in the page itself: nothing to draw again)."""
+    index = evt.index if isinstance(evt, gr.SelectData) else None
+    if view != viz.LINES_VIEW or index is None or not session.tokens():
+        return gr.skip()
+    session.select(index)  # as select_token does: the two answers to one click agree whichever comes first
+    return attention_figure(session, layer, head, view)
+
+
+@handler
 def resample(session, temperature, top_k, top_p, request: gr.Request = None):
     """Temperature, top-k or top-p moved: the chart's "after" bars for the selected token, at once
     (nothing is generated)."""
@@ -313,5 +341,6 @@ def redisplay(session: Session, colour, presentation, screen, layer, head, view)
 def colour_caption(session, colour, model_name, layer, head, view, request: gr.Request = None):
     """The colour menu changed: the line above the attention says what the colours are (the colour is set
     here too, so this answer never depends on `set_display`'s coming first)."""
+    check_caption_view(session, model_name, layer, head, view)  # before the colour changes: a refusal changes nothing
     session.set_display(colour, None, None)
     return view_caption(session, model_name, layer, head, view)

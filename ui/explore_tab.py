@@ -18,11 +18,13 @@ from lab.limits import (
 )
 from lab.models import DEFAULT_MODEL
 from lab.session import Session
+from lab.text import cut_lines
 
 from .common import RAW, api_example, handler
 from .explore import (
-    NO_PROBS, NO_TEXT, example_choices, first_view, head_choices, layer_choices, generate, redraw_view, resample, reset, select_model,
-    select_token, set_display, shift_head, show_caption, show_vocabulary, step, step_picture, undo, vocabulary_html,
+    NO_PROBS, NO_TEXT, example_choices, first_view, head_choices, layer_choices, generate, lines_from_token,
+    redraw_view, resample, reset, select_model, select_token, set_display, shift_head, show_caption, show_vocabulary,
+    step, step_picture, undo, vocabulary_html,
 )
 from .common import message_plot
 from .heads_tab import build_heads_section
@@ -86,7 +88,9 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
                                   "layer_choices": layer_choices(default.model.cfg.n_layers)})
     return {"model": c.model_dd, "state_outputs": c.state_outputs, "screen": c.screen,
             "display_inputs": c.display_inputs, "no_probs": NO_PROBS, "inside": inside,
-            "heads": heads}
+            "heads": heads, "token_view": {"tokens": c.tokens, "plot": c.attn_plot, "views": c.views,
+                                           "status": c.status, "note": c.text_note,
+                                           "group": c.group}}
 
 
 def _lay_out_top(c: SimpleNamespace, first: Session, default) -> None:
@@ -122,8 +126,9 @@ def _lay_out_attention(c: SimpleNamespace, default) -> None:
             c.head = gr.Dropdown(head_choices(cfg.n_heads), value=head0, label="Head", show_label=False,
                                  container=False, elem_id="head", min_width=96, scale=1)
             c.next_head = gr.Button("▶", elem_id="next_head", min_width=36, scale=0)
-            c.view = gr.Radio(list(ATTENTION_VIEWS), value=view0, label="View", show_label=False, container=False,
-                              elem_id="view", min_width=270, scale=2)
+            # a menu: five views would not fit beside the other controls as a row of radio buttons
+            c.view = gr.Dropdown(list(ATTENTION_VIEWS), value=view0, label="View", show_label=False, container=False,
+                                 elem_id="view", min_width=150, scale=2)
             c.colour = gr.Dropdown([(COLOUR_LABELS.get(m, m), m) for m in COLOUR_MODES], value="linear",
                                    label="Colour", show_label=False, container=False, elem_id="colour", min_width=140,
                                    scale=1)
@@ -132,6 +137,7 @@ def _lay_out_attention(c: SimpleNamespace, default) -> None:
 
 def _lay_out_text(c: SimpleNamespace, first: Session, default) -> None:
     """The right column's top: the text, the next-token chart, the status, the keys, sampling and vocabulary."""
+    c.text_note = gr.Markdown("", elem_id="text_note", visible=False)  # the text shown is cut (`text_cut_note`)
     c.tokens = gr.HighlightedText(label="Text: click a token to see where it looks (grey edge = prompt, "
                                         "orange = generated)",
                                   elem_id="tokens", color_map={"prompt": "#cfd8e3", "generated": "#ffd27f"},
@@ -193,7 +199,7 @@ def _bind_text_buttons(ses: gr.State, c: SimpleNamespace) -> None:
     gr.Button(visible=False).click(step, step_inputs, c.explore, api_name="step", **c.group)
     # the caption above the attention follows what it shows (the API's answers leave it out)
     caption_after = dict(fn=show_caption, inputs=[ses, c.model_dd, *c.views], outputs=c.caption, queue=False,
-                         api_visibility="private", show_progress="hidden")
+                         api_visibility="private", show_progress="hidden", **RAW)
     c.gen_btn.click(generate, [ses, c.model_dd, c.prompt, *c.sampling, c.max_new, *c.views], c.explore,
                     api_name="generate", concurrency_limit=CONCURRENCY["generate"], concurrency_id="generate",
                     show_progress="hidden", **RAW).then(**caption_after)
@@ -221,7 +227,7 @@ def _bind_model_and_display(ses: gr.State, c: SimpleNamespace) -> None:
                        c.examples, c.prompt], api_name="select_model", **RAW)
     c.examples.input(None, c.examples, c.prompt, js="(example) => example")  # the page copies it: no round trip
     c.prompt.input(None, [c.prompt, c.examples], c.examples, js=SAME_EXAMPLE)  # the menu names the prompt, or nothing
-    c.model_dd.change(show_vocabulary, [ses, c.model_dd], c.vocabulary, api_name=False, queue=False)
+    c.model_dd.change(show_vocabulary, [ses, c.model_dd], c.vocabulary, api_name=False, queue=False, **RAW)
     for button, delta in ((c.prev_head, -1), (c.next_head, 1)):
         button.click(shift_head, [ses, c.model_dd, c.head, gr.Number(delta, visible=False)], c.head, api_name=False,
                      show_progress="hidden", **RAW)
@@ -244,3 +250,21 @@ def _bind_share(ses: gr.State, c: SimpleNamespace) -> None:
     c.page_btn.click(save_view_page, [ses, *c.views], c.saved, api_name="export_page", **RAW)
     c.numbers_btn.click(export_numbers, [ses, c.numbers_what, c.numbers_fmt, c.model_dd, c.layer, c.head],
                         c.numbers_file, api_name="export_numbers", **RAW)
+
+
+def bind_token_view(ses: gr.State, parts: dict) -> None:
+    """A token clicked in the text redraws the lines view from it (ui.explore.lines_from_token). A page-only
+    event, bound after every endpoint (app.py) so that the endpoints keep their numbers."""
+    parts["tokens"].select(lines_from_token, [ses, *parts["views"]], parts["plot"], api_name=False,
+                           show_progress="hidden", trigger_mode="always_last", **parts["group"])
+    # the status says when the text is cut to the context; the page says it above the text too
+    parts["status"].change(text_cut_note, parts["status"], parts["note"], api_name=False, queue=False,
+                           show_progress="hidden", **RAW)
+
+
+@handler
+def text_cut_note(status):
+    """Above the text, the status's lines that say the text shown is not all of it (lab.text.cut_lines):
+    the prompt cut to the model's context, or the oldest token dropped; hidden when there are none."""
+    lines = cut_lines(status)
+    return gr.update(value="  \n".join(f"✂ {line}" for line in lines), visible=bool(lines))

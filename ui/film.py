@@ -11,15 +11,16 @@ import gradio as gr
 import numpy as np
 
 import viz
-from lab.checks import UserError, check_choice, check_int
+from lab.checks import UserError, check_choice, check_int, check_text
 from lab.export import model_stem
 from lab.limits import HEAD_ROLES as ROLES
 from lab.session import Session
 
-from .common import handler, message_plot, named
+from .common import handler, named
 from .plots import to_plot
 
-NO_FILM = "This model has no training film (it was made before films existed). Train one in this tab."
+NO_FILM = ("This model has no training film: a training in this tab records one, and `python -m model.film` "
+           "makes one from a series of saved checkpoints.")
 MATCH = "match"
 
 
@@ -62,12 +63,18 @@ def loss_plot_px(display) -> int:
     return film_figure_px(display) - (90 if display.presentation else 70)
 
 
+def loss_words(film, fr, sep: str = " · ") -> str:
+    """A frame's losses named by what they were measured on ("train loss 2.31 · validation loss 2.40"; a
+    film from a checkpoint series: "loss on the probe 6.79 · held-out loss 4.74")."""
+    names = [n if "loss" in n else f"{n} loss" for n in film.loss_names()]
+    return f"{names[0]} {fr.train_loss:.2f}" + (f"{sep}{names[1]} {fr.val_loss:.2f}" if fr.val_loss is not None else "")
+
+
 def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     """(attention, loss, scores, phases markdown, caption) of one frame of the model's film."""
     film = session.film(model_name)
-    if film is None or not film.frames:
-        note = message_plot(NO_FILM)
-        return note, note, note, "", NO_FILM
+    if film is None or not film.frames:  # one line says so, and the last film's figures leave the page
+        return None, None, None, "", NO_FILM
     n = len(film.frames)
     i = check_int("frame", frame, 0, max(0, n - 1)) if frame is not None else n - 1
     fr = film.frames[i]
@@ -98,10 +105,9 @@ def film_frame(session: Session, model_name, frame, layer, score) -> tuple:
     loss = viz.loss_curve(steps.astype(np.float32), train_loss, np.array([s for s, _ in val], dtype=np.float32),
                           np.array([v for _, v in val], dtype=np.float32), total_steps=film.total_steps,
                           marker_step=fr.step, phase_steps=[(p.step, f"L{p.layer}H{p.head}") for p in phases],
-                          presentation=large, plot_px=loss_plot_px(session.display))
+                          presentation=large, plot_px=loss_plot_px(session.display), names=film.loss_names())
     lines = "\n".join(f"- {p.sentence()}" for p in phases) or "- No head changed its role sharply in this run."
-    caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · train loss {fr.train_loss:.2f}"
-               + (f" · validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else "")
+    caption = (f"Frame {i + 1} of {n}: step {fr.step} of {film.total_steps} · {loss_words(film, fr)}"
                + f" · probe: “{plain(session.film_probe_text(model_name)[:80])}”")
     stem = (model_stem(model_name), "film", f"step{fr.step}")
     return (to_plot(named(attention, *stem, f"L{layer}", "attention")),
@@ -137,20 +143,22 @@ def redraw_film(session, model_name, frame, layer, score, request: gr.Request = 
 @handler
 def open_film(session, model_name, request: gr.Request = None):
     """A model was picked for the film: the slider spans its frames and starts at the last; the layer
-    and score are those whose change over the film is largest (`opening`)."""
+    and score are those whose change over the film is largest (`opening`). A model without a film (or
+    with one frame) leaves the controls still: a slider needs two ends (gradio refuses 0 … 0)."""
     film = session.film(model_name)
-    n = len(film.frames) if film is not None else 1
-    layers = len(film.frames[0].attention) if film is not None and film.frames else 1
+    n = len(film.frames) if film is not None else 0
+    layers = len(film.frames[0].attention) if n else 1
     layer, score = opening(film)
-    return (gr.update(minimum=0, maximum=max(0, n - 1), value=max(0, n - 1), step=1),
-            gr.update(choices=[(f"layer {i}", i) for i in range(layers)], value=layer),
-            gr.update(choices=score_choices(score_names(film), film), value=score))
+    return (gr.update(minimum=0, maximum=max(1, n - 1), value=max(0, n - 1), step=1, interactive=n > 1),
+            gr.update(choices=[(f"layer {i}", i) for i in range(layers)], value=layer, interactive=n > 0),
+            gr.update(choices=score_choices(score_names(film), film), value=score, interactive=n > 0))
 
 
 @handler(exclusive=False)
 def follow_model(session, model_name, request: gr.Request = None):
     """Explore's model changed (picked, trained or uploaded): the film section offers every model of
     the session (one in training too) and shows `model_name`'s."""
+    check_text("model", model_name)
     names = session.model_names()
     return gr.update(choices=names, value=model_name if model_name in names else names[0])
 
@@ -160,6 +168,7 @@ def film_choices(session, model_name, request: gr.Request = None):
     """The list was opened: it offers every model of the session (one in training too). The value is
     left as the page has it, so an answer that comes after the person picked a model never takes
     their pick back; only a model that left the list is replaced."""
+    check_text("model", model_name, optional=True)
     names = session.model_names()
     return gr.update(choices=names) if model_name in names else gr.update(choices=names, value=names[0])
 
@@ -187,8 +196,7 @@ def save_film_page(session, model_name, layer, request: gr.Request = None):
         frames.append(viz.attention_view(fr.attention, None, film.probe_tokens, layer=layer, head=None, view="weights",
                                          causal=True, overview_max_tokens=48, width_px=760, max_height_px=560,
                                          title_prefix=f"Step {fr.step} of {film.total_steps} · "))
-        captions.append(f"step {fr.step}: train loss {fr.train_loss:.2f}"
-                        + (f", validation loss {fr.val_loss:.2f}" if fr.val_loss is not None else ""))
+        captions.append(f"step {fr.step}: {loss_words(film, fr, ', ')}")
     page = viz.film_html(frames, title=f"{model_name}: training film, layer {layer}",
                          steps=[fr.step for fr in film.frames], captions=captions)
     return str(session.save_file(f"{model_stem(model_name)}_film_L{layer}", ".html", page.encode("utf-8")))

@@ -17,11 +17,12 @@ import gradio as gr
 import viz
 from lab import probing
 from lab.roles import HeadRoles
-from lab.checks import UserError, check_int, check_sampling
+from lab.checks import UserError, check_int, check_sampling, check_text, whole_numbers
 from lab.export import model_stem
+from lab.pairs import pairs_for as made_pairs, template_pair
 from lab.session import Session
 
-from .common import handler, message_plot, named
+from .common import handler, known_model, message_plot, named
 from .plots import to_plot
 
 NO_TEXT = "Press Step (or Enter in the prompt): the head tools work on the text above."
@@ -133,11 +134,13 @@ def query_note(session: Session) -> str:
 @handler
 def refresh(session, layer, head, query=None, request: gr.Request = None):
     """The head tools after the text or the selected token (`query`, a window position; None =
-    the last token) changed."""
+    the last token; one the text no longer has, after an Undo: the last too) changed."""
     layer, head = probing.check_shown(session.text, layer, head)
+    if query is not None and (isinstance(query, bool) or not isinstance(query, (int, float))):
+        raise UserError("The selected token must be given by its position in the text.")
     if probing.selected(session.text) is not None:
         n = len(session.tokens())
-        if isinstance(query, (int, float)) and not isinstance(query, bool) and 0 <= query < n:
+        if 0 <= (query if query is not None else -1) < n and float(query).is_integer():
             session.select(int(query))
         else:
             session.select_last()
@@ -187,7 +190,12 @@ def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.R
 
 @handler
 def edit_attention(session, head, key, request: gr.Request = None):
-    """Replace the selected token's row of one head ("L1H0"): only `key` (a position), "uniform", or "off"."""
+    """Replace the selected token's row of one head ("L1H0"): only `key` (a position), "uniform", or "off".
+    The head is checked even when `key` is "off" (nothing to edit): one that is not the model's is refused."""
+    if head is not None and session.text.entry is not None:
+        if not isinstance(head, str):
+            raise UserError("Choose the head whose row to edit, e.g. L1H0.")
+        probing.parse_heads([head], *probing.shape(session.text))
     session.edit_selected(head, key)
     return effect_views(session)
 
@@ -235,6 +243,8 @@ def regeneration_key(session: Session) -> str:
 def drop_stale_regeneration(session, shown, request: gr.Request = None):
     """The regeneration shown goes once its text or its changes are no longer the current ones
     (after Clear all changes, another ablation or edit, a Step): it would be read as theirs."""
+    if shown is not None and not isinstance(shown, str):
+        raise UserError("The regeneration shown must be text (the page's own HTML).")
     if not shown:
         return gr.skip()
     made_for = re.search(r'data-key="([0-9a-f]*)"', shown)
@@ -245,19 +255,25 @@ def drop_stale_regeneration(session, shown, request: gr.Request = None):
 def pick_head(session, pick, picking, chosen, model_name, view=None, request: gr.Request = None):
     """A cell of the head-role overview or a panel of the attention was clicked ("layer,head"):
     with `picking` it joins (or leaves) the heads to ablate; otherwise the attention shows it (its
-    weights, where the view was every layer's)."""
-    parts = pick.split(",") if isinstance(pick, str) else []
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    weights, where the view was every layer's panels or every head's thumbnails)."""
+    cell = whole_numbers(pick, ",", 2)  # "layer,head"
+    if cell is None:
         raise UserError("Click a cell of the overview or a panel of the attention.")
+    if not isinstance(picking, bool):
+        raise UserError("“Clicking a head picks it” must be on or off.")
+    if chosen is not None and not (isinstance(chosen, list) and all(isinstance(c, str) for c in chosen)):
+        raise UserError("The heads to ablate must be a list of heads such as L1H0.")
+    known_model(session, model_name)
+    check_text("view", view, optional=True)
     if not probing.head_labels(session.text):
         raise UserError("Press Step first.")
-    ((layer, head),) = probing.parse_heads([[int(parts[0]), int(parts[1])]], *probing.shape(session.text))
+    ((layer, head),) = probing.parse_heads([cell], *probing.shape(session.text))
     if picking is True:
         chosen = list(chosen or [])
         label = probing.head_label(layer, head)
         chosen = [c for c in chosen if c != label] if label in chosen else [*chosen, label]
         return gr.skip(), gr.skip(), chosen, gr.skip()
-    return layer, head, gr.skip(), "weights" if view == "all layers" else gr.skip()
+    return layer, head, gr.skip(), "weights" if view in ("all layers", viz.THUMBNAILS_VIEW) else gr.skip()
 
 
 @handler
@@ -290,9 +306,11 @@ def compare_views(session: Session, model_name, c, layer: int, panel_notes: dict
             to_plot(named(dist, stem, "compare", "next-token")), notes, data)
 
 
-def pairs_for(model_name) -> list[tuple[str, str]]:
-    """The example pairs of a model as "A ⇄ B" choices (none for own models)."""
-    return [(f"{a}  ⇄  {b}", f"{a}\u241e{b}") for a, b in PAIRS.get(model_name, [])]
+def pairs_for(model_name, entry=None) -> list[tuple[str, str]]:
+    """The example pairs of a model as "A ⇄ B" choices: a built-in's own, else (given its `entry`) pairs made
+    for its tokenizer (lab.pairs: same token counts, one-token answers)."""
+    found = PAIRS.get(model_name) or ([(p.a, p.b) for p in made_pairs(entry)] if entry is not None else [])
+    return [(f"{a}  ⇄  {b}", f"{a}\u241e{b}") for a, b in found]
 
 
 @handler
@@ -302,16 +320,21 @@ def pick_pair(value):
     if value is None or value == "":
         return gr.skip(), gr.skip()
     pairs = {f"{a}\u241e{b}": (a, b) for examples in PAIRS.values() for a, b in examples}
-    if not isinstance(value, str) or value not in pairs:
-        raise UserError("Minimal pairs: choose one of the pairs in the list.")
-    return pairs[value]
+    parts = value.split("\u241e") if isinstance(value, str) else []
+    # a built-in's pair, or one lab.pairs makes; anything else (a list, an object) is refused below
+    if isinstance(value, str) and (value in pairs or (len(parts) == 2 and template_pair(*parts))):
+        return tuple(parts)
+    raise UserError("Minimal pairs: choose one of the pairs in the list.")
 
 
 @handler
 def model_changed(session, model_name, request: gr.Request = None):
-    """Another model: its example pairs and layers; the last comparison goes."""
-    n_layers = session.entry_for(model_name).model.cfg.n_layers
+    """Another model: its example pairs and layers, prompts A and B its first pair (empty without one: the
+    last model's pair need not fit this one); the last comparison goes."""
+    entry = session.entry_for(model_name)
+    n_layers, pairs = entry.model.cfg.n_layers, pairs_for(model_name, entry)
     empty = message_plot("Type two prompts and press Compare.")
-    return (gr.update(choices=pairs_for(model_name), value=None),
+    first = pairs[0][1].split("\u241e") if pairs else ("", "")
+    return (gr.update(choices=pairs, value=None), *first,
             gr.update(choices=[(f"layer {i}", i) for i in range(n_layers)], value=n_layers - 1),
             empty, message_plot(""), message_plot(""), "")

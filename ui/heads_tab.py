@@ -16,6 +16,7 @@ from lab.probing import ABLATION_MODES, MAX_REGENERATE
 from lab.session import HEAD_TOOLS
 
 from .common import RAW, api_example, message_plot
+from .pairs import lay_out_pair_helper
 from .patching import lay_out_patching
 from .heads import (
     NO_SETTINGS, NO_TEXT, REGENERATE_TOKENS, ablate, clear_settings, compare, drop_stale_regeneration, edit_attention,
@@ -131,6 +132,7 @@ def _lay_out_compare(h: SimpleNamespace, ex: dict) -> None:
             h.cmp_layer = gr.Dropdown(ex["layer_choices"], value=ex["layer_choices"][-1][1], label="Layer",
                                       elem_id="cmp_layer", scale=1, min_width=100)
             h.cmp_btn = gr.Button("Compare", variant="primary", elem_id="compare", scale=1, min_width=100)
+        lay_out_pair_helper(h)  # which words keep the token count: a pair for any model (ui/pairs.py)
         h.cmp_notes = gr.Markdown("", elem_id="cmp_notes")
         with gr.Row():
             h.diff_plot = gr.Plot(message_plot("Type two prompts and press Compare."), show_label=False,
@@ -199,5 +201,6 @@ def _bind_picking_and_model(ses: gr.State, h: SimpleNamespace, ex: dict) -> None
                    **RAW).success(
         ablate, h.settings, [h.effect_plot, h.effect_md, h.roles_plot, h.api[0]], api_name=False,
         show_progress="hidden", **ex["explore_group"]).then(**h.after_change).then(**h.stale)
-    model_dd.change(model_changed, [ses, model_dd], [h.pair, h.cmp_layer, h.diff_plot, h.changes_plot, h.dist_plot,
+    model_dd.change(model_changed, [ses, model_dd], [h.pair, h.prompt_a, h.prompt_b, h.cmp_layer, h.diff_plot,
+                                                     h.changes_plot, h.dist_plot,
                                                      h.cmp_notes], api_name=False, **RAW).then(**h.stale)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -19,8 +20,9 @@ class RefuseMalformedCalls:
     """ASGI middleware: a call to an unknown endpoint or a page-only function with no server side,
     with the wrong number of values, a non-finite number or no fitting event data, gets a 4xx and a
     plain message before gradio's routes see it (they answer such calls with HTTP 500 or an empty
-    error). The direct routes (/run/<name>, /api/<name>) run only what the page itself runs there, the
-    functions outside the queue, and their refusals come back as 400 with the handler's sentence."""
+    error); so does a call holding a lone surrogate, which is not text. The direct routes (/run/<name>,
+    /api/<name>) run only what the page itself runs there, the functions outside the queue, and their
+    refusals come back as 400 with the handler's sentence."""
 
     # queue/join and call/<name> go through the queue; run/<name> and api/<name> answer in the reply
     CALL = re.compile(r"^/gradio_api/(?:(queue/join)|call/(?:v2/)?([^/]+)|(?:run|api)/([^/]+))/?$")
@@ -42,7 +44,8 @@ class RefuseMalformedCalls:
             refused = self.door.admit_upload(scope)  # the address's share of gradio's cache
             if refused:
                 log.info("refused an upload at the door: %s", refused[1])
-                return await self.refuse(send, *refused)
+                await asyncio.sleep(self.door.refusal_pause_s)  # one sent again at once costs little (ui/shares.py)
+                return await self.refuse(send, *refused, close=True)  # its body is never read
         if match is None or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         body, more = b"", True
@@ -105,7 +108,9 @@ class RefuseMalformedCalls:
             where = (f"POST /gradio_api/call/{fn.api_name} (as gradio_client does)" if fn.api_visibility != "private"
                      else "POST /gradio_api/queue/join (as the page does)")
             return 404, f"This function runs in the queue, not in a direct call: use {where}."
-        if direct and not self.utf8(payload):  # a direct reply that echoes it would fail to encode (a bare 500)
+        # a lone surrogate (JSON's \\udfff) is no text: gradio cannot send back an answer or a refusal that holds
+        # it (a direct reply ends in a bare 500, the page's shared event stream breaks off and the call never ends)
+        if not self.utf8(payload):
             return 400, "The request holds text that is not valid Unicode (a lone surrogate)."
         if fn.collects_event_data and not self.event_data_fits(fn, payload.get("event_data")):
             return 400, "This event needs the details the page sends with it (such as which item was clicked)."
@@ -215,8 +220,9 @@ class RefuseMalformedCalls:
         return wrapped
 
     @staticmethod
-    async def refuse(send, status: int, message: str):
+    async def refuse(send, status: int, message: str, close: bool = False):
         raw = json.dumps({"error": message, "detail": message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+                    "headers": headers + [(b"connection", b"close")] * close})
         await send({"type": "http.response.body", "body": raw})

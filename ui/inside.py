@@ -22,7 +22,7 @@ import numpy as np
 import viz
 from viz import inside as cell_viz
 from lab import inside as lab_inside
-from lab.checks import UserError, check_int
+from lab.checks import UserError, check_int, whole_numbers
 from lab.export import file_name, model_stem
 
 from .common import handler, message_plot
@@ -46,9 +46,10 @@ def _tok(data: dict, j: int) -> str:
 
 
 def _width(session, share: float = 0.5) -> int:
-    """The width a figure of the panel is laid out for: half the page (two columns), the page on a phone."""
+    """The width a figure of the panel is laid out for: half the page (two columns), the page on a phone (less
+    the margins of the panel's boxes around it: 298 px of a 390 px screen)."""
     d = session.display
-    return max(300, d.width - 48) if d.narrow else max(360, int((d.width - 96) * share))
+    return max(280, d.width - 92) if d.narrow else max(360, int((d.width - 96) * share))
 
 
 def header(data: dict) -> str:
@@ -149,14 +150,23 @@ def draw_cell(session, layer, head, query, key) -> tuple:
 
 
 def _given(value):
-    """A box's value: None when blank (no cell chosen yet), else the value as typed or drawn."""
-    return None if value is None or (isinstance(value, str) and not value.strip()) else value
+    """A box's value: None when blank (no cell chosen yet), else the value as typed or drawn (text or a
+    number, checked where it is used; anything else is refused here)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise UserError("The cell's boxes (layer, head, query i, key j) take whole numbers, or nothing.")
+    return value
 
 
 def _view_head(layer, head) -> tuple:
-    """The Explore view's layer and head as the panel's (a grid of heads: its first head)."""
-    if isinstance(head, str):
-        head = int(head.split("-")[0]) if head.split("-")[0].isdigit() else 0
+    """The Explore view's layer and head as the panel's (a grid of heads: its first head). The menu sends
+    a head, "all" or a page of heads ("6-11"); any other text is left to the cell's own check, which names it."""
+    if head == "all":
+        return layer, 0
+    if isinstance(head, str) and "-" in head:
+        page = whole_numbers(head, "-", 2)
+        return layer, head if page is None else page[0]
     return layer, head
 
 
@@ -176,10 +186,10 @@ def open_panel(session, layer, head, query, key, view_layer, view_head, request:
 @handler(exclusive=False)
 def pick_cell(session, cell, request: gr.Request = None):
     """A cell of the attention or an entry of the head's matrices was clicked: "layer,head,query,key"."""
-    parts = cell.split(",") if isinstance(cell, str) else []
-    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+    parts = whole_numbers(cell, ",", 4)
+    if parts is None:
         raise UserError("Click a cell of the attention figure to see how its weight was computed.")
-    layer, head, query, key = (int(p) for p in parts)
+    layer, head, query, key = parts
     return (gr.update(open=True), *draw_cell(session, layer, head, query, key))
 
 
@@ -198,6 +208,11 @@ def selected_token(session, layer, head, query, view_layer, view_head, request: 
 @handler(exclusive=False)
 def draw_matrices(session, layer, head, query, key, request: gr.Request = None):
     """The head's Q, K, V and QKᵀ (raw, scaled, masked), the panel's cell outlined."""
+    return head_matrices(session, layer, head, query, key)
+
+
+def head_matrices(session, layer, head, query, key):
+    """`draw_matrices`'s figure (a message without a cell)."""
     layer, head, query, key = (_given(v) for v in (layer, head, query, key))
     if session.text.decoder is None or layer is None or head is None:
         return message_plot("Open a cell first: the matrices are those of its head.")

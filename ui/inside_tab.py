@@ -17,9 +17,11 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from .common import RAW, message_plot
+from lab.checks import UserError
+
+from .common import RAW, handler, message_plot
 from .explore import colour_caption
-from .inside import CLOSED, download_cell, draw_matrices, open_panel, pick_cell, selected_token
+from .inside import CLOSED, download_cell, draw_matrices, head_matrices, open_panel, pick_cell, selected_token
 
 ROW_HINT = ("Each figure names its formula; hover any bar or cell for its numbers. Columns: "
             "**1** what the head reads, **2** the query and the key, **3** their dot product; "
@@ -93,8 +95,10 @@ def bind_inside_section(ses: gr.State, s: SimpleNamespace) -> None:
     s.matrices_panel.collapse(None, None, s.matrices_open, js="() => false")
 
 
+@handler(exclusive=False)
 def _matrices_if_open(session, is_open, layer, head, query, key, request: gr.Request = None):
-    """The matrices again for the cell just drawn, only while their section is open."""
-    if is_open is not True:
-        return gr.skip()
-    return draw_matrices(session, layer, head, query, key, request)
+    """The matrices again for the cell just drawn, only while their section is open (`is_open`, which the
+    page keeps)."""
+    if not isinstance(is_open, bool):
+        raise UserError("Whether the matrices are open must be true or false.")
+    return head_matrices(session, layer, head, query, key) if is_open else gr.skip()

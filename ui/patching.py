@@ -24,9 +24,10 @@ import gradio as gr
 import numpy as np
 
 from lab import patching
-from lab.checks import UserError
+from lab.checks import UserError, check_choice, check_text, whole_numbers
 from lab.export import model_stem
 from lab.limits import CONCURRENCY
+from lab.pairs import answers_of, pairs_for as made_pairs
 from viz.patching import head_on_two_prompts, patching_map
 
 from .common import RAW, handler, message_plot, named
@@ -66,7 +67,8 @@ def direction_help() -> str:
 def lay_out_patching(h: SimpleNamespace, default_model: str) -> None:
     """The Patching part's components (call inside the Compare A / B tab, under the comparison)."""
     answer, other = DEFAULT_ANSWERS.get(default_model, ("", ""))
-    with gr.Group(elem_id="patching"):
+    # the id on a Column: gradio 6 gives a Group's id to two nested elements of the page
+    with gr.Column(elem_id="patching"), gr.Group():
         gr.Markdown(PATCH_INTRO, elem_classes="lab-intro")
         with gr.Row(equal_height=True):
             h.patch_metric = gr.Radio([(METRIC_LABELS[m], m) for m in patching.METRICS], value="logit_diff",
@@ -114,6 +116,7 @@ def metric_note(result: patching.PatchResult) -> str:
     s = result.setup
     label = html.escape(s.metric.label, quote=False)
     lines = [f"**{label}**: {s.clean:.3f} on A, {s.corrupted:.3f} on B (difference {s.difference:+.3f}).",
+             *(f"⚠ **{html.escape(c, quote=False)}**" for c in result.cautions()),
              f"**{html.escape(best_line(result), quote=False)}**"]
     if result.stopped:
         lines.append(f"Stopped after {result.done} of {result.values.size} patched runs: the dashed cells were "
@@ -142,6 +145,15 @@ def ends(direction: str) -> tuple[str, str]:
     return ("B", "A") if direction == "denoising" else ("A", "B")
 
 
+def map_caution(result: patching.PatchResult) -> str | None:
+    """The map's own warning (it travels with a downloaded PNG), short: the note above it has the numbers."""
+    said = ["has the wrong sign"] if result.wrong_sign() else []
+    if result.small_difference():
+        low, high = result.spread()
+        said.append(f"is small next to the patched runs' spread ({high - low:.3f}): read these shares as noise")
+    return f"The A/B difference ({result.setup.difference:+.3f}) " + " and ".join(said) if said else None
+
+
 def patch_figure(session, result: patching.PatchResult, selected: tuple[int, int] | None = None):
     """The sweep's heatmap for the page."""
     s = result.setup
@@ -153,7 +165,8 @@ def patch_figure(session, result: patching.PatchResult, selected: tuple[int, int
     fig = patching_map(result.values, kind="heads" if heads else "positions",
                        columns=None if heads else s.aligned_tokens(), rows=result.rows, metric=result.metric,
                        ends=ends(result.direction), best=best_cells(result),
-                       selected=selected, title=title, presentation=session.display.presentation,
+                       selected=selected, title=title, caution=map_caution(result),
+                       presentation=session.display.presentation,
                        width_px=width_for(session), scale_title=f"share {result.value_name.split()[-1]}")
     return to_plot(named(fig, model_stem(s.entry.name), "patching", result.what, result.direction))
 
@@ -204,12 +217,13 @@ def open_patched_head(session, pick, prompt_a, prompt_b, view=None, request: gr.
     """A click on a head's cell ("layer,head"): the Explore attention shows that head, Compare A / B draws
     its layer's B − A with the head named, and its attention on both prompts is drawn side by side."""
     result = _LAST.get(session)
-    parts = pick.split(",") if isinstance(pick, str) else []
+    cell = whole_numbers(pick, ",", 2)  # "layer,head"
     if result is None or result.what != "heads":
         raise UserError("Run a sweep of the head outputs first, then click one of its cells.")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    if cell is None:
         raise UserError("Click a cell of the patching map.")
-    layer, head = int(parts[0]), int(parts[1])
+    check_text("view", view, optional=True)
+    layer, head = cell
     if not (0 <= layer < len(result.rows) and 0 <= head < len(result.columns)):
         raise UserError("Click a cell of the patching map.")
     s = result.setup
@@ -252,30 +266,43 @@ def bind_patching(ses: gr.State, h: SimpleNamespace) -> None:
         api_name=False, show_progress="hidden",
         js="(...a) => { a[1] = window.decoderLab ? window.decoderLab.patchPick : ''; return a; }",
         **ex["explore_group"]).success(**h.after_change)
-    h.pair.input(pair_answers, h.pair, [h.patch_answer, h.patch_other], api_name=False, queue=False, **RAW)
+    h.pair.input(pair_answers, [ses, ex["model"], h.pair], [h.patch_answer, h.patch_other], api_name=False,
+                 queue=False, **RAW)
     h.patch_metric.input(metric_changed, h.patch_metric, h.patch_other, api_name=False, queue=False, **RAW)
-    ex["model"].change(model_switched, ex["model"], [h.patch_answer, h.patch_other, h.patch_progress, h.patch_note,
-                                                     h.patch_plot, h.patch_head_plot],
+    ex["model"].change(model_switched, [ses, ex["model"]], [h.patch_answer, h.patch_other, h.patch_progress,
+                                                             h.patch_note, h.patch_plot, h.patch_head_plot],
                        api_name=False, queue=False, **RAW)
 
 
-@handler
-def pair_answers(value):
+@handler(exclusive=False)
+def pair_answers(session, model_name, value, request: gr.Request = None):
     """A minimal pair chosen (its menu value, "A␞B"): the answer tokens that tell its continuations apart,
-    where they are known; otherwise the boxes stay as they are."""
+    where they are known (a built-in's pairs, or those lab.pairs made for this model's tokenizer, as its
+    pieces); otherwise the boxes stay as they are."""
+    if value is not None and not isinstance(value, str):
+        raise UserError("Minimal pairs: choose one of the pairs in the list.")
     parts = value.split("\u241e") if isinstance(value, str) else []
     answers = PAIR_ANSWERS.get(tuple(parts)) if len(parts) == 2 else None
+    if answers is None and len(parts) == 2 and isinstance(model_name, str) and model_name in session.model_names():
+        answers = answers_of(session.entry_for(model_name), *parts)
     return answers if answers is not None else (gr.skip(), gr.skip())
 
 
 @handler
 def metric_changed(metric):
     """The second answer box is used by the logit difference only."""
-    return gr.update(interactive=metric == "logit_diff")
+    return gr.update(interactive=check_choice("metric", metric, patching.METRICS) == "logit_diff")
 
 
-@handler
-def model_switched(model_name):
-    """Another model: its default answers (none for most), and the last sweep's figures go."""
+@handler(exclusive=False)
+def model_switched(session, model_name, request: gr.Request = None):
+    """Another model: its default answers (a built-in's, or those of the first pair lab.pairs makes for a
+    model of one's own, which Compare's prompts then hold), and the last sweep's figures go."""
+    if not isinstance(model_name, str):
+        raise UserError("The model must be given by its name in the list.")
     answer, other = DEFAULT_ANSWERS.get(model_name, ("", ""))
+    entry = session.entry_for(model_name)
+    made = made_pairs(entry) if not entry.builtin else []
+    if made:
+        answer, other = made[0].answer_a, made[0].answer_b
     return answer, other, progress_html(None), "", message_plot(NO_SWEEP), message_plot(NO_HEAD)

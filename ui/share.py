@@ -14,11 +14,11 @@ import viz
 
 from lab import export, links, sessionfile
 from lab.rates import charge, replay_cost
-from lab.checks import UserError, check_int, check_sampling
+from lab.checks import UserError, check_int, check_sampling, check_text
 from lab.limits import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from lab.session import Session, View
 
-from .common import file_path, handler
+from .common import file_path, handler, known_model
 from .shares import charged_at_door
 from .explore import (
     attention_figure, attention_spec, example_choices, head_choices, layer_choices, probs_figure, redisplay,
@@ -54,6 +54,8 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
 def save_session(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
                  request: gr.Request = None):
     """The session as a file to download (`lab.sessionfile`)."""
+    known_model(session, model_name)
+    check_text("prompt", prompt)
     sampling = check_sampling(temperature, top_k, top_p, seed)
     v = session.check_view(model_name if session.model_name is None else None, layer, head, view)
     data = sessionfile.export_session(session, model_name, prompt, sampling, v)
@@ -64,10 +66,10 @@ def save_session(session, model_name, prompt, temperature, top_k, top_p, seed, l
 
 @handler(rate="import")
 def open_session(session, upload, request: gr.Request = None):
-    """A session file chosen: the page shows exactly what was saved. Its replay is paid first, from
-    the address's share of replays (refused with a sentence before any of it runs)."""
+    """A session file chosen: the page shows exactly what was saved. Its replay is paid first, its Steps
+    and its model's work, from the address's share of replays (lab.sessionfile: refused with a sentence
+    before any of it runs)."""
     path = file_path(upload, ".json")
-    charge(session, "replay", replay_cost(sessionfile.read_session_file(path).get("actions")))
     opened = sessionfile.open_session(session, path)
     return explore_state(session, opened.model, opened.prompt, opened.view, opened.sampling, opened.notes)
 
@@ -102,8 +104,12 @@ def open_link(session: Session, params: dict, paid: bool = False):
     if not link.given and not link.notes:
         return (session, *[gr.skip()] * 18)
     if link.prompt is not None and link.steps:
-        if not paid:  # a link's steps are paid before they run, as a file's
-            charge(session, "replay", link.steps)
+        # a link's replay is paid before it runs, as a file's: its Steps (when the load joined the queue, `paid`)
+        # and its model's work, known now
+        work = sessionfile.model_work(session.entry_for(link.model), link.prompt)
+        cost = replay_cost([{"do": "step"}] * link.steps, work) - (link.steps if paid else 0)
+        if cost > 0:
+            charge(session, "replay", cost)
         session.reset()
         links.open_link(session, link)
     return explore_state(session, link.model, link.prompt, link.view, link.sampling,
@@ -113,7 +119,10 @@ def open_link(session: Session, params: dict, paid: bool = False):
 @handler
 def make_link(session, model_name, prompt, temperature, top_k, top_p, seed, layer, head, view,
               request: gr.Request = None):
-    """A link to this view: the page answers with it as a relative link (it opens on this page's address)."""
+    """A link to this view: the page answers with it as a relative link (it opens on this page's address).
+    The model and prompt of the form are checked even where the link carries the text's own."""
+    known_model(session, model_name)
+    check_text("prompt", prompt)
     sampling = check_sampling(temperature, top_k, top_p, seed)
     v = session.check_view(model_name if session.model_name is None else None, layer, head, view)
     query, note = links.link_query(session, model_name, prompt, sampling, v)
@@ -137,8 +146,9 @@ def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Requ
         raise UserError(f"Choose what to download: one of {', '.join(NUMBERS.values())}.")
     if fmt not in ("csv", "json"):
         raise UserError("The format must be csv or json.")
+    known_model(session, model_name)  # checked whatever is downloaded (most kinds are the text's own model's)
+    v = session.check_view(None if session.model_name else model_name, layer, head, "weights")
     if what in ("weights", "scores"):
-        v = session.check_view(None if session.model_name else model_name, layer, head, "weights")
         exp = export.attention(session, v.layer, v.head, kind=what)
     elif what == "loss_history":
         exp = export.loss_history(session, model_name)

@@ -14,10 +14,19 @@ Four things are decided when a call joins, not when it runs:
   every request that arrives);
 - its session's turn: a call of a session whose previous action is still running waits here, in
   the event loop, holding no worker, and joins the queue once that action has ended. So waiting
-  for one's own session never holds a worker another visitor needs.
+  for one's own session never holds a worker another visitor needs;
+- its address's turn: an address has at most `CLIENT_WORKERS` calls in gradio's queue (waiting or
+  running; its training besides, which has a share and a lane of its own); its further calls wait
+  here too, as for the session's turn. So one address keeps at most that many workers busy whatever
+  it sends, and another visitor's call waits behind at most that many of one address's, in its lane
+  (ui/lanes.py: Step never waits behind a heavy call).
 
 Files sent to gradio's upload route are admitted here too: their bytes come out of the address's
 upload share (`admit_upload`), since gradio keeps them in its cache, outside the disk budget.
+
+A call refused when it joins (its address's share or rate spent) is answered after `REFUSAL_PAUSE_S`,
+waited in the event loop: a client that sends again as soon as it is refused costs the server a few
+calls a second, not hundreds (a person sees the sentence a moment later).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections import Counter, OrderedDict
 from urllib.parse import parse_qsl
 
@@ -32,9 +42,10 @@ import gradio as gr
 
 from lab.rates import LIMITER, client_key
 from lab.checks import UserError
-from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, QUEUE_SIZE
+from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, CLIENT_WORKERS, QUEUE_SIZE
 from lab.session import BUSY_WAIT_S, SESSIONS
 
+REFUSAL_PAUSE_S = float(os.environ.get("DECODER_LAB_REFUSAL_PAUSE_S", "0.5"))
 CHARGED = b"x-decoder-lab-charged"  # what the door charged a call for (its rate, "replay"), comma-separated
 
 
@@ -115,8 +126,10 @@ class Door:
     MAX_NEW_HASHES = 10_000
 
     def __init__(self, blocks, *, places: int = CLIENT_QUEUE, long_calls: dict[str, int] | None = None,
-                 wait_s: float = BUSY_WAIT_S, poll_s: float = 0.02):
+                 workers: int = CLIENT_WORKERS, wait_s: float = BUSY_WAIT_S, poll_s: float = 0.02,
+                 refusal_pause_s: float = REFUSAL_PAUSE_S):
         self.blocks, self.places, self.wait_s, self.poll_s = blocks, places, wait_s, poll_s
+        self.workers, self.refusal_pause_s = workers, refusal_pause_s
         self.long_calls = dict(CLIENT_LONG_CALLS if long_calls is None else long_calls)
         self.admitted: Counter[tuple[str, str | None]] = Counter()  # (client, kind) → admitted, not yet queued
         self.joining: Counter[str] = Counter()  # calls per session hash between this door and gradio's queue
@@ -139,6 +152,11 @@ class Door:
         queued = sum(_event_client(e) == client and (kind is None or _long_kind(e.fn, _event_charged(e)) == kind)
                      for e in self._events())
         return queued + self.admitted[(client, kind)]
+
+    def working(self, client: str) -> int:
+        """Calls of `client` in gradio's queue (waiting or running) that count for its workers: all but trainings."""
+        return sum(_event_client(e) == client and _long_kind(e.fn, _event_charged(e)) != "train"
+                   for e in self._events())
 
     def _session_busy(self, session_hash: str) -> bool:
         """Whether an action of this session holds its turn, or is queued to take it."""
@@ -218,27 +236,41 @@ class Door:
                 for k in kinds:
                     self.admitted[(client, k)] += 1
         if refused is not None:
+            await asyncio.sleep(self.refusal_pause_s)
             yield refused
             return
         queued = False
         try:
             session_hash = payload.get("session_hash")
             exclusive = _exclusive(fn) and isinstance(session_hash, str) and bool(session_hash)
-            if exclusive and not await self._turn(session_hash):
+            counted = kind != "train"  # a training has a worker of its own (one per address, one at once)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.wait_s
+            while True:  # until its session's turn and its address's: checked and taken under the address's lock
+                async with self._counting(client):
+                    busy = exclusive and self._session_busy(session_hash)
+                    full = counted and self.working(client) >= self.workers
+                    if not busy and not full:
+                        if exclusive:
+                            self.joining[session_hash] += 1
+                        try:
+                            yield None
+                        finally:
+                            queued = True
+                            self._release(client, kinds)
+                            if exclusive:
+                                self.joining[session_hash] -= 1
+                                if not self.joining[session_hash]:
+                                    del self.joining[session_hash]
+                        return
+                if loop.time() >= deadline:
+                    break
+                await asyncio.sleep(self.poll_s)
+            if busy:
                 yield 409, "This session is still busy with your previous action; try again in a moment."
-                return
-            async with self._counting(client):
-                if exclusive:
-                    self.joining[session_hash] += 1
-                try:
-                    yield None
-                finally:
-                    queued = True
-                    self._release(client, kinds)
-                    if exclusive:
-                        self.joining[session_hash] -= 1
-                        if not self.joining[session_hash]:
-                            del self.joining[session_hash]
+            else:
+                yield 429, (f"Your address's earlier calls are still running; one address may have {self.workers} "
+                            "in the queue at once, so that others are not kept waiting. Try again in a moment.")
         finally:
             if not queued:
                 self._release(client, kinds)
@@ -248,17 +280,6 @@ class Door:
             self.admitted[(client, kind)] -= 1
             if not self.admitted[(client, kind)]:
                 del self.admitted[(client, kind)]
-
-    async def _turn(self, session_hash: str) -> bool:
-        """Wait here, in the event loop, until the session's previous action has ended (at most
-        `wait_s`); False if it has not."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_s
-        busy = self._session_busy(session_hash)
-        while busy and loop.time() < deadline:
-            await asyncio.sleep(self.poll_s)
-            busy = self._session_busy(session_hash)
-        return not busy
 
     def admit_upload(self, scope) -> tuple[int, str] | None:
         """A file sent to gradio's upload route: its bytes are taken from the address's upload share

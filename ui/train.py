@@ -12,7 +12,8 @@ import numpy as np
 
 import viz
 from lab.export import model_stem
-from lab.limits import STOP_WAIT_S, TRAIN_CORPORA, TRAIN_MAX_SECONDS
+from lab.checks import check_choice, check_text
+from lab.limits import STOP_WAIT_S, TOKENIZER_KINDS, TRAIN_CORPORA, TRAIN_MAX_SECONDS
 from lab.recipe import OWN_TOKENIZER
 from lab.session import Session, TrainingRun, removed_note
 
@@ -86,6 +87,9 @@ def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, he
                 activation, dropout, steps, lr, seed, keep_best=True, probe=None, request: gr.Request = None):
     """Train a new model for this session, streaming the loss curve and a progress bar; Stop keeps what
     was learned. With keep_best, the model kept is the one of the lowest validation loss seen."""
+    check_text("The pasted text", pasted, optional=True)  # used by the "text" corpus only, but always text
+    if tokenizer_kind is not None:  # the page sends its choice even where the corpus brings its own tokenizer
+        check_choice("tokenizer", tokenizer_kind, TOKENIZER_KINDS)
     progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model,
                              d_ff, pos, norm, activation, dropout, steps, lr, seed, keep_best,
                              None if probe in (None, "") else probe)
@@ -135,12 +139,12 @@ def corpus_info(name) -> str:
     return "**{}**: {}".format(*TRAIN_CORPORA[name]) if name in TRAIN_CORPORA else ""
 
 
+@handler
 def corpus_defaults(name) -> tuple:
     """The line under the corpus, then the form set to the recipe of that corpus's built-in model
     (Session.train_defaults); the tokenizer can be chosen only where the corpus does not
     bring its own."""
-    if not isinstance(name, str) or name not in TRAIN_CORPORA:
-        return (gr.skip(),) * (1 + len(RECIPE_KEYS))
+    check_choice("corpus", name, TRAIN_CORPORA)
     form = Session.train_defaults(name)
     tokenizer = gr.update(value=form["tokenizer"], interactive=name in OWN_TOKENIZER)
     return (corpus_info(name), tokenizer, *(form[k] for k in RECIPE_KEYS[1:]))

@@ -1,6 +1,7 @@
 """Decoder Lab figures: numpy in, plotly figures out (no torch, no gradio at import time).
 
-Every builder returns one figure type, `FigureSpec`: the attention maps, the probability bars,
+Every builder returns one figure type, `FigureSpec`: the attention maps (also a layer's heads as
+lines, viz.layer_heads, and every head as a thumbnail, viz.overview), the probability bars,
 the loss curve, the training film's score curves (viz.film), the head-role figures (role maps,
 logit lens, before/after comparisons), the positional-encoding figures and `message_figure`. It
 holds plain trace and layout dicts whose JSON is written directly, skipping plotly's validation
@@ -36,14 +37,17 @@ from .attention import (
     attention_overview,
     attention_view,
     causal_mask,
+    overview_refusal,
 )
-from ._common import short_token
+from ._common import probability_text, short_token
 from .attention_colour import COLOUR_MODES
 from .compare import attention_difference, compare_distributions
 from .film import score_curves
 from .heads import role_overview, score_changes
+from .layer_heads import LINES_VIEW, head_colours, layer_heads
 from .lens import lens_grid
 from .linking import decode_shade, shade_payload, shading
+from .overview import THUMBNAILS_VIEW, head_thumbnails
 from .payload import (
     Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, with_filename,
 )
@@ -59,11 +63,13 @@ __all__ = [
     "DIVERGING",
     "GRID_LABEL_LIMIT",
     "HEAD_LABEL_LIMIT",
+    "LINES_VIEW",
     "MASKED_HINT",
     "OVERVIEW_MAX_T",
     "READABLE_TICK_PX",
     "ROW_OUTLINE",
     "SEQUENTIAL",
+    "THUMBNAILS_VIEW",
     "Figure",
     "FigureSpec",
     "attention_difference",
@@ -77,15 +83,20 @@ __all__ = [
     "decode_array",
     "decode_shade",
     "film_html",
+    "head_colours",
+    "head_thumbnails",
+    "layer_heads",
     "lens_grid",
     "loss_curve",
     "message_figure",
     "no_positional_encoding",
+    "overview_refusal",
     "payload_bytes",
     "plot_json",
     "positional_similarity",
     "positional_table",
     "probabilities",
+    "probability_text",
     "role_overview",
     "score_changes",
     "score_curves",

@@ -124,6 +124,22 @@ def title_y(height: float, font_px: float, title: str) -> float:
     return 1 - (8 + title.count("<br>") * 1.3 * font_px / 2) / height
 
 
+def probability_text(p: float) -> str:
+    """A probability in words, readable at every size: three decimals from 0.01 up ("0.873"), four below
+    ("0.0049"), and a power of ten below 0.001 ("4.9e-4" for 1/2048, never "0.000"); exactly 0 is "0"."""
+    p = float(p)
+    if not math.isfinite(p):
+        return str(p)
+    if p == 0:
+        return "0"
+    if abs(p) >= 0.01:
+        return f"{p:.3f}"
+    if abs(p) >= 0.001:
+        return f"{p:.4f}"
+    mantissa, exponent = f"{p:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def esc(text: str) -> str:
     """Escape &, < and > so Plotly shows a user/token string literally (it does not decode &quot;)."""
     return html.escape(str(text), quote=False)

@@ -34,11 +34,14 @@ import numpy as np
 
 from ._common import check_size, esc
 from .attention_colour import check_colour
+from .layer_heads import LINES_VIEW, layer_heads
+from .overview import THUMBNAILS_VIEW, head_thumbnails
 from .panels import check_kind, check_square, check_tokens, masked_cells, panels_figure
 from .payload import FigureSpec
 from .positional import message_figure
 
-ATTENTION_VIEWS = ("weights", "scores", "all layers")  # the view names a UI offers; see attention_view
+# the view names a UI offers; see attention_view
+ATTENTION_VIEWS = ("weights", "scores", "all layers", LINES_VIEW, THUMBNAILS_VIEW)
 OVERVIEW_MAX_T = 48
 OVERVIEW_MAX_PANELS = 16  # the all-layers view draws at most this many panels (4 × 4); past it, the head-roles map
 HEAD_LABEL_LIMIT = 64  # one head: every token labelled up to this length; past it, open on the last ones
@@ -231,6 +234,18 @@ def attention_overview(
     )
 
 
+def overview_refusal(n_layers: int, n_heads: int, t: int, max_tokens: int = OVERVIEW_MAX_T) -> str | None:
+    """Why the all-layers view draws no panels for this model and text (the sentence its figure shows), or
+    None when it draws them: more than `OVERVIEW_MAX_PANELS` heads in all, or more than `max_tokens` tokens."""
+    if n_layers * n_heads > OVERVIEW_MAX_PANELS:
+        return (f"{n_layers} layers × {n_heads} heads are too many panels to read at once. The Head roles map "
+                "below the text shows every head: click a cell to see that head here.")
+    if t > max_tokens:
+        return (f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {max_tokens} tokens "
+                f"(there are {t}). Pick a layer instead.")
+    return None
+
+
 def _index(name: str, value: object, count: int, what: str) -> int:
     """`value` as an index in range(count), else ValueError naming the value and the count."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -287,6 +302,11 @@ def attention_view(
     * "weights" / "scores": `attention_grid` of the layer (head None; `heads`: only these of its
       heads, a page of a layer with many, titled "heads 6–11 of 12") or `attention_head` of one
       head, for that kind.
+    * "heads as lines" (`LINES_VIEW`): `layer_heads`, every head of the layer as coloured lines from
+      the token `query` (None: the last) to the keys it attends to; `head` is drawn thicker;
+    * "head thumbnails" (`THUMBNAILS_VIEW`): `head_thumbnails`, every layer × head as a small pattern,
+      (layer, head) outlined (the whole layer for head None), whatever the text's length.
+    These two draw the weights whatever `colour` says, and ignore badges and `heads`.
 
     width_px: the width laid out for (None: 1200 for a grid or the overview, 720 for one head; the
     page stretches it to its container). max_height_px: the figure is never taller; panels stay
@@ -333,18 +353,17 @@ def attention_view(
              "title_prefix": title_prefix}
     badges = _check_badges(badges)
 
+    if view == LINES_VIEW:
+        return layer_heads(weights[layer], tokens, layer, query=query, head=head, causal=causal,
+                           width_px=width_px or 720, max_height_px=max_height_px, presentation=presentation,
+                           title_prefix=title_prefix)
+    if view == THUMBNAILS_VIEW:
+        return head_thumbnails(weights, tokens, causal=causal, selected=(layer, head), width_px=width_px or 1200,
+                               max_height_px=max_height_px, presentation=presentation, title_prefix=title_prefix)
     if view == "all layers":
-        if n_layers * n_heads > OVERVIEW_MAX_PANELS:
-            message = message_figure(
-                f"{n_layers} layers × {n_heads} heads are too many panels to read at once. The Head roles map "
-                "below the text shows every head: click a cell to see that head here.", presentation=presentation,
-            )
-            return message if title_prefix is None else _prefixed(message, str(title_prefix))
-        if t > overview_max_tokens:
-            message = message_figure(
-                f"The overview draws {n_layers}×{n_heads} panels; it needs ≤ {overview_max_tokens} tokens "
-                f"(there are {t}). Pick a layer instead.", presentation=presentation,
-            )
+        refused = overview_refusal(n_layers, n_heads, t, int(overview_max_tokens))
+        if refused is not None:
+            message = message_figure(refused, presentation=presentation, width_px=width_px)
             return message if title_prefix is None else _prefixed(message, str(title_prefix))
         if colour == "value":
             weights = _value_weighted(value_weighted, weights, range(n_layers))

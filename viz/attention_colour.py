@@ -44,10 +44,21 @@ def value_name(kind: str, colour: str) -> str:
     return {"linear": "weight", "row": "weight ÷ row max", "log": "log₁₀ weight", "value": "‖a·v W_O‖"}[colour]
 
 
+def bar_ticks(lo: float, hi: float, most: int, bar_px: float, font_px: float) -> np.ndarray:
+    """Round tick values for a colour bar `bar_px` long: at most `most`, and no more than fit without
+    overlapping at `font_px` (a label's line and a gap between neighbours); the two ends at the least."""
+    for n in range(most, 1, -1):
+        ticks = nice_ticks(lo, hi, n)
+        if len(ticks) <= 2 or bar_px / (len(ticks) - 1) >= font_px * 1.6:
+            return ticks
+    return np.array([lo, hi])
+
+
 def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_scale: bool, fonts: Fonts,
-                 x: float, below: float | None = None) -> dict:
+                 x: float, below: float | None = None, bar_px: float = 1e9) -> dict:
     """The shared colour axis; its bar stands right of the panels at paper x = `x`, or, when
-    `below` is given, lies under them with its top at paper y = `below` (narrow figures)."""
+    `below` is given, lies under them with its top at paper y = `below` (narrow figures). bar_px: the
+    bar's length in px, which sets how many ticks it can label without overlap."""
     if kind == "scores":
         vals = q[~masked]
         bound = float(np.abs(vals).max()) / MILLI if vals.size else 1.0
@@ -60,7 +71,9 @@ def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_
         lo, hi, scale = 0.0, (float(vals.max()) / MILLI if vals.size else 0.0) or 1.0, SEQUENTIAL
     else:
         lo, hi, scale = 0.0, 1.0, SEQUENTIAL
-    ticks = nice_ticks(lo, hi, 4 if colour == "log" else 5)
+    # a horizontal bar's labels sit side by side: they need their width apart, not their height
+    label_px = fonts.colorbar * (1.0 if below is None else 0.6 * max(len(tick_label(v)) for v in (lo, hi, (lo + hi) / 4)))
+    ticks = bar_ticks(lo, hi, 4 if colour == "log" else 5, bar_px, label_px)
     return {
         "cmin": lo * MILLI,
         "cmax": hi * MILLI,

@@ -24,12 +24,22 @@ class Fonts:
     cb_thick: int
     gap: float  # px between panel columns
     goal_cell: float  # px per cell a grid tries to give every token label
+    # Large fonts (projecting) stay readable at any text length: a panel is never smaller than its visible
+    # tokens × min_cell px (one head / a grid of them), up to min_panel_cap px, even where the figure then
+    # passes its height limit (the page scrolls; layout.meta.raised says so): a projector's 720 px would
+    # otherwise leave GPT-2's one head ~115 px and six heads ~60 px each, labelled every 8th token.
+    min_cell_one: float = 0.0
+    min_cell_grid: float = 0.0
+    min_panel_cap_one: float = 0.0
+    min_panel_cap_grid: float = 0.0
 
 
 NORMAL_FONTS = Fonts(tick_min=READABLE_TICK_PX, tick_max=12, title=14, sub=11, axis_title=11, panel_title=11, hover=12,
                  colorbar=10, cb_thick=12, gap=12, goal_cell=16)
 PRESENTING_FONTS = Fonts(tick_min=PRESENTATION_FONT_PX, tick_max=20, title=22, sub=16, axis_title=17, panel_title=17,
-                     hover=18, colorbar=16, cb_thick=18, gap=18, goal_cell=PRESENTATION_FONT_PX * 1.25)
+                     hover=18, colorbar=16, cb_thick=18, gap=18, goal_cell=PRESENTATION_FONT_PX * 1.25,
+                     # one head: every 2nd token labelled at 16 px (up to 220 px panels); a grid: every 3rd (up to 140 px)
+                     min_cell_one=10, min_cell_grid=6.7, min_panel_cap_one=220, min_panel_cap_grid=140)
 _LINE = 1.25  # label pitch / font size: labels closer than this overlap
 SCALE_BELOW_PX = 480  # figures laid out narrower than this (phones) put the colour bar under the panels
 _MIN_PANEL_PX = 24
@@ -52,6 +62,7 @@ class Geometry:
     hgap: float
     vgap: float
     labels: Labels
+    raised: bool = False  # the panels were kept at their readable minimum past the height limit
 
 
 def below_y(geo: "Geometry", labels: "Labels", fonts: Fonts, plot_h: float) -> float:
@@ -73,14 +84,26 @@ def _labels_for(cell: float, fonts: Fonts, label_em: float) -> Labels:
     return Labels(float(font), step, rotate)
 
 
+def min_panel(fonts: Fonts, n: int, visible: int) -> float:
+    """The smallest panel (px) readable with `visible` tokens across it: one head or a grid of n."""
+    if n == 1:
+        return min(fonts.min_panel_cap_one, visible * fonts.min_cell_one)
+    return min(fonts.min_panel_cap_grid, visible * fonts.min_cell_grid)
+
+
 def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: float, cb_em: float, width_px: int,
-              max_height_px: int | None, show_scale: bool, sub_lines: int, panel_titles: bool,
+              max_height_px: int | None, show_scale: bool, sub_lines: int, panel_titles: bool | int,
               row_title_lines: int, title_lines: int = 1) -> Geometry:
     """Margins, panel size and tick labels for n square panels in `ncols` columns, `visible`
-    positions across each, laid out for `width_px` and (if given) at most `max_height_px` tall.
+    positions across each, laid out for `width_px` and (if given) at most `max_height_px` tall, but
+    never smaller than `min_panel` where the width allows (the figure is then taller than the limit).
+    panel_titles: the lines of the panels' titles (True = 1, False = none).
     Margins depend on the label font, which depends on the panel size: iterated to a fixed point,
     then the smaller font / larger stride of the last two rounds is kept so labels never overlap."""
     nrows = math.ceil(n / ncols)
+    title_rows = int(panel_titles)
+    least = min_panel(fonts, n, visible)
+    raised = False
     hgap = fonts.gap
     labels = Labels(fonts.tick_max, 1, True)
     for _ in range(6):
@@ -94,15 +117,16 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
             # title 8 px from the top; plotly.js puts a subtitle 1.6 em below the title's box
             "t": math.ceil(8 + fonts.title * 1.25 * title_lines
                            + (fonts.sub * (1.6 + 1.3 * sub_lines) if sub_lines else 0) + 8
-                           + (fonts.panel_title * 1.5 if panel_titles else 0)),
+                           + (fonts.panel_title * (0.3 + 1.2 * title_rows) if title_rows else 0)),
             "b": math.ceil(xlab_h + 6 + fonts.axis_title * 1.3 + 10
                            + (fonts.cb_thick + fonts.colorbar * 1.5 + fonts.axis_title * 1.5 + 14 if below else 0)),
         }
-        vgap = (fonts.panel_title * 1.5 + 8) if panel_titles else 12
+        vgap = (fonts.panel_title * (0.3 + 1.2 * title_rows) + 8) if title_rows else 12
         panel = (width_px - margin["l"] - margin["r"] - (ncols - 1) * hgap) / ncols
         if max_height_px is not None:
             fit = (max_height_px - margin["t"] - margin["b"] - (nrows - 1) * vgap) / nrows
-            panel = min(panel, fit)
+            raised = fit < least and panel > fit
+            panel = min(panel, max(fit, least))
         panel = max(float(_MIN_PANEL_PX), panel)
         new = _labels_for(panel / visible, fonts, label_em)
         if new == labels:
@@ -111,9 +135,9 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
     else:
         labels = Labels(min(last.font, labels.font), max(last.step, labels.step), last.rotate or labels.rotate)
     height = margin["t"] + margin["b"] + nrows * panel + (nrows - 1) * vgap
-    if max_height_px is not None:
+    if max_height_px is not None and not raised:
         height = min(height, max_height_px)
-    return Geometry(ncols, nrows, panel, int(math.floor(height)), margin, hgap, vgap, labels)
+    return Geometry(ncols, nrows, panel, int(math.floor(height)), margin, hgap, vgap, labels, raised)
 
 
 def pick_columns(n: int, visible: int, fonts: Fonts, max_height_px: int | None, **kw) -> Geometry:

@@ -22,6 +22,7 @@ from ._common import (
     check_size,
     esc,
     nice_ticks,
+    probability_text,
     short_token,
     text_width_em,
     tick_label,
@@ -98,9 +99,9 @@ def compare_distributions(
     ids = ids[:rows_fit]  # only when even the top 1 of each does not fit (never at 360 px)
     rows = np.arange(len(ids), dtype=np.int32)
     labels_y = [f"{short_token(pieces[i], 14)}  {rank_a[i]}→{rank_b[i]}" for i in ids]
-    hover = [f"'{esc(pieces[i])}' (id {i})<br>{name_a}: {before[i]:.4f} (rank {rank_a[i]})<br>"
-             f"{name_b}: {after[i]:.4f} (rank {rank_b[i]})<br>{name_b} − {name_a}: {after[i] - before[i]:+.4f}"
-             for i in ids]
+    hover = [f"'{esc(pieces[i])}' (id {i})<br>{name_a}: {probability_text(before[i])} (rank {rank_a[i]})<br>"
+             f"{name_b}: {probability_text(after[i])} (rank {rank_b[i]})<br>{name_b} − {name_a}: "
+             f"{'+' if after[i] >= before[i] else '−'}{probability_text(abs(after[i] - before[i]))}" for i in ids]
     label_em = max(text_width_em(pieces[i][:14]) + text_width_em(f"  {rank_a[i]}→{rank_b[i]}") for i in ids)
     idx = np.array(ids, dtype=np.int64)
 

@@ -184,6 +184,7 @@ def _score_maps(
     panel_w = (plot_w - (ncols - 1) * fonts.gap) / ncols
     height = math.ceil(margin["t"] + plot_h + margin["b"])
     customdata = [[[li, h] for h in range(n_heads)] for li in range(n_layers)]
+    numbers = panel_w / n_heads >= cell_em * fonts.cell + 4  # else (12 heads, a phone) colours only; hover: each
     layout: dict = {
         "template": "none",
         "font": {**FONT, "size": fonts.tick},
@@ -223,13 +224,11 @@ def _score_maps(
         annotations.append({"text": shown_title, "xref": "paper", "yref": "paper", "x": round((x0 + x1) / 2, 5),
                             "y": round(top, 5), "xanchor": "center", "yanchor": "bottom", "yshift": 3,
                             "showarrow": False, "font": {"size": fonts.panel_title}})
-        data.append(_panel_trace(panel, fonts, customdata, xref, yref))
+        data.append(_panel_trace(panel, fonts, customdata, xref, yref, numbers))
         panel_shapes, panel_notes = _panel_marks(panel, xref, yref, fonts, marked, marked_label, selected)
         shapes += panel_shapes
         annotations += panel_notes
-    if shapes:
-        layout["shapes"] = shapes
-    layout["annotations"] = annotations
+    layout.update(annotations=annotations, **({"shapes": shapes} if shapes else {}))
     return FigureSpec(data, layout)
 
 
@@ -258,12 +257,14 @@ def _panel_axes(xs: tuple[float, float], ys: tuple[float, float], xref: str, yre
     return xaxis, yaxis
 
 
-def _panel_trace(panel: _Panel, fonts: _MapFonts, customdata: list, xref: str, yref: str) -> dict:
-    """A panel's heatmap: its values coloured, each cell's text and hover, [layer, head] as customdata."""
+def _panel_trace(panel: _Panel, fonts: _MapFonts, customdata: list, xref: str, yref: str,
+                 numbers: bool = True) -> dict:
+    """A panel's heatmap: its values coloured, each cell's text (numbers: where it fits) and hover, [layer,
+    head] as customdata."""
     trace = {
         "type": "heatmap", "z": panel.z, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": panel.zmin,
         "zmax": panel.zmax, "colorscale": colorscale(panel.scale), "showscale": False, "xgap": 2, "ygap": 2,
-        "text": panel.text, "texttemplate": "%{text}", "textfont": {"size": fonts.cell},
+        "text": panel.text, "texttemplate": "%{text}" if numbers else "", "textfont": {"size": fonts.cell},
         "hovertext": panel.hover, "hovertemplate": "%{hovertext}<extra></extra>", "customdata": customdata,
         "meta": panel.key, "name": panel.key,
     }

@@ -35,6 +35,7 @@ NEGATIVE = "#4393c3"  # a negative bar: its blue
 OTHER = "#9a9a9a"  # the bar that sums what is left out
 SELECTED = ROW_OUTLINE[1]["color"]  # the selected cell / head: the app's magenta outline
 CELL_TEXT_MAX = 16  # vectors up to this many dimensions print their numbers in the cells
+MIN_GAP_COLUMN_PX = 4  # vector columns narrower than this are drawn without a gap between them
 
 
 def _fonts(presentation: bool) -> tuple[int, int]:
@@ -56,8 +57,11 @@ def _layout(title: str, subtitle: str, height: int, presentation: bool, width_px
     width = width_px or 720
     title = wrapped(title, (width - 20) / title_px)
     subtitle = wrapped(subtitle, (width - 20) / tick) if subtitle else ""
-    lines = title.count("<br>") + 1 + (subtitle.count("<br>") + 1 if subtitle else 0)
-    margin = {**margin, "t": margin.get("t", 0) + math.ceil(10 + lines * 1.35 * max(tick, title_px))}
+    # plotly.js: a line of the title 1.3 em apart, the subtitle 1.6 em of its own font under the title's box
+    top = 10 + (title.count("<br>") + 1) * 1.3 * title_px
+    if subtitle:
+        top += (subtitle.count("<br>") + 1.6) * 1.3 * tick
+    margin = {**margin, "t": margin.get("t", 0) + math.ceil(top + 6)}
     height = height + margin["t"] + margin["b"]
     title_dict = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, title_px, title), "yanchor": "top",
                   "yref": "container", "font": {"size": title_px}}
@@ -66,6 +70,28 @@ def _layout(title: str, subtitle: str, height: int, presentation: bool, width_px
     return {"template": "none", "font": {**FONT, "size": tick}, "paper_bgcolor": TRANSPARENT,
             "plot_bgcolor": TRANSPARENT, "height": height, "margin": margin,
             "title": title_dict, "hoverlabel": hover_label(18 if presentation else 12), "meta": meta}
+
+
+def thinned_ticks(n: int, room_px: float, font_px: float, keep: Sequence[int] = ()) -> list[int]:
+    """Which of n evenly spaced labels (room_px for all of them) to draw so that none overlaps another at
+    font_px: every one while they fit, else every k-th, always the last and the positions in `keep` (a
+    kept one takes the place of its neighbours)."""
+    step = max(1, math.ceil(font_px * 1.3 / max(room_px / max(n, 1), 1e-9)))
+    ticks = set(range((n - 1) % step, n, step))
+    for k in keep:
+        ticks = {t for t in ticks if abs(t - k) >= step} | {int(k)}
+    return sorted(ticks)
+
+
+def _two_lines(label: str) -> str:
+    """A row label broken in two ("\n"): before its bracket, else at the space nearest its middle."""
+    if " (" in label:
+        return label.replace(" (", "\n(", 1)
+    spaces = [i for i, c in enumerate(label) if c == " "]
+    if not spaces:
+        return label
+    cut = min(spaces, key=lambda i: abs(i - len(label) / 2))
+    return label[:cut] + "\n" + label[cut + 1:]
 
 
 def _bound(values: np.ndarray) -> float:
@@ -88,20 +114,29 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
     if any(v.size != n for v in vecs):
         raise ValueError(f"every row must have the same length, got {[v.size for v in vecs]}")
     tick, _ = _fonts(presentation)
-    labels = [esc(label) for label, _ in rows]
+    room = int((width_px or 720) * 0.45)  # the row labels' column at most; a longer label takes two lines
+    texts = [label if len(label) * 0.6 * tick + 12 <= room else _two_lines(label) for label, _ in rows]
+    labels = [esc(label).replace("\n", "<br>") for label in texts]
     z = np.stack(vecs)
     bound = _bound(z)
-    left = min(int(max(len(label) for label, _ in rows) * 0.6 * tick) + 12, int((width_px or 720) * 0.45))
+    left = min(int(max(len(part) for label in texts for part in label.split("\n")) * 0.6 * tick) + 12, room)
     cell_h = 34 if presentation else 26
-    hover = [[f"{labels[r]}<br>dimension {d}: {z[r, d]:.4f}" for d in range(n)] for r in range(len(rows))]
+    if any("\n" in label for label in texts):  # a row labelled on two lines: room for both
+        cell_h = max(cell_h, math.ceil(2.7 * tick))
+    # a 1-px gap between columns only where a column is wide enough to keep its colour beside it: GPT-2's 768
+    # dimensions in a half-page figure are under 1 px each, and gaps would leave nothing to see
+    column_px = ((width_px or 720) - left - 10) / n
+    hover = [[f"{esc(rows[r][0])}<br>dimension {d}: {z[r, d]:.4f}" for d in range(n)] for r in range(len(rows))]
     trace = {"type": "heatmap", "z": z, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": -bound, "zmax": bound,
-             "colorscale": colorscale(DIVERGING), "showscale": False, "xgap": 1, "ygap": 3,
+             "colorscale": colorscale(DIVERGING), "showscale": False, "xgap": 1 if column_px >= MIN_GAP_COLUMN_PX else 0,
+             "ygap": 3,
              "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
     if n <= CELL_TEXT_MAX:
         trace.update(text=[[f"{x:.2f}" for x in row] for row in z], texttemplate="%{text}",
                      textfont={"size": tick - 1 if not presentation else tick})
     layout = _layout(esc(title), esc(subtitle), cell_h * len(rows), presentation, width_px,
-                     {"viz": "inside_vectors", "rows": labels}, {"l": left, "r": 10, "b": 28 + tick})
+                     {"viz": "inside_vectors", "rows": [esc(label) for label, _ in rows]},
+                     {"l": left, "r": 10, "b": 28 + tick})
     layout["xaxis"] = {"title": {"text": "dimension", "standoff": 2}, "showgrid": False, "zeroline": False,
                        "ticks": "", "range": [-0.5, n - 0.5], "fixedrange": True}
     layout["yaxis"] = {"tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": labels,
@@ -152,8 +187,13 @@ def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[f
                      {"viz": "inside_products", "order": [int(d) for d in shown], "total": total, "score": score},
                      {"l": int(max(len(x) for x in labels) * 0.58 * tick) + 10, "r": 12, "b": 30 + tick})
     bound = max(abs(v) for v in values) or 1.0
-    layout["xaxis"] = {"title": {"text": "q_i[d] · k_j[d]", "standoff": 2}, "range": [-bound * 1.35, bound * 1.35]
-                       if min(values) < 0 else [0, bound * 1.35], "gridcolor": GRID_GREY, "zeroline": True,
+    # the bars' numbers sit outside their ends: the range leaves each the room it needs within the figure
+    plot_px = max(60.0, (width_px or 720) - layout["margin"]["l"] - layout["margin"]["r"])
+    text_px = max(len(x) for x in text) * 0.6 * tick + 8
+    both = min(values) < 0
+    reach = bound / max(0.35, 1 - (2 if both else 1) * text_px / plot_px)
+    layout["xaxis"] = {"title": {"text": "q_i[d] · k_j[d]", "standoff": 2}, "range": [-reach, reach]
+                       if both else [0, reach], "gridcolor": GRID_GREY, "zeroline": True,
                        "zerolinecolor": "#808080", "fixedrange": True}
     layout["yaxis"] = {"tickmode": "array", "tickvals": list(range(len(values))), "ticktext": labels,
                        "autorange": "reversed", "showgrid": False, "ticks": "", "fixedrange": True}
@@ -197,12 +237,15 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
         if used is not None:
             line += f"<br>used instead: {shown[j]:.4f}"
         hover.append(line)
-    text = ["" if masked[j] else f"{shown[j]:.3f}" if t <= 24 or j == key else "" for j in range(t)]
+    room_px = (width_px or 720) - 54 - tick  # the plot's width (margins as below)
+    every = t <= 24 and room_px / t >= 3.3 * tick  # a number over every bar only where it fits over its bar
+    text = ["" if masked[j] else f"{shown[j]:.3f}" if every or j == key else "" for j in range(t)]
     width = [3 if j == key else 0 for j in range(t)]
     bars = {"type": "bar", "x": list(range(t)), "y": [0.0 if masked[j] else float(shown[j]) for j in range(t)],
             "marker": {"color": [float(v) for v in shown], "cmin": 0.0, "cmax": 1.0,
                        "colorscale": SEQUENTIAL, "line": {"color": SELECTED, "width": width}},
             "text": text, "textposition": "outside", "cliponaxis": False, "textfont": {"size": tick},
+            "constraintext": "none",  # the clicked share's number whole over a bar narrower than it
             "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
     marks = {"type": "scatter", "mode": "text", "x": [j for j in range(t) if masked[j]],
              "y": [0.0] * int(masked.sum()), "text": ["−∞" for _ in range(int(masked.sum()))],
@@ -216,8 +259,10 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
                      {"viz": "inside_softmax", "query": query, "key": key, "shares": [float(v) for v in shown]},
                      {"l": 44 + tick, "r": 10, "b": 16 + int(min(12, max(len(x) for x in tokens)) * 0.6 * tick)})
     layout.update(showlegend=False, bargap=0.2)
-    layout["xaxis"] = {"tickmode": "array", "tickvals": list(range(t)),
-                       "ticktext": [short_token(tok, 10) for tok in tokens], "tickangle": -90 if t > 8 else 0,
+    shown_ticks = thinned_ticks(t, (width_px or 720) - layout["margin"]["l"] - layout["margin"]["r"], tick,
+                                keep=(key, query))
+    layout["xaxis"] = {"tickmode": "array", "tickvals": shown_ticks,
+                       "ticktext": [short_token(tokens[j], 10) for j in shown_ticks], "tickangle": -90 if t > 8 else 0,
                        "title": {"text": "key j", "standoff": 2}, "fixedrange": True, "showgrid": False}
     layout["yaxis"] = {"title": {"text": "share a_ij", "standoff": 2}, "range": [0, 1.12], "gridcolor": GRID_GREY,
                        "fixedrange": True}
@@ -307,6 +352,7 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
                       "panels": []}, {"l": int(tick * 5) + 12, "r": 10, "b": 24, "t": int(tick * 1.8)})
     layout.update(annotations=[], shapes=[], images=[])
     labels = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
+    rows_shown = thinned_ticks(t, panel_h, tick - 1, keep=(query, key))  # token rows whose labels fit
     data = []
     for n, (what, name, rows, cols) in enumerate(MATRIX_PANELS):
         r, c = divmod(n, ncols)
@@ -324,9 +370,9 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
                                  **({"type": "category", "categoryarray": labels} if cols == "key" else {})}
         layout[f"yaxis{sfx}"] = {"domain": [round(max(0.0, y0), 4), round(y1, 4)], "anchor": f"x{sfx}",
                                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
-                                 "range": [t - 0.5, -0.5], "tickmode": "array", "tickvals": list(range(t)),
+                                 "range": [t - 0.5, -0.5], "tickmode": "array", "tickvals": rows_shown,
                                  "type": "category", "categoryarray": labels,
-                                 "ticktext": [short_token(tok, 8) for tok in tokens] if t <= 24 else list(range(t)),
+                                 "ticktext": [short_token(tokens[i], 8) if t <= 24 else i for i in rows_shown],
                                  "tickfont": {"size": tick - 1}, "showticklabels": c == 0}
         if what == "scaled":
             name = f"Q Kᵀ × {scale:.4f}" + ("" if scale == 1 else f" (1/√{round(1 / scale ** 2)})")

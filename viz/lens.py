@@ -26,11 +26,14 @@ from ._common import (
     esc,
     hover_label,
     nice_ticks,
+    probability_text,
     short_token,
     text_width_em,
     tick_label,
     title_text,
+    title_y,
     wrap_parts,
+    wrapped,
 )
 from .payload import FigureSpec
 
@@ -81,9 +84,10 @@ def lens_grid(
     note = wrap_parts([f"bold, outlined = the model's final top token '{esc(pieces[final])}'",
                        f"first in the top {top}: {safe_labels[first]}" if first is not None
                        else f"in no row's top {top}"], sub_px, laid - 20, "; ")
+    heading = wrapped(title_text(title, "Logit lens: the next-token guess after every layer"), (laid - 20) / title_px)
     margin = {"l": left, "r": right, "b": EXPORT_BAR_PX,
-              "t": math.ceil(8 + title_px * 1.25 + sub_px * (1.6 + 1.3 * (note.count("<br>") + 1)) + 6
-                             + tick * 1.4 + 6)}
+              "t": math.ceil(8 + title_px * (1.25 + 1.3 * heading.count("<br>"))
+                             + sub_px * (1.6 + 1.3 * (note.count("<br>") + 1)) + 6 + tick * 1.4 + 6)}
     height = math.ceil(margin["t"] + margin["b"] + n_rows * cell_h)
     ticks = nice_ticks(0.0, 1.0, 5)
     trace = {
@@ -105,11 +109,13 @@ def lens_grid(
         "plot_bgcolor": TRANSPARENT,
         "height": height,
         "margin": margin,
-        "title": {"text": title_text(title, "Logit lens: the next-token guess after every layer"), "x": 0.01,
-                  "xanchor": "left", "y": 1 - 8 / height, "yanchor": "top", "yref": "container",
+        "title": {"text": heading, "x": 0.01,
+                  "xanchor": "left", "y": title_y(height, title_px, heading), "yanchor": "top", "yref": "container",
                   "font": {"size": title_px}, "subtitle": {"text": note, "font": {"size": sub_px}}},
         "xaxis": {"side": "top", "range": [0.5, top + 0.5], "tickmode": "array", "tickvals": list(range(1, top + 1)),
-                  "ticktext": [f"rank {k}" for k in range(1, top + 1)], "tickfont": {"size": tick},
+                  # "rank 3" where it fits over its column, else "#3" (a phone)
+                  "ticktext": [f"rank {k}" if cell_px >= 0.6 * tick * len(f"rank {top}") + 10 else f"#{k}"
+                               for k in range(1, top + 1)], "tickfont": {"size": tick},
                   "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True},
         "yaxis": {"range": [n_rows - 0.5, -0.5], "tickmode": "array", "tickvals": list(range(n_rows)),
                   "ticktext": safe_labels, "tickfont": {"size": tick}, "showgrid": False, "zeroline": False,
@@ -170,7 +176,7 @@ def _cells(order: np.ndarray, values: np.ndarray, pieces: list[str], final: int,
                 outlined.append((r, k))
                 piece = f"<b>{piece}</b>"
             text_row.append(piece)
-            hover_row.append(f"{safe_labels[r]} · rank {k + 1}: '{esc(pieces[tok])}' {values[r, k]:.3f}"
+            hover_row.append(f"{safe_labels[r]} · rank {k + 1}: '{esc(pieces[tok])}' {probability_text(values[r, k])}"
                              + (" · the model's final top token" if tok == final else ""))
         text.append(text_row)
         hover.append(hover_row)

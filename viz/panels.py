@@ -7,6 +7,7 @@ The conventions it follows are listed in viz.attention.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import numpy as np
@@ -130,11 +131,13 @@ def panels_figure(
     visible = t if focus is None else min(t, focus)
     offset = t - visible
 
-    sub_text = _subtitle(masked.any(), offset, visible, t, fonts.sub, width_px)
+    # large fonts, a colour bar at the right: the hatch's legend goes under the bar, and the panels get the line
+    hint_aside = bool(presentation and show_scale and width_px >= SCALE_BELOW_PX and masked.any())
+    sub_text = _subtitle(bool(masked.any()) and not hint_aside, offset, visible, t, fonts.sub, width_px)
     title = wrapped(title_prefix + title, (width_px - 20) / fonts.title)
-    geo = _fit(n, visible, tokens, title, sub_text, fonts=fonts, ncols=ncols, width_px=width_px,
-               max_height_px=max_height_px, cb_em=4.5 if colour in ("log", "value") or kind == "scores" else 4.0,
-               show_scale=show_scale, panel_titles=any(panel_titles), row_titles=bool(row_titles))
+    fit = dict(fonts=fonts, width_px=width_px, max_height_px=max_height_px, show_scale=show_scale,
+               cb_em=4.5 if colour in ("log", "value") or kind == "scores" else 4.0, row_titles=bool(row_titles))
+    geo, panel_titles = _laid_out(n, visible, tokens, title, sub_text, panel_titles, ncols, fit)
     margin, labels = geo.margin, geo.labels
     plot_w = max(1.0, width_px - margin["l"] - margin["r"])
     plot_h = max(1.0, geo.height - margin["t"] - margin["b"])
@@ -143,9 +146,9 @@ def panels_figure(
     value = value_name(kind, colour)
     hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
     title_layout = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(geo.height, fonts.title, title),
-                    "yanchor": "top", "yref": "container", "font": {"size": fonts.title}}
-    if sub_text:
-        title_layout["subtitle"] = {"text": sub_text, "font": {"size": fonts.sub}}
+                    "yanchor": "top", "yref": "container", "font": {"size": fonts.title},
+                    **({"subtitle": {"text": sub_text, "font": {"size": fonts.sub}}} if sub_text else {})}
+    below = width_px < SCALE_BELOW_PX  # a phone: the colour bar lies under the panels
     layout: dict = {
         "template": _template(t, [short_token(tok) for tok in tokens], geo, fonts, hover),
         "separators": MILLI_SEPARATORS,
@@ -156,19 +159,18 @@ def panels_figure(
         "plot_bgcolor": TRANSPARENT,
         "paper_bgcolor": TRANSPARENT,
         "coloraxis": colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4),
-                                 below_y(geo, labels, fonts, plot_h) if show_scale and width_px < SCALE_BELOW_PX
-                                 else None),
+                                 below_y(geo, labels, fonts, plot_h) if show_scale and below else None,
+                                 bar_px=min(1.0, right_frac + 8 / plot_w) * plot_w if below
+                                 else plot_h - (_hint_px(fonts) if hint_aside else 0)),
         "hoverlabel": hover_label(fonts.hover),
         "uirevision": "attention",
-        "meta": {
-            "viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
-            "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
-            "label_px": labels.font, "label_step": labels.step,  # tick font and stride it was laid out with
-        },
+        "meta": _meta(kind, colour, t, offset, query, geo),
         "annotations": [],
         "images": [],
         "shapes": [],
     }
+    if hint_aside:
+        _hint_under_bar(layout, fonts, plot_h)
     labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
     data: list[dict] = []
     for k in range(n):
@@ -183,6 +185,42 @@ def panels_figure(
     return FigureSpec(data, layout)
 
 
+def _meta(kind: str, colour: str, t: int, offset: int, query: int | None, geo: Geometry) -> dict:
+    """layout.meta: what the page reads to link the figure with the text (panels are added as drawn)."""
+    return {"viz": "attention", "kind": kind, "colour": colour, "unit": 1 / MILLI, "T": t, "offset": offset,
+            "query": query, "outline": [dict(line) for line in ROW_OUTLINE], "panels": [],
+            "label_px": geo.labels.font, "label_step": geo.labels.step,  # tick font and stride laid out with
+            "raised": geo.raised}  # taller than max_height_px: the panels kept their readable size (large fonts)
+
+
+def _laid_out(n: int, visible: int, tokens: list[str], title: str, sub_text: str, panel_titles: list[str],
+              ncols: int | None, fit: dict) -> tuple[Geometry, list[str]]:
+    """The geometry and the panel titles that fit over its panels (two lines where a badge needs them)."""
+    geo = _fit(n, visible, tokens, title, sub_text, ncols=ncols, panel_titles=any(panel_titles), **fit)
+    titles, lines = _fitted_titles(panel_titles, geo.panel + geo.hgap, fit["fonts"].panel_title)
+    if lines > 1:  # a badge on a line of its own under "head h": room for it above each panel
+        geo = _fit(n, visible, tokens, title, sub_text, ncols=geo.ncols, panel_titles=lines, **fit)
+        titles, _ = _fitted_titles(titles, geo.panel + geo.hgap, fit["fonts"].panel_title)
+    return geo, titles
+
+
+HINT_LINES = ("hatched =", "masked", "(future", "position)")  # MASKED_HINT, in the colour bar's column
+
+
+def _hint_px(fonts: Fonts) -> float:
+    return len(HINT_LINES) * fonts.colorbar * 1.3 + 10
+
+
+def _hint_under_bar(layout: dict, fonts: Fonts, plot_h: float) -> None:
+    """The hatch's legend (`HINT_LINES`) in the colour bar's column under a shortened bar, instead of a
+    subtitle line above the panels."""
+    bar = layout["coloraxis"]["colorbar"]
+    bar.update(len=round(max(0.3, 1 - _hint_px(fonts) / plot_h), 4), lenmode="fraction", y=1, yanchor="top")
+    layout["annotations"].append({"text": "<br>".join(HINT_LINES), "x": bar["x"], "y": 0, "xref": "paper",
+                                  "yref": "paper", "xanchor": "left", "yanchor": "bottom", "yshift": 0,
+                                  "align": "left", "showarrow": False, "font": {"size": fonts.colorbar}})
+
+
 def _milli_values(values: np.ndarray, masked: np.ndarray, kind: str, colour: str) -> np.ndarray:
     """The values as they are coloured, in milli-units, NaN where masked (weights are checked to be in [0, 1])."""
     if kind != "weights" or colour == "value":  # scores and value-weighted norms are not weights in [0, 1]
@@ -192,8 +230,26 @@ def _milli_values(values: np.ndarray, masked: np.ndarray, kind: str, colour: str
     return q if colour == "log" else np.clip(q, 0, MILLI)
 
 
+def _fitted_titles(titles: list[str], room_px: float, font_px: float) -> tuple[list[str], int]:
+    """Panel titles (escaped) that fit over a panel `room_px` wide: a title too wide goes on two lines at its
+    " · " ("head 1" over "induction"), and a line still too wide is shortened with an ellipsis. Returns the
+    titles and the most lines any takes."""
+    chars = max(3, int((room_px - 4) / font_px / 0.6))
+    out, lines = [], 1
+    for text in titles:
+        if "<br>" in text or text_width_em(html.unescape(text)) * font_px <= room_px - 4:
+            out.append(text)
+            lines = max(lines, text.count("<br>") + 1)
+            continue
+        parts = [html.unescape(part) for part in text.split(" · ")]
+        parts = [esc(p if len(p) <= chars else p[: chars - 1] + "…") for p in parts]
+        out.append("<br>".join(parts))
+        lines = max(lines, len(parts))
+    return out, lines
+
+
 def _fit(n: int, visible: int, tokens: list[str], title: str, sub_text: str, *, fonts: Fonts, ncols: int | None,
-         width_px: int, max_height_px: int | None, cb_em: float, show_scale: bool, panel_titles: bool,
+         width_px: int, max_height_px: int | None, cb_em: float, show_scale: bool, panel_titles: bool | int,
          row_titles: bool) -> Geometry:
     """The layout of n panels showing `visible` positions, with room for the longest tick label, the
     (wrapped) title and subtitle; ncols None picks the columns."""
@@ -202,7 +258,7 @@ def _fit(n: int, visible: int, tokens: list[str], title: str, sub_text: str, *, 
     label_em = max(label_em, 1.2)
     sub_lines = sub_text.count("<br>") + 1 if sub_text else 0
     kw = dict(fonts=fonts, label_em=label_em, cb_em=cb_em, width_px=width_px, show_scale=show_scale,
-              sub_lines=sub_lines, panel_titles=panel_titles,
+              sub_lines=sub_lines, panel_titles=int(panel_titles),
               row_title_lines=2 if row_titles else 1, title_lines=title.count("<br>") + 1)
     if ncols is None:
         return pick_columns(n, visible, max_height_px=max_height_px, **kw)

@@ -82,6 +82,7 @@ def patching_map(
     selected: tuple[int, int] | None = None,
     title: str | None = None,
     note: str | None = None,
+    caution: str | None = None,
     scale_title: str = "share restored",
     presentation: bool = False,
     width_px: int | None = None,
@@ -93,9 +94,10 @@ def patching_map(
     prompts differ). rows: R row labels. metric: (R, C) the metric of each patched run, shown in
     hover. ends: what the metric equals at share 0 and at share 1 (("B", "A") when A's activations
     are patched into B's run), named on the colour bar. best: cells outlined as the best; selected:
-    the cell outlined in magenta. note: plain text under the title; scale_title: the colour bar's
-    title (plain text, e.g. "share made" for noising). width_px: the width laid out
-    for (default 720); cell text is left out where a cell is too narrow for it. Raises ValueError
+    the cell outlined in magenta. note: plain text under the title; caution: plain text in bold, first
+    under the title, behind a warning sign (a difference too small to read, or of the wrong sign);
+    scale_title: the colour bar's title (plain text, e.g. "share made" for noising). width_px: the width
+    laid out for (default 720); cell text is left out where a cell is too narrow for it. Raises ValueError
     for inconsistent shapes or labels.
     """
     share, metric, columns, rows, best, selected = _checked(share, kind, columns, rows, metric, ends, best, selected,
@@ -120,6 +122,9 @@ def patching_map(
     parts = [esc(note)] if note else []
     parts.append(f"0 = the run as {esc(ends[0])}, 1 = as {esc(ends[1])}; outlined = best")
     legend = wrap_parts(parts, sub_px, laid - 20)
+    if caution:  # on lines of its own, first: the map below is read through it
+        warn = wrapped(f"⚠ {esc(str(caution))}", (laid - 20) / (sub_px * 1.1))  # bold runs wider
+        legend = "<br>".join(f"<b>{line}</b>" for line in warn.split("<br>")) + "<br>" + legend
     x_ticks = tick * 1.4 + 8
     margin = {"l": left, "r": right, "b": EXPORT_BAR_PX,
               "t": math.ceil(8 + title_px * 1.25 * (title.count("<br>") + 1)

@@ -7,6 +7,8 @@ the backgrounds are transparent (see viz._common). presentation=True: tick label
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._common import (
@@ -26,6 +28,7 @@ from ._common import (
     nice_ticks,
     tick_label,
     to_milli,
+    wrapped,
 )
 from .payload import FigureSpec
 
@@ -150,18 +153,22 @@ def no_positional_encoding(*, presentation: bool = False) -> FigureSpec:
     )
 
 
-def message_figure(text: str, *, presentation: bool = False) -> FigureSpec:
-    """An empty figure carrying a short message (lines separated by newlines; text is escaped)."""
-    note = "<br>".join(esc(line) for line in text.split("\n"))
+def message_figure(text: str, *, presentation: bool = False, width_px: int | None = None) -> FigureSpec:
+    """An empty figure carrying a short message (lines separated by newlines; text is escaped); given the
+    figure's width (`width_px`), each line is broken to it, so that a long message is never cut at an edge."""
+    font = 20 if presentation else empty_note("")["font"]["size"]
+    room_em = (max(200, width_px) - 48) / font if width_px else math.inf
+    note = "<br>".join(wrapped(esc(line), room_em) for line in text.split("\n"))
     annotation = empty_note(note)
     if presentation:
-        annotation["font"] = {**annotation["font"], "size": 20}
+        annotation["font"] = {**annotation["font"], "size": font}
+    lines = note.count("<br>") + 1
     layout = {
         "template": "none",
         "font": FONT,
         "paper_bgcolor": TRANSPARENT,
         "plot_bgcolor": TRANSPARENT,
-        "height": 260 if presentation else 220,
+        "height": max(260 if presentation else 220, int(lines * font * 1.4) + 60),
         "margin": {"l": 20, "r": 20, "t": 20, "b": 20},
         "xaxis": {"visible": False},
         "yaxis": {"visible": False},

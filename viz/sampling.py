@@ -13,6 +13,7 @@ from ._common import (
     TRANSPARENT,
     esc,
     hover_label,
+    probability_text,
     short_token,
     text_width_em,
 )
@@ -23,6 +24,9 @@ ADJ_COLOUR = "#2f6db5"
 CHOSEN_COLOUR = "#e4572e"  # the one highlight colour: the sampled token's bars, in either distribution
 CHOSEN_RAW_COLOUR = CHOSEN_COLOUR  # kept for callers of the old name
 MAX_HEIGHT_PX = 360
+# the legend's names for the two series (the hover names them in full)
+LEGEND = {"model probability": "model", "after temperature / top-k / top-p": "after sampling settings"}
+LEGEND_ROOM_EM = 22  # the legend is on one line while its two names fit in this many em (the chart's plot area)
 DEFAULT_TITLE = "Next-token probabilities"
 
 
@@ -112,8 +116,10 @@ def probabilities(
     title_font = 20 if presentation else 13
     series = 2 if adjusted is not None else 1
     pitch = max(font * 1.3, (9 if series == 1 else 8) * series + 6)  # px a row needs
-    # the legend's two entries wrap to a second line at large fonts in the page's right column
-    legend_px = font * 1.6 * (2 if presentation else 1) if series == 2 else 0
+    # the legend's two entries (short names: LEGEND) stay on one line, also at large fonts in the page's right
+    # column, so that a projector's short chart still lists five candidates
+    legend_em = sum(2.6 + 0.55 * len(name) for name in LEGEND.values())  # swatch, gap and name of each entry
+    legend_px = font * 1.6 * (1 if legend_em <= LEGEND_ROOM_EM else 2) if series == 2 else 0
     margin = {"t": int(title_font * 1.6 + legend_px + 10), "b": int(font * 1.4 * 2 + 12)}
     rows_fit = max(1, int((max_height_px - margin["t"] - margin["b"]) // pitch))
     rank_by = adjusted if adjusted is not None else probs
@@ -141,7 +147,8 @@ def probabilities(
             "y": rows,
             "marker": {"color": colours},
             "hovertext": hover_names,
-            "hovertemplate": f"%{{hovertext}}<br>{name}: %{{x:.4f}}<extra></extra>",
+            "customdata": [probability_text(values[i]) for i in ids],  # 4.9e-4, never 0.0000
+            "hovertemplate": f"%{{hovertext}}<br>{name}: %{{customdata}}<extra></extra>",
         }
 
     data = [bars(probs, "model probability", RAW_COLOUR)]
@@ -151,7 +158,7 @@ def probabilities(
         # the legend comes from two empty marker traces in the series colours instead
         for trace in data[:2]:
             trace["showlegend"] = False
-        data += [{"type": "scatter", "mode": "markers", "x": [None], "y": [None], "name": trace["name"],
+        data += [{"type": "scatter", "mode": "markers", "x": [None], "y": [None], "name": LEGEND[trace["name"]],
                   "marker": {"color": colour, "symbol": "square", "size": 10}, "hoverinfo": "skip"}
                  for trace, colour in zip(data[:2], (RAW_COLOUR, ADJ_COLOUR), strict=True)]
     height = min(max_height_px, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))

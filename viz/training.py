@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._common import FONT, GRID_GREY, PRESENTATION_FONT_PX, TEXT_GREY, TRANSPARENT, empty_note, esc, hover_label
+from ._common import (
+    FONT, GRID_GREY, PRESENTATION_FONT_PX, TEXT_GREY, TRANSPARENT, empty_note, esc, hover_label, text_width_em,
+)
 from .payload import FigureSpec
 
 TRAIN_COLOUR = "#2f6db5"
@@ -136,7 +138,7 @@ def loss_curve(
     phase_steps: Sequence[tuple[int, str]] = (),
     presentation: bool = False,
     plot_px: float = ASSUMED_PLOT_PX,
-    log_y: bool | None = None,
+    log_y: bool | None = None, names: tuple[str, str] = ("train", "validation"),
 ) -> FigureSpec:
     """Train (line) and validation (line + markers) cross-entropy loss against the training step.
 
@@ -155,13 +157,13 @@ def loss_curve(
     frame shown; `phase_steps`, (step, label) pairs such as (340, "L1H2"), draw a dotted vertical
     line (`PHASE_LINE`) at each step and their labels (escaped) at the top of the plot, placed by
     `phase_labels` for a plot `plot_px` wide so that none overlaps another or is crossed by a line.
-    presentation: large fonts (tick labels ≥ 16 px).
+    presentation: large fonts (tick labels ≥ 16 px). names: the two lines' names (legend and hover).
     """
     steps, train = _series("train", steps, train)
     if (val_steps is None) != (val is None):
         raise ValueError("give both val_steps and val, or neither")
     val_steps, val = _series("validation", val_steps, val)
-    data = _loss_traces(steps, train, val_steps, val)
+    data = _loss_traces(steps, train, val_steps, val, names)
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, (int, np.integer))
                                     or total_steps < 1):
         raise ValueError(f"total_steps must be a whole number >= 1, got {total_steps!r}")
@@ -199,6 +201,7 @@ def loss_curve(
     }
     if total_steps is not None:
         layout["xaxis"]["range"] = [0, int(total_steps)]
+    _legend_row(layout, names, tick, title_px, plot_px)
     shapes, annotations = _kept_marks(kept_step, label_px)
     if phases:
         span = float(total_steps) if total_steps is not None else max(
@@ -223,18 +226,30 @@ def loss_curve(
     layout["meta"] = meta
     return FigureSpec(data, layout)
 
-def _loss_traces(steps: np.ndarray, train: np.ndarray, val_steps: np.ndarray, val: np.ndarray) -> list[dict]:
+def _legend_row(layout: dict, names: tuple[str, str], tick: float, title_px: float, plot_px: float) -> None:
+    """The legend sits at the top right, the title at the top left: long names (a series film's) that would
+    run into the title on a narrow plot get a row of their own under it."""
+    legend_px = sum(text_width_em(n) + 4 for n in names) * tick
+    if legend_px + text_width_em(layout["title"]["text"]) * title_px > plot_px:
+        layout["margin"]["t"] += math.ceil(tick * 1.6)
+        layout["title"].update(y=1, yref="container", yanchor="top", pad={"t": 6})
+
+
+def _loss_traces(steps: np.ndarray, train: np.ndarray, val_steps: np.ndarray, val: np.ndarray,
+                 names: tuple[str, str] = ("train", "validation")) -> list[dict]:
     """The train line (a marker while there is one point) and the validation line with markers."""
     data = []
+    first, second = (str(n) for n in names)
+    hover = [n if "loss" in n else f"{n} loss" for n in (first, second)]
     if steps.size:
-        data.append({"type": "scatter", "name": "train", "x": steps, "y": train,
+        data.append({"type": "scatter", "name": first, "x": steps, "y": train,
                      "mode": "lines" if steps.size > 1 else "markers",
                      "line": {"color": TRAIN_COLOUR, "width": 1.5}, "marker": {"color": TRAIN_COLOUR, "size": 6},
-                     "hovertemplate": "step %{x}: train loss %{y:.4f}<extra></extra>"})
+                     "hovertemplate": f"step %{{x}}: {hover[0]} %{{y:.4f}}<extra></extra>"})
     if val_steps.size:
-        data.append({"type": "scatter", "name": "validation", "x": val_steps, "y": val, "mode": "lines+markers",
+        data.append({"type": "scatter", "name": second, "x": val_steps, "y": val, "mode": "lines+markers",
                      "line": {"color": VAL_COLOUR, "width": 1.5}, "marker": {"color": VAL_COLOUR, "size": 5},
-                     "hovertemplate": "step %{x}: validation loss %{y:.4f}<extra></extra>"})
+                     "hovertemplate": f"step %{{x}}: {hover[1]} %{{y:.4f}}<extra></extra>"})
     return data
 
 

@@ -19,7 +19,6 @@ TransformerLens's one-file-per-family weight conversions:
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from pathlib import Path
@@ -27,13 +26,22 @@ from typing import Any, Callable
 
 import torch
 
+from .. import json_bounds
 from ..config import ModelConfig
 from ..hf_tokenizer import HFFileTokenizer
+from ..sources import check_links
+from ..st_layout import check_layout
 from ..transformer import DecoderLM
 
 # The largest model a folder may describe: 2 billion parameters is 8 GB of float32 (SmolLM2-1.7B
 # fits; a config asking for more is refused before anything is allocated).
 MAX_PARAMS = 2_000_000_000
+# Bounds the parameter count does not give: the layers (a tensor list is made per layer before any is
+# read) and the positions (RoPE's tables are computed for every one). The supported families' models
+# have a few dozen layers; 131,072 positions is the longest context of a Llama-family model.
+MAX_LAYERS = 256
+MAX_POSITIONS = 131_072
+MAX_WHOLE = 2**31 - 1  # no size in a config.json is larger
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few kilobytes
 MAX_HEADER_BYTES = 100_000_000  # a safetensors JSON header: a few hundred bytes per tensor
 MAX_SHARDS = 1_000
@@ -58,20 +66,15 @@ class Family:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """A small JSON file, or a ValueError naming it."""
-    try:
-        size = path.stat().st_size
-    except OSError:
-        raise ValueError(f"the folder has no {path.name}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ValueError(f"{path.name} is {size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(f"{path.name} is not valid JSON") from None
+    """A small JSON file (at most MAX_CONFIG_BYTES, nested at most json_bounds.MAX_DEPTH deep), or a
+    ValueError naming it."""
+    return json_bounds.read(path, what, MAX_CONFIG_BYTES)
 
 
 def read_config(folder: Path) -> dict[str, Any]:
+    """config.json of a model folder: the first file every importer reads from a folder, so the
+    folder's links are checked here (model.sources.check_links: none may lead out of it)."""
+    check_links(folder)
     hf = read_json(folder / "config.json", "model config")
     if not isinstance(hf, dict):
         raise ValueError("config.json must hold a JSON object")
@@ -82,12 +85,13 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def whole(hf: dict, key: str, default: Any = None, minimum: int = 1) -> int:
-    """hf[key] as a whole number >= minimum (default when absent and a default is given)."""
+    """hf[key] as a whole number from minimum to MAX_WHOLE (default when absent and a default is given)."""
     value = hf.get(key, default)
     if value is None and default is None:
         raise ValueError(f"config.json has no {key}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"config.json's {key} must be a whole number >= {minimum}, got {shown(value)}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WHOLE:
+        raise ValueError(f"config.json's {key} must be a whole number from {minimum} to {MAX_WHOLE:,}, "
+                         f"got {shown(value)}")
     return value
 
 
@@ -165,7 +169,8 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{name: (dtype, shape)} from a safetensors file's header, without reading any tensor."""
+    """{name: (dtype, shape)} from a safetensors file's header, without reading any tensor; the
+    header's byte layout is checked first (model.st_layout: every tensor's bytes its own)."""
     try:
         with path.open("rb") as f:
             raw = f.read(8)
@@ -174,10 +179,13 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             (length,) = struct.unpack("<Q", raw)
             if length > MAX_HEADER_BYTES:
                 raise ValueError(f"{path.name}'s header claims {length:,} bytes; it is not a sound safetensors file")
-            header = json.loads(f.read(length))
+            text = f.read(length)
         size = path.stat().st_size
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except OSError:
         raise ValueError(f"{path.name} is not a readable safetensors file") from None
+    if len(text) != length:
+        raise ValueError(f"{path.name} is truncated: its header is longer than the file")
+    header = json_bounds.parse(text, f"{path.name}'s header")  # a sentence when it is not JSON
     if not isinstance(header, dict):
         raise ValueError(f"{path.name} is not a safetensors file")
     out = {}
@@ -193,13 +201,14 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
                 and 0 <= offsets[0] <= offsets[1] <= size - 8 - length):
             raise ValueError(f"{path.name} is truncated or its header points past its end")
         out[name] = (dtype, tuple(shape))
+    check_layout(header, size - 8 - length, path.name)
     return out
 
 
 def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[int, ...]],
                  optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """Every expected tensor as float32, after the headers were checked against `expected`."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     where: dict[str, tuple[Path, str]] = {}  # canonical name -> (file, name in the file)
     for path in files:
@@ -232,8 +241,8 @@ def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[in
                         # a copy of its own: a float32 tensor would otherwise stay a view of the
                         # file's memory map and keep the whole file resident beside the model
                         tensors[canonical] = f.get_tensor(name).to(torch.float32, copy=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ValueError(f"the safetensors data could not be read ({type(exc).__name__})") from None
+    except (OSError, RuntimeError, ValueError, SafetensorError):  # the layout was checked: a file changed since
+        raise ValueError("the safetensors data could not be read (did a file change while it was read?)") from None
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise ValueError(f"tensor {name} holds NaN or infinite values")
@@ -258,10 +267,17 @@ def pairs_from_halves(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: in
     return w.reshape(n_heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
-def check_size(cfg: ModelConfig, max_params: int = MAX_PARAMS) -> None:
+def check_size(cfg: ModelConfig, max_params: int = MAX_PARAMS, source: str = "config.json") -> None:
+    """The size bounds every importer applies to a model's description (`source`: config.json, a
+    nanoGPT run's model_args) before anything is made from it."""
+    if cfg.n_layers > MAX_LAYERS:
+        raise ValueError(f"{source} describes a model of {cfg.n_layers:,} layers; at most {MAX_LAYERS} are read")
+    if cfg.block_size > MAX_POSITIONS:
+        raise ValueError(f"{source} describes a context of {cfg.block_size:,} positions; at most "
+                         f"{MAX_POSITIONS:,} are read")
     n = cfg.n_params()
     if n > max_params:
-        raise ValueError(f"config.json describes a model of {n:,} parameters; the limit is {max_params:,}")
+        raise ValueError(f"{source} describes a model of {n:,} parameters; the limit is {max_params:,}")
 
 
 def build(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
@@ -318,7 +334,7 @@ def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int =
     """(DecoderLM, HFFileTokenizer) of a folder whose config.json (read as `hf`) is `family`'s."""
     cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
     check_size(cfg, max_params)
-    tokenizer = HFFileTokenizer.from_folder(folder, family.adds_bos, hf)
+    tokenizer = HFFileTokenizer.from_folder(folder, family.adds_bos, hf, model_rows=cfg.vocab_size)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
                          f"{cfg.vocab_size:,} embedding rows; they do not belong together")
@@ -337,5 +353,7 @@ def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None 
 
 
 def shown(value: Any, limit: int = 40) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**limit:
+        return "a number far too large"  # (repr of a huge int is slow, and refused past 4,300 digits)
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"

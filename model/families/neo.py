@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import Family, flag, real, refuse_unless, whole, shown
+from .common import MAX_LAYERS, Family, flag, real, refuse_unless, shown, whole
 from .gpt2 import ACTIVATIONS, ends
 
 
@@ -25,6 +25,8 @@ def layer_kinds(hf: dict) -> list[str]:
         ok = (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
               and isinstance(entry[1], int) and not isinstance(entry[1], bool) and 0 < entry[1] <= 10_000)
         refuse_unless(ok, f"config.json's attention_types entry {shown(entry)} is not [kinds, repeat]")
+        refuse_unless(len(kinds) + len(entry[0]) * entry[1] <= MAX_LAYERS,  # before a list of them is made
+                      f"config.json's attention_types describe more than {MAX_LAYERS} layers")
         for kind in entry[0]:
             refuse_unless(kind in ("global", "local"), f"GPT-Neo attention type {shown(kind)} is not supported")
         kinds += entry[0] * entry[1]

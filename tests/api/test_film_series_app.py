@@ -40,7 +40,8 @@ def check_frame(answer, film, i: int, layer: int) -> None:
     attention, _, _, phases, caption = answer
     frame = film.frames[i]
     assert f"Frame {i + 1} of {len(film.frames)}: step {frame.step} of {film.total_steps}" in caption
-    assert f"train loss {frame.train_loss:.2f}" in caption and "validation" not in caption
+    assert f"loss on the probe {frame.train_loss:.2f}" in caption  # the probe's own loss, never called "train"
+    assert "train" not in caption and "validation" not in caption
     assert film.phases() and film.phases()[0].sentence() in phases
     shown, held = panels(attention), frame.attention[layer]  # (H, T, T): masked cells are NaN on the page
     assert shown.shape == held.shape

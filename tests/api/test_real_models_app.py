@@ -168,15 +168,29 @@ def test_the_list_names_each_model_and_its_summary_says_what_it_is(real, client)
 
 
 @pytest.mark.parametrize("name", [GPT2, LLAMA])
-def test_first_view_is_the_head_with_the_highest_induction_score_on_the_first_example(real, client, name):
+def test_first_view_is_where_the_model_shows_most_on_its_examples(real, client, name):
+    """The rule of lab.realmodels.opening, with transformers' attention: of induction then previous-token, the
+    first role some head reaches on some example, at its highest score, on that example (it comes first);
+    else the head nearest to a role, and a caption that says no head stands out."""
+    from lab.realmodels import example_prompts
+
     s = select(client, name)
-    ref = reference(real, name, s.prompt, 0)
-    scores = np.asarray(head_scores(ref.attention, ref.ids)["induction"])
-    assert (s.layer, s.head, s.view) == (*np.unravel_index(np.nanargmax(scores), scores.shape), "weights")
-    assert f"layer {s.layer}, head {s.head} has the highest induction score" in s.caption
-    assert f"{scores[s.layer, s.head]:.2f}" in s.caption
-    once = s.prompt[len(s.prompt) // 2:]  # a random sequence, twice (the first without its leading space)
-    assert s.prompt in (once + once, once.lstrip() + once) and len(once.split()) >= 3
+    tok = reference(real, name, s.prompt, 0).tok
+    best = {}
+    for prompt in example_prompts(tok, 64):
+        ref = reference(real, name, prompt, 0)
+        scores = head_scores(ref.attention, ref.ids)
+        for key in ("induction", "previous_token"):
+            table = np.asarray(scores[key], dtype=np.float64)
+            if np.isfinite(table).any() and (key not in best or np.nanmax(table) > best[key][0]):
+                best[key] = (np.nanmax(table), prompt, np.unravel_index(np.nanargmax(table), table.shape))
+    thresholds = {"induction": 0.4, "previous_token": 0.5}
+    reached = [k for k in ("induction", "previous_token") if k in best and best[k][0] >= thresholds[k]]
+    key = reached[0] if reached else max(best, key=lambda k: best[k][0] / thresholds[k])
+    score, prompt, cell = best[key]
+    assert (s.layer, s.head, s.view, s.prompt) == (*cell, "weights", prompt)
+    assert f"{score:.2f}" in s.caption and f"layer {s.layer}, head {s.head}" in s.caption
+    assert s.caption.startswith("No head") is not bool(reached)
 
 
 # ------------------------------------------------------------------------------ Explore
@@ -324,8 +338,8 @@ def test_a_nanogpt_run_is_listed_described_and_steps(tmp_path):
     for part in ("nanoGPT (GPT-2 layout)", "2 layers × 4 heads", "context 32", "char tokenizer",
                  "source local file out-chars/ckpt.pt"):
         assert part in entry.summary, entry.summary
-    prompt = entry.examples[0]  # letters, twice
-    assert prompt[: len(prompt) // 2] == prompt[len(prompt) // 2:] and entry.first_view is not None
+    prompt = next(e for e in entry.examples if e[: len(e) // 2] == e[len(e) // 2:])  # letters, twice
+    assert entry.first_view is not None and prompt in entry.examples
     s.step(name, prompt, Sampling(temperature=0.0))
     assert len(s.tokens()) == len(prompt) + 1 and s.probabilities().probs.shape == (36,)
 

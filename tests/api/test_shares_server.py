@@ -71,9 +71,16 @@ def session_file(tmp: Path, actions: list) -> Path:
 
 @pytest.mark.slow
 def test_a_replay_over_the_bound_is_refused_before_it_runs_and_the_victim_still_opens_one(server):
+    from lab.rates import replay_cost
+    from lab.session import Session
+    from lab.sessionfile import model_work
+
     gen = {"do": "generate", "sampling": [1.0, 0, 1.0], "tokens": [5, 6, 7, 8, 9, 10, 11]}
-    heavy = session_file(server.tmp, [gen, {"do": "undo"}] * 512)  # 1,024 actions that replay 4,096 Steps
-    with pytest.raises(Exception, match="This would take 4,096 Steps to replay"):
+    actions = [gen, {"do": "undo"}] * 512  # 1,024 actions: 4,096 Steps, and the model's work past the context
+    heavy = session_file(server.tmp, actions)
+    cost = replay_cost(actions, model_work(Session().entry_for(GRAMMAR), P))
+    assert cost > 4096
+    with pytest.raises(Exception, match=f"This would take {cost:,} Steps' worth of replay"):
         client(server, ABUSER).predict(handle_file(str(heavy)), api_name="/import_session")
     small = session_file(server.tmp, [{"do": "step", "sampling": [1.0, 0, 1.0], "tokens": [5]}])
     out = client(server, VICTIM).predict(handle_file(str(small)), api_name="/import_session")

@@ -106,7 +106,7 @@ def test_layer_and_head_selectors_change_the_figure(app_page):
     )
     fig = p.figure("attention")
     assert "xaxis2" not in fig["axes"]  # a single panel now
-    p.page.get_by_label("scores").check()
+    p.choose("view", "scores")
     p.page.wait_for_function(
         "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').includes('score')"
     )

@@ -268,7 +268,7 @@ def test_colours_dark_mode_and_presentation(app_server, browser, shots):
         assert sum(rgb) / 3 > 160, f"tick labels too dark on a dark page: {fill}"
         p.page.screenshot(path=str(shots / "explore-dark.png"))
         # scores: positive is red in the colour scale, as in the Positional tab
-        p.page.get_by_label("scores").check()
+        p.choose("view", "scores")
         wait_picture(p, 13, "score")
         scale = p.page.evaluate(f"() => {PLOT}._fullLayout.coloraxis.colorscale")
         top, bottom = scale[-1][1], scale[0][1]

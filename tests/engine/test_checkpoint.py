@@ -378,7 +378,15 @@ def test_overlapping_offsets_are_refused(good):
     a = header["blocks.0.attn.qkv.weight"]
     b = header["blocks.1.attn.qkv.weight"]
     b["data_offsets"] = list(a["data_offsets"])  # both tensors read the same bytes
-    refused(join(header, body))
+    msg = refused(join(header, body), "overlap", "each tensor must have bytes of its own")
+    assert "deserializing" not in msg  # checked here, in a sentence; the library never sees it
+    header, body = split(good)
+    for name, info in header.items():
+        if name != "__metadata__":  # every tensor at offset 0
+            info["data_offsets"] = [0, info["data_offsets"][1] - info["data_offsets"][0]]
+    refused(join(header, body), "overlap")
+    header, body = split(good)
+    refused(join(header, body + b"\0" * 16), "16 bytes after its last tensor that belong to no tensor")
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])

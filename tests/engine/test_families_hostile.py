@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,7 +80,11 @@ def test_the_good_folder_opens(good):
     ({"head_dim": 8}, "head_dim .* is not supported"),
     ({"num_key_value_heads": 3}, "n_kv_heads must divide n_heads"),
     ({"hidden_size": "16"}, "hidden_size must be a whole number"),
-    ({"num_hidden_layers": 10**6, "hidden_size": 10**5, "head_dim": None}, "parameters; the limit is"),
+    ({"num_hidden_layers": 100, "hidden_size": 10**5, "head_dim": None}, "parameters; the limit is"),
+    # bounds the parameter count does not give: a list of tensors per layer, RoPE tables per position
+    ({"num_hidden_layers": 10**6}, "1,000,000 layers; at most 256 are read"),
+    ({"max_position_embeddings": 10**9}, "a context of 1,000,000,000 positions; at most 131,072 are read"),
+    ({"hidden_size": int("9" * 400)}, "hidden_size must be a whole number from 1 to 2,147,483,647, got a number far"),
 ])
 def test_unsupported_or_bad_configs_are_refused_by_name(good, tmp_path, changes, pattern):
     folder = copy_of(good, tmp_path)
@@ -157,3 +162,76 @@ def test_missing_files_and_bad_json(good, tmp_path):
     (folder / "config.json").write_text("{not json")
     refused(folder, "config.json is not valid JSON")
     refused(tmp_path / "nowhere", "is not a folder")
+
+
+def test_links_may_stay_inside_the_folder_or_a_hub_snapshot_but_never_leave(good, tmp_path):
+    """A Hugging Face cache snapshot keeps its files as links into the repo's blobs/: those open. A link
+    to a file outside the folder (or outside the repo's cache folder) is refused, not followed."""
+    repo = tmp_path / "models--tiny--llama"
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for path in good.iterdir():
+        blob = repo / "blobs" / f"blob-{path.name}"
+        shutil.copy(path, blob)
+        (snapshot / path.name).symlink_to(Path("../..") / "blobs" / blob.name)
+    model, tok = open_folder(snapshot)
+    assert model.cfg.n_kv_heads == 2 and tok.vocab_size == 300
+    (snapshot / "tokenizer.json").unlink()
+    (snapshot / "tokenizer.json").symlink_to(good / "tokenizer.json")  # the same file, outside the repo
+    refused(snapshot, "tokenizer.json in the folder 0123abcd is a link to a file outside the model's folder")
+    folder = copy_of(good, tmp_path / "plain")
+    (folder / "model.safetensors").rename(tmp_path / "weights.safetensors")
+    (folder / "model.safetensors").symlink_to(tmp_path / "weights.safetensors")
+    refused(folder, "model.safetensors in the folder copy is a link to a file outside")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to("inside.safetensors")  # a link that stays inside the folder
+    (tmp_path / "weights.safetensors").rename(folder / "inside.safetensors")
+    assert open_folder(folder)[0].cfg.n_layers == 2
+
+
+def test_deep_or_huge_json_anywhere_in_the_folder_is_one_sentence(good, tmp_path):
+    folder = copy_of(good, tmp_path)
+    (folder / "tokenizer_config.json").write_text("{\"a\": " * 50_000 + "1" + "}" * 50_000)
+    refused(folder, "tokenizer_config.json is nested too deeply")
+    folder = copy_of(good, tmp_path / "digits")
+    (folder / "config.json").write_text((folder / "config.json").read_text().replace("{", "{\"big\": " + "7" * 5000 + ", ", 1))
+    refused(folder, "config.json holds a number with thousands of digits")
+
+
+def test_a_vocabulary_larger_than_the_model_is_refused_before_the_library_reads_it(good, tmp_path):
+    """The tokenizer's counts are read from its JSON first: 300,000 tokens for 300 rows is refused by the
+    counts, with the sentence the library's reading would have led to."""
+    folder = copy_of(good, tmp_path)
+    path = folder / "tokenizer.json"
+    doc = json.loads(path.read_text())
+    doc["model"]["vocab"].update({f"pad{i}": i for i in range(300, 300_000)})
+    doc["added_tokens"] = doc["added_tokens"] * 2000  # also more added tokens than any family has
+    path.write_text(json.dumps(doc))
+    refused(folder, "tokenizer.json added_tokens has 4,000 entries; the limit is 300")
+    doc["added_tokens"] = doc["added_tokens"][:2]
+    path.write_text(json.dumps(doc))
+    refused(folder, "tokenizer.json has 300,000 tokens but the model only 300 embedding rows")
+
+
+def test_tensors_must_tile_the_file(good, tmp_path):
+    """Offsets are checked as the safetensors format promises: bytes of their own, no gap, nothing after."""
+    from tests.support.safetensors_bytes import safetensors_join, safetensors_split
+
+    folder = copy_of(good, tmp_path)
+    path = folder / "model.safetensors"
+    header, body = safetensors_split(path.read_bytes())
+    path.write_bytes(safetensors_join(header, body + b"\0" * 8))
+    refused(folder, "model.safetensors has 8 bytes after its last tensor that belong to no tensor")
+    name = next(k for k in header if k != "__metadata__")
+    start, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [start, end - 4]
+    path.write_bytes(safetensors_join(header, body))
+    refused(folder, f"model.safetensors gives tensor '{name}' {end - 4 - start:,} bytes, but its type and shape take")
+
+
+def test_neo_attention_types_are_bounded_before_they_are_expanded(tmp_path):
+    from model.families.neo import layer_kinds
+
+    with pytest.raises(ValueError, match="describe more than 256 layers"):
+        layer_kinds({"attention_types": [[["global"] * 100_000, 10_000]]})

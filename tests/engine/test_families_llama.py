@@ -76,7 +76,9 @@ def test_rotary_angles_are_the_references_own(tmp_path):
     ids = torch.randint(2, VOCAB, (1, 1000), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want, got = ref(ids, output_attentions=True), model(ids, return_attention=True)
-    assert (got.logits - want.logits).abs().max() <= 1e-5
+    # float32 over 1,000 positions: a few dozen ulps of the largest logit (1.1e-5 of 9.4 on an AMD EPYC,
+    # whose kernels sum in another order than the Xeons'), i.e. 3e-6 relative
+    assert (got.logits - want.logits).abs().max() <= 3e-6 * want.logits.abs().max()
     assert max((a - b).abs().max() for a, b in zip(got.attentions, want.attentions)) <= 1e-6
 
 

@@ -244,6 +244,33 @@ def test_the_train_tab_takes_the_hand_written_step_and_bf16_only_where_it_pays()
     assert not uses_manual_step(DecoderLM(dropout_model), with_dropout)  # dropout: the autograd loop, as before
 
 
+def test_one_rule_decides_bf16_for_the_train_tab_and_the_benchmark():
+    """lab.recipe.bf16_choice is the rule: CUDA always; a CPU only with AMX tiles and matrices past
+    BF16_PAYS_FROM (AVX-512 BF16 alone measured slower than fp32). The Train tab and `python -m bench.train_bench`
+    both follow it, each saying why; a flag overrides the benchmark's default and says so."""
+    from bench.train_bench import BATCH_SIZE, arguments, bench_config, precision
+    from lab.recipe import BF16_PAYS_FROM, amx_available, bf16_choice, tab_bf16
+
+    small = ModelConfig(vocab_size=20, block_size=16, n_layers=2, n_heads=4, d_model=64)  # 64 x 16 x 16 = 16 K
+    bench = bench_config(65)  # 128 x 12 x 64 = 98 K
+    assert small.d_model * 16 * small.block_size < BF16_PAYS_FROM <= bench.d_model * BATCH_SIZE * bench.block_size
+    assert bf16_choice(bench, BATCH_SIZE, amx=True) == (True, "AMX and d_model x tokens per step = 98,304 >= 20,000")
+    assert bf16_choice(bench, BATCH_SIZE, amx=False) == (False, "this CPU has no AMX tiles: bf16 matrix products do "
+                                                                "not beat fp32 here")
+    off, why = bf16_choice(small, 16, amx=True)
+    assert not off and why.startswith("AMX, but d_model x tokens per step = 16,384 < 20,000")
+    assert bf16_choice(small, 16, "cuda", amx=False)[0] and bf16_choice(bench, BATCH_SIZE, "cuda")[0]
+    for mcfg, batch in ((small, 16), (bench, BATCH_SIZE)):  # on this CPU: asked of the CPU itself
+        assert bf16_choice(mcfg, batch) == bf16_choice(mcfg, batch, amx=amx_available())
+        assert tab_bf16(mcfg, batch) == bf16_choice(mcfg, batch)[0]
+    # the benchmark's default is the rule's answer for its own model and batch, with the rule's reason
+    assert arguments([]).bf16 is None and arguments(["--no-bf16"]).bf16 is False
+    for device in ("cpu", "cuda"):
+        on, why = bf16_choice(bench, BATCH_SIZE, device)
+        assert precision(None, device) == (on, f"default, the app's rule (lab.recipe.bf16_choice): {why}")
+    assert precision(True, "cpu") == (True, "--bf16 asked") and precision(False, "cuda") == (False, "--no-bf16 asked")
+
+
 def _race_run(ms: float, wall: float | None, **kw) -> dict:
     """A train_bench result line, as bench.train_race reads it."""
     return {"ms_per_iter_median": ms, "target_reached_at": {"wall_s_from_process_start": wall} if wall else None,
@@ -279,7 +306,8 @@ def test_the_training_race_takes_its_ratios_against_the_faster_fp32_loop():
 @pytest.mark.slow
 def test_a_tiny_train_bench_run_gives_the_race_what_it_reads(tmp_path):
     """One train_bench process, four iterations, its defaults: its line has what the race reads, and the
-    default it races is the hand-written bf16 step, uncompiled. No timing is checked."""
+    default it races is the hand-written step, uncompiled, in bf16 where the app's rule says so (and why).
+    No timing is checked."""
     from bench.train_race import summarize
 
     text = tmp_path / "t.txt"
@@ -289,7 +317,10 @@ def test_a_tiny_train_bench_run_gives_the_race_what_it_reads(tmp_path):
                          capture_output=True, text=True, timeout=600, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     run = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    assert (run["backward"], run["bf16"], run["compile"]) == ("manual", True, None)
+    from bench.train_bench import precision
+
+    assert (run["backward"], run["compile"]) == ("manual", None)
+    assert [run["bf16"], run["bf16_why"]] == list(precision(None, "cpu"))  # lab.recipe.bf16_choice's answer
     race = summarize({name: run for name in ("default", "fp32_eager", "fp32_eager_sdpa_auto", "fp32_manual")})
     assert race["per_iter_ratio"] == 1.0 and race["wall_ratio"] == 1.0  # one run against itself
     assert race["val_loss"]["default"] == run["val_loss"] < 9

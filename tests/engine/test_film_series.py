@@ -77,7 +77,7 @@ def test_a_series_film_holds_each_checkpoints_attention_on_the_probe(series, tmp
     assert not np.allclose(film.frames[0].attention[0], film.frames[-1].attention[0], atol=0.05)
     # scores and phases come from those frames exactly as from a training film's
     hand = Film(ids, film.probe_tokens, [Frame(f.step, att, loss, None) for f, (att, loss) in zip(film.frames, want)],
-                120)
+                120, loss_source="probe")
     for key, series_scores in film.scores().items():
         expect = np.stack([head_scores(att, ids)[key] for att, _ in want])
         np.testing.assert_allclose(series_scores, expect, atol=1e-4, equal_nan=True)
@@ -86,6 +86,10 @@ def test_a_series_film_holds_each_checkpoints_attention_on_the_probe(series, tmp
     assert (phases[0].layer, phases[0].score) == (1, "induction") and phases[0].after > phases[0].before
     for p in phases[:5]:
         assert p.sentence() in done.stdout
+    # the loss is the probe's own, and is named so: never "train" (no training batch was seen)
+    assert film.loss_source == "probe" and film.loss_names() == ("loss on the probe", "held-out loss")
+    assert all("as the loss on the probe" in p.sentence() for p in phases)
+    assert f"loss on the probe {want[0][1]:.2f} -> {want[-1][1]:.2f}" in done.stdout and "--heldout" in done.stdout
     # the weights are the last revision's
     from transformers import GPT2LMHeadModel
 
@@ -172,3 +176,76 @@ def test_a_frames_step_is_the_number_its_revision_ends_with_else_its_place():
     assert revision_steps(["early", "step512", "main"]) == [0, 1, 2]
     with pytest.raises(ValueError, match="training order"):
         revision_steps(["step2000", "step1000"])
+
+
+HELD_OUT = ("A bear and a fox sat by the river. The bear said the wood was green, and the fox ran home. "
+            "Later that day the little fox met the bear again by the water.\n") * 3
+
+
+def held_out_by_hand(folders: dict[str, Path], text: str) -> tuple[list[float], int]:
+    """Per revision, transformers' mean next-token loss on `text` read in windows of the context (64 tokens),
+    each starting at the last token of the one before; and the number of tokens."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    ids = AutoTokenizer.from_pretrained(next(iter(folders.values())))(text)["input_ids"]
+    out = []
+    for folder in folders.values():
+        ref = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+        total = count = 0
+        for start in range(0, len(ids) - 1, 63):
+            x = torch.tensor([ids[start:start + 64]])
+            with torch.no_grad():
+                total += float(ref(x, labels=x).loss) * (x.shape[1] - 1)
+            count += x.shape[1] - 1
+        out.append(total / count)
+    return out, len(ids)
+
+
+def test_a_held_out_text_gives_each_frame_a_held_out_loss_that_the_phases_quote(series, tmp_path):
+    """--heldout FILE: each frame's second loss is the checkpoint's loss on that text, over windows of its
+    context (the text is longer than one), as transformers computes it; the phases then quote that loss,
+    the file keeps what the losses were measured on, and a bad held-out file is one sentence."""
+    root, folders = series
+    held = tmp_path / "held.txt"
+    held.write_text(HELD_OUT, encoding="utf-8")
+    out = tmp_path / "film.safetensors"
+    done = run_film(str(root / "gpt2"), "--revisions", ",".join(revisions()), "--probe", PROBE, "--heldout",
+                    str(held), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    film = load_checkpoint(out, DEFAULT_LIMITS).film
+    want, n_tokens = held_out_by_hand(folders, HELD_OUT)
+    assert n_tokens > 64  # more than one window
+    for frame, loss in zip(film.frames, want):
+        assert abs(frame.val_loss - loss) <= LOSS_TOL
+    assert abs(want[-1] - want[0]) > 0.5  # (it rises: 121 steps on one paragraph learn that paragraph)
+    assert film.loss_source == "probe" and np.allclose(film.losses(), want, atol=LOSS_TOL)
+    phases = film.phases()
+    assert phases and all("as the held-out loss" in p.sentence() for p in phases)
+    assert f"held-out loss {want[0]:.2f} -> {want[-1]:.2f}" in done.stdout
+    # refused in one sentence, nothing written
+    out.unlink()
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    (tmp_path / "blank.txt").write_text("  \n")
+    (tmp_path / "one.txt").write_text("a")
+    for name, message in (("absent.txt", "cannot read the held-out text"), ("latin1.txt", "not UTF-8 text"),
+                          ("blank.txt", "held-out text .* is empty"), ("one.txt", "at least 2 tokens")):
+        done = run_film(str(root / "gpt2"), "--revisions", "step0,step5", "--probe", PROBE, "--heldout",
+                        str(tmp_path / name), "--out", str(out))
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert re.search(message, done.stderr), done.stderr
+        assert not out.exists()
+
+
+def test_the_probe_loss_label_survives_the_file_and_a_training_film_is_written_as_before():
+    from model.film import film_from_tensors, film_to_tensors
+    from model.config import ModelConfig
+
+    att = [np.tril(np.ones((1, 3, 3), dtype=np.float32)) / np.arange(1, 4, dtype=np.float32)[:, None]]
+    frames = [Frame(0, att, 3.0, None), Frame(5, att, 2.0, 2.5)]
+    cfg = ModelConfig(vocab_size=10, block_size=8, n_layers=1, n_heads=1, d_model=4, d_ff=8)
+    for source in ("probe", "training"):
+        tensors, meta = film_to_tensors(Film([1, 2, 3], ["a", "b", "c"], frames, 5, loss_source=source))
+        assert ("loss_source" in meta) is (source == "probe")  # a training film's file is as it was
+        assert film_from_tensors(tensors, meta, cfg, 10).loss_source == source
+    with pytest.raises(ValueError, match="loss_source must be training or probe"):
+        film_from_tensors(tensors, {**meta, "loss_source": "bogus"}, cfg, 10)

@@ -30,8 +30,12 @@ VOCAB = 23
 IDS = [3, 7, 1, 12, 7, 3, 19, 4, 7, 11]
 
 
-def close(got, want, what: str, rel: float = 2e-5) -> None:
+REL = {"": 2e-5}  # float32 against float64, relative; a model without a norm amplifies it (set per test)
+
+
+def close(got, want, what: str, rel: float | None = None) -> None:
     """float32 arithmetic against float64: within rel of the largest magnitude involved (and -inf alike)."""
+    rel = REL[""] if rel is None else rel
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     assert np.array_equal(np.isneginf(got), np.isneginf(want)), f"{what}: masked entries differ"
@@ -126,8 +130,14 @@ def vw_ref(model, layer: int, r) -> np.ndarray:
 def check_head(w, r, head: int) -> None:
     for name, want in (("q_raw", r.q_raw[head]), ("k_raw", r.k_raw[head]), ("q", r.q[head]), ("k", r.k[head]),
                        ("v", r.v[head]), ("raw", r.raw[head]), ("scaled", r.raw[head] * r.scale),
-                       ("masked", r.scores[head]), ("weights", r.weights[head]), ("used", r.used[head])):
+                       ("masked", r.scores[head])):
         close(getattr(w, name), want, f"head {head} {name}")
+    # a softmax passes its scores' absolute error on to the weights (times at most 1/4): the weights' bound
+    # is the scores' (large without a norm: 2.9e-5 on an AMD EPYC with scores near 3)
+    finite = r.scores[head][np.isfinite(r.scores[head])]
+    rel = REL[""] * max(1.0, float(np.abs(finite).max(initial=0.0)))
+    for name, want in (("weights", r.weights[head]), ("used", r.used[head])):
+        close(getattr(w, name), want, f"head {head} {name}", rel=rel)
     assert w.scale == pytest.approx(r.scale, rel=1e-12)
     assert np.array_equal(w.allowed, r.allowed)
 
@@ -207,7 +217,9 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_every_option_against_the_float64_path(name):
+def test_every_option_against_the_float64_path(name, monkeypatch):
+    if name == "no_norm":  # no norm: the stream grows layer by layer and float32's error with it (3e-5 on an EPYC)
+        monkeypatch.setitem(REL, "", 1e-4)
     check_model(sharpened(ModelConfig(**{**BASE, **CONFIGS[name]})), IDS)
 
 

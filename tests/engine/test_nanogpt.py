@@ -54,7 +54,8 @@ def test_char_run_matches_gpt2_reference(tmp_path, bias, prefix):
                 logits = ref(torch.tensor([ids])).logits[0, -1]
             nxt = int(logits.argmax())
             assert step.token_id == nxt + 1
-            assert abs(float(step.probs[step.token_id]) - float(torch.softmax(logits, -1)[nxt])) < 1e-6
+            # the cached step sums in another order than the full forward: a few float32 ulps apart
+            assert abs(float(step.probs[step.token_id]) - float(torch.softmax(logits, -1)[nxt])) < 5e-6
             ids.append(nxt)
 
 
@@ -183,9 +184,12 @@ def test_meta_is_refused_before_the_checkpoint_is_opened(tmp_path):
 def test_truncated_and_huge_files(tmp_path):
     path = save_run(tmp_path, reference(len(CHARS)))
     data = path.read_bytes()
-    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="cut.pt: not a PyTorch checkpoint that can be read"):
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])  # no zip directory left: refused before the child
+    with pytest.raises(ValueError, match="cut.pt is a zip archive whose directory cannot be read"):
         load_nanogpt(tmp_path / "cut.pt", meta=tmp_path / "meta.pkl")
+    (tmp_path / "junk.pt").write_bytes(b"neither a zip nor a pickle " * 100)  # not a zip: the child's answer
+    with pytest.raises(ValueError, match="junk.pt: not a PyTorch checkpoint that can be read"):
+        load_nanogpt(tmp_path / "junk.pt", meta=tmp_path / "meta.pkl")
     huge = tmp_path / "huge.pt"
     with huge.open("wb") as f:
         f.truncate(MAX_TORCH_FILE_BYTES + 1)  # sparse: the size is checked before a byte is read

@@ -414,6 +414,7 @@ def test_training_bench_runs_and_reports_the_exact_held_out_loss(tmp_path):
     )
     d = json.loads(out.stdout.strip().splitlines()[-1])
     assert d["iters"] == 30 and d["schedule"] == "wsd" and d["threads"] == 1
+    assert (d["bf16"], d["bf16_why"]) == (False, "--no-bf16 asked")
     for key in ("ms_per_iter_median", "tokens_per_s", "train_loss", "val_loss", "val_loss_50_batches", "peak_rss_mb"):
         assert isinstance(d[key], (int, float)) and math.isfinite(d[key]) and d[key] > 0, key
     assert d["params"] > 700_000  # the 4 x 4 x 128 model

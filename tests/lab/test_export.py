@@ -194,6 +194,60 @@ def test_bidirectional_attention_has_no_masked_cells():
     assert read_json(e)["causal"] is False
 
 
+def as_array(values) -> np.ndarray:
+    """JSON [head][query][key] values (null where masked) as floats, NaN where masked."""
+    return np.array([[[np.nan if v is None else v for v in row] for row in h] for h in values], dtype=np.float64)
+
+
+@pytest.mark.parametrize("change", ["ablation", "edit"])
+@pytest.mark.parametrize("kind", ["weights", "scores"])
+def test_attention_under_the_head_tools_is_what_the_figure_draws(grammar, change, kind):
+    """While heads are ablated or a row edited, the download holds the attention drawn (the model's
+    forward under that change), says so, and keeps the model's own attention beside it, labelled."""
+    from ui import explore, share
+    from viz import attention_panels
+
+    T = len(grammar.decoder.window)
+    if change == "ablation":
+        grammar.set_ablation(["L0H0", "L0H1"], "zero", False)
+        iv, mark = Intervention(((0, 0), (0, 1)), "zero"), "L0H0, L0H1 ablated (zero)"
+    else:
+        grammar.set_edit(1, 2, T - 1, 1)
+        iv, mark = grammar.probe.intervention().within(grammar.decoder.start, 0, T), f"L1H2 row {T - 1} edited"
+    try:
+        layers = [(layer, export.attention(grammar, layer, None, kind)) for layer in (1, 2)]
+        figures = [attention_panels(explore.attention_spec(grammar, layer, "all", kind)) for layer in (1, 2)]
+        downloaded = [share.export_numbers(grammar, kind, "json", GRAMMAR, layer, "all") for layer in (1, 2)]
+    finally:
+        grammar.clear_probe()
+    with torch.inference_mode():
+        out = grammar.entry.model(torch.tensor([grammar.decoder.window]), return_attention=True, intervention=iv)
+    plain = forward(grammar)
+    visible = ~np.triu(np.ones((T, T), dtype=bool), 1)
+    moved = 0.0
+    for (layer, e), seen, path in zip(layers, figures, downloaded):
+        assert e.name.endswith(f"_L{layer}-all-heads_changed_attention_{kind}_{T}tokens")
+        data = check_common(e, "attention", grammar)
+        assert json.loads(open(path, encoding="utf-8").read()) == data  # the page's download (/export_numbers)
+        assert (data["drawn"], data["change"]) == ("changed", mark) and mark in data["values_are"]
+        got, own = as_array(data["values"]), as_array(data["unchanged_values"])
+        expect = (out.attentions if kind == "weights" else out.scores)[layer][0].double().numpy()
+        before = (plain.attentions if kind == "weights" else plain.scores)[layer][0].double().numpy()
+        np.testing.assert_allclose(got[:, visible], expect[:, visible], atol=1e-5, rtol=0)  # the changed forward
+        np.testing.assert_allclose(own[:, visible], before[:, visible], atol=1e-5, rtol=0)  # the model's own
+        assert np.array_equal(np.isnan(seen), ~np.broadcast_to(visible, seen.shape))
+        assert np.abs(seen[:, visible] - got[:, visible]).max() <= 0.0005 + 1e-6  # drawn in milli-units
+        moved = max(moved, float(np.abs(got[:, visible] - own[:, visible]).max()))
+        header, rows = read_csv(e)
+        assert header == export.ATTENTION_COLUMNS + export.CHANGED_COLUMNS and {r[8] for r in rows} == {mark}
+        for r in rows[:: 7]:
+            h, q, k = int(r[1]), int(r[2]), int(r[4])
+            assert (num(r[6]), num(r[7])) == (data["values"][h][q][k], data["unchanged_values"][h][q][k])
+    assert moved > 0.01  # the change moves the attention of a later layer (or the edited row)
+    plain_export = check_common(export.attention(grammar, 1, None, kind), "attention", grammar)
+    assert plain_export["drawn"] == "unchanged" and plain_export["change"] == "" and "unchanged_values" not in plain_export
+
+
 # --------------------------------------------------------------------------- probabilities
 
 

@@ -140,6 +140,36 @@ def test_random_folders_of_the_real_families(family, tmp_path):
     check_every_cell(entry, a, b, whats=("heads", "attn"))
 
 
+@pytest.mark.slow  # transformers builds and saves the folder
+def test_one_token_answers_on_a_tokenizer_that_puts_bos_first(tmp_path):
+    """A Llama-style tokenizer encodes a text with <s> first; an answer typed as text is still read as the
+    token it is (the BOS belongs to a text's start, not to an answer that continues it)."""
+    transformers = pytest.importorskip("transformers")
+    from tests.support.families import save_reference, sharpen
+    from tests.support.patch_reference import FAMILIES, FAMILY_VOCAB
+
+    cfg = transformers.LlamaConfig(vocab_size=FAMILY_VOCAB, bos_token_id=1, eos_token_id=0,
+                                   attn_implementation="eager", **FAMILIES["llama"][2])
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM(cfg).eval()
+    sharpen(ref, seed=5)
+    model, tok = open_folder(save_reference(ref, tmp_path / "llama-bos", FAMILY_VOCAB, bos=True))
+    assert tok.add_bos and tok.encode(" fox")[0] == tok.bos_id and len(tok.encode(" fox")) == 2
+    entry = ModelEntry("llama with BOS", model, tok, {})
+    fox, bear = (tok.encode(w, add_special_tokens=False) for w in (" fox", " bear"))
+    assert len(fox) == len(bear) == 1 and tok.encode(" fox") == [tok.bos_id, *fox]
+    assert patching.answer_token(entry, " fox", "first") == fox[0] == patching.answer_token(entry, "␣fox", "first")
+    a, b = "the fox met a bear", "the bear met a fox"
+    setup = patching.prepare(entry, a, b, "logit_diff", " fox", " bear")
+    assert (setup.metric.answer, setup.metric.other) == (fox[0], bear[0])
+    assert setup.ids_a[0] == tok.bos_id  # the prompts keep their BOS
+    check_every_cell(entry, a, b, " fox", " bear", whats=("heads",))
+    wood = tok.encode(" wood", add_special_tokens=False)
+    assert len(wood) == 2  # counted without the BOS
+    with pytest.raises(UserError, match="' wood' is 2 tokens for this model"):
+        patching.answer_token(entry, " wood", "first")
+
+
 def test_refusals_are_sentences_and_change_nothing():
     entry = BUILTINS.get(GRAMMAR)
     cases = {

@@ -176,3 +176,39 @@ def test_a_session_file_s_replay_counts_for_the_importing_address(tmp_path, monk
     victim.client = "198.51.100.99"
     sessionfile.open_session(victim, str(path))  # another address, with room for it, opens the same file
     assert victim.tokens() == made.tokens()
+
+
+class WarmText:
+    """A session as the store of warm texts sees it (lab.warm.WarmTenant): its text's heavy bytes, its address."""
+
+    def __init__(self, client: str, nbytes: int):
+        self.client, self.closed, self.nbytes, self.cooled = client, False, nbytes, 0
+        self.text = self
+
+    def heavy_nbytes(self) -> int:
+        return self.nbytes
+
+    def cool_text(self) -> bool:
+        self.nbytes, self.cooled = 0, self.cooled + 1
+        return True
+
+
+def test_warm_texts_one_address_s_many_texts_cool_its_own_never_the_victim_s():
+    """The victim's text is the least recently used of all, yet while the abuser holds more than its share
+    of the bound, the abuser's own texts cool (its least recently used first): the victim's next Step needs
+    no forward pass over its whole window."""
+    from lab.warm import WarmTexts
+
+    store = WarmTexts(limit_bytes=100 * U, cool_from_bytes=1, client_limit_bytes=30 * U)
+    victim = WarmText(VICTIM, 20 * U)
+    store.used(victim)
+    abuser = []
+    for i in range(40):  # texts of 10 U, one after another, each the newest when it acts
+        abuser.append(WarmText(ABUSER, 10 * U))
+        store.used(abuser[-1])
+    assert victim.cooled == 0 and store.held(victim) == 20 * U
+    assert store.total <= 100 * U and sum(t.nbytes for t in abuser) <= 80 * U
+    assert all(t.cooled for t in abuser[:-8])  # its least recently used went first
+    other = WarmText("198.51.100.8", 20 * U)  # within its share, another visitor's text still fits beside
+    store.used(other)
+    assert victim.cooled == 0 and other.cooled == 0 and store.total <= 100 * U

@@ -156,7 +156,7 @@ def sampling_section(p: Page, open_it: bool) -> None:
     for _ in range(5):
         if p.page.locator("#max_new").is_visible() == open_it:
             return
-        p.page.get_by_text("Sampling").click()
+        p.page.get_by_text("Sampling", exact=True).click()  # not the chart's legend, "after sampling settings"
         try:
             p.page.locator("#max_new").wait_for(state=state, timeout=3_000)
             return

@@ -77,3 +77,36 @@ class _System:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.path}",))
+
+
+def save_decoder_run(folder: Path, entry) -> Path:
+    """A built-in character model of nanoGPT's own architecture (the Shakespeare one: learned positions,
+    pre-norm, exact GELU, no biases, tied head) written as nanoGPT writes a shakespeare_char run: ckpt.pt
+    with its weights under nanoGPT's names (the tokenizer's <unk> row left out: nanoGPT has none) and
+    meta.pkl with its characters. The attention of the run, opened, is the built-in's."""
+    cfg, sd = entry.model.cfg, entry.model.state_dict()
+    assert (cfg.pos_encoding, cfg.norm, cfg.activation, cfg.bias, cfg.tie_weights) == ("learned", "pre", "gelu",
+                                                                                        False, True)
+    names = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
+             "norm_f.weight": "transformer.ln_f.weight"}
+    parts = {"norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "norm2": "ln_2",
+             "ffn.up": "mlp.c_fc", "ffn.down": "mlp.c_proj"}
+    out = {}
+    for name, t in sd.items():
+        if name in names:
+            out[names[name]] = t[1:] if name == "tok_emb.weight" else t
+        elif name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            part, kind = rest.rsplit(".", 1)
+            out[f"transformer.h.{i}.{parts[part]}.{kind}"] = t
+    out = {k: v.detach().clone().contiguous() for k, v in out.items()}
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    chars = [{"␣": " ", "⏎": "\n"}.get(p, p) for p in entry.pieces[1:]]
+    folder.mkdir(parents=True, exist_ok=True)
+    args = dict(n_layer=cfg.n_layers, n_head=cfg.n_heads, n_embd=cfg.d_model, block_size=cfg.block_size, bias=False,
+                vocab_size=len(chars), dropout=0.0)
+    torch.save({"model": out, "model_args": args, "iter_num": 5000, "best_val_loss": torch.tensor(1.47),
+                "config": {"dataset": "shakespeare_char"}}, folder / "ckpt.pt")
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {ch: i for i, ch in enumerate(chars)}}
+    (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
+    return folder / "ckpt.pt"

@@ -202,3 +202,70 @@ def test_opening_the_film_list_never_takes_back_a_model_picked_meanwhile():
     gone = film_choices(s, "a model that left the list")
     assert gone["value"] == names[0] and gone["choices"] == names
     assert follow_model(s, picked)["value"] == picked  # Explore's model changed: the film follows it
+
+
+def test_a_model_without_a_film_says_so_in_one_line_and_clears_the_figures(tmp_path):
+    """A `--model` source has no film: picking it in "Film of" (or in Explore, which the menu follows) keeps
+    the controls valid for gradio (a slider of one frame, 0 … 0, is refused as it is built), says so in one
+    line, and the three figures leave the page instead of the last film's staying under the new name."""
+    import asyncio
+
+    import app
+    from tests.support.sessions import TWELVE, offered, twelve_heads
+    from ui.film import NO_FILM
+
+    s = offered(twelve_heads(tmp_path))
+    assert s.film(TWELVE) is None
+    demo = app.build_demo()
+    [fn] = [f for f in demo.fns.values() if f.name == "open_film"]
+    for name in (TWELVE, "copy / induction (built-in)", TWELVE):  # there, back to a film, and there again
+        update = open_film(s, name)
+        sent = asyncio.run(demo.postprocess_data(fn, list(update), None))  # what gradio sends the page
+        slider, layer, score = sent
+        assert slider["minimum"] < slider["maximum"] and slider["minimum"] <= slider["value"] <= slider["maximum"]
+        assert [v for _, v in layer["choices"]].count(layer["value"]) == 1
+        assert score["value"] in [v for _, v in score["choices"]]
+        assert slider["interactive"] is (name != TWELVE) and layer["interactive"] is (name != TWELVE)
+        drawn = film_frame(s, name, slider["value"], layer["value"], score["value"])
+        if name == TWELVE:
+            assert drawn == (None, None, None, "", NO_FILM) and "\n" not in NO_FILM
+            assert redraw_film(s, name, slider["value"], layer["value"], score["value"]) == drawn
+        else:
+            assert all(d is not None for d in drawn[:3]) and drawn[4].startswith("Frame ")
+    with pytest.raises(gr.Error, match="no training film"):
+        from ui.film import save_film_page
+
+        save_film_page(s, TWELVE, 0)
+
+
+def test_a_series_film_names_its_losses_by_what_they_were_measured_on(tmp_path):
+    """A film whose losses are the probe's own and a held-out text's (`python -m model.film --heldout`) is never
+    drawn or captioned as "train" and "validation": the loss figure, the caption and the saved page name them."""
+    import dataclasses
+
+    from model.checkpoint import save_checkpoint
+    from model.film import Film
+    from ui.film import save_film_page
+
+    entry = BUILTINS.get("copy / induction (built-in)")
+    shipped = Session().film(entry.name)
+    for held in (False, True):
+        frames = [dataclasses.replace(f, val_loss=(f.train_loss + 1 if held else None)) for f in shipped.frames]
+        film = Film(shipped.probe_ids, shipped.probe_tokens, frames, shipped.total_steps, loss_source="probe")
+        s = Session()
+        name = s.upload(str(save_checkpoint(tmp_path / f"series{held}.safetensors", entry.model, entry.tokenizer,
+                                            film=film)))
+        assert s.film(name).loss_source == "probe"
+        fr = frames[4]
+        _, loss, _, phases, caption = film_frame(s, name, 4, 0, "induction")
+        traces = {t["name"]: t["hovertemplate"] for t in json.loads(loss.plot)["data"]}
+        assert "train" not in traces and "validation" not in traces
+        assert "loss on the probe" in traces["loss on the probe"]
+        assert f"loss on the probe {fr.train_loss:.2f}" in caption and "train" not in caption
+        assert ("held-out loss" in caption) is held and ("held-out loss" in traces) is held
+        assert not held or f"held-out loss {fr.val_loss:.2f}" in caption
+        said = "the held-out loss" if held else "the loss on the probe"
+        lines = phases.splitlines()[1:]
+        assert lines and all(f"as {said} " in line for line in lines), phases
+        page = open(save_film_page(s, name, 0), encoding="utf-8").read()
+        assert "loss on the probe" in page and "train loss" not in page

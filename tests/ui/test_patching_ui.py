@@ -115,11 +115,13 @@ def test_a_click_needs_a_head_sweep_and_refusals_keep_the_last_sweep():
 
 def test_minimal_pairs_bring_their_answers_and_a_new_model_clears_the_part():
     pair = "tom found the key . he gave it to anna because\u241eanna found the key . she gave it to tom because"
-    assert ui_patching.pair_answers(pair) == ("she", "he")
-    assert ui_patching.pair_answers("anna found the key . she\u241etom found the key . he") == (gr.skip(), gr.skip())
-    answer, other, progress, note, *_ = ui_patching.model_switched("sort digits (built-in)")
+    s = Session()
+    assert ui_patching.pair_answers(s, GRAMMAR, pair) == ("she", "he")
+    assert ui_patching.pair_answers(s, GRAMMAR, "anna found the key . she\u241etom found the key . he") == (
+        gr.skip(), gr.skip())
+    answer, other, progress, note, *_ = ui_patching.model_switched(s, "sort digits (built-in)")
     assert (answer, other, note) == ("", "", "") and "No sweep yet" in progress
-    assert ui_patching.model_switched(GRAMMAR)[:2] == ("her", "him")
+    assert ui_patching.model_switched(s, GRAMMAR)[:2] == ("her", "him")
 
 
 def test_the_maps_numbers_download_as_csv_and_json():
@@ -144,3 +146,28 @@ def test_the_second_answer_box_serves_the_logit_difference_only():
     s = Session()  # the probability of one answer needs no second one
     *_, (_, note, _, _, data) = list(ui_patching.run_patching(s, GRAMMAR, A, B, "prob", "her", "", "heads", "noising"))
     assert "P(her)" in note and data["metric"] == "prob"
+
+
+def test_a_difference_that_is_noise_is_said_above_the_map_and_on_it(tmp_path):
+    """A random nanoGPT run's pair whose A/B difference single patches drown, and of the wrong sign: the note
+    gives the lab's warnings with their numbers before the headline, and the map carries the short one."""
+    from lab.external import ExternalModels, parse_source
+    from tests.support.nanogpt_runs import CHARS, reference, save_run
+
+    s = Session()
+    s.external = ExternalModels([parse_source(str(save_run(tmp_path / "run", reference(len(CHARS), block=64))))],
+                                tmp_path / "hashes.json")
+    name = s.external.names[0]
+    *_, (_, note, plot, _, data) = list(ui_patching.run_patching(s, name, "hello world", "hello worle", "logit_diff",
+                                                                 "a", "e", "heads", "denoising"))
+    r = patching.run(s, name, "hello world", "hello worle", "logit_diff",
+                     "a", "e", "heads", "denoising")
+    assert len(r.cautions()) == 2 and data["cautions"] == r.cautions()
+    lines = note.split("  \n")
+    assert [line.startswith("⚠ **") for line in lines[:4]] == [False, True, True, False]
+    assert "Wrong sign" in lines[1] and f"{r.setup.difference:+.3f}" in lines[2] and "wrong sign" in lines[3]
+    subtitle = figure(plot)["layout"]["title"]["subtitle"]["text"]
+    assert subtitle.startswith("<b>⚠ The A/B difference (-0.729) has the wrong sign and is small next to")
+    assert "read these shares as noise" in subtitle.replace("<br>", " ").replace("</b> <b>", " ")
+    *_, (_, plain_note, plain_plot, _, _) = sweep(Session())  # a real difference: no warning anywhere
+    assert "⚠" not in plain_note and "⚠" not in figure(plain_plot)["layout"]["title"]["subtitle"]["text"]

@@ -142,8 +142,10 @@ def test_picking_a_corpus_sets_the_form_to_its_recipe():
     assert sort[1]["value"] == "char" and sort[1]["interactive"] is False
     toy = corpus_defaults("toy")
     assert toy[1]["value"] == "word" and toy[RECIPE_KEYS.index("d_model") + 1] == 8
-    for junk in ("nope", None, 3, ["grammar"]):  # a raw call changes nothing
-        assert all(isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1 for v in corpus_defaults(junk))
+    for junk in ("nope", None, 3, ["grammar"]):  # a raw call is refused in words (and changes nothing)
+        with pytest.raises(gr.Error) as info:
+            corpus_defaults(junk)
+        assert info.value.message.startswith("corpus must be one of grammar, sort, copy, toy, text; got ")
 
 
 def test_the_defaults_train_the_recipe_through_the_session():
@@ -384,3 +386,28 @@ def test_train_endpoint_returns_the_progress_and_takes_keep_best(app_server):
     assert json.loads(loss["plot"])["layout"]["xaxis"]["range"] == [0, 10]
     status, *_ = c.predict(*args, False, api_name="/train")
     assert status.startswith("Training finished after 10 steps")
+
+
+def test_a_hugging_face_model_safetensors_is_refused_with_the_command_that_converts_it(tmp_path):
+    """save_pretrained's model.safetensors is weights without a Decoder Lab description: the refusal names
+    `python -m model.convert` and what to give it; the file that command writes from the folder then uploads."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from model.convert import main as convert
+    from tests.support.families import write_tokenizer
+
+    folder = tmp_path / "gpt2-tiny"
+    write_tokenizer(folder, 300)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=300, bos_token_id=1,
+                               eos_token_id=0)).save_pretrained(folder)
+    s = Session()
+    before = list(s.models)
+    with pytest.raises(gr.Error) as info:
+        app.upload_model(s, str(folder / "model.safetensors"))
+    said = info.value.message
+    assert "not a Decoder Lab model" in said and "python -m model.convert FOLDER --out FILE.safetensors" in said
+    assert "config.json" in said and len(said) < 400 and list(s.models) == before
+    out = tmp_path / "gpt2-tiny.safetensors"
+    assert convert([str(folder), "--out", str(out)]) == 0  # the command as the refusal gives it
+    _, status, dd = app.upload_model(s, str(out))
+    assert status.startswith("Loaded 'uploaded: gpt2-tiny'") and dd["value"] == "uploaded: gpt2-tiny"

@@ -349,7 +349,8 @@ def test_probabilities_bars_and_chosen():
     colours = raw["marker"]["color"]
     assert colours[1] != colours[0] and colours.count(colours[1]) == 1
     assert "chosen" in ticktext[1]
-    assert "%{x:.4f}" in raw["hovertemplate"] and raw["hovertext"][1] == f'"{pieces[chosen]}" (id {chosen})'
+    assert "%{customdata}" in raw["hovertemplate"] and raw["hovertext"][1] == f'"{pieces[chosen]}" (id {chosen})'
+    assert raw["customdata"][1] == viz.probability_text(probs[chosen])
 
 
 def test_probabilities_chosen_outside_top_and_escaping():
@@ -512,6 +513,8 @@ def test_every_public_builder_returns_one_figure_type():
         "positional_similarity": lambda: positional_similarity(np.eye(3)),
         "no_positional_encoding": no_positional_encoding,
         "message_figure": lambda: message_figure("hello"),
+        "layer_heads": lambda: viz.layer_heads(w, tokens(t), 0),
+        "head_thumbnails": lambda: viz.head_thumbnails(stack, tokens(t)),
     }
     figure_types = {FigureSpec, go.Figure, viz.Figure}
     builders = set()
@@ -542,7 +545,7 @@ def _stack(layers: int = 2, heads: int = 3, t: int = 7) -> tuple[np.ndarray, np.
 
 
 def test_attention_views_are_exported_once():
-    assert ATTENTION_VIEWS == ("weights", "scores", "all layers")
+    assert ATTENTION_VIEWS == ("weights", "scores", "all layers", "heads as lines", "head thumbnails")
     assert viz.ATTENTION_VIEWS is viz.attention.ATTENTION_VIEWS
 
 
@@ -560,6 +563,10 @@ def test_attention_view_matches_the_underlying_figure(view, head, causal):
                          overview_max_tokens=48)
     if view == "all layers":
         expected = attention_overview(weights, toks, mask=mask, width_px=1200)
+    elif view == viz.LINES_VIEW:
+        expected = viz.layer_heads(weights[layer], toks, layer, head=head, causal=causal)
+    elif view == viz.THUMBNAILS_VIEW:
+        expected = viz.head_thumbnails(weights, toks, causal=causal, selected=(layer, head), width_px=1200)
     else:
         mats = scores if view == "scores" else weights
         if head is None:
@@ -594,7 +601,8 @@ def test_attention_view_overview_limit():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"view": "probs"}, "view must be one of 'weights', 'scores', 'all layers', got 'probs'"),
+        ({"view": "probs"}, "view must be one of 'weights', 'scores', 'all layers', 'heads as lines', "
+                            "'head thumbnails', got 'probs'"),
         ({"layer": 2}, "layer 2 out of range: the model has 2 layers"),
         ({"layer": -1}, "layer -1 out of range"),
         ({"layer": 1.0}, "layer must be a whole number"),

@@ -390,3 +390,19 @@ def test_attention_view_title_prefix_on_the_message_figure():
     fig = attention_view(w, None, list("abcdef"), layer=0, head=None, view="all layers", causal=True,
                          overview_max_tokens=3, title_prefix="Step 0 of 10 · ")
     assert spec_of(fig)["layout"]["annotations"][0]["text"].startswith("Step 0 of 10 · The overview draws")
+
+
+def test_a_series_films_losses_are_named_and_their_legend_keeps_clear_of_the_title():
+    """A film from checkpoints names its lines by what they measure ("loss on the probe", "held-out loss") in
+    the legend and hover; on a phone's plot the longer legend gets a row of its own under the title."""
+    steps = np.arange(0, 41, 10).astype(np.float32)
+    names = ("loss on the probe", "held-out loss")
+    wide = spec_of(viz.loss_curve(steps, 5 - steps / 10, steps, 6 - steps / 20, names=names, plot_px=700))
+    narrow = spec_of(viz.loss_curve(steps, 5 - steps / 10, steps, 6 - steps / 20, names=names, plot_px=256))
+    assert [t["name"] for t in wide["data"]] == list(names)
+    assert [t["hovertemplate"].split(": ")[1].split(" %")[0] for t in wide["data"]] == list(names)
+    plain = spec_of(viz.loss_curve(steps, 5 - steps / 10, steps, 6 - steps / 20, plot_px=700))
+    assert [t["name"] for t in plain["data"]] == ["train", "validation"]
+    assert wide["layout"]["margin"]["t"] == plain["layout"]["margin"]["t"]  # room enough: as before
+    assert narrow["layout"]["margin"]["t"] > wide["layout"]["margin"]["t"]
+    assert narrow["layout"]["title"]["yanchor"] == "top" and narrow["layout"]["title"]["y"] == 1

@@ -414,8 +414,8 @@ def test_compare_distributions_union_of_tops_and_rank_changes():
     np.testing.assert_allclose(decode_array(normal["x"]), before[:5], atol=1e-7)
     np.testing.assert_allclose(decode_array(ablated["x"]), after[:5], atol=1e-7)
     assert decode_array(normal["y"]).tolist() == [0, 1, 2, 3, 4]
-    assert normal["hovertext"][3] == ("'d' (id 3)<br>normal: 0.1000 (rank 4)<br>ablated: 0.3500 (rank 1)<br>"
-                                      "ablated − normal: +0.2500")
+    assert normal["hovertext"][3] == ("'d' (id 3)<br>normal: 0.100 (rank 4)<br>ablated: 0.350 (rank 1)<br>"
+                                      "ablated − normal: +0.250")
     assert lay["yaxis"]["autorange"] == "reversed" and lay["showlegend"] is True
 
 

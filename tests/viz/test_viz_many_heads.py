@@ -34,17 +34,19 @@ def test_a_page_of_heads_draws_those_heads_and_names_them():
     assert whole["title"]["text"] == "Layer 1 attention weights"
 
 
-def test_a_page_of_six_in_a_low_figure_takes_one_row():
-    """At a projector's height with large fonts the six panels sit in one row (larger than two rows of three);
-    the key axis's title is shortened rather than cut off at the figure's left edge."""
+def test_a_page_of_six_in_a_low_figure_keeps_readable_panels():
+    """At a projector's height with large fonts one row of six would leave each panel ~60 px: the six take two
+    rows of three at their readable size instead (the figure grows past the height; layout.meta.raised), and the
+    key axis's title still fits beside the figure's left edge."""
     t, weights = 20, stack(1, 12, 20)
     fig = attention_view(weights, None, [f"t{i}" for i in range(t)], layer=0, head=None, view="weights",
                          causal=True, overview_max_tokens=48, width_px=716, max_height_px=325, presentation=True,
                          heads=range(6))
     layout = sent(fig)["layout"]
     tops = {tuple(axis(layout, p["yaxis"].replace("y", "yaxis"))["domain"]) for p in layout["meta"]["panels"]}
-    assert len(tops) == 1  # one row
-    assert axis(layout, "xaxis")["title"]["text"] == "key position"
+    assert len(tops) == 2  # two rows of three
+    assert layout["meta"]["raised"] and layout["height"] > 325 and layout["meta"]["label_step"] <= 3
+    assert axis(layout, "xaxis4")["title"]["text"] in ("key position", "key position (attended to)")  # under row 2
 
 
 def test_all_layers_past_16_panels_points_to_the_head_roles_map():

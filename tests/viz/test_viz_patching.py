@@ -171,3 +171,20 @@ def test_head_on_two_prompts_puts_b_under_a_on_a_phone():
         layout = sent(head_on_two_prompts(w, w, list("abcde"), layer=1, head=0, causal=True, width_px=width))["layout"]
         a, b = (layout["xaxis" + p["xaxis"][1:]]["domain"] for p in layout["meta"]["panels"])
         assert (a[1] <= b[0]) == side_by_side and (a == b) != side_by_side, width
+
+
+def test_a_caution_heads_the_subtitle_in_bold_wrapped_and_escaped():
+    """A sweep whose difference is noise (lab.patching.PatchResult.cautions) carries its warning on the map
+    itself, first under the title, so a downloaded PNG keeps it; the plot area moves down to fit it."""
+    share = share_grid()
+    plain = sent(patching_map(share, kind="heads", width_px=390))["layout"]
+    caution = ("The A/B difference (+0.445) is small next to the patched runs' spread (1.480): read these shares "
+               f"as noise {HOSTILE}")
+    lay = sent(patching_map(share, kind="heads", width_px=390, caution=caution))["layout"]
+    lines = lay["title"]["subtitle"]["text"].split("<br>")
+    warned = [line for line in lines if line.startswith("<b>")]
+    assert warned[0].startswith("<b>⚠ The A/B difference") and len(warned) >= 3  # wrapped for a phone
+    assert all(line.endswith("</b>") for line in warned) and lines[:len(warned)] == warned
+    assert "<img" not in lay["title"]["subtitle"]["text"] and "&lt;img" in lay["title"]["subtitle"]["text"]
+    assert lines[-1] == plain["title"]["subtitle"]["text"].split("<br>")[-1]  # the legend still follows
+    assert lay["margin"]["t"] > plain["margin"]["t"] and lay["height"] > plain["height"]

@@ -296,7 +296,8 @@ def test_small_cells_label_fewer_tokens_at_a_readable_size(view, layers, t, head
     assert lay["meta"]["label_px"] == axis(lay, "yaxis")["tickfont"]["size"] and lay["meta"]["label_step"] == every
     shown = t if view == "all layers" else min(t, viz.HEAD_LABEL_LIMIT if head is not None else viz.GRID_LABEL_LIMIT)
     assert_labels_fit(lay, width, t, shown)
-    assert lay["height"] <= max_h
+    # within its height, unless large fonts kept the panels at their readable size (tests/viz/test_viz_gpt2_sizes.py)
+    assert lay["height"] <= max_h or (presentation and lay["meta"]["raised"])
 
 
 @pytest.mark.parametrize("prefix", [None, "L1H0 ablated (mean) · "])

@@ -1,0 +1,156 @@
+"""One address keeps at most one worker busy (ui/shares.py's door) and the queue's lanes (ui/lanes.py) keep a
+visitor's call from waiting behind another address's, in process.
+
+The app's own page (app.build_demo, its lanes assigned), gradio's own queue and events, and the door the
+middleware puts in front of gradio's queue. A call "in the queue" is a gradio Event the test puts there
+(as gradio does when the door lets a join through) and takes away again (the call has ended: released).
+What is asserted is which calls are admitted and which the scheduler starts, with calls held until the
+test releases them, never how long anything takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+from fastapi import Request
+from gradio.queueing import Event
+
+from lab.limits import CONCURRENCY
+from ui.lanes import LANES, assign, handler_name
+from ui.shares import CHARGED, Door
+
+A, B, V = "203.0.113.31", "203.0.113.32", "198.51.100.31"
+GUARD_S = 60.0  # only ends a hang if the door were wrong
+
+
+@pytest.fixture(scope="module")
+def demo():
+    import app
+
+    d = app.build_demo()
+    d.queue()
+    return d
+
+
+def fn_of(demo, name: str):
+    return next(f for f in demo.fns.values() if f.queue and handler_name(f) == name)
+
+
+def scope_of(address: str, charged: str = "") -> dict:
+    headers = [(CHARGED, charged.encode())] if charged else []
+    return {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "client": (address, 50000),
+            "headers": headers, "query_string": b""}
+
+
+def body(demo, fn, session_hash: str) -> bytes:
+    index = next(i for i, f in demo.fns.items() if f is fn)
+    return json.dumps({"fn_index": index, "data": [], "session_hash": session_hash}).encode()
+
+
+@contextlib.contextmanager
+def in_queue(demo, address: str, fn, session_hash: str, charged: str = ""):
+    """A call of `address` in gradio's queue until the block ends (then it has ended)."""
+    event = Event(session_hash, fn, Request(scope_of(address, charged)), None)
+    demo._queue.event_ids_to_events[event._id] = event
+    try:
+        yield event
+    finally:
+        demo._queue.event_ids_to_events.pop(event._id, None)
+
+
+async def admitted(door, demo, address: str, fn, session_hash: str):
+    """What the door answers a join of `fn` from `address`: None (let through) or (status, sentence)."""
+    async with door.admit(scope_of(address), None, body(demo, fn, session_hash)) as refused:
+        return refused
+
+
+def test_every_queued_event_is_in_a_lane_and_step_s_lane_has_no_heavy_handler(demo):
+    assert assign(demo) == []
+    lanes = {f.concurrency_id for f in demo.fns.values() if f.queue and f.fn is not None}
+    assert lanes <= set(LANES) and all(lane in CONCURRENCY for lane in LANES)
+    step = fn_of(demo, "step")
+    assert step.concurrency_id == "explore" and step.concurrency_limit == CONCURRENCY["explore"] >= 2
+    for heavy in ("draw_matrices", "open_panel", "selected_token", "pick_cell", "inside", "compare", "regenerate",
+                  "upload_model", "make_link", "page_load", "open_session", "generate", "train_model", "patch"):
+        assert fn_of(demo, heavy).concurrency_id != "explore", heavy
+    assert CONCURRENCY["replay"] >= 2  # session files of different addresses open side by side
+
+
+def test_an_address_s_next_call_waits_at_the_door_while_another_address_s_goes_on(demo):
+    step, matrices = fn_of(demo, "step"), fn_of(demo, "draw_matrices")
+
+    async def scenario():
+        door = Door(demo, workers=1, wait_s=GUARD_S, poll_s=0.002)
+        through = asyncio.Event()
+
+        async def second():  # the address's next call, of another lane (a worker is a worker)
+            async with door.admit(scope_of(A), None, body(demo, matrices, "a-2")) as refused:
+                assert refused is None
+                through.set()  # here gradio would take it into its queue
+
+        with in_queue(demo, A, step, "a-1"):  # the address's first call, running
+            task = asyncio.create_task(second())
+            assert await asyncio.wait_for(admitted(door, demo, V, step, "v-1"), GUARD_S) is None
+            for _ in range(50):  # the door looks again and again: the address's call is still there
+                await asyncio.sleep(0.002)
+            assert not through.is_set() and door.held(A) == 2
+        await asyncio.wait_for(task, GUARD_S)  # released: the next call goes through
+        assert through.is_set() and not door.admitted
+
+    asyncio.run(scenario())
+
+
+def test_a_call_that_waited_its_time_is_refused_in_a_sentence_and_holds_nothing(demo):
+    step = fn_of(demo, "step")
+
+    async def scenario():
+        door = Door(demo, workers=1, wait_s=0.05, poll_s=0.002)
+        with in_queue(demo, A, step, "a-3"):  # never released while the next one waits
+            status, sentence = await asyncio.wait_for(admitted(door, demo, A, step, "a-4"), GUARD_S)
+        assert status == 429 and sentence.startswith("Your address's earlier calls are still running; one address may "
+                                                     "have 1 in the queue at once")
+        assert not door.admitted
+
+    asyncio.run(scenario())
+
+
+def test_a_training_has_a_worker_of_its_own(demo):
+    train, step = fn_of(demo, "train_model"), fn_of(demo, "step")
+
+    async def scenario():
+        door = Door(demo, workers=1, wait_s=GUARD_S, poll_s=0.002)
+        with in_queue(demo, A, train, "a-train", charged="train"):
+            assert door.working(A) == 0
+            assert await asyncio.wait_for(admitted(door, demo, A, step, "a-5"), GUARD_S) is None
+
+    asyncio.run(scenario())
+
+
+def test_a_second_address_s_import_is_not_behind_the_first_address_s(demo):
+    """The first address's import is running, held until the test releases it; the second address's is let
+    through by the door and started by gradio's own scheduler while the first still runs."""
+    importer = fn_of(demo, "open_session")
+    queue = demo._queue
+    queue.create_event_queue_for_fn(importer)
+    lane = queue.event_queue_per_concurrency_id[importer.concurrency_id]
+
+    async def scenario():
+        door = Door(demo, workers=1, wait_s=GUARD_S, poll_s=0.002)
+        with in_queue(demo, A, importer, "a-import", charged="import") as first:
+            lane.queue.append(first)
+            assert queue.get_events()[0] == [first]
+            lane.current_concurrency += 1  # gradio started it: it runs until released
+            try:
+                assert await asyncio.wait_for(admitted(door, demo, B, importer, "b-import"), GUARD_S) is None
+                with in_queue(demo, B, importer, "b-import", charged="import") as second:
+                    lane.queue.append(second)
+                    assert queue.get_events()[0] == [second]  # started beside the first, not behind it
+                refused = await asyncio.wait_for(admitted(door, demo, A, importer, "a-import-2"), GUARD_S)
+                assert refused[0] == 429 and "already has a session file or link being opened" in refused[1]
+            finally:
+                lane.current_concurrency -= 1
+
+    asyncio.run(scenario())
