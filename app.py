@@ -54,7 +54,6 @@ __all__ = [  # the handlers, importable from here as the API names them (tests a
 ]
 
 torch.set_num_threads(int(os.environ.get("DECODER_LAB_THREADS", "1")))  # one thread per request: bench/RESULTS.md
-import sys as _sys; _sys.setswitchinterval(float(os.environ.get("XSWITCH", "0.005")))
 ASSETS = Path(__file__).resolve().parent / "assets"
 LEARN_PATH = ASSETS / "learn.md"
 

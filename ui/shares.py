@@ -19,7 +19,11 @@ Four things are decided when a call joins, not when it runs:
   running; its training besides, which has a share and a lane of its own); its further calls wait
   here too, as for the session's turn. So one address keeps at most that many workers busy whatever
   it sends, and another visitor's call waits behind at most that many of one address's, in its lane
-  (ui/lanes.py: Step never waits behind a heavy call).
+  (ui/lanes.py: Step never waits behind a heavy call). An address that keeps its worker busy back to
+  back (a call of it waited for the one before) rests after each call, while other addresses are
+  active, for as long as that call ran (`REST`, at most `REST_MAX_S`): one address holds the
+  interpreter at most about half of the time, so a heavy handler it repeats cannot take it from a
+  victim's Step (a person's click after a finished call never rests).
 
 Files sent to gradio's upload route are admitted here too: their bytes come out of the address's
 upload share (`admit_upload`), since gradio keeps them in its cache, outside the disk budget.
@@ -46,6 +50,8 @@ from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, CLIENT_WORKERS, QUEUE_SI
 from lab.session import BUSY_WAIT_S, SESSIONS
 
 REFUSAL_PAUSE_S = float(os.environ.get("DECODER_LAB_REFUSAL_PAUSE_S", "0.5"))
+REST = float(os.environ.get("DECODER_LAB_REST", "1.0"))  # a back-to-back call's rest, as a share of its run
+REST_MAX_S, ACTIVE_S = 1.0, 10.0  # the longest rest; how recently another address must have called for one
 CHARGED = b"x-decoder-lab-charged"  # what the door charged a call for (its rate, "replay"), comma-separated
 
 
@@ -127,9 +133,13 @@ class Door:
 
     def __init__(self, blocks, *, places: int = CLIENT_QUEUE, long_calls: dict[str, int] | None = None,
                  workers: int = CLIENT_WORKERS, wait_s: float = BUSY_WAIT_S, poll_s: float = 0.02,
-                 refusal_pause_s: float = REFUSAL_PAUSE_S):
+                 refusal_pause_s: float = REFUSAL_PAUSE_S, rest: float = REST, clock=None):
         self.blocks, self.places, self.wait_s, self.poll_s = blocks, places, wait_s, poll_s
-        self.workers, self.refusal_pause_s = workers, refusal_pause_s
+        self.workers, self.refusal_pause_s, self.rest = workers, refusal_pause_s, rest
+        self.clock = clock  # of the rests (None: the event loop's); a test drives its own
+        self._since: dict[str, float] = {}  # client → when its calls now in the queue began joining
+        self._rests: dict[str, float] = {}  # client → until when its next call rests
+        self._joined: OrderedDict[str, float] = OrderedDict()  # client → its last join, the newest last
         self.long_calls = dict(CLIENT_LONG_CALLS if long_calls is None else long_calls)
         self.admitted: Counter[tuple[str, str | None]] = Counter()  # (client, kind) → admitted, not yet queued
         self.joining: Counter[str] = Counter()  # calls per session hash between this door and gradio's queue
@@ -159,14 +169,12 @@ class Door:
                    for e in self._events())
 
     def _session_busy(self, session_hash: str) -> bool:
-        """Whether an action of this session holds its turn, or is queued to take it."""
+        """Whether an action of this session is in gradio's queue (waiting for its turn or holding it), or
+        joining it. (An action outside the queue holds the turn for milliseconds: a call that comes meanwhile
+        waits for it in its handler.)"""
         if self.joining[session_hash]:
             return True
-        if any(e.session_hash == session_hash and _exclusive(e.fn) for e in self._events()):
-            return True
-        session = SESSIONS.get(session_hash)
-        turn = getattr(session, "_turn", None)
-        return turn is not None and turn.locked()
+        return any(e.session_hash == session_hash and _exclusive(e.fn) for e in self._events())
 
     @contextlib.asynccontextmanager
     async def _counting(self, client: str):
@@ -245,12 +253,15 @@ class Door:
             exclusive = _exclusive(fn) and isinstance(session_hash, str) and bool(session_hash)
             counted = kind != "train"  # a training has a worker of its own (one per address, one at once)
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.wait_s
+            deadline, waited = loop.time() + self.wait_s, False
             while True:  # until its session's turn and its address's: checked and taken under the address's lock
                 async with self._counting(client):
                     busy = exclusive and self._session_busy(session_hash)
-                    full = counted and self.working(client) >= self.workers
+                    now = self.clock() if self.clock is not None else loop.time()
+                    full = counted and not self._free(client, now, waited)
+                    waited = waited or (counted and self.working(client) >= self.workers)
                     if not busy and not full:
+                        self._joins(client, now, counted)
                         if exclusive:
                             self.joining[session_hash] += 1
                         try:
@@ -274,6 +285,44 @@ class Door:
         finally:
             if not queued:
                 self._release(client, kinds)
+
+    def _free(self, client: str, now: float, waited: bool) -> bool:
+        """Whether the address may have one more call in the queue now: fewer than `workers` there, and its
+        rest over. Its calls there have all ended: if a call that `waited` for them sees it (so they ended
+        just now) while others are active, it rests for `rest` times as long as they ran."""
+        working = self.working(client)
+        since = self._since.get(client)
+        if working == 0 and since is not None:
+            del self._since[client]
+            if waited and self._others_active(client, now):
+                self._rests[client] = now + min(REST_MAX_S, (now - since) * self.rest)
+        if working >= self.workers:
+            return False
+        if now < self._rests.get(client, now):
+            return False
+        self._rests.pop(client, None)
+        return True
+
+    def _others_active(self, client: str, now: float) -> bool:
+        for other, at in reversed(self._joined.items()):  # the newest first
+            if now - at > ACTIVE_S:
+                return False
+            if other != client:
+                return True
+        return False
+
+    def _joins(self, client: str, now: float, counted: bool) -> None:
+        """A call of `client` joins the queue now."""
+        if counted:
+            self._since.setdefault(client, now)
+        self._joined.pop(client, None)
+        self._joined[client] = now
+        while len(self._joined) > self.MAX_NEW_HASHES or (self._joined and now - next(iter(self._joined.values()))
+                                                            > ACTIVE_S):
+            self._joined.popitem(last=False)
+        for kept in (self._since, self._rests):  # an address that never came back: its oldest entries go
+            while len(kept) > self.MAX_NEW_HASHES:
+                del kept[next(iter(kept))]
 
     def _release(self, client: str, kinds: set[str | None]) -> None:
         for kind in kinds:

@@ -121,7 +121,7 @@ def _mutate(doc: dict, path: list, value) -> dict:
 
 HOSTILE = [
     (["format"], "a session", "not a session file"),
-    (["version"], 99, "version 99"),
+    (["version"], 99, "version '99'"),
     (["model", "builtin"], "no such model", "not one of this app's"),
     (["model", "sha256"], "0" * 64, "another version"),
     (["prompt"], 42, "prompt is missing"),

@@ -1,5 +1,6 @@
-"""One address keeps at most one worker busy (ui/shares.py's door) and the queue's lanes (ui/lanes.py) keep a
-visitor's call from waiting behind another address's, in process.
+"""One address keeps at most one worker busy (ui/shares.py's door), rests after back-to-back calls while others
+are active, and the queue's lanes (ui/lanes.py) keep a visitor's call from waiting behind another address's,
+in process.
 
 The app's own page (app.build_demo, its lanes assigned), gradio's own queue and events, and the door the
 middleware puts in front of gradio's queue. A call "in the queue" is a gradio Event the test puts there
@@ -19,6 +20,7 @@ from fastapi import Request
 from gradio.queueing import Event
 
 from lab.limits import CONCURRENCY
+from tests.support.budget_fakes import Clock
 from ui.lanes import LANES, assign, handler_name
 from ui.shares import CHARGED, Door
 
@@ -152,5 +154,44 @@ def test_a_second_address_s_import_is_not_behind_the_first_address_s(demo):
                 assert refused[0] == 429 and "already has a session file or link being opened" in refused[1]
             finally:
                 lane.current_concurrency -= 1
+
+    asyncio.run(scenario())
+
+
+def test_an_address_calling_back_to_back_rests_as_long_as_its_call_ran_a_person_never(demo):
+    """The door's own clock is the test's: the address's first call runs 0.4 s while its next one waits, and
+    another address is active meanwhile. The next one then rests 0.4 s; a call sent after the address's
+    calls have ended (as a person clicks) goes on at once."""
+    step, matrices = fn_of(demo, "step"), fn_of(demo, "draw_matrices")
+    clock = Clock()
+
+    async def scenario():
+        door = Door(demo, workers=1, wait_s=GUARD_S, poll_s=0.002, clock=clock)
+        through = asyncio.Event()
+
+        async def second():
+            async with door.admit(scope_of(A), None, body(demo, matrices, "a-7")) as refused:
+                assert refused is None
+                through.set()
+
+        assert await admitted(door, demo, A, step, "a-6") is None  # its first call joins…
+        with in_queue(demo, A, step, "a-6"):  # …and runs
+            task = asyncio.create_task(second())
+            assert await admitted(door, demo, V, step, "v-6") is None  # another address is active
+            for _ in range(20):
+                await asyncio.sleep(0.002)
+            clock.advance(0.4)
+        for _ in range(50):  # it ended, seen by the call that waited: that one rests 0.4 s from now
+            await asyncio.sleep(0.002)
+        assert not through.is_set()
+        clock.advance(0.39)
+        for _ in range(20):
+            await asyncio.sleep(0.002)
+        assert not through.is_set()
+        clock.advance(0.02)
+        await asyncio.wait_for(task, GUARD_S)
+        with in_queue(demo, A, matrices, "a-7"):  # (the call that joined, running till the test ends it)
+            clock.advance(5.0)
+        assert await admitted(door, demo, A, step, "a-8") is None  # after its calls ended: no rest
 
     asyncio.run(scenario())
