@@ -23,12 +23,14 @@ from lab.limits import CONCURRENCY
 from tests.support.budget_fakes import Clock
 from ui.lanes import LANES, assign, handler_name
 from ui.shares import CHARGED, Door
+from tests.support.loops import run_alone
 
 A, B, V = "203.0.113.31", "203.0.113.32", "198.51.100.31"
 GUARD_S = 60.0  # only ends a hang if the door were wrong
 
 
 @pytest.fixture(scope="module")
+
 def demo():
     import app
 
@@ -102,7 +104,7 @@ def test_an_address_s_next_call_waits_at_the_door_while_another_address_s_goes_o
         await asyncio.wait_for(task, GUARD_S)  # released: the next call goes through
         assert through.is_set() and not door.admitted
 
-    asyncio.run(scenario())
+    run_alone(scenario())
 
 
 def test_a_call_that_waited_its_time_is_refused_in_a_sentence_and_holds_nothing(demo):
@@ -116,7 +118,7 @@ def test_a_call_that_waited_its_time_is_refused_in_a_sentence_and_holds_nothing(
                                                      "have 1 in the queue at once")
         assert not door.admitted
 
-    asyncio.run(scenario())
+    run_alone(scenario())
 
 
 def test_a_training_has_a_worker_of_its_own(demo):
@@ -128,7 +130,7 @@ def test_a_training_has_a_worker_of_its_own(demo):
             assert door.working(A) == 0
             assert await asyncio.wait_for(admitted(door, demo, A, step, "a-5"), GUARD_S) is None
 
-    asyncio.run(scenario())
+    run_alone(scenario())
 
 
 def test_a_second_address_s_import_is_not_behind_the_first_address_s(demo):
@@ -155,7 +157,7 @@ def test_a_second_address_s_import_is_not_behind_the_first_address_s(demo):
             finally:
                 lane.current_concurrency -= 1
 
-    asyncio.run(scenario())
+    run_alone(scenario())
 
 
 def test_an_address_calling_back_to_back_rests_as_long_as_its_call_ran_a_person_never(demo):
@@ -194,4 +196,4 @@ def test_an_address_calling_back_to_back_rests_as_long_as_its_call_ran_a_person_
             clock.advance(5.0)
         assert await admitted(door, demo, A, step, "a-8") is None  # after its calls ended: no rest
 
-    asyncio.run(scenario())
+    run_alone(scenario())

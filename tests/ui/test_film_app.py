@@ -19,6 +19,7 @@ from lab.session import Session
 from model.checkpoint import load_checkpoint
 from model.heads import head_scores
 from ui.film import film_frame, next_frame, open_film, redraw_film
+from tests.support.loops import run_alone
 
 SORT_FORM = ("sort", "", None, "char", 2, 4, 64, 256, "learned", "pre", "gelu", 0.0, 40, 3e-3, 0)
 QUANT = 0.0005 + 1e-9  # figures carry milli-units
@@ -220,7 +221,7 @@ def test_a_model_without_a_film_says_so_in_one_line_and_clears_the_figures(tmp_p
     [fn] = [f for f in demo.fns.values() if f.name == "open_film"]
     for name in (TWELVE, "copy / induction (built-in)", TWELVE):  # there, back to a film, and there again
         update = open_film(s, name)
-        sent = asyncio.run(demo.postprocess_data(fn, list(update), None))  # what gradio sends the page
+        sent = run_alone(demo.postprocess_data(fn, list(update), None))  # what gradio sends the page
         slider, layer, score = sent
         assert slider["minimum"] < slider["maximum"] and slider["minimum"] <= slider["value"] <= slider["maximum"]
         assert [v for _, v in layer["choices"]].count(layer["value"]) == 1
