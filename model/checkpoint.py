@@ -19,10 +19,10 @@ once they are stale (see :func:`sweep_stale_temp_files`).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,7 +37,7 @@ from .config import ModelConfig
 from .film import PREFIX as FILM_PREFIX
 from .film import Film, film_from_tensors, film_to_tensors
 from .heads import task_of
-from .st_layout import check_layout
+from .st_layout import check_layout, read_header as read_st_header
 from .tokenizers import MAX_LOADED_VOCAB, Tokenizer, tokenizer_from_dict
 from .transformer import DecoderLM
 
@@ -194,25 +194,10 @@ def save_checkpoint(path: str | Path, model: DecoderLM, tokenizer: Tokenizer, me
 
 
 def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int]:
+    """(header, offset of the tensors) of checkpoint bytes (model.st_layout.read_header, the one reader)."""
     if len(data) > limits.max_file_bytes:
         raise ValueError(f"file is {len(data):,} bytes; the limit is {limits.max_file_bytes:,}")
-    if len(data) < 8:
-        raise ValueError("not a safetensors file: shorter than its 8-byte header length")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > limits.max_header_bytes:
-        raise ValueError(
-            f"not a safetensors file, or a hostile one: its header would be {n:,} bytes "
-            f"(at most {limits.max_header_bytes:,} are allowed)"
-        )
-    if 8 + n > len(data):
-        raise ValueError("safetensors header is longer than the file (truncated or not safetensors)")
-    try:
-        header = json.loads(data[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ValueError("not a safetensors file: its header is not valid JSON (a pickle or other format?)") from None
-    if not isinstance(header, dict):
-        raise ValueError("not a safetensors file: header is not a JSON object")
-    return header, 8 + n
+    return read_st_header(io.BytesIO(data), len(data), "the file", limits.max_header_bytes)
 
 
 def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,

@@ -1,4 +1,8 @@
-"""The byte layout a safetensors header describes, checked before the safetensors library reads it.
+"""A safetensors file's header: read, bounded and checked before the safetensors library sees the file.
+
+This is the one reader of safetensors headers (`read_header`): Decoder Lab checkpoints
+(model.checkpoint) and Hugging Face weights and their shards (model.families.common) both go
+through it, so a hostile header gets the same sentence wherever it arrives.
 
 A safetensors file is an 8-byte header length, a JSON header and the tensors' bytes. The header
 gives each tensor a dtype, a shape and `data_offsets` [start, end) into the bytes after the header.
@@ -17,7 +21,10 @@ Both checkpoint readers call it: model.checkpoint (Decoder Lab files) and model.
 
 from __future__ import annotations
 
-from typing import Any
+import struct
+from typing import Any, BinaryIO
+
+from . import json_bounds
 
 # bytes per element of each dtype the safetensors format names
 ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -70,3 +77,32 @@ def check_layout(header: dict, data_bytes: int, what: str) -> None:
         end, before = stop, name
     if end != data_bytes:
         raise ValueError(f"{what} has {data_bytes - end:,} bytes after its last tensor that belong to no tensor")
+
+
+def read_header(f: BinaryIO, size: int, what: str, max_header_bytes: int) -> tuple[dict[str, Any], int]:
+    """(header, offset of the first tensor byte) of the safetensors file `f` (at its start, `size`
+    bytes long), reading only the header. Refused, in a sentence naming `what`: a file shorter than
+    the 8-byte length, a header over `max_header_bytes` or longer than the file, a header that is not
+    UTF-8 JSON (a pickle renamed, say) or nests too deeply (model.json_bounds), or not an object.
+    The tensors' layout is `check_layout`'s, called once the caller's own checks of the names ran."""
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise ValueError(f"{what} is not a safetensors file: it is shorter than its 8-byte header length")
+    (length,) = struct.unpack("<Q", raw)
+    if length > max_header_bytes:
+        raise ValueError(f"{what} is not a sound safetensors file: its header would be {length:,} bytes "
+                         f"(at most {max_header_bytes:,} are allowed)")
+    if 8 + length > size:
+        raise ValueError(f"{what} is truncated, or not a safetensors file: its header is longer than the file")
+    text = f.read(length)
+    if len(text) != length:
+        raise ValueError(f"{what} is truncated: its header is longer than the file")
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} is not a safetensors file: its header is not valid JSON "
+                         "(a pickle or another format?)") from None
+    header = json_bounds.parse(decoded, f"{what}'s header")  # a sentence when it is not JSON or nests too deep
+    if not isinstance(header, dict):
+        raise ValueError(f"{what} is not a safetensors file: its header is not a JSON object")
+    return header, 8 + length

@@ -20,7 +20,6 @@ TransformerLens's one-file-per-family weight conversions:
 from __future__ import annotations
 
 import math
-import struct
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +29,7 @@ from .. import json_bounds
 from ..config import ModelConfig
 from ..hf_tokenizer import HFFileTokenizer
 from ..sources import check_links
-from ..st_layout import check_layout
+from ..st_layout import check_layout, read_header as read_st_header
 from ..transformer import DecoderLM
 
 # The largest model a folder may describe: 2 billion parameters is 8 GB of float32 (SmolLM2-1.7B
@@ -169,40 +168,16 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{name: (dtype, shape)} from a safetensors file's header, without reading any tensor; the
-    header's byte layout is checked first (model.st_layout: every tensor's bytes its own)."""
+    """{name: (dtype, shape)} from a safetensors file's header, without reading any tensor: the one
+    reader (model.st_layout.read_header), then the byte layout (every tensor's bytes its own)."""
     try:
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise ValueError(f"{path.name} is not a safetensors file")
-            (length,) = struct.unpack("<Q", raw)
-            if length > MAX_HEADER_BYTES:
-                raise ValueError(f"{path.name}'s header claims {length:,} bytes; it is not a sound safetensors file")
-            text = f.read(length)
         size = path.stat().st_size
+        with path.open("rb") as f:
+            header, start = read_st_header(f, size, path.name, MAX_HEADER_BYTES)
     except OSError:
         raise ValueError(f"{path.name} is not a readable safetensors file") from None
-    if len(text) != length:
-        raise ValueError(f"{path.name} is truncated: its header is longer than the file")
-    header = json_bounds.parse(text, f"{path.name}'s header")  # a sentence when it is not JSON
-    if not isinstance(header, dict):
-        raise ValueError(f"{path.name} is not a safetensors file")
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
-            raise ValueError(f"{path.name} describes tensor {shown(name)} badly")
-        dtype, shape, offsets = entry.get("dtype"), entry["shape"], entry.get("data_offsets")
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-            raise ValueError(f"{path.name} gives tensor {shown(name)} an invalid shape")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1] <= size - 8 - length):
-            raise ValueError(f"{path.name} is truncated or its header points past its end")
-        out[name] = (dtype, tuple(shape))
-    check_layout(header, size - 8 - length, path.name)
-    return out
+    check_layout(header, size - start, path.name)
+    return {name: (entry["dtype"], tuple(entry["shape"])) for name, entry in header.items() if name != "__metadata__"}
 
 
 def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[int, ...]],

@@ -244,7 +244,7 @@ def test_header_not_json(good):
 
 def test_deeply_nested_header_is_a_value_error():
     raw = b"[" * 200_000 + b"]" * 200_000
-    refused(struct.pack("<Q", len(raw)) + raw, "not valid json")
+    refused(struct.pack("<Q", len(raw)) + raw, "nested too deeply")
     header = {"__metadata__": {"format": "decoder-lab/1", "config": "[" * 100_000 + "]" * 100_000,
                                "tokenizer": "{}"}}
     refused(join(header, b""))

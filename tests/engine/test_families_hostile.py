@@ -138,6 +138,9 @@ def test_broken_headers_are_refused_before_reading(good, tmp_path):
     refused(folder, "truncated")
     path.write_bytes(b"abc")
     refused(folder, "not a safetensors file")
+    nested = b"[" * 200_000 + b"]" * 200_000  # the one header reader (model.st_layout) bounds the nesting first
+    path.write_bytes(struct.pack("<Q", len(nested)) + nested)
+    refused(folder, "nested too deeply")
 
 
 def test_shards_must_be_files_of_the_folder(good, tmp_path):

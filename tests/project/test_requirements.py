@@ -32,5 +32,5 @@ def test_the_space_takes_the_cpu_build_of_the_pinned_torch():
 def test_the_readmes_install_needs_pypi_only():
     assert not [line for line in lines("requirements.txt") if line.startswith("-")]  # no index, no other file
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "pip install -r requirements.txt && python app.py" in readme
+    assert "pip install -r requirements.txt -c constraints.txt && python app.py" in readme
     assert "pre-requirements.txt" in readme.split("## Hugging Face Spaces", 1)[1]  # where a Space's install is told
