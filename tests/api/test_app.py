@@ -143,7 +143,7 @@ def test_select_model_and_positional(client):
 
 
 def test_the_readme_decodes_a_returned_attention_figure_as_written(client):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     expr = re.search(r"`(viz\.attention_panels\(json\.loads\(.*?\)\))`", readme).group(1)
     tokens, _, _, attention = step(client, temperature=0.0)
     seen = eval(expr, {"viz": viz, "json": json, "attention": attention})  # noqa: S307 - our README's own line
