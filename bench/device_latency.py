@@ -16,7 +16,8 @@ import torch
 
 from bench.common import emit, parser, summary
 from lab.models import BUILTINS
-from model.transformer import KVCache, LayerCache
+from model.attention import LayerCache
+from model.transformer import KVCache
 
 
 def timed(fn, device: torch.device, reps: int) -> list[float]:

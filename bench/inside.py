@@ -52,7 +52,7 @@ def measure(name: str, entry, reps: int) -> dict:
         with Timer() as nxt:
             orjson.dumps(inside(s, layer, 0, T - 1, (r + 7) % T))
         with Timer() as head:
-            orjson.dumps(lab_inside.head(s.text, s.probe, layer, 0))
+            orjson.dumps(lab_inside.head(s.text, s.heads.settings, layer, 0))
         with Timer() as after:
             orjson.dumps(inside(s, layer, 0, T - 1, (r + 11) % T))
         with torch.inference_mode(), Timer() as forward:

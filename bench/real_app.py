@@ -158,9 +158,9 @@ def in_process(folder: Path, reps: int) -> dict:
         with Timer() as roles:
             compute_head_roles(entry, window, att.weights, att.tokens)
         with Clock() as lens:
-            session.lens(len(window) - 1)
+            session.heads.lens(len(window) - 1)
         with Clock() as lens_middle:
-            session.lens(len(window) // 2)
+            session.heads.lens(len(window) // 2)
         with Clock() as nxt:
             serialise(comps, ui.explore.step(session, name, prompt, 0.8, 0, 1.0, r, *VIEW))
         session.close()

@@ -7,9 +7,9 @@ same first Step through the lab (`lab.session.Session.step`), the two figures th
 gr.HighlightedText / gr.Textbox components postprocess the outputs into), then the next Step on
 the same text (the KV-cache path), and finally the first Step end to end through `app.step`.
 
-Then the head tools (lab.probing) on a session after its first Step, back to back in the
+Then the head tools (lab.heads) on a session after its first Step, back to back in the
 same run and threads, at the prompt lengths of --probe-lengths (default: 64 and 256 where --lengths
-has them): head roles (`Session.head_roles`, and `probing.badges`, the part of
+has them): head roles (`Heads.head_roles`, and `headsettings.badges`, the part of
 `app.attention_figure` that calls it), the logit lens at the last token, an ablation of L1H0
 (`set_ablation` + `effect`) in "zero" and in "mean" mode, an attention edit (the last token's row of
 L1H0 attends only to the first token) + `effect`, `compare` of two prompts of T tokens, and the
@@ -148,35 +148,35 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
     Settings are cleared after the ablations and the edit, so each starts from none."""
     import ui.explore
     import ui.heads
-    from lab import probing
+    from lab import headsettings
     from lab.models import DEFAULT_MODEL
 
-    head_badges = probing.badges  # what lab.frame.make_frame calls for the attention panels' badges
+    head_badges = headsettings.badges  # what lab.frame.make_frame calls for the attention panels' badges
     probe_views = ui.heads.probe_views
     last = len(session.decoder.window) - 1
 
     def ablate(mode):
         def run():
-            session.set_ablation(["L1H0"], mode, False)
-            e = session.effect()
-            session.clear_probe()
+            session.heads.set_ablation(["L1H0"], mode, False)
+            e = session.heads.effect()
+            session.heads.clear_probe()
             return e
         return run
 
     def edit():
-        session.set_edit(1, 0, last, 0)
-        e = session.effect()
-        session.clear_probe()
+        session.heads.set_edit(1, 0, last, 0)
+        e = session.heads.effect()
+        session.heads.clear_probe()
         return e
 
     return (
-        ("head_roles", lambda: session.head_roles()),
-        ("head_badges", lambda: head_badges(session.text, session.probe, 0, session.head_roles())),
-        ("logit_lens", lambda: session.lens(last)),
+        ("head_roles", lambda: session.heads.head_roles()),
+        ("head_badges", lambda: head_badges(session.text, session.heads.settings, 0, session.heads.head_roles())),
+        ("logit_lens", lambda: session.heads.lens(last)),
         ("ablate_zero", ablate("zero")),
         ("ablate_mean", ablate("mean")),
         ("edit", edit),
-        ("compare", lambda: session.compare(DEFAULT_MODEL, prompt_a, prompt_b)),
+        ("compare", lambda: session.heads.compare(DEFAULT_MODEL, prompt_a, prompt_b)),
         ("probe_views", lambda: probe_views(session, 0, 0)),
     )
 

@@ -20,7 +20,7 @@ import numpy as np
 from model import heads
 from viz import LINES_VIEW, THUMBNAILS_VIEW
 
-from . import probing
+from . import headsettings
 from .models import ModelEntry
 
 _NUMBER = re.compile(r"\b\d\.\d\d\b")
@@ -165,18 +165,18 @@ def many_heads_caption(weights, tokens: Sequence[str], layer: int, view: str) ->
 # ------------------------------------------------------------------------- the head tools' change
 
 
-def change_mark(settings: probing.ProbeSettings, start: int) -> str:
+def change_mark(settings: headsettings.ProbeSettings, start: int) -> str:
     """The head tools' change, short enough for a figure title: "L1H0 ablated (mean) · L1H0 row 11 edited"
     (`start`: the window's first position in the whole text)."""
     p, parts = settings, []
     if p.heads or p.keep_only:
-        listed = [probing.head_label(*h) for h in p.heads]
+        listed = [headsettings.head_label(*h) for h in p.heads]
         listed = ", ".join(listed[:3]) + (f" +{len(listed) - 3} more" if len(listed) > 3 else "")
         if p.keep_only:
             listed = f"all heads but {listed}" if listed else "all heads"
         parts.append(f"{listed} ablated ({p.mode})")
     if p.edit is not None:
-        parts.append(f"{probing.head_label(p.edit.layer, p.edit.head)} row {p.edit.query - start} edited")
+        parts.append(f"{headsettings.head_label(p.edit.layer, p.edit.head)} row {p.edit.query - start} edited")
     return " · ".join(parts)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .models import ModelEntry
-from .probing import forward, kl_bits
+from .headsettings import forward, kl_bits
 from .roles import HeadRoles, compute_head_roles
 from .text import encode_prompt, used_rows
 

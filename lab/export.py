@@ -22,20 +22,16 @@ Conventions:
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import probing
 from .checks import UserError, check_choice, check_int
+from .downloads import Export, to_csv  # noqa: F401 (Export read from here by the wiring and tests)
 from .frame import shown_attention
 from .files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
+from .heads import ranks
 
 if TYPE_CHECKING:
     from .session import Session
@@ -52,54 +48,7 @@ LENS_COLUMNS = ["stage", "rank", "token_id", "piece", "probability"]
 EFFECT_COLUMNS = ["rank_before", "rank_after", "token_id", "piece", "before", "after"]
 
 
-@dataclass
-class Export:
-    """One download: `name` a file stem ([A-Za-z0-9_-] only), `csv` the table, `json` everything
-    (JSON-serialisable: `json_text()` refuses NaN and infinities)."""
-
-    name: str
-    csv: str
-    json: dict
-
-    def json_text(self) -> str:
-        return json.dumps(self.json, ensure_ascii=False, allow_nan=False, indent=1)
-
-    def write(self, folder: Path) -> tuple[Path, Path]:
-        """Write `<name>.csv` (UTF-8 with a byte-order mark, so spreadsheets read ␣ and ⏎ right)
-        and `<name>.json` (UTF-8) into `folder`; returns both paths."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        csv_path, json_path = folder / f"{self.name}.csv", folder / f"{self.name}.json"
-        csv_path.write_text(self.csv, encoding="utf-8-sig", newline="")
-        json_path.write_text(self.json_text(), encoding="utf-8")
-        return csv_path, json_path
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def _cell(value: Any) -> str:
-    """A CSV cell: empty for None, true/false for booleans, floats at full precision."""
-    if value is None:
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return "true" if value else "false"
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return "" if not math.isfinite(value) else repr(value)
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    return str(value)
-
-
-def to_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """RFC 4180 CSV (csv module, "\\r\\n" line ends): a header, then one line per row. None and
-    non-finite floats are empty cells; text is quoted only where it needs to be."""
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow([_cell(c) for c in columns])
-    writer.writerows([_cell(v) for v in row] for row in rows)
-    return out.getvalue()
 
 
 def _number(value) -> float | None:
@@ -142,7 +91,7 @@ def attention(session: Session, layer, head, kind="weights") -> Export:
     kind = check_choice("kind", kind, KINDS)
     view = session.check_view(None, layer, "all" if head is None else head, "weights")
     att = session.attention()
-    drawn, change = shown_attention(session.text, session.probe)  # the figure's numbers (lab.frame)
+    drawn, change = shown_attention(session.text, session.heads.settings)  # the figure's numbers (lab.frame)
     pick = (lambda a: (a.weights if kind == "weights" else a.scores)[view.layer])  # (H, T, T) float32
     matrices, own = pick(drawn), pick(att) if change else None
     heads = list(range(matrices.shape[0])) if view.head is None else [view.head]
@@ -218,10 +167,10 @@ def _role_json(role) -> dict:
 
 
 def head_roles(session: Session) -> Export:
-    """Every head's scores on the current window (`Session.head_roles`), at full precision, with
+    """Every head's scores on the current window (`Heads.head_roles`), at full precision, with
     the role each plays most clearly; the JSON adds each score's formula and threshold."""
     _need_text(session)
-    roles = session.head_roles()
+    roles = session.heads.head_roles()
     columns = roles.columns()
     rows = roles.rows(digits=None)  # the page's table at full precision
     data = {**_text_json(session, "head_roles"), "columns": columns, "rows": rows,
@@ -299,7 +248,7 @@ def lens_export(session: Session, index=None, top=LENS_TOP) -> Export:
     the `top` most probable next tokens after the embedding and after each layer."""
     _need_text(session)
     top = min(check_int("top", top, 1, MAX_TOP), session.entry.tokenizer.vocab_size)  # a small vocabulary: all of it
-    lens = session.lens(index)
+    lens = session.heads.lens(index)
     rows = []
     for label, row in zip(lens.labels, lens.probs):  # as Lens.top, at full precision and with the token ids
         for rank, i in enumerate(np.argsort(-row, kind="stable")[:top].tolist(), start=1):
@@ -316,10 +265,10 @@ def lens_export(session: Session, index=None, top=LENS_TOP) -> Export:
 
 def effect(session: Session, index=None) -> Export:
     """The next-token distribution after window position `index` without and with the session's
-    ablation or edit (`probing.effect`), every token, most probable before first."""
+    ablation or edit (`lab.heads.effect`), every token, most probable before first."""
     _need_text(session)
-    e = session.effect(index)
-    before_rank, after_rank = probing.ranks(e.before), probing.ranks(e.after)
+    e = session.heads.effect(index)
+    before_rank, after_rank = ranks(e.before), ranks(e.after)
     order = np.argsort(-e.before, kind="stable").tolist()
     rows = [[int(before_rank[i]), int(after_rank[i]), int(i), e.pieces[i], _number(e.before[i]), _number(e.after[i])]
             for i in order]
@@ -337,7 +286,7 @@ def comparison(session: Session, model_name, prompt_a, prompt_b) -> Export:
     """Prompt A against prompt B (`lab.compare`): every head's scores on each prompt and B − A,
     at full precision; the JSON adds the tokens, B − A attention on the common positions per
     layer and head (null where masked), and both next-token distributions."""
-    c = session.compare(model_name, prompt_a, prompt_b)
+    c = session.heads.compare(model_name, prompt_a, prompt_b)
     columns = c.columns()
     rows = c.rows(digits=None)  # full precision, None where undefined
     n = c.common

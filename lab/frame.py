@@ -15,7 +15,7 @@ from model.generate import Step
 
 from model.inside import run_forward, value_weighted
 
-from . import captions, probing
+from . import captions, headsettings
 from .roles import HeadRoles, compute_head_roles
 from .display import Display, View
 from .files import file_name, model_stem
@@ -61,12 +61,12 @@ class Frame:
     value_weighted: list | None = None
 
 
-def shown_attention(text: Text, settings: probing.ProbeSettings) -> tuple[Attention | None, str]:
+def shown_attention(text: Text, settings: headsettings.ProbeSettings) -> tuple[Attention | None, str]:
     """The attention the Explore figure draws, and the change it is drawn under in a few words ('' for
     none): the model's own attention on the text, or, while the head tools ablate heads or edit a row,
     the attention the model computes under that change."""
     att = text.attention()
-    changed = probing.changed_attention(text, settings) if att is not None else None
+    changed = headsettings.changed_attention(text, settings) if att is not None else None
     if changed is None:
         return att, ""
     return (Attention(changed[0], changed[1], att.tokens, att.causal),
@@ -79,7 +79,7 @@ def drawn_caption(text: Text, att: Attention, change: str, view: View) -> str:
                             view.head, view.view, change=change, heads=view.heads)
 
 
-def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, view: View | None,
+def make_frame(text: Text, settings: headsettings.ProbeSettings, display: Display, view: View | None,
                roles: Callable[[], HeadRoles | None], told: list[str] = (), step: Step | None = None,
                undone: bool = False) -> Frame:
     """The Frame of the text as it is now; with `view`, complete with the figures' numbers
@@ -95,7 +95,7 @@ def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, vi
     # under a change, the panels' role badges are read off the attention drawn
     drawn_roles = (compute_head_roles(text.entry, text.decoder.window, att.weights, att.tokens)
                    if change else roles())
-    badges = probing.badges(text, settings, view.layer, drawn_roles)
+    badges = headsettings.badges(text, settings, view.layer, drawn_roles)
     shown = view.head if view.head is not None else "all" if view.heads is None else f"{view.heads[0]}-{view.heads[-1]}"
     which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{shown}"
     return Frame(step, undone, True, tokens, status, probs, tokens[0][0] if probs is None else None, att, change,
@@ -107,10 +107,10 @@ def make_frame(text: Text, settings: probing.ProbeSettings, display: Display, vi
                  else None)
 
 
-def drawn_value_weighted(text: Text, settings: probing.ProbeSettings, view: View) -> list:
+def drawn_value_weighted(text: Text, settings: headsettings.ProbeSettings, view: View) -> list:
     """‖a_ij · v_j W_O‖ of the layers the view draws (every layer for "all layers"), None for the others."""
     model, window = text.entry.model, text.decoder.window
-    iv = probing.window_intervention(text, settings)  # the head tools' change, as the attention drawn
+    iv = headsettings.window_intervention(text, settings)  # the head tools' change, as the attention drawn
     forward = run_forward(model, window, iv)
     drawn = range(model.cfg.n_layers) if view.view == "all layers" else [view.layer]
     out: list = [None] * model.cfg.n_layers

@@ -1,12 +1,14 @@
-"""Asking a model what its heads do, on one person's text: the logit lens, ablation, attention
-edits and regeneration with them (head roles are lab.roles', prompt A against B lab.compare's).
+"""One person's head tools (`Heads`, the session's `heads` part): the heads chosen to ablate and a row to
+edit, the head roles of the current text, and the tools that read them: the logit lens, the effect of
+the settings on a prediction, regeneration with them, and prompt A against prompt B (head roles are
+lab.roles', the comparison lab.compare's, the settings and how they run lab.headsettings').
 
 Everything here is computed live from the text's model and window by the engine's own forward
 (`DecoderLM.forward(..., intervention=, return_residuals=)`): nothing is estimated or cached
-across texts. The settings a person chose (heads to ablate, a row to edit) are a `ProbeSettings`
-the session keeps, so they stay while the text grows step by step and can be saved with it.
-The functions are plain: they take the text (lab.text.Text: its model, window and selected
-token) and the settings, and return plain numbers or new settings; the session's verbs call them.
+across texts. The settings a person chose are a `ProbeSettings` the part keeps, so they stay while
+the text grows step by step and can be saved with it. The computations are plain functions of the
+text (lab.text.Text: its model, window and selected token) and the settings; the part's verbs call
+them, and change the settings only once a new setting is checked.
 
 Positions: `index` arguments are positions in the window shown (0 = its first token); an edit's
 query and key are stored as positions in the whole text, so they stay put while the window grows.
@@ -14,148 +16,35 @@ query and key are stored as positions in the whole text, so they stay put while 
 
 from __future__ import annotations
 
-import math
-import re
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable
 
 import numpy as np
 import torch
 
 from model.generate import Decoder, Sampling, generate
-from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
-from model.transformer import KVCache, LayerCache, read_out_rows
+from model.interventions import ABLATION_MODES, AttentionEdit
+from model.attention import LayerCache
+from model.transformer import KVCache, read_out_rows
 
 from .checks import UserError, check_choice, check_int, number_from_text
+from .compare import Comparison, compare
 from .display import check_head
+from .headsettings import (
+    ProbeSettings, ablated, forward, head_label, kl_bits, need_text, parse_heads, position, window_intervention,
+)
 from .limits import MAX_NEW_TOKENS
 from .models import ModelEntry
-from .roles import HeadRoles
+from .roles import HeadRoles, RolesCache
 from .text import Text, used_rows
+
+__all__ = ["Heads", "Lens", "Effect", "Move", "Regeneration", "lens_readout", "streams_at", "effect", "ranks",
+           "regenerate", "ABLATION_MODES", "LENS_TOP", "MAX_REGENERATE", "head_label"]
 
 TOP_MOVES = 5  # how many of the top candidates a summary follows
 LENS_TOP = 5
 MAX_REGENERATE = 64  # tokens per continuation of "Regenerate": two continuations side by side stay readable
-_HEAD_RE = re.compile(r"^\s*L\s*(\d{1,3})\s*[·.,:/ ]?\s*H\s*(\d{1,3})\s*$", re.IGNORECASE)
-MODE_WORDS = {"zero": "zeroed", "mean": "mean-ablated", "uniform": "made uniform"}
-
-
-def head_label(layer: int, head: int) -> str:
-    """How a head is named on the page and in the API: "L1H0"."""
-    return f"L{layer}H{head}"
-
-
-def parse_heads(value, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
-    """A set of heads from the page or the API: a list of "L1H0" labels (or [layer, head] pairs).
-    Refuses anything else with a clear message; repeats count once."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [v for v in re.split(r"[;,]\s*(?=L)", value) if v.strip()] if value.strip() else []
-    if not isinstance(value, (list, tuple)):
-        raise UserError('Heads must be a list such as ["L0H1", "L1H0"].')
-    if len(value) > n_layers * n_heads:
-        raise UserError(f"{len(value)} heads listed; this model has {n_layers * n_heads}.")
-    found = []
-    for item in value:
-        if isinstance(item, str):
-            m = _HEAD_RE.match(item)
-            if not m:
-                raise UserError(f"{item[:30]!r} is not a head: write them as L<layer>H<head>, e.g. L1H0.")
-            layer, head = int(m.group(1)), int(m.group(2))
-        elif (isinstance(item, (list, tuple)) and len(item) == 2
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in item)):
-            layer, head = item
-        else:
-            raise UserError(f"{str(item)[:30]!r} is not a head: write them as L<layer>H<head>, e.g. L1H0.")
-        if not 0 <= layer < n_layers:
-            raise UserError(f"Head {head_label(layer, head)}: this model has layers 0–{n_layers - 1}.")
-        if not 0 <= head < n_heads:
-            raise UserError(f"Head {head_label(layer, head)}: each layer has heads 0–{n_heads - 1}.")
-        if (layer, head) not in found:
-            found.append((layer, head))
-    return tuple(sorted(found))
-
-
-@dataclass
-class ProbeSettings:
-    """What a person set on their heads: which to ablate and how, and one attention row to edit.
-
-    edit: (layer, head, query, key) with query and key positions in the whole text, key None =
-    attend uniformly. Cleared when the model changes (its heads differ); kept while the text grows.
-    """
-
-    heads: tuple[tuple[int, int], ...] = ()
-    mode: str = "zero"
-    keep_only: bool = False
-    edit: AttentionEdit | None = None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.heads) or self.keep_only or self.edit is not None
-
-    def intervention(self) -> Intervention | None:
-        """The engine's intervention (edit positions still in the whole text), or None."""
-        if not self.active:
-            return None
-        return Intervention(self.heads, self.mode, self.keep_only, [self.edit] if self.edit else [])
-
-    def describe(self, tokens: Sequence[str] | None = None, start: int = 0) -> str:
-        """One line: what is changed ("L1H0, L0H2 zeroed · row of “he” in L1H0 → “anna”")."""
-        parts = []
-        if self.heads or self.keep_only:
-            listed = ", ".join(head_label(*h) for h in self.heads) or "no head"
-            parts.append(f"all heads but {listed} {MODE_WORDS[self.mode]}" if self.keep_only
-                         else f"{listed} {MODE_WORDS[self.mode]}")
-        if self.edit is not None:
-            e = self.edit
-
-            def tok(pos: int) -> str:
-                i = pos - start
-                return f"“{tokens[i]}” ({pos})" if tokens is not None and 0 <= i < len(tokens) else f"position {pos}"
-            target = "every allowed key equally" if e.key is None else f"only {tok(e.key)}"
-            parts.append(f"row of {tok(e.query)} in {head_label(e.layer, e.head)} attends to {target}")
-        return " · ".join(parts) if parts else "nothing changed"
-
-
-# ---------------------------------------------------------------------------- the forward
-
-
-def forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention | None = None,
-             residuals: bool = False, attention: bool = False):
-    with torch.inference_mode():
-        return entry.model(torch.tensor([list(ids)]), return_attention=attention, intervention=intervention,
-                           return_residuals=residuals)
-
-
-def window_intervention(text: Text, settings: ProbeSettings) -> Intervention | None:
-    """The settings' intervention in window positions; refuses settings that do not fit this text."""
-    iv = settings.intervention()
-    if iv is None or text.decoder is None:
-        return None
-    d = text.decoder
-    e = settings.edit
-    if e is not None and not (d.start <= e.query < len(d.ids) and (e.key is None or d.start <= e.key)):
-        raise UserError("The edited attention row is no longer in the text shown; set the edit again.")
-    iv = iv.within(d.start, 0, len(d.window))
-    try:
-        iv.validate(text.entry.model.cfg, len(d.window))
-    except ValueError as exc:
-        raise UserError(f"These settings cannot run: {exc}.") from None
-    return iv
-
-
-def need_text(text: Text) -> None:
-    if text.decoder is None:
-        raise UserError("Press Step first: these tools work on the text in the Explore tab.")
-
-
-def position(text: Text, index) -> int:
-    """A window position (default: the selected token, else the last)."""
-    n = len(text.decoder.window)
-    if index is None:
-        index = text.query if text.query is not None and text.query < n else n - 1
-    return check_int("token position", index, 0, n - 1)
 
 
 # ---------------------------------------------------------------------------- logit lens
@@ -265,11 +154,6 @@ class Effect:
         return " ".join(lines)
 
 
-def kl_bits(log_p: np.ndarray, log_q: np.ndarray) -> float:
-    """KL(p ‖ q) in bits from log-probabilities (float64)."""
-    p = np.exp(log_p)
-    return float(np.sum(p * (log_p - log_q)) / math.log(2))
-
 
 def ranks(probs: np.ndarray) -> np.ndarray:
     order = np.argsort(-probs, kind="stable")
@@ -296,81 +180,6 @@ def effect(text: Text, settings: ProbeSettings, index=None) -> Effect:
     moves = [Move(pieces[i], float(p[i]), float(q[i]), int(rp[i]), int(rq[i])) for i in top]
     what = settings.describe([tok.piece(i) for i in d.window], d.start)
     return Effect(pieces, p, q, kl_bits(log_p, log_q), index, tok.piece(d.window[index]), what, moves)
-
-
-def with_ablation(text: Text, settings: ProbeSettings, heads, mode, keep_only) -> ProbeSettings:
-    """The settings with these heads to ablate and how (an empty list and keep_only False: none),
-    checked against the text's model; the edit stays."""
-    if text.entry is None:
-        raise UserError("Press Step first: ablation works on the text in the Explore tab.")
-    cfg = text.entry.model.cfg
-    chosen = parse_heads(heads, cfg.n_layers, cfg.n_heads)
-    mode = check_choice("ablation mode", mode, ABLATION_MODES)
-    if not isinstance(keep_only, bool):
-        raise UserError("keep only must be true or false.")
-    if keep_only and not chosen:
-        raise UserError("“Keep only these” needs at least one head to keep.")
-    new = ProbeSettings(chosen, mode, keep_only, settings.edit)
-    window_intervention(text, new)  # refused here, before anything changes
-    return new
-
-
-def with_edit(text: Text, settings: ProbeSettings, layer, head, query, key) -> ProbeSettings:
-    """The settings with one attention row replaced: head `head` of `layer`, at window position
-    `query`, attends only to window position `key` ("uniform": every allowed key equally; "off" or
-    None: no edit)."""
-    need_text(text)
-    d, cfg = text.decoder, text.entry.model.cfg
-    if key is None or key == "off":
-        return ProbeSettings(settings.heads, settings.mode, settings.keep_only, None)
-    layer = check_int("layer", layer, 0, cfg.n_layers - 1)
-    head = check_int("head", head, 0, cfg.n_heads - 1)
-    n = len(d.window)
-    query = check_int("query position", query, 0, n - 1)
-    if key == "uniform":
-        k = None
-    else:
-        limit = query if cfg.mask == "causal" else n - 1
-        if isinstance(key, int) and not isinstance(key, bool) and key > limit and key < n:
-            raise UserError(f"Position {key} comes after the query ({query}): under the causal mask a token "
-                            f"can only look at positions 0–{query}.")
-        k = check_int("key position", key, 0, limit)
-    edit = AttentionEdit(layer, head, d.start + query, None if k is None else d.start + k)
-    new = ProbeSettings(settings.heads, settings.mode, settings.keep_only, edit)
-    window_intervention(text, new)  # refused here, before anything changes
-    return new
-
-
-def with_restored_edit(text: Text, settings: ProbeSettings, layer, head, query, key) -> ProbeSettings:
-    """The settings with an edit as `ProbeSettings` keeps it (query and key positions in the whole
-    text; key None = uniform), as a session file brings it back: also when its row has slid out of
-    the window since it was set (the tools then say so, as they did before the file was saved)."""
-    need_text(text)
-    d, cfg = text.decoder, text.entry.model.cfg
-    layer = check_int("layer", layer, 0, cfg.n_layers - 1)
-    head = check_int("head", head, 0, cfg.n_heads - 1)
-    query = check_int("query position", query, 0, len(d.ids) - 1)
-    limit = query if cfg.mask == "causal" else len(d.ids) - 1
-    key = None if key is None else check_int("key position", key, 0, limit)
-    new = ProbeSettings(settings.heads, settings.mode, settings.keep_only, AttentionEdit(layer, head, query, key))
-    if query >= d.start and (key is None or key >= d.start):
-        window_intervention(text, new)  # in the window: it must run on this text
-    return new
-
-
-def with_selected_edit(text: Text, settings: ProbeSettings, head, key) -> ProbeSettings:
-    """`with_edit` for the selected token, with the head as a label ("L1H0") and the key as the page
-    sends it (a position as text, "uniform" or "off")."""
-    need_text(text)
-    if (number := number_from_text(key)) is not None and number.is_integer():
-        key = int(number)  # a position as text ("3"); other text (“²”, “3.5”) is left to with_edit's check
-    if key is None or key == "off":
-        return with_edit(text, settings, None, None, None, None)
-    cfg = text.entry.model.cfg
-    if not isinstance(head, str):
-        raise UserError("Choose the head whose row to edit, e.g. L1H0.")
-    ((layer, h),) = parse_heads([head], cfg.n_layers, cfg.n_heads)
-    return with_edit(text, settings, layer, h, selected(text), key)
 
 
 # ----------------------------------------------------------------------------- regenerate
@@ -410,90 +219,244 @@ def regenerate(text: Text, settings: ProbeSettings, sampling: Sampling, n) -> Re
     return Regeneration(normal, changed, first, settings.describe([tok.piece(i) for i in d.window], d.start))
 
 
-# ------------------------------------------------------------------- what the page shows
+
+# ------------------------------------------------------------------ one person's head tools
 
 
-def selected(text: Text) -> int | None:
-    """The window position the tools read (the selected token, else the last); None without a text."""
-    if text.decoder is None:
-        return None
-    return position(text, None)
+class Heads:
+    """One person's head tools on their text (the session's `heads`): the settings (heads to ablate, a row
+    to edit), the head roles of the current text (computed once per text), and the verbs the wiring calls.
+    A refused setting changes nothing. The session tells it when its text starts, goes or loses a token."""
 
+    def __init__(self, text: Text, entry_for: Callable[[object], ModelEntry],
+                 settings: ProbeSettings | None = None) -> None:
+        self.text = text
+        self.entry_for = entry_for  # a model of the person's list, by its name (for Compare)
+        self.settings = ProbeSettings() if settings is None else settings
+        self._roles = RolesCache()  # the head roles of the current text, computed once per text
 
-def head_labels(text: Text) -> list[str]:
-    """Every head of the text's model as the page names it ("L1H0"); none before the first Step."""
-    if text.entry is None:
-        return []
-    cfg = text.entry.model.cfg
-    return [head_label(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    # -------------------------------------------------------------------- as the text changes
 
+    def new_text(self, entry: ModelEntry) -> None:
+        """A text starts on `entry`: an edited row meant the old text's positions; another model has other heads."""
+        same = entry is self.text.entry
+        self.settings = dataclasses.replace(self.settings, edit=None) if same else ProbeSettings()
 
-def shape(text: Text) -> tuple[int, int]:
-    """(layers, heads) of the text's model."""
-    cfg = text.entry.model.cfg
-    return cfg.n_layers, cfg.n_heads
+    def new_model(self, entry: ModelEntry) -> None:
+        """The model is switched to `entry`: the settings go when it is another model (its heads differ)."""
+        if entry is not self.text.entry:
+            self.settings = ProbeSettings()
 
+    def token_undone(self) -> None:
+        """A token was taken back: an edited row that reads it goes with it."""
+        e, d = self.settings.edit, self.text.decoder
+        if e is not None and d is not None and max(e.query, e.key or 0) >= len(d.ids):
+            self.settings = dataclasses.replace(self.settings, edit=None)
 
-def check_shown(text: Text, layer, head) -> tuple[int | None, int | None]:
-    """The layer and head the attention shows (None: none, or "all" heads), checked against the text's
-    model before a handler changes anything (a refused call leaves the head settings as they were)."""
-    if text.entry is None:  # no text: the tools draw nothing that needs them
-        return None, None
-    n_layers, n_heads = shape(text)
-    layer = None if layer is None else check_int("layer", layer, 0, n_layers - 1)
-    head = None if head is None else check_head(head, n_heads)[0]  # a page of heads: none outlined
-    return layer, head
+    def text_cleared(self) -> None:
+        """The text went: its roles and an edited row (positions of that text) go; the heads chosen stay."""
+        self._roles = RolesCache()
+        self.settings = dataclasses.replace(self.settings, edit=None)
 
+    # ---------------------------------------------------------------------------- the tools
 
-def ablated(text: Text, settings: ProbeSettings) -> list[tuple[int, int]]:
-    """The heads the settings ablate on the text's model (keep-only resolved), sorted."""
-    if not settings.active or text.entry is None:
-        return []
-    return sorted(settings.intervention().ablated_heads(text.entry.model.cfg))
+    def head_roles(self) -> HeadRoles | None:
+        """The head roles on the current window (None before the first Step)."""
+        att = self.text.attention()
+        if att is None:
+            return None
+        return self._roles.get(self.text.entry, self.text.decoder.window, att)
 
+    def lens(self, index=None) -> Lens:
+        """The logit lens at window position `index` (default: the selected token)."""
+        return lens_readout(self.text, index)
 
-def badges(text: Text, settings: ProbeSettings, layer: int, roles: HeadRoles | None) -> dict[int, str]:
-    """What each head of `layer` is on this text (its strongest role, from `roles`) and what the
-    person changed in it (ablated, row edited), for the attention panels' titles."""
-    out = roles.badges(layer) if roles is not None else {}
-    for layer_, h in ablated(text, settings):
-        if layer_ == layer:
-            out[h] = " · ".join(filter(None, [out.get(h), f"✕ {MODE_WORDS[settings.mode]}"]))
-    e = settings.edit
-    if e is not None and e.layer == layer:
-        out[e.head] = " · ".join(filter(None, [out.get(e.head), "✎ row edited"]))
-    return out
+    def lens_at(self, index) -> Lens:
+        """The page's logit lens: the token at window position `index` selected first (None: the one selected)."""
+        if self.selected() is None:
+            raise UserError("Press Step first: the logit lens reads the text in the Explore tab.")
+        if index is not None:
+            self.text.select(index)
+        return self.lens()
 
+    def effect(self, index=None) -> Effect:
+        """What the settings change in the prediction after `index` (default: the selected token)."""
+        return effect(self.text, self.settings, index)
 
-def key_choices(text: Text) -> list[tuple[str, str]]:
-    """What the selected token's edited row may attend to: off, uniform, or one allowed position."""
-    out = [("no edit", "off"), ("uniform (every allowed key)", "uniform")]
-    q = selected(text)
-    if q is None:
-        return out
-    n = len(text.decoder.window)
-    limit = q if text.entry.model.cfg.mask == "causal" else n - 1
-    tokens = [p for p, _ in text.tokens()]
-    return out + [(f"{j}: {tokens[j]}", str(j)) for j in range(limit + 1)]
+    def regenerate(self, sampling: Sampling, n) -> Regeneration:
+        """The text continued `n` tokens twice, plainly and under the settings."""
+        return regenerate(self.text, self.settings, sampling, n)
 
+    def compare(self, model_name, prompt_a, prompt_b) -> Comparison:
+        """Prompt A against prompt B on a model of the person's list."""
+        return compare(self.entry_for(model_name), prompt_a, prompt_b)
 
-def edit_state(text: Text, settings: ProbeSettings) -> tuple[str | None, str]:
-    """The edit as the page shows it: (its head's label or None, "off" | "uniform" | key position)."""
-    e = settings.edit
-    if e is None or text.decoder is None:
-        return None, "off"
-    return head_label(e.layer, e.head), "uniform" if e.key is None else str(e.key - text.decoder.start)
+    # ------------------------------------------------------------------------- the settings
 
+    def set_ablation(self, heads, mode, keep_only) -> ProbeSettings:
+        """Choose the heads to ablate and how (an empty list and keep_only False: none), checked against
+        the text's model; the edit stays."""
+        text = self.text
+        if text.entry is None:
+            raise UserError("Press Step first: ablation works on the text in the Explore tab.")
+        cfg = text.entry.model.cfg
+        chosen = parse_heads(heads, cfg.n_layers, cfg.n_heads)
+        mode = check_choice("ablation mode", mode, ABLATION_MODES)
+        if not isinstance(keep_only, bool):
+            raise UserError("keep only must be true or false.")
+        if keep_only and not chosen:
+            raise UserError("“Keep only these” needs at least one head to keep.")
+        new = ProbeSettings(chosen, mode, keep_only, self.settings.edit)
+        window_intervention(text, new)  # refused here, before anything changes
+        self.settings = new
+        return new
 
-def changed_attention(text: Text, settings: ProbeSettings) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-    """The attention of the text shown under the person's settings (heads ablated, a row edited):
-    per layer (H, T, T) weights (the ones that multiplied the values) and scores, from the engine's
-    forward with the change. None without settings, or when they no longer fit the text."""
-    if text.decoder is None or not settings.active:
-        return None
-    try:
-        iv = window_intervention(text, settings)
-    except UserError:
-        return None
-    out = forward(text.entry, text.decoder.window, iv, attention=True)
-    return [a[0].float().numpy() for a in out.attentions], [s[0].float().numpy() for s in out.scores]
+    def set_edit(self, layer, head, query, key) -> ProbeSettings:
+        """Replace one attention row: head `head` of `layer`, at window position `query`, attends only to
+        window position `key` ("uniform": every allowed key equally; "off" or None: no edit)."""
+        self.settings = self._edited(layer, head, query, key)
+        return self.settings
+
+    def _edited(self, layer, head, query, key) -> ProbeSettings:
+        """The settings with `set_edit`'s row, checked against the text (nothing changes here)."""
+        text, settings = self.text, self.settings
+        need_text(text)
+        d, cfg = text.decoder, text.entry.model.cfg
+        if key is None or key == "off":
+            return ProbeSettings(settings.heads, settings.mode, settings.keep_only, None)
+        layer = check_int("layer", layer, 0, cfg.n_layers - 1)
+        head = check_int("head", head, 0, cfg.n_heads - 1)
+        n = len(d.window)
+        query = check_int("query position", query, 0, n - 1)
+        if key == "uniform":
+            k = None
+        else:
+            limit = query if cfg.mask == "causal" else n - 1
+            if isinstance(key, int) and not isinstance(key, bool) and key > limit and key < n:
+                raise UserError(f"Position {key} comes after the query ({query}): under the causal mask a token "
+                                f"can only look at positions 0–{query}.")
+            k = check_int("key position", key, 0, limit)
+        edit = AttentionEdit(layer, head, d.start + query, None if k is None else d.start + k)
+        new = ProbeSettings(settings.heads, settings.mode, settings.keep_only, edit)
+        window_intervention(text, new)  # refused here, before anything changes
+        return new
+
+    def edit_selected(self, head, key) -> ProbeSettings:
+        """`set_edit` for the selected token, as the page sends it: the head as a label ("L1H0"), checked
+        once there is a model even when `key` asks for no edit (a head that is not the model's is refused),
+        and the key as a position as text, "uniform" or "off"."""
+        if head is not None and self.text.entry is not None:
+            self.parse_heads([self._head_label(head)])
+        need_text(self.text)
+        if (number := number_from_text(key)) is not None and number.is_integer():
+            key = int(number)  # a position as text ("3"); other text (“²”, “3.5”) is left to set_edit's check
+        if key is None or key == "off":
+            return self.set_edit(None, None, None, None)
+        ((layer, h),) = self.parse_heads([self._head_label(head)])
+        return self.set_edit(layer, h, self.selected(), key)
+
+    @staticmethod
+    def _head_label(head) -> str:
+        if not isinstance(head, str):
+            raise UserError("Choose the head whose row to edit, e.g. L1H0.")
+        return head
+
+    def restore_edit(self, layer, head, query, key) -> ProbeSettings:
+        """Set an edit as `ProbeSettings` keeps it (query and key positions in the whole text; key None =
+        uniform), as a session file brings it back: also when its row has slid out of the window since it
+        was set (the tools then say so, as they did before the file was saved)."""
+        text, settings = self.text, self.settings
+        need_text(text)
+        d, cfg = text.decoder, text.entry.model.cfg
+        layer = check_int("layer", layer, 0, cfg.n_layers - 1)
+        head = check_int("head", head, 0, cfg.n_heads - 1)
+        query = check_int("query position", query, 0, len(d.ids) - 1)
+        limit = query if cfg.mask == "causal" else len(d.ids) - 1
+        key = None if key is None else check_int("key position", key, 0, limit)
+        new = ProbeSettings(settings.heads, settings.mode, settings.keep_only, AttentionEdit(layer, head, query, key))
+        if query >= d.start and (key is None or key >= d.start):
+            window_intervention(text, new)  # in the window: it must run on this text
+        self.settings = new
+        return new
+
+    def restore_mode(self, mode) -> ProbeSettings:
+        """Only the ablation mode the form shows (no head ablated), as a session file keeps it."""
+        self.settings = dataclasses.replace(self.settings, mode=check_choice("ablation mode", mode, ABLATION_MODES))
+        return self.settings
+
+    def clear_probe(self) -> None:
+        """No head ablated, no row edited."""
+        self.settings = ProbeSettings()
+
+    # ------------------------------------------------------------------- what the page shows
+
+    def selected(self) -> int | None:
+        """The window position the tools read (the selected token, else the last); None without a text."""
+        if self.text.decoder is None:
+            return None
+        return position(self.text, None)
+
+    def follow(self, layer, head, query) -> tuple[int | None, int | None]:
+        """The tools follow the text after it or its selected token changed: `query` (a window position;
+        None, or one the text no longer has after an Undo: the last token) is selected. Returns the layer
+        and head the attention shows, checked first (`check_shown`)."""
+        layer, head = self.check_shown(layer, head)
+        if query is not None and (isinstance(query, bool) or not isinstance(query, (int, float))):
+            raise UserError("The selected token must be given by its position in the text.")
+        if self.selected() is not None:
+            n = len(self.text.tokens())
+            if 0 <= (query if query is not None else -1) < n and float(query).is_integer():
+                self.text.select(int(query))
+            else:
+                self.text.query = None
+        return layer, head
+
+    def head_labels(self) -> list[str]:
+        """Every head of the text's model as the page names it ("L1H0"); none before the first Step."""
+        if self.text.entry is None:
+            return []
+        cfg = self.text.entry.model.cfg
+        return [head_label(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
+
+    def shape(self) -> tuple[int, int]:
+        """(layers, heads) of the text's model."""
+        cfg = self.text.entry.model.cfg
+        return cfg.n_layers, cfg.n_heads
+
+    def parse_heads(self, value) -> tuple[tuple[int, int], ...]:
+        """Heads as the page or the API sends them, checked against the text's model (lab.headsettings.parse_heads)."""
+        if self.text.entry is None:
+            raise UserError("Press Step first.")
+        return parse_heads(value, *self.shape())
+
+    def check_shown(self, layer, head) -> tuple[int | None, int | None]:
+        """The layer and head the attention shows (None: none, or "all" heads), checked against the text's
+        model before a handler changes anything (a refused call leaves the head settings as they were)."""
+        if self.text.entry is None:  # no text: the tools draw nothing that needs them
+            return None, None
+        n_layers, n_heads = self.shape()
+        layer = None if layer is None else check_int("layer", layer, 0, n_layers - 1)
+        head = None if head is None else check_head(head, n_heads)[0]  # a page of heads: none outlined
+        return layer, head
+
+    def ablated(self) -> list[tuple[int, int]]:
+        """The heads the settings ablate on the text's model (keep-only resolved), sorted."""
+        return ablated(self.text, self.settings)
+
+    def key_choices(self) -> list[tuple[str, str]]:
+        """What the selected token's edited row may attend to: off, uniform, or one allowed position."""
+        out = [("no edit", "off"), ("uniform (every allowed key)", "uniform")]
+        q = self.selected()
+        if q is None:
+            return out
+        n = len(self.text.decoder.window)
+        limit = q if self.text.entry.model.cfg.mask == "causal" else n - 1
+        tokens = [p for p, _ in self.text.tokens()]
+        return out + [(f"{j}: {tokens[j]}", str(j)) for j in range(limit + 1)]
+
+    def edit_state(self) -> tuple[str | None, str]:
+        """The edit as the page shows it: (its head's label or None, "off" | "uniform" | key position)."""
+        e = self.settings.edit
+        if e is None or self.text.decoder is None:
+            return None, "off"
+        return head_label(e.layer, e.head), "uniform" if e.key is None else str(e.key - self.text.decoder.start)

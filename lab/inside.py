@@ -2,7 +2,7 @@
 its formula, ready for the figures, the API's /inside and a numbers download (CSV / JSON).
 
 The numbers come from one forward over the text's window, with the head tools' settings (heads
-ablated, a row edited: lab.probing) applied, so what is shown is what the model computed for the
+ablated, a row edited: lab.headsettings) applied, so what is shown is what the model computed for the
 text as the other tools see it. That forward is kept for the text while the window and settings
 stay (`_Memo`): opening another cell of the same text reruns one layer, not the model.
 
@@ -25,9 +25,9 @@ from model.interventions import Intervention
 from model.transformer import ForwardOutput
 
 from .checks import check_int
-from .export import Export, to_csv
+from .downloads import Export, to_csv
 from .files import file_name, model_stem
-from .probing import ProbeSettings, head_label, need_text, position, window_intervention
+from .headsettings import ProbeSettings, head_label, need_text, position, window_intervention
 from .text import Text
 
 MEMO_BYTES = 16 * 2**20  # a text's kept forward (residuals and attention) larger than this is not kept
@@ -338,6 +338,9 @@ def head(text: Text, settings: ProbeSettings, layer, head) -> dict:
     return data
 
 
+_head_of = head  # `head` by a name that Inside.head's argument `head` does not hide
+
+
 def layer_value_weighted(text: Text, settings: ProbeSettings, layer) -> dict:
     """‖a_ij v_j W_O,h‖ for every head of `layer`: "value_weighted" is (H, T, T) as nested lists."""
     n_layers, _, _ = _shape(text)
@@ -349,3 +352,30 @@ def layer_value_weighted(text: Text, settings: ProbeSettings, layer) -> dict:
     data.update({"active": changes, "value_weighted": _list(vw)})
     return data
 
+
+# ----------------------------------------------------------------------------- one person's panel
+
+
+class Inside:
+    """Inside one cell for one person (the session's `inside`): the text's cells and heads worked through
+    under the head tools' settings as they are at each call (`heads`: the session's lab.heads.Heads)."""
+
+    def __init__(self, text: Text, heads) -> None:
+        self.text, self.heads = text, heads
+
+    @property
+    def has_text(self) -> bool:
+        """Whether there is a text to work through (none before the first Step, after Reset or another model)."""
+        return self.text.decoder is not None
+
+    def cell(self, layer, head, query=None, key=None) -> dict:
+        """`cell` on this person's text and settings."""
+        return cell(self.text, self.heads.settings, layer, head, query, key)
+
+    def cell_export(self, layer, head, query=None, key=None) -> Export:
+        """`cell_export` on this person's text and settings."""
+        return cell_export(self.text, self.heads.settings, layer, head, query, key)
+
+    def head(self, layer, head) -> dict:
+        """`head` on this person's text and settings."""
+        return _head_of(self.text, self.heads.settings, layer, head)

@@ -27,9 +27,7 @@ heads that each restore 60 % may do it by the same path).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -39,9 +37,8 @@ import torch
 from model.hf_tokenizer import HFFileTokenizer
 from model.patching import Activations, Patch, PatchSite
 
-from .budget import MODEL_BUDGET
 from .checks import UserError, check_choice, quoted
-from .export import Export, to_csv
+from .downloads import Export, to_csv
 from .files import model_stem
 from .models import ModelEntry
 from .pairs import pairs_for
@@ -380,7 +377,7 @@ def sweep(setup: PatchSetup, what, direction, progress: Callable[[int, int], Non
     raise AssertionError("a sweep always ends with its result")
 
 
-# ----------------------------------------------------------------- one person's sweeps
+# ------------------------------------------------------------------------ what a sweep costs
 
 
 def sweep_flops(entry: ModelEntry, what: str, T: int) -> float:
@@ -407,65 +404,6 @@ def sweep_bytes(entry: ModelEntry, T: int) -> int:
     recorded = 2 * (cfg.n_layers * 3 + 1) * T * cfg.d_model
     batch = per_batch * T * (8 * cfg.d_model + 2 * max(cfg.ff_dim, 1)) + per_batch * cfg.vocab_size
     return 4 * (recorded + batch)
-
-
-_RUNNING: "weakref.WeakKeyDictionary[object, threading.Event]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
-def run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, what="heads",
-              direction="denoising") -> Iterator[PatchProgress]:
-    """A session's sweep (one at a time per session; `stop_sweep` ends it): checks everything and
-    reserves its memory in the server's budget before the first batch, then `sweep_steps`."""
-    entry = session.entry_for(model_name)
-    grid(entry, check_choice("what to patch", what, SWEEPS), 1)  # a sweep the model cannot run is refused first
-    check_choice("direction", direction, DIRECTIONS)
-    with _LOCK:
-        if session in _RUNNING:
-            raise UserError("A patching sweep is already running in this session; wait for it or press Stop.")
-        stop = _RUNNING[session] = threading.Event()
-    try:
-        setup = prepare(entry, prompt_a, prompt_b, metric, answer, other)
-        T, work = len(setup.ids_a), sweep_flops(entry, what, len(setup.ids_a))
-        if work > MAX_SWEEP_GFLOP * 1e9:
-            runs = len(grid(entry, what, T)[2])
-            raise UserError(f"This sweep would run {runs:,} patched forwards of {T} tokens, about {work / 1e9:,.0f} "
-                            f"GFLOP of arithmetic; the server runs sweeps of up to {MAX_SWEEP_GFLOP:,} (the server is "
-                            "shared). Use shorter prompts: a minimal pair of a few words is enough.")
-        nbytes = sweep_bytes(entry, T)
-        try:
-            with MODEL_BUDGET.borrow(session, nbytes):
-                for p in sweep_steps(setup, what, direction, stop):
-                    if p.result is not None:  # the recorded runs are the sweep's memory: a kept result drops them
-                        p.result.setup = dataclasses.replace(setup, source_a=None, source_b=None)
-                    yield p
-        except UserError as exc:  # only the budget refuses past the checks above
-            raise UserError(f"A patching sweep on this model needs {nbytes / 2**20:,.1f} MB of memory while it "
-                            f"runs. {exc}") from None
-    finally:
-        with _LOCK:
-            _RUNNING.pop(session, None)
-
-
-def run(session, model_name, prompt_a, prompt_b, metric, answer, other, what="heads", direction="denoising",
-        progress: Callable[[int, int], None] | None = None) -> PatchResult:
-    """`run_steps` to the end: the result (progress(done, total) after each batch)."""
-    for p in run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, what, direction):
-        if p.result is not None:
-            return p.result
-        if progress is not None:
-            progress(p.done, p.total)
-    raise AssertionError("a sweep always ends with its result")
-
-
-def stop_sweep(session) -> bool:
-    """Ask the session's running sweep to stop after its current batch; False when none runs."""
-    with _LOCK:
-        stop = _RUNNING.get(session)
-    if stop is None:
-        return False
-    stop.set()
-    return True
 
 
 def export(result: PatchResult) -> Export:

@@ -2,11 +2,13 @@
 budgets, their files, and the verbs the wiring calls.
 
 A `Session` is built from parts with one concept each: the text and its history (lab.text), how
-figures are drawn (lab.display), own models (lab.ownmodels), the head tools' settings
-(lab.probing) and the training run (lab.training). The wiring keeps one per browser tab and calls
-its verbs (`step`, `generate`, `undo`, `reset`, `select_model`, `train`, `upload`, `close`, the head
-tools') and read-outs; Step, Generate, Undo and Reset return a `lab.frame.Frame` of what the page
-draws (README: "The path of a Step"). No gradio here: a refusal is a `UserError` for the person.
+figures are drawn (lab.display), own models (lab.ownmodels), and the tools that keep a person's state,
+each with its own verbs: the head tools (`heads`, lab.heads), Inside one cell (`inside`, lab.inside),
+patching sweeps (`sweeps`, lab.sweeps) and training (`training`, lab.training). The wiring keeps one
+per browser tab and calls its verbs (`step`, `generate`, `undo`, `reset`, `select_model`, `train`,
+`upload`, `close`) and read-outs, or one part's (`session.heads.set_ablation(...)`); Step, Generate,
+Undo and Reset return a `lab.frame.Frame` of what the page draws (README: "The path of a Step"). No
+gradio here: a refusal is a `UserError` for the person.
 """
 
 from __future__ import annotations
@@ -25,23 +27,23 @@ from model.checkpoint import atomic_write
 from model.film import Film
 from model.generate import Sampling, generate
 
-from . import files, probing
-from .compare import Comparison, compare
+from . import files
 from .budget import DISK_BUDGET, MODEL_BUDGET
 from .checks import UserError, check_int
 from .external import EXTERNAL
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
 from .frame import Frame, make_frame
+from .heads import Heads
+from .inside import Inside
 from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
 from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
 from .ownmodels import OwnModels, entry_bytes, release_freed_memory, removed_note
-from .probing import ProbeSettings
 from .rates import LIMITER
-from .roles import HeadRoles, RolesCache
 from .recipe import train_tab_defaults
 from .sessionstore import SessionStore
+from .sweeps import Sweeps
 from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
-from .training import TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
+from .training import Training, TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
 from .uploads import checkpoint_data, load_upload, reserved_bytes
 from .warm import WARM
 
@@ -59,19 +61,17 @@ class Session:
     def __init__(self, builtins: BuiltinModels = BUILTINS) -> None:
         self.builtins = builtins
         self.external = EXTERNAL  # the models the person running the app added (none unless they did)
-        self.text = Text(lambda nbytes: self._hold(text=nbytes))  # what it will hold, warm or cooled (lab.warm)
         self.own = OwnModels()
         self.display = Display()
-        self.probe = ProbeSettings()  # heads to ablate, a row to edit (lab.probing)
-        self._roles = RolesCache()  # the head roles of the current text, computed once per text
+        self._use_text(Text(lambda nbytes: self._hold(text=nbytes)))  # what it will hold, warm or cooled (lab.warm)
+        self.sweeps = Sweeps(self)  # patching: the sweep running, its stop, the last one's result
+        self.training = Training()  # the training run, its stop, the last upload's refusal
         # a session file or link just set up this model's text: the model list's change event it causes keeps it
         self.keep_on_select: str | None = None
-        self.run: TrainingRun | None = None
         self.run_dir: Path | None = None
         self.closed = False  # set when the session's state is deleted (tab closed or expired)
         self.touched = time.monotonic()  # its last action: the server's budgets take from idle sessions first
         self.dropped: list[str] = []  # what the server took to make room, told to the person once
-        self._starting: threading.Event | None = None  # the stop of a training whose corpus is being built
         # One action at a time: a Step sent while the same session's Generate streams waits for it. A plain
         # Lock (not RLock): gradio may resume a streaming handler on another thread than the one that started it.
         self._turn = threading.Lock()
@@ -86,6 +86,14 @@ class Session:
     log = property(lambda self: self.text.log)
     models = property(lambda self: self.own.models)
     query = property(lambda self: self.text.query)  # the token selected in the text (window position; None: the last)
+    run = property(lambda self: self.training.run)  # the training run going, or the last one (None: none yet)
+
+    def _use_text(self, text: Text, heads: Heads | None = None) -> None:
+        """The text this session works on, with the parts that read it: the head tools (with their
+        settings, or `heads`' settings) and Inside one cell."""
+        self.text = text
+        self.heads = Heads(text, self.entry_for, None if heads is None else heads.settings)
+        self.inside = Inside(text, self.heads)
 
     @contextlib.contextmanager
     def turn(self, wait_s: float = BUSY_WAIT_S):
@@ -103,14 +111,14 @@ class Session:
     @property
     def busy(self) -> bool:
         """Acting now, or training: the server's budgets never take from a busy session."""
-        return self._turn.locked() or (self.run is not None and not self.run.done)
+        return self._turn.locked() or self.training.going
 
     def _give_up(self, reason: str, what) -> bool:
         """Let the server take something of this idle session (never waits for its turn)."""
         if not self._turn.acquire(blocking=False):
             return False
         try:
-            if self.run is not None and not self.run.done:
+            if self.training.going:
                 return False
             what()
             self.dropped += [reason] if reason else []  # cooling a text takes nothing the person sees
@@ -196,7 +204,8 @@ class Session:
     # -------------------------------------------------------------------------- text
 
     def _frame(self, view: View | None, step=None, undone: bool = False) -> Frame:
-        return make_frame(self.text, self.probe, self.display, view, self.head_roles, self.dropped, step, undone)
+        return make_frame(self.text, self.heads.settings, self.display, view, self.heads.head_roles, self.dropped,
+                          step, undone)
 
     def _view(self, entry: ModelEntry, view) -> View | None:
         """The page's (layer, head, view) checked against `entry`, before anything changes (None: none asked)."""
@@ -206,8 +215,7 @@ class Session:
         """Start a text from the prompt, once the memory of `new_tokens` more is granted."""
         ids, notices = encode_prompt(prompt, entry)
         self._hold(text=text_bytes(entry, len(ids) + new_tokens))
-        # a new text: an edited row's positions meant the old one; another model has other heads
-        self.probe = ProbeSettings() if entry is not self.entry else dataclasses.replace(self.probe, edit=None)
+        self.heads.new_text(entry)  # before the text changes: it compares the model with the text's
         self.text.start(entry, prompt, ids, notices, sampling)
 
     def _grow(self, entry: ModelEntry, prompt, sampling: Sampling, max_new: int) -> int:
@@ -229,8 +237,7 @@ class Session:
         """Switch model: the text starts again, and the heads' settings go (the heads differ)."""
         entry = self.entry_for(name)
         self.reset()
-        if entry is not self.entry:
-            self.probe = ProbeSettings()
+        self.heads.new_model(entry)
         self.text.entry = entry  # the head tools (and a session saved now) are about this model from here on
         return entry
 
@@ -266,9 +273,7 @@ class Session:
         """Take the last generated token back (never the prompt); `undone` says whether one went."""
         shown = self._view(self.entry, view) if self.entry is not None else None
         undone = self.text.undo()
-        e = self.probe.edit
-        if e is not None and self.decoder is not None and max(e.query, e.key or 0) >= len(self.decoder.ids):
-            self.probe = dataclasses.replace(self.probe, edit=None)  # its token was taken back
+        self.heads.token_undone()
         if self.decoder is not None:
             self._hold()  # less memory: always granted
         return self._frame(shown, undone=undone)
@@ -277,8 +282,7 @@ class Session:
         """The text goes; the heads chosen to ablate stay for the next text on this model, an edited row
         (positions of the text that went) does not."""
         self.text.clear()
-        self._roles = RolesCache()
-        self.probe = dataclasses.replace(self.probe, edit=None)
+        self.heads.text_cleared()
         self._hold()  # less memory: always granted
         return self._frame(None)
 
@@ -331,54 +335,7 @@ class Session:
         kind, table = entry.model.positional_table()
         return entry, kind, None if table is None else table.numpy().astype(np.float32)
 
-    # ---------------------------------------------------------------------- head tools
-
-    def head_roles(self) -> HeadRoles | None:
-        """The head roles on the current window (None before the first Step)."""
-        att = self.attention()
-        if att is None:
-            return None
-        return self._roles.get(self.entry, self.decoder.window, att)
-
-    def lens(self, index=None) -> probing.Lens:
-        """The logit lens at window position `index` (default: the selected token)."""
-        return probing.lens_readout(self.text, index)
-
-    def effect(self, index=None) -> probing.Effect:
-        """What the head tools' settings change in the prediction after `index` (default: the selected token)."""
-        return probing.effect(self.text, self.probe, index)
-
-    def set_ablation(self, heads, mode, keep_only) -> ProbeSettings:
-        """Choose the heads to ablate and how; a refused setting changes nothing."""
-        self.probe = probing.with_ablation(self.text, self.probe, heads, mode, keep_only)
-        return self.probe
-
-    def set_edit(self, layer, head, query, key) -> ProbeSettings:
-        """Replace one attention row (window positions; lab.probing.with_edit)."""
-        self.probe = probing.with_edit(self.text, self.probe, layer, head, query, key)
-        return self.probe
-
-    def edit_selected(self, head, key) -> ProbeSettings:
-        """`set_edit` for the selected token, as the page sends it (lab.probing.with_selected_edit)."""
-        self.probe = probing.with_selected_edit(self.text, self.probe, head, key)
-        return self.probe
-
-    def restore_edit(self, layer, head, query, key) -> ProbeSettings:
-        """Set an edit as a session file keeps it (positions in the whole text)."""
-        self.probe = probing.with_restored_edit(self.text, self.probe, layer, head, query, key)
-        return self.probe
-
-    def clear_probe(self) -> None:
-        """No head ablated, no row edited."""
-        self.probe = ProbeSettings()
-
-    def regenerate(self, sampling: Sampling, n) -> probing.Regeneration:
-        """The text continued `n` tokens twice, plainly and under the settings."""
-        return probing.regenerate(self.text, self.probe, sampling, n)
-
-    def compare(self, model_name, prompt_a, prompt_b) -> Comparison:
-        """Prompt A against prompt B on a model."""
-        return compare(self.entry_for(model_name), prompt_a, prompt_b)
+    # ------------------------------------------------------------------------ taking over
 
     def adopt(self, scratch: "Session", name: str) -> str:
         """Take over what a scratch session built (lab.sessionfile: a replayed session file): its own
@@ -393,7 +350,7 @@ class Session:
             self.own.add(own, nbytes)  # the oldest go, to make room
         else:
             self._hold(text=scratch.text.nbytes())
-        self.text, self.probe, self._roles = scratch.text, scratch.probe, RolesCache()
+        self._use_text(scratch.text, scratch.heads)  # the head settings follow; the roles are computed again
         self.text.hold = lambda nbytes: self._hold(text=nbytes)
         d = scratch.display
         self.display = dataclasses.replace(self.display, colour=d.colour, presentation=d.presentation, tool=d.tool)
@@ -426,15 +383,15 @@ class Session:
         With `keep_best`, the model ends with the weights of its lowest validation loss (model.train).
         Everything is checked before the run starts, so a refused form changes nothing.
         """
-        if self.run is not None and not self.run.done:
+        if self.training.going:
             raise UserError("A training run is already going in this session; stop it first.")
         form = check_form(corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
                           activation, dropout, steps, lr, seed, keep_best, probe)
         try:  # Stop works from here on: while the tokenizer trains, and then for the run itself
-            stop = self._starting = threading.Event()
+            stop = self.training.starting = threading.Event()
             corpus, mcfg, tcfg = prepare(form, stop)
         finally:
-            self._starting = None
+            self.training.starting = None
         return self._run_training(corpus, form.corpus_name, mcfg, tcfg, stop)
 
     def _run_training(self, corpus, corpus_name, mcfg, tcfg, stop: threading.Event) -> Iterator[TrainProgress]:
@@ -447,16 +404,8 @@ class Session:
         """A new run's model joins the models, selectable (and kept) even if the run is cancelled mid-way."""
         with self.turn():  # the run runs beside the session's other actions; only this change waits for them
             removed = self._add_model(entry)
-            self.run = run  # a Stop while the corpus was built counts
+            self.training.run = run  # a Stop while the corpus was built counts
         return removed
-
-    def stop_training(self, wait: float = 0.0) -> str | None:
-        """End the session's training at its next step, or before it begins if it is still starting; with `wait`,
-        the status a going run ends with if it ends within that many seconds (`TrainingRun.halt`)."""
-        starting = self._starting
-        if starting is not None:
-            starting.set()
-        return None if self.run is None else self.run.halt(wait)
 
     def _save_for_download(self, entry: ModelEntry) -> Path | None:
         """The model as one file to download, within the server's disk budget (None if refused)."""
@@ -487,7 +436,7 @@ class Session:
     def close(self) -> None:
         """The session's state expired or its tab closed: stop training, delete its files."""
         self.closed = True
-        self.stop_training()
+        self.training.stop()
         files.remove_dir(self.run_dir)
         self.own.clear()
         self.reset()

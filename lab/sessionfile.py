@@ -27,11 +27,11 @@ import tempfile
 from pathlib import Path
 
 from model.generate import Sampling
-from model.interventions import ABLATION_MODES
 
-from . import files, probing
+from . import files
 from .budget import MODEL_BUDGET
 from .checks import UserError, check_choice, check_sampling, quoted
+from .headsettings import ProbeSettings, head_label
 from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
 from .models import ModelEntry
 from .rates import ModelWork, charge, replay_cost
@@ -82,11 +82,11 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
         model = {"external": entry.meta["source"], "sha256": entry.meta["sha256"]}
     else:
         model = {"name": entry.name, "checkpoint": base64.b64encode(checkpoint_data(entry)).decode("ascii")}
-    probe = session.probe
+    probe = session.heads.settings
     if session.decoder is None:
         # no text (after Reset): the heads chosen stay for the next text on this model (on another model
         # they would go); an edited row went with its text
-        probe = dataclasses.replace(probe, edit=None) if session.entry is entry else probing.ProbeSettings()
+        probe = dataclasses.replace(probe, edit=None) if session.entry is entry else ProbeSettings()
     e = probe.edit
     doc = {
         "format": FORMAT, "version": VERSION, "model": model, "prompt": prompt, "seed": seed,
@@ -94,7 +94,7 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
         "view": {"layer": view.layer, "head": view.menu_head, "view": view.view, "colour": session.display.colour,
                  "presentation": session.display.presentation, "tool": session.display.tool,
                  "query": session.query},
-        "probe": {"heads": [probing.head_label(*h) for h in probe.heads], "mode": probe.mode,
+        "probe": {"heads": [head_label(*h) for h in probe.heads], "mode": probe.mode,
                   "keep_only": probe.keep_only,
                   "edit": None if e is None else {"layer": e.layer, "head": e.head, "query": e.query, "key": e.key}},
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
@@ -284,15 +284,15 @@ def _probe(scratch: Session, doc: dict, name: str) -> None:
     heads, mode, keep_only, edit = p.get("heads", []), p.get("mode", "zero"), p.get("keep_only", False), p.get("edit")
     try:
         if not heads and not keep_only:  # no head ablated: only the mode the form shows
-            scratch.probe = dataclasses.replace(scratch.probe, mode=check_choice("ablation mode", mode, ABLATION_MODES))
+            scratch.heads.restore_mode(mode)
         else:
             if scratch.decoder is None:  # kept after Reset, for the next text on this model
                 scratch.select_model(name)
-            scratch.set_ablation(heads, mode, keep_only)
+            scratch.heads.set_ablation(heads, mode, keep_only)
         if edit is not None and scratch.decoder is not None:  # (without a text: an edit of a text gone, dropped)
             if not isinstance(edit, dict):
                 raise UserError("the edit is not an object")
-            scratch.restore_edit(edit.get("layer"), edit.get("head"), edit.get("query"), edit.get("key"))
+            scratch.heads.restore_edit(edit.get("layer"), edit.get("head"), edit.get("query"), edit.get("key"))
     except UserError as exc:
         raise _bad(f"its head settings do not fit ({str(exc).rstrip('.')})") from None
 

@@ -7,6 +7,7 @@ itself goes on beside the session's other actions and can be stopped at any step
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -88,6 +89,44 @@ class TrainingRun:
                 else f"tick 'keep best' to keep the weights from step {at}.")
         return (f"Validation loss {last:.2f} is well above its best {low:.2f} (step {at}): the model is memorising "
                 f"the training text (overfitting). Fewer steps, dropout, or a smaller model help; {keep}")
+
+
+class Training:
+    """One person's training (the session's `training`): the run going, or the last one; the stop of a run
+    whose corpus is still being built; and why their last upload was refused, told once (the Train tab
+    empties its file box after a refusal and says why)."""
+
+    def __init__(self) -> None:
+        self.run: TrainingRun | None = None
+        self.starting: threading.Event | None = None  # the stop of a training whose corpus is being built
+        self._refusal: str | None = None
+
+    @property
+    def going(self) -> bool:
+        return self.run is not None and not self.run.done
+
+    def stop(self, wait: float = 0.0) -> str | None:
+        """End the training at its next step, or before it begins if it is still starting; with `wait`, the
+        status a going run ends with if it ends within that many seconds (`TrainingRun.halt`)."""
+        starting = self.starting
+        if starting is not None:
+            starting.set()
+        return None if self.run is None else self.run.halt(wait)
+
+    @contextlib.contextmanager
+    def upload_refusal(self) -> Iterator[None]:
+        """Around an upload: a refusal (ValueError) raised inside is kept for `refused_upload`, then raised on."""
+        self._refusal = None
+        try:
+            yield
+        except ValueError as exc:
+            self._refusal = str(exc)
+            raise
+
+    def refused_upload(self) -> str | None:
+        """Why the last upload was refused (once; None when it was not, or was told already)."""
+        why, self._refusal = self._refusal, None
+        return why
 
 
 @dataclass
@@ -222,7 +261,7 @@ def run_training(entry: ModelEntry, corpus, tcfg: TrainConfig, stop: threading.E
         path = save(entry)
         run.final = final_message(run, ev, path is not None, notes)
     finally:
-        run.ended.set()  # whoever waits for the run's end (Session.stop_training) waits no longer
+        run.ended.set()  # whoever waits for the run's end (Training.stop) waits no longer
     yield TrainProgress(run.final, run, done=True, download=path)
 
 

@@ -25,39 +25,59 @@ It covers the models the benchmark and the Train tab use (pre-norm or no norm, l
 `unsupported()` says why any other model is left to autograd. In float64 the loss and every
 gradient equal autograd's on the same weights (tests/engine/test_fastpath.py), so the hand-written
 backward is the model's own.
+
+A named exception to "attention in one place" (issue 38): everywhere else attention is written out
+once, in model/attention.py, but this step is a separate algorithm on purpose. Its backward needs the
+forward's intermediates in its own layout ((B*H, T, hd) for `bmm`, the weights kept for the softmax
+backward) and its mask as an additive bias, so it cannot call `attend`. It stays correct by refusing:
+`unsupported()` lists every ModelConfig field, the values it handles and those it handles at their
+default only, so any option it does not write out (rotary, parallel residual, local windows, grouped
+K/V, RMSNorm, unscaled scores, per-part biases, and whatever the config gains later) sends the model
+to autograd, which runs the engine's own forward.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 
+from .config import ModelConfig
 from .transformer import DecoderLM
 
 
+# Every ModelConfig field, by what the hand-written step does with it. A field in neither list is held to its
+# default (read from ModelConfig itself), so an option added to the config later, left at its default, changes
+# nothing here, and set otherwise is refused by name until this file writes it out.
+ANY_VALUE = (  # sizes, and parts that are present or absent as the weights say (a bias, the output projection)
+    "vocab_size", "block_size", "n_layers", "n_heads", "d_model", "d_ff", "bias", "head_bias", "tie_weights",
+    "attn_out_proj", "pe_base", "init", "vocab_used")
+ONLY = {  # field: (the values it handles, in words), in the order the refusals are checked
+    "norm": (("pre", "none"), "pre-norm and no norm"),
+    "pos_encoding": (("learned", "sinusoidal", "none"), "learned, sinusoidal and none"),
+    "activation": (("gelu", "relu"), "gelu and relu"),
+    "mask": (("causal",), "the causal mask"),
+    "dropout": ((0.0,), "no dropout"),
+}
+WORDS = {"rope": "rotary positions"}  # a refused value said in words; any other is said as name=value
+
+
 def unsupported(model: DecoderLM) -> str | None:
-    """Why `ManualStep` cannot train this model (None when it can)."""
+    """Why `ManualStep` cannot train this model (None when it can): the first config field whose value it
+    does not write out (see ANY_VALUE and ONLY; every other field must keep its default)."""
     cfg = model.cfg
-    if cfg.norm not in ("pre", "none"):
-        return f"norm={cfg.norm!r} (it handles pre-norm and no norm)"
-    if cfg.pos_encoding == "rope":
-        return "rotary positions (it handles learned, sinusoidal and none)"
-    if cfg.activation not in ("gelu", "relu"):
-        return f"activation={cfg.activation!r} (it handles gelu and relu)"
-    if cfg.mask != "causal":
-        return "a bidirectional mask"
-    if cfg.dropout:
-        return "dropout > 0"
-    # the options of imported families (model/families) it does not write out by hand
-    defaults = {"attn_scale": "inverse_sqrt", "gelu_approximate": "none", "norm_kind": "layernorm",
-                "norm_eps": 1e-5, "parallel_residual": False, "attn_window": (), "qkv_bias": None,
-                "attn_out_bias": None, "mlp_bias": None, "norm_bias": None, "n_kv_heads": None,
-                "rope_precision": "float64"}
-    for name, default in defaults.items():
-        if getattr(cfg, name) != default:
-            return f"{name}={getattr(cfg, name)!r} (it handles the default, {default!r})"
+    for name, (handled, words) in ONLY.items():
+        value = getattr(cfg, name)
+        if value not in handled:
+            return f"{WORDS.get(value, f'{name}={value!r}')} (it handles {words})"
+    for field in dataclasses.fields(ModelConfig):
+        if field.name in ANY_VALUE or field.name in ONLY:
+            continue
+        value = getattr(cfg, field.name)
+        if value != field.default:  # the options of imported families (model/families), among others
+            return f"{field.name}={value!r} (it handles the default, {field.default!r})"
     if not hasattr(torch, "_fused_adamw_"):
         return "this torch build, which has no fused AdamW kernel"
     return None

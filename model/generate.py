@@ -53,7 +53,11 @@ class Sampling:
 
 
 def adjust_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """The distribution actually sampled from, after temperature, top-k and top-p (1-D)."""
+    """The distribution actually sampled from, after temperature, top-k and top-p (1-D).
+
+    top-k keeps the k most likely tokens (and any tied with the k-th). top-p then keeps the smallest set of
+    most likely tokens whose mass reaches p (of the mass top-k left): a token is kept while the tokens more
+    likely than it hold less than p, so at exactly p the set is complete and the next token is left out."""
     logits = logits.float()
     if s.temperature == 0:
         out = torch.zeros_like(logits)

@@ -278,7 +278,8 @@ def head_scores(weights_per_layer, ids: Sequence[int]) -> dict[str, np.ndarray]:
 def strongest_role(scores: dict[str, np.ndarray], layer: int, head: int,
                    roles: Sequence[Role] | None = None) -> tuple[str, float] | None:
     """The role this head plays most clearly: the one whose score is furthest above its threshold
-    (relative to the threshold), with its score; None when no score reaches its threshold.
+    (relative to the threshold), with its score; None when no score reaches its threshold (a score equal to
+    its threshold reaches it: the role is played from the threshold on, as `Role.threshold` says).
     roles: the candidates, in the order that breaks ties (default `ROLE_ORDER`)."""
     candidates = [ROLES[k] for k in ROLE_ORDER] if roles is None else [r for r in roles if r.threshold is not None]
     best = None

@@ -6,9 +6,11 @@ intermediate number:  x_i -norm-> x̂_i -W_Q-> q_i -rotary-> q_i · k_j -×scale
 a_i = softmax(s_i) (exp(s_ij - max), their sum, the share a_ij); z_i = Σ_j a_ij v_j -W_O-> the head's
 addition to the residual of token i. `inside_cell` returns a `CellWork`, `inside_head` a `HeadWork`
 (Q, K, V and QKᵀ as matrices), `value_weighted` ‖a_ij · v_j W_O‖ for a layer (Kobayashi et al. 2020).
-They compute in the model's dtype with `SelfAttention`'s operations, and check that the weights they
-rebuilt equal the ones the forward multiplied V with (`RebuildMismatch`): the numbers are the forward's.
-Under an intervention the numbers used are reported beside the model's own (`used_row`, `head_value`).
+They compute in the model's dtype by calling the forward's own code (model/attention.py: the layer's
+`split_heads`, then `attend`, the one written-out attention), and check that the weights they rebuilt
+equal the ones the forward multiplied V with (`RebuildMismatch`): the numbers are the forward's.
+Under an intervention the numbers used are reported beside the model's own (`used_row`, `head_value`);
+what the intervention does is the plan's (model/interventions.py), here as in the forward.
 The output projection's bias b_O is added once to the sum of the heads; it belongs to no single head,
 so it is reported on its own (`out_bias`): attention output at i = Σ_h head_out_h + b_O.
 Positions are positions in `ids` (0-based); the forward runs over `ids` from position 0.
@@ -16,15 +18,15 @@ Positions are positions in `ids` (0-based); the forward runs over `ids` from pos
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .attention import AttentionWork, LayerCache, attend, per_query_head
 from .inside_types import CellWork, HeadWork
 from .interventions import Intervention, LayerPlan
-from .transformer import DecoderLM, ForwardOutput, KVCache, apply_rope, causal_mask
+from .transformer import DecoderLM, ForwardOutput, KVCache
 
 REBUILD_TOL = 1e-5  # largest difference allowed between the rebuilt weights and the forward's
 
@@ -36,24 +38,14 @@ class RebuildMismatch(RuntimeError):
 @dataclass
 class _Layer:
     """The heads of one layer rebuilt at some query positions `rows` (R of the T positions; tensors in the
-    model's dtype). k and v hold every position: from the same rebuild, or from the key/value cache."""
+    model's dtype, one sequence: no batch dimension)."""
 
     rows: list[int]
     x: torch.Tensor  # (R, C) residual input at the rows
     xn: torch.Tensor  # (R, C) what the attention reads there
-    q_raw: torch.Tensor  # (H, R, hs)
-    k_raw: torch.Tensor  # (Hkv, R, hs) the rows' own keys before the rotary step
-    q: torch.Tensor  # (H, R, hs)
-    k: torch.Tensor  # (Hkv, T, hs) every key, after the rotary step
-    v: torch.Tensor  # (Hkv, T, hs)
-    raw: torch.Tensor  # (H, R, T) q kᵀ (keys of each head's group)
-    scores: torch.Tensor  # (H, R, T) scaled and masked
-    allowed: torch.Tensor  # (R, T) bool
-    weights: torch.Tensor  # (H, R, T) softmax
-    used: torch.Tensor  # (H, R, T) what multiplied V
-    values: torch.Tensor  # (H, R, hs) what each head passed on (after ablation)
+    a: AttentionWork  # q_raw, q (H, R, hs); k_raw (Hkv, R, hs); k, v (Hkv, T, hs): every key, from the
+    # same rebuild or from the cache; raw, scores, weights, used (H, R, T); allowed (R, T); values (H, R, hs)
     plan: LayerPlan | None
-    scale: float
 
     def at(self, position: int) -> int:
         return self.rows.index(position)
@@ -107,55 +99,34 @@ def _rebuild(model: DecoderLM, out: ForwardOutput, layer: int, intervention: Int
     T = x.shape[0]
     plan = None
     if intervention is not None and not intervention.is_empty:
+        # the same plan the forward made for this layer (positions from 0: a forward without a cache)
         plan = intervention.layer_plans(model.cfg, T)[layer]
-    given = out.attentions[layer][0] if out.attentions is not None else None
-    return _attend(model, layer, x, list(range(T)), None, None, plan, given)
+    given = out.attentions[layer][0] if out.attentions is not None else None  # (H, T, T): the weights used
+    return _attend(model, layer, x, list(range(T)), None, plan, given)
 
 
-def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], k: torch.Tensor | None,
-            v: torch.Tensor | None, plan: LayerPlan | None, given: torch.Tensor | None) -> _Layer:
+def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], kv: LayerCache | None,
+            plan: LayerPlan | None, given: torch.Tensor | None) -> _Layer:
     """Layer `layer`'s attention for the queries at positions `rows` (their residual input x: (R, C)),
-    as `SelfAttention.forward` computes it. k, v (Hkv, T, hs): every key and value (after the rotary
-    step) from a cache; None: the rows are every position and give them. given (H, R, T): the weights
-    the forward used at these rows, which the rebuilt ones must equal (RebuildMismatch)."""
+    with the forward's own code. kv: every key and value of the text (after the rotary step) from its
+    cache; None: the rows are every position and give them. given (H, R, T): the weights the forward
+    used at these rows, which the rebuilt ones must equal (RebuildMismatch)."""
     cfg = model.cfg
     block = model.blocks[layer]
-    attn = block.attn
-    H, Hkv, hs = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-    R = len(rows)
     with torch.inference_mode():
         xn = x if cfg.norm == "post" else block.norm1(x)  # a post-norm block's attention reads x itself
-        qkv = attn.qkv(xn)  # (R, (H + 2 Hkv) hs): queries of every head, then keys, then values
-        q_raw, k_raw, v_rows = qkv.split((H * hs, Hkv * hs, Hkv * hs), dim=-1)
-        q_raw = q_raw.view(R, H, hs).transpose(0, 1)  # (H, R, hs)
-        k_raw = k_raw.view(R, Hkv, hs).transpose(0, 1)  # (Hkv, R, hs)
-        v_rows = v_rows.view(R, Hkv, hs).transpose(0, 1)  # (Hkv, R, hs)
-        q, k_rows = q_raw, k_raw
-        if cfg.pos_encoding == "rope":
-            rope = (model.rope_cos[rows], model.rope_sin[rows])  # each row turns by its own position
-            q, k_rows = apply_rope(q_raw, *rope), apply_rope(k_raw, *rope)
-        if k is None:
-            k, v = k_rows, v_rows
-        T = k.shape[1]
-        group = H // Hkv
-        k_all, v_all = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)  # (H, T, hs)
-        raw = q @ k_all.transpose(-2, -1)  # (H, R, T)
-        scale = 1.0 / math.sqrt(hs) if attn.scale is None else 1.0
-        scores = raw * (1.0 / math.sqrt(hs)) if attn.scale is None else raw
-        if cfg.mask == "causal":
-            forbidden = causal_mask(T, T, x.device, attn.window)[rows]  # (R, T)
-            scores = scores.masked_fill(forbidden, float("-inf"))
-            allowed = ~forbidden
-        else:
-            allowed = torch.ones(R, T, dtype=torch.bool, device=x.device)
-        weights = torch.softmax(scores, dim=-1)  # (H, R, T)
-        used = _used_weights(weights, allowed, plan)
-        values = _ablated(used @ v_all, plan)  # (H, R, hs)
+        q_raw, k_raw, v_raw = block.attn.split_heads(xn[None])  # a batch of one: (1, H or Hkv, R, hs)
+        # each row turns by its own position, which need not be consecutive (a cell's query and key)
+        rope = (model.rope_cos[rows], model.rope_sin[rows]) if cfg.pos_encoding == "rope" else None
+        # with a cache the rows sit anywhere in the text and the cache holds every key (rows=);
+        # without one they are the whole text, in order, and are its keys (rows=None: the forward's case)
+        work = attend(block.attn, q_raw, k_raw, v_raw, rope, kv, rows=rows if kv is not None else None,
+                      plan=plan).one()
         if given is not None:
-            diff = float((given.to(device=used.device, dtype=used.dtype) - used).abs().max())
+            diff = float((given.to(device=work.used.device, dtype=work.used.dtype) - work.used).abs().max())
             if not diff <= REBUILD_TOL:
                 raise RebuildMismatch(f"layer {layer}: rebuilt attention differs from the forward's by {diff:.3g}")
-    return _Layer(rows, x, xn, q_raw, k_raw, q, k, v, raw, scores, allowed, weights, used, values, plan, scale)
+    return _Layer(rows, x, xn, work, plan)
 
 
 def _cached(model: DecoderLM, ids: torch.Tensor, layer: int, positions: list[int], cache: KVCache,
@@ -170,8 +141,7 @@ def _cached(model: DecoderLM, ids: torch.Tensor, layer: int, positions: list[int
         x = inputs[layer][rows]
     else:
         x = _carry(model, ids, rows, cache, attention, layer)[layer]
-    kv = cache.layers[layer]
-    return _attend(model, layer, x, rows, kv.k[0], kv.v[0], None, _given(attention, layer, rows))
+    return _attend(model, layer, x, rows, cache.layers[layer], None, _given(attention, layer, rows))
 
 
 def _given(attention, layer: int, rows: list[int]) -> torch.Tensor | None:
@@ -195,9 +165,8 @@ def _carry(model: DecoderLM, ids: torch.Tensor, rows: list[int], cache: KVCache,
                 x = x + model.pe_table[where]
             xs.append(x)
         for m in range(len(xs) - 1, upto):
-            kv = cache.layers[m]
-            work = _attend(model, m, xs[m], rows, kv.k[0], kv.v[0], None, _given(attention, m, rows))
-            xs.append(_block_rest(model.blocks[m], xs[m], work.values))
+            work = _attend(model, m, xs[m], rows, cache.layers[m], None, _given(attention, m, rows))
+            xs.append(_block_rest(model.blocks[m], xs[m], work.a.values))
     return xs
 
 
@@ -215,54 +184,21 @@ def _block_rest(block, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """The rest of a block (as `Block.forward`) after its heads' outputs `values` (H, R, hs) at rows x (R, C)."""
     y = values.transpose(0, 1).reshape(x.shape)  # heads side by side again: (R, C)
     a = block.attn.proj(y) if block.attn.proj is not None else y
-    if block.parallel:
+    if block.parallel:  # both branches read the same x (GPT-NeoX), so the MLP never sees the attention
         return (block.ffn(block.norm2(x)) if block.ffn is not None else 0.0) + a + x
-    if block.norm_mode == "post":
+    if block.norm_mode == "post":  # each addition is normalised before the next reads it
         x = block.norm1(x + a)
         return block.norm2(x + block.ffn(x)) if block.ffn is not None else x
-    x = x + a
+    x = x + a  # pre-norm or none: the residual stream itself is never normalised
     return x + block.ffn(block.norm2(x)) if block.ffn is not None else x
 
 
-def _used_weights(weights: torch.Tensor, allowed: torch.Tensor, plan: LayerPlan | None) -> torch.Tensor:
-    """The rows that multiply V: uniform heads and edited rows replace the softmax rows."""
-    if plan is None:
-        return weights
-    used = weights.clone()
-    uniform = allowed.to(weights.dtype) / allowed.sum(-1, keepdim=True).to(weights.dtype)  # (T, T)
-    if plan.mode == "uniform":
-        for h in plan.ablate:
-            used[h] = uniform
-    for h, row, key in plan.edits:
-        if key is None:
-            used[h, row] = uniform[row]
-        else:
-            used[h, row] = 0.0
-            used[h, row, key] = 1.0
-    return used
-
-
-def _ablated(values: torch.Tensor, plan: LayerPlan | None) -> torch.Tensor:
-    """Each head's output (H, T, hs) as passed on: zeroed, or its mean over the positions."""
-    if plan is None or plan.mode not in ("zero", "mean") or not plan.ablate:
-        return values
-    values = values.clone()
-    for h in plan.ablate:
-        values[h] = 0.0 if plan.mode == "zero" else values[h].mean(dim=0, keepdim=True)
-    return values
-
-
 def _ablation(plan: LayerPlan | None, head: int) -> str | None:
-    return plan.mode if plan is not None and head in plan.ablate else None
+    return None if plan is None else plan.ablation_of(head)
 
 
 def _row_source(plan: LayerPlan | None, head: int, query: int) -> str:
-    if plan is None:
-        return "softmax"
-    for h, row, key in plan.edits:
-        if h == head and row == query:
-            return "edit: uniform" if key is None else f"edit: key {key}"
-    return "uniform" if plan.mode == "uniform" and head in plan.ablate else "softmax"
+    return "softmax" if plan is None else plan.row_source(head, query)
 
 
 def _heads_out(model: DecoderLM, layer: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -308,6 +244,8 @@ def _work(model: DecoderLM, ids: torch.Tensor, layer: int, intervention: Interve
           inputs: list[torch.Tensor] | None) -> _Layer:
     """The layer rebuilt from the cache (no intervention; at `positions`, None: all) or from a forward."""
     T = ids.shape[1]
+    # the cache holds the model's own keys and values; under an intervention the layers below changed
+    # them, so only a forward run with that intervention has the right residual streams
     if cache is not None and (intervention is None or intervention.is_empty) and forward is None:
         if cache.length != T:
             raise ValueError(f"the cache holds {cache.length} positions, not the {T} of these ids")
@@ -316,40 +254,40 @@ def _work(model: DecoderLM, ids: torch.Tensor, layer: int, intervention: Interve
 
 
 def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key: int) -> CellWork:
-    cfg, g = model.cfg, kv_head_of(model, head)
-    i, j = work.at(query), work.at(key)  # their rows in `work`
+    cfg, g, a = model.cfg, kv_head_of(model, head), work.a
+    i, j = work.at(query), work.at(key)  # their rows in `work` (the key's gives its own x and k_raw)
     with torch.inference_mode():
-        q, k = work.q[head, i], work.k[g, key]
+        q, k = a.q[head, i], a.k[g, key]
         products = q * k  # (hs,)
-        row = work.scores[head, i]  # (T,)
+        row = a.scores[head, i]  # (T,)
         row_max = row.max()
         exp_row = torch.exp(row - row_max)  # exp(-inf) = 0 where masked
-        heads_out, bias = _heads_out(model, layer, work.values[:, i : i + 1])
+        heads_out, bias = _heads_out(model, layer, a.values[:, i : i + 1])
         heads_out = heads_out[:, 0]  # (H, C)
         attn_out = heads_out.sum(0) + (bias if bias is not None else 0.0)
-        weighted = work.used[head, i] @ work.v[g]
-        dot = float(work.raw[head, i, key])
-        score = float(work.raw[head, i, key] * work.scale) if work.scale != 1.0 else dot
+        weighted = a.used[head, i] @ a.v[g]
+        dot = float(a.raw[head, i, key])
+        score = float(a.scaled[head, i, key])  # before the mask: a masked key's score is still a number
     rope = cfg.pos_encoding == "rope"
     proj, hs = model.blocks[layer].attn.proj, cfg.head_dim
     w_o = None if proj is None else proj.weight[:, head * hs : (head + 1) * hs]  # the head's columns of W_O
-    softmax_row = _np(work.weights[head, i])
-    used_row = _np(work.used[head, i])
+    softmax_row = _np(a.weights[head, i])
+    used_row = _np(a.used[head, i])
     return CellWork(
         layer=layer, head=head, query=query, key=key, kv_head=g, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
         head_dim=cfg.head_dim, norm=cfg.norm, norm_kind=cfg.norm_kind, parallel=cfg.parallel_residual,
         x_i=_np(work.x[i]), x_j=_np(work.x[j]), xn_i=_np(work.xn[i]), xn_j=_np(work.xn[j]),
-        q_raw=_np(work.q_raw[head, i]), k_raw=_np(work.k_raw[g, j]), q=_np(q), k=_np(k),
+        q_raw=_np(a.q_raw[head, i]), k_raw=_np(a.k_raw[g, j]), q=_np(q), k=_np(k),
         rotary=rope, rotary_dims=cfg.rope_dim if rope else 0, rotary_fraction=cfg.rope_fraction if rope else 0.0,
         rope_cos_i=_np(model.rope_cos[query]) if rope else None,
         rope_sin_i=_np(model.rope_sin[query]) if rope else None,
         rope_cos_j=_np(model.rope_cos[key]) if rope else None, rope_sin_j=_np(model.rope_sin[key]) if rope else None,
-        products=_np(products), dot=dot, scale=work.scale, scale_kind=cfg.attn_scale, score=score,
-        allowed=work.allowed[i].cpu().numpy(), masked=not bool(work.allowed[i, key]),
+        products=_np(products), dot=dot, scale=a.scale, scale_kind=cfg.attn_scale, score=score,
+        allowed=a.allowed[i].cpu().numpy(), masked=not bool(a.allowed[i, key]),
         scores_row=_np(row), row_max=float(row_max), exp_row=_np(exp_row), exp_sum=float(exp_row.sum()),
         softmax_row=softmax_row, weight=float(softmax_row[key]), used_row=used_row, used_weight=float(used_row[key]),
-        row_source=_row_source(work.plan, head, query), v=_np(work.v[g]), weighted=_np(weighted),
-        ablation=_ablation(work.plan, head), head_value=_np(work.values[head, i]), w_o=_np(w_o),
+        row_source=_row_source(work.plan, head, query), v=_np(a.v[g]), weighted=_np(weighted),
+        ablation=_ablation(work.plan, head), head_value=_np(a.values[head, i]), w_o=_np(w_o),
         head_out=_np(heads_out[head]), out_bias=_np(bias), heads_out=_np(heads_out), attn_out=_np(attn_out),
         residual_after=_np(work.x[i] + attn_out),
     )
@@ -357,22 +295,19 @@ def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key
 
 def _value_weighted(model: DecoderLM, layer: int, work: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
     """value_norms (H, T) = ‖v_j W_O,hᵀ‖ and value_weighted (H, T, T) = ‖a_ij v_j W_O,h‖, as used."""
-    cfg = model.cfg
+    cfg, a = model.cfg, work.a
     H, hs = cfg.n_heads, cfg.head_dim
-    v_all = work.v.repeat_interleave(H // cfg.kv_heads, dim=0)  # (H, T, hs)
+    v_all = per_query_head(a.v, H)  # (H, T, hs)
     attn = model.blocks[layer].attn
-    if attn.proj is None:
+    if attn.proj is None:  # each head's value sits in its own dimensions of the output, unchanged
         norms = v_all.norm(dim=-1)  # (H, T)
-    else:
+    else:  # what the value becomes once W_O has mixed it into the residual's C dimensions
         w = attn.proj.weight.view(cfg.d_model, H, hs).permute(1, 2, 0)  # (H, hs, C)
         norms = (v_all @ w).norm(dim=-1)  # (H, T)
-    vw = work.used.abs() * norms.unsqueeze(1)  # (H, T, T)
-    plan = work.plan
-    if plan is not None and plan.mode in ("zero", "mean"):
-        for h in plan.ablate:
-            # zeroed: nothing moves the output; mean: every row passes on the mean over queries
-            vw[h] = 0.0 if plan.mode == "zero" else vw[h].mean(dim=0, keepdim=True).expand_as(vw[h])
-    return norms, vw
+    vw = a.used.abs() * norms.unsqueeze(1)  # (H, T, T): query rows, key columns
+    # an output ablation acts on each query row as on the values it weighs: a zeroed head moves nothing,
+    # a mean-ablated one passes on the mean over queries in every row
+    return norms, (vw if work.plan is None else work.plan.apply_to_outputs(vw))
 
 
 def value_weighted(model: DecoderLM, ids, layer: int, intervention: Intervention | None = None,
@@ -394,18 +329,17 @@ def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Inte
     ids_t = _ids(ids, model)
     _check(model, ids_t.shape[1], layer, head)
     work = _work(model, ids_t, layer, intervention, forward, cache, attention, None, inputs)
-    g = kv_head_of(model, head)
+    g, a, plan = kv_head_of(model, head), work.a, work.plan
     with torch.inference_mode():
         norms, vw = _value_weighted(model, layer, work)
-        scaled = work.raw[head] * (1.0 / math.sqrt(model.cfg.head_dim)) if work.scale != 1.0 else work.raw[head]
-    plan = work.plan
-    edited = sorted(row for h, row, _ in plan.edits if h == head) if plan is not None else []
+        scaled = a.scaled[head]  # (T, T), before the mask
+    edited = plan.edited_rows(head) if plan is not None else []
     return HeadWork(
-        layer=layer, head=head, kv_head=g, scale=work.scale, scale_kind=model.cfg.attn_scale,
+        layer=layer, head=head, kv_head=g, scale=a.scale, scale_kind=model.cfg.attn_scale,
         rotary=model.cfg.pos_encoding == "rope", ablation=_ablation(plan, head), edited_rows=edited,
-        q_raw=_np(work.q_raw[head]), k_raw=_np(work.k_raw[g]), q=_np(work.q[head]), k=_np(work.k[g]),
-        v=_np(work.v[g]), raw=_np(work.raw[head]), scaled=_np(scaled), allowed=work.allowed.cpu().numpy(),
-        masked=_np(work.scores[head]), weights=_np(work.weights[head]), used=_np(work.used[head]),
+        q_raw=_np(a.q_raw[head]), k_raw=_np(a.k_raw[g]), q=_np(a.q[head]), k=_np(a.k[g]),
+        v=_np(a.v[g]), raw=_np(a.raw[head]), scaled=_np(scaled), allowed=a.allowed.cpu().numpy(),
+        masked=_np(a.scores[head]), weights=_np(a.weights[head]), used=_np(a.used[head]),
         value_norms=_np(norms[head]), value_weighted=_np(vw[head]),
     )
 

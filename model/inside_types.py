@@ -1,6 +1,13 @@
 """What model.inside returns: one attention cell worked through (`CellWork`) and one head as matrices
 (`HeadWork`), as float64 numpy copies of the model's own numbers (see model/inside.py for how they are
-computed and checked)."""
+computed and checked).
+
+Both are plain data, in the order the arithmetic runs: residual -> norm -> projections -> rotary ->
+dot products -> scale -> mask -> softmax -> (intervention) -> weighted values -> W_O. They are copies
+in float64 so a page can show and export them without holding tensors, and so sums a reader redoes
+by hand (Σ_d products = dot) come out as the model's within float32 rounding, not worse.
+Each number comes from model/attention.py's `attend` (`AttentionWork`), the computation the
+forward itself ran; what an intervention changed comes from the plan (model/interventions.py)."""
 
 from __future__ import annotations
 
@@ -26,11 +33,13 @@ class CellWork:
     not allowed (its score is -inf, its weight 0). scores_row (T,): s_i, -inf where masked;
     row_max = max_j s_ij; exp_row (T,) = exp(s_ij - row_max) (0 where masked); exp_sum = Σ_j
     exp_row; softmax_row (T,) = exp_row / exp_sum; weight = softmax_row[j].
-    used_row (T,): the row that multiplied V (softmax_row unless row_source is "uniform" (an
-    ablation), "edit: uniform" or "edit: key k"); used_weight = used_row[j].
+    used_row (T,): the row that multiplied V (softmax_row unless row_source says otherwise:
+    `LayerPlan.row_source`, the word of an ablation mode that replaces weights ("uniform"), "edit:
+    uniform" or "edit: key k"); used_weight = used_row[j].
     v (T, hs): v_j = W_V x̂_j + b_V of every key; weighted (hs,) = Σ_j used_row[j] v_j.
-    ablation: None, "zero", "mean" or "uniform" (this head); head_value (hs,): what the head passed on
-    (weighted, 0 when zeroed, its mean over the text's positions when mean-ablated).
+    ablation: None, or this head's ablation mode (model.interventions.ABLATION_MODES); head_value (hs,):
+    what the head passed on (weighted, 0 when zeroed, its mean over the text's positions when
+    mean-ablated).
     w_o (C, hs): the head's columns of W_O (None without an output projection: the value sits in the
     head's own dimensions). head_out (C,): the head's addition to the residual of token i; out_bias:
     b_O or None; heads_out (H, C): every head's addition at i; attn_out (C,) = Σ_h heads_out + b_O;
@@ -41,21 +50,21 @@ class CellWork:
     head: int
     query: int
     key: int
-    kv_head: int
+    kv_head: int  # several query heads may read one key/value head (grouped-query attention)
     n_heads: int
     kv_heads: int
     head_dim: int
-    norm: str
+    norm: str  # decides what the attention reads: norm1(x) ("pre") or x itself ("post", "none")
     norm_kind: str
     parallel: bool
-    x_i: np.ndarray
-    x_j: np.ndarray
-    xn_i: np.ndarray
-    xn_j: np.ndarray
-    q_raw: np.ndarray
-    k_raw: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
+    x_i: np.ndarray  # (C,)
+    x_j: np.ndarray  # (C,)
+    xn_i: np.ndarray  # (C,)
+    xn_j: np.ndarray  # (C,)
+    q_raw: np.ndarray  # (hs,): before the rotary step, so a page can show what the rotation did
+    k_raw: np.ndarray  # (hs,)
+    q: np.ndarray  # (hs,): what the dot product uses
+    k: np.ndarray  # (hs,)
     rotary: bool
     rotary_dims: int
     rotary_fraction: float
@@ -70,25 +79,25 @@ class CellWork:
     score: float
     allowed: np.ndarray
     masked: bool
-    scores_row: np.ndarray
-    row_max: float
-    exp_row: np.ndarray
+    scores_row: np.ndarray  # (T,): the whole row, since the softmax of one cell depends on all of it
+    row_max: float  # subtracted before exp, as softmax does, so no exp overflows
+    exp_row: np.ndarray  # (T,)
     exp_sum: float
-    softmax_row: np.ndarray
+    softmax_row: np.ndarray  # (T,): the model's own weights
     weight: float
-    used_row: np.ndarray
+    used_row: np.ndarray  # (T,): what V was multiplied with; another row only where the plan replaced it
     used_weight: float
     row_source: str
-    v: np.ndarray
-    weighted: np.ndarray
+    v: np.ndarray  # (T, hs)
+    weighted: np.ndarray  # (hs,)
     ablation: str | None
-    head_value: np.ndarray
-    w_o: np.ndarray | None
-    head_out: np.ndarray
-    out_bias: np.ndarray | None
-    heads_out: np.ndarray
-    attn_out: np.ndarray
-    residual_after: np.ndarray
+    head_value: np.ndarray  # (hs,): differs from weighted only when the head's output is ablated
+    w_o: np.ndarray | None  # (C, hs)
+    head_out: np.ndarray  # (C,)
+    out_bias: np.ndarray | None  # (C,): added once to the sum of the heads, so it belongs to none of them
+    heads_out: np.ndarray  # (H, C)
+    attn_out: np.ndarray  # (C,)
+    residual_after: np.ndarray  # (C,)
 
 
 @dataclass
@@ -113,16 +122,16 @@ class HeadWork:
     rotary: bool
     ablation: str | None
     edited_rows: list[int]
-    q_raw: np.ndarray
-    k_raw: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    raw: np.ndarray
-    scaled: np.ndarray
-    allowed: np.ndarray
-    masked: np.ndarray
-    weights: np.ndarray
-    used: np.ndarray
-    value_norms: np.ndarray
-    value_weighted: np.ndarray
+    q_raw: np.ndarray  # (T, hs)
+    k_raw: np.ndarray  # (T, hs)
+    q: np.ndarray  # (T, hs)
+    k: np.ndarray  # (T, hs): the key/value head's (kv_head), shared with its group's query heads
+    v: np.ndarray  # (T, hs)
+    raw: np.ndarray  # (T, T): query rows, key columns, as every attention matrix here
+    scaled: np.ndarray  # (T, T)
+    allowed: np.ndarray  # (T, T) bool: the mask is the layer's, the same for all its heads
+    masked: np.ndarray  # (T, T)
+    weights: np.ndarray  # (T, T)
+    used: np.ndarray  # (T, T)
+    value_norms: np.ndarray  # (T,): one per key: how far its value can move an output at all
+    value_weighted: np.ndarray  # (T, T)

@@ -20,6 +20,12 @@ Positions (`query`, `key`) are absolute positions in the text (0-based), also wi
 With intervention=None, or an empty intervention, the forward is bit-for-bit the normal one.
 The attention weights a forward returns under an intervention are the weights it multiplied
 V with (uniform / edited rows included); the scores are the model's own pre-softmax scores.
+
+What each mode does lives here, on the layer's plan (`LayerPlan.apply_to_weights`,
+`LayerPlan.apply_to_outputs`), which the forward and the rebuild of one cell (model/inside.py) both
+call through model/attention.py's `attend`: a new mode is a word in `ABLATION_MODES`, its family
+(`WEIGHT_MODES` or `OUTPUT_MODES`, and `WHOLE_TEXT_MODES` if it needs every position) and its rule in
+one of those two methods. The page's words for the modes are the lab's and the page's.
 """
 
 from __future__ import annotations
@@ -27,9 +33,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .config import ModelConfig
 
 ABLATION_MODES = ("zero", "mean", "uniform")
+# Where each mode acts: on a head's softmax rows (before they multiply V), or on what the head passes on
+# (after). The two families never meet in one head, so their order does not matter.
+WEIGHT_MODES = ("uniform",)
+OUTPUT_MODES = ("zero", "mean")
+# Modes that read every position of the text, which a key/value cache has not got: refused on top of one.
+WHOLE_TEXT_MODES = ("mean",)
 
 
 def _is_int(value: Any) -> bool:
@@ -79,6 +93,65 @@ class LayerPlan:
     mode: str
     ablate: tuple[int, ...]
     edits: tuple[tuple[int, int, int | None], ...]
+
+    def apply_to_weights(self, weights: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """The rows that multiply V: a weight-mode head's rows and each edited (head, query) row replace
+        the softmax's; every other row is `weights`' own.
+
+        weights (.., H, R, Tk): softmax rows, one per query of this call (any batch dimensions before);
+        allowed (R, Tk): the keys each query may read. The new rows are built once, (H, R, Tk), and
+        broadcast over the batch: an intervention is the same for every sequence."""
+        weight_heads = self.ablate if self.mode in WEIGHT_MODES else ()
+        if not weight_heads and not self.edits:
+            return weights
+        H, (R, t_key) = weights.shape[-3], allowed.shape
+        # 1/(number of allowed keys) on each allowed key: (R, Tk); a causal query at position p has p + 1
+        # of them (fewer in a local window), a bidirectional one every key
+        uniform = allowed.to(weights.dtype) / allowed.sum(-1, keepdim=True).to(weights.dtype)
+        new = torch.zeros(H, R, t_key, dtype=weights.dtype, device=weights.device)
+        replace = torch.zeros(H, R, 1, dtype=torch.bool, device=weights.device)  # which rows are new
+        for h in weight_heads:  # "uniform", the one weight mode
+            new[h] = uniform
+            replace[h] = True
+        for h, row, key in self.edits:
+            if key is None:  # attend equally to what the mask allows
+                new[h, row] = uniform[row]
+            else:  # all of the row's weight on one key
+                new[h, row] = 0.0
+                new[h, row, key] = 1.0
+            replace[h, row] = True
+        return torch.where(replace, new, weights)  # (.., H, R, Tk)
+
+    def apply_to_outputs(self, out: torch.Tensor) -> torch.Tensor:
+        """What the heads pass on, with the output-mode heads zeroed or replaced by their mean over queries.
+
+        out (.., H, R, X): one vector per head and query, before heads are concatenated (X = head_dim for
+        the heads' values; any other per-query quantity that is linear in them, such as model/inside's
+        value-weighted norms, ablates the same way). The mean runs over the R queries of this call,
+        which is the whole text: WHOLE_TEXT_MODES are refused on top of a cache."""
+        if self.mode not in OUTPUT_MODES or not self.ablate:
+            return out
+        mask = torch.zeros(out.shape[-3], 1, 1, dtype=torch.bool, device=out.device)  # (H, 1, 1)
+        mask[list(self.ablate)] = True
+        if self.mode == "zero":
+            return torch.where(mask, torch.zeros((), dtype=out.dtype, device=out.device), out)
+        return torch.where(mask, out.mean(dim=-2, keepdim=True), out)  # mean over this text's positions
+
+    def ablation_of(self, head: int) -> str | None:
+        """The mode that ablates `head`, or None when it is not ablated."""
+        return self.mode if head in self.ablate else None
+
+    def row_source(self, head: int, row: int) -> str:
+        """Where row `row` of `head`'s used weights comes from: "softmax", a weight mode's word (the head's
+        rows are replaced: "uniform"), or an edit ("edit: uniform", "edit: key k")."""
+        for h, r, key in self.edits:
+            if h == head and r == row:
+                return "edit: uniform" if key is None else f"edit: key {key}"
+        return self.mode if self.mode in WEIGHT_MODES and head in self.ablate else "softmax"
+
+    def edited_rows(self, head: int) -> list[int]:
+        """The queries whose rows of `head` are edited, in order."""
+        return sorted(row for h, row, _ in self.edits if h == head)
 
 
 @dataclass(frozen=True)
@@ -171,7 +244,7 @@ class Intervention:
         L, H = cfg.n_layers, cfg.n_heads
         for layer, head in self.heads:
             _check_head(layer, head, L, H, "ablated head")
-        if self.mode == "mean" and start > 0 and self.ablated_heads(cfg):
+        if self.mode in WHOLE_TEXT_MODES and start > 0 and self.ablated_heads(cfg):
             raise ValueError(
                 "mean ablation averages over every position of the text, so it cannot run on "
                 "top of a key/value cache; run the whole text without a cache"

@@ -1,10 +1,10 @@
 """A small decoder-only (GPT-style) transformer that can report exactly what it attended to.
 
-Two attention paths share one set of weights:
-* the fused path (`F.scaled_dot_product_attention`) when no attention is requested;
-* the explicit path (scores -> mask -> softmax -> weighted sum) when it is, which returns the
-  post-softmax weights it multiplied V with and the pre-softmax scores it computed.
-Tests hold the two equal, so the picture in the app is the computation the model ran.
+The attention layer, its mask and rotary helpers live in model/attention.py: the fused kernel when no
+attention is requested, and the written-out computation (`attend`: scores -> mask -> softmax ->
+weighted sum) when it is, which returns the post-softmax weights it multiplied V with and the
+pre-softmax scores it computed. Tests hold the two equal, so the picture in the app is the
+computation the model ran.
 """
 
 from __future__ import annotations
@@ -16,17 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import LayerCache, SelfAttention, rope_angles
 from .config import ModelConfig
 from .interventions import Intervention, LayerPlan
-from .patching import Activations, LayerTap, Patch, make_taps
-
-
-@dataclass
-class LayerCache:
-    """Keys and values of one layer, shape (B, H, T_cached, head_dim)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
+from .patching import Activations, Patch, make_taps
 
 
 @dataclass
@@ -70,185 +63,6 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle)
     return table.float()
-
-
-def rope_angles(n_positions: int, head_dim: int, base: float = 10000.0, precision: str = "float64") -> torch.Tensor:
-    """Rotation angle pos * base^(-2i/head_dim) for each position and dimension pair: (P, head_dim/2).
-
-    With a rotary fraction below 1 pass the rotated dimensions (ModelConfig.rope_dim) as head_dim:
-    the frequencies are spread over the rotated part only, as in GPT-NeoX. precision "float32":
-    the same formula in float32, operation for operation as transformers computes it."""
-    if precision == "float32":
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        return torch.arange(n_positions).float().unsqueeze(1) * inv_freq  # (P, head_dim/2)
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    return (torch.arange(n_positions, dtype=torch.float64).unsqueeze(1) * inv_freq).float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) of the first 2 * cos.shape[-1] dims of the last
-    dim by the given angles; the dimensions after them pass through unrotated (partial rotary).
-
-    x: (B, H, T, hd); cos/sin: (T, rd/2) with rd <= hd.
-    """
-    rd = 2 * cos.shape[-1]
-    if rd < x.shape[-1]:
-        return torch.cat((apply_rope(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)  # (B, H, T, hd)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2)
-
-
-def causal_mask(t_query: int, t_key: int, device: torch.device | None = None, window: int = 0) -> torch.Tensor:
-    """Boolean (Tq, Tk) mask, True where attention is NOT allowed (key after query).
-
-    Queries are the last Tq positions of the Tk keys, as in incremental decoding. window > 0 also
-    masks keys `window` or more positions before the query (a local layer sees its last `window`
-    keys, its own included, as GPT-Neo's local attention does).
-    """
-    # With a cache the Tq new queries sit after Tk - Tq cached keys, so query row i is at
-    # absolute position i + offset; without a cache offset is 0 and this is the usual triangle.
-    offset = t_key - t_query
-    q = torch.arange(t_query, device=device).unsqueeze(1) + offset  # (Tq, 1)
-    k = torch.arange(t_key, device=device).unsqueeze(0)  # (1, Tk)
-    if window:
-        return (k > q) | (k <= q - window)  # (Tq, Tk)
-    return k > q  # (Tq, Tk)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0):
-        super().__init__()
-        self.cfg = cfg
-        self.n_heads, self.head_dim, self.kv_heads = cfg.n_heads, cfg.head_dim, cfg.kv_heads
-        # queries of every head, then keys and values of every key/value head, in one matrix
-        self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.part_bias("qkv"))
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.part_bias("attn_out")) if cfg.attn_out_proj else None
-        self.dropout = cfg.dropout
-        self.window = cfg.window(layer)  # 0: every earlier key; w: the last w keys only
-        # None keeps torch's and the written-out path's 1/sqrt(hs); GPT-Neo does not scale
-        self.scale = None if cfg.attn_scale == "inverse_sqrt" else 1.0
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None,
-        past: LayerCache | None,
-        want_cache: bool,
-        want_attention: bool,
-        plan: LayerPlan | None = None,
-        tap: LayerTap | None = None,
-    ) -> tuple[torch.Tensor, LayerCache | None, torch.Tensor | None, torch.Tensor | None]:
-        B, T, C = x.shape
-        H, Hkv, hs = self.n_heads, self.kv_heads, self.head_dim
-        if Hkv == H:
-            # one matmul for all three projections, then split heads: each of q, k, v is (B, H, T, hs)
-            q, k, v = self.qkv(x).view(B, T, 3, H, hs).permute(2, 0, 3, 1, 4)
-        else:
-            # grouped-query attention: fewer key/value heads; the cache keeps them grouped
-            q, k, v = self.qkv(x).split((H * hs, Hkv * hs, Hkv * hs), dim=-1)
-            q = q.view(B, T, H, hs).transpose(1, 2)  # (B, H, T, hs)
-            k = k.view(B, T, Hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
-            v = v.view(B, T, Hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
-        if rope is not None:
-            # rotate before caching: cached keys keep the rotation of their own positions
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if past is not None:  # keys/values of earlier tokens: (B, H, T_past + T, hs)
-            k = torch.cat((past.k, k), dim=2)
-            v = torch.cat((past.v, v), dim=2)
-        new_cache = LayerCache(k.contiguous(), v.contiguous()) if want_cache else None  # not views of q, k, v together
-        if Hkv != H:
-            # query head h reads key/value head h // (H / Hkv): each group's keys repeated per query head
-            k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, T_key, hs)
-            v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, T_key, hs)
-        t_key = k.shape[2]
-        causal = self.cfg.mask == "causal"
-        drop = self.dropout if self.training else 0.0
-        scale = {} if self.scale is None else {"scale": self.scale}
-
-        if self.window and t_key > 1 and (not want_attention and plan is None):
-            # a local layer: its band of allowed keys is passed to the fused kernel explicitly
-            allowed = ~causal_mask(T, t_key, x.device, self.window)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop, **scale)
-            weights = scores = None
-        elif not want_attention and plan is None:
-            # Fused path: torch's kernel never materialises the weights, so it is faster and
-            # leaner, but there is nothing to show. The mask is chosen to match `causal_mask`:
-            if not causal or T == 1:
-                # bidirectional masks nothing; a single causal query is the last position and
-                # may see every key, so it needs no mask either
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, **scale)
-            elif t_key == T:
-                # no cache: the plain lower triangle
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, **scale)
-            else:
-                # several new queries after cached keys: is_causal would align the triangle to
-                # the top-left corner (wrong here), so pass the offset mask explicitly
-                allowed = ~causal_mask(T, t_key, x.device)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop, **scale)
-            weights = scores = None
-        else:
-            # Explicit path, for when the caller wants to see attention: the same maths written
-            # out, returning exactly the weights that multiply V.
-            # scaled dot products (Vaswani et al. 2017, eq. 1): (B, H, T, T_key); rows are queries
-            scores = q @ k.transpose(-2, -1)
-            if self.scale is None:
-                scores = scores * (1.0 / math.sqrt(self.head_dim))
-            if causal:
-                scores = scores.masked_fill(causal_mask(T, t_key, x.device, self.window), float("-inf"))
-            weights = torch.softmax(scores, dim=-1)  # exp(-inf) = 0: masked weights are exactly zero
-            if plan is not None:
-                weights = self._edit_weights(weights, plan, T, t_key, causal)
-            y = F.dropout(weights, drop, training=True) @ v if drop else weights @ v
-            if plan is not None:
-                y = self._ablate_outputs(y, plan)
-
-        if tap is not None:  # a patched or recorded forward (model.patching): each head's output
-            y = tap.head(y)  # (B, H, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again: (B, T, C)
-        if self.proj is not None:
-            y = self.proj(y)
-        return y, new_cache, weights, scores
-
-    def _edit_weights(
-        self, weights: torch.Tensor, plan: LayerPlan, T: int, t_key: int, causal: bool
-    ) -> torch.Tensor:
-        """Rows replaced by the intervention: uniform-ablated heads and edited (head, query) rows."""
-        H = self.n_heads
-        uniform_heads = plan.ablate if plan.mode == "uniform" else ()
-        if not uniform_heads and not plan.edits:
-            return weights
-        allowed = (
-            ~causal_mask(T, t_key, weights.device, self.window)
-            if causal
-            else torch.ones(T, t_key, dtype=torch.bool, device=weights.device)
-        )
-        uniform = allowed.to(weights.dtype) / allowed.sum(-1, keepdim=True).to(weights.dtype)  # (T, Tk)
-        new = torch.zeros(H, T, t_key, dtype=weights.dtype, device=weights.device)
-        replace = torch.zeros(H, T, 1, dtype=torch.bool, device=weights.device)
-        for h in uniform_heads:
-            new[h] = uniform
-            replace[h] = True
-        for h, row, key in plan.edits:
-            if key is None:
-                new[h, row] = uniform[row]
-            else:
-                new[h, row] = 0.0
-                new[h, row, key] = 1.0
-            replace[h, row] = True
-        return torch.where(replace, new, weights)  # (B, H, T, Tk), broadcast over the batch
-
-    @staticmethod
-    def _ablate_outputs(y: torch.Tensor, plan: LayerPlan) -> torch.Tensor:
-        """Zero- or mean-ablate heads' outputs y: (B, H, T, hs), before heads are concatenated."""
-        if plan.mode not in ("zero", "mean") or not plan.ablate:
-            return y
-        H = y.shape[1]
-        mask = torch.zeros(1, H, 1, 1, dtype=torch.bool, device=y.device)
-        mask[0, list(plan.ablate)] = True
-        if plan.mode == "zero":
-            return torch.where(mask, torch.zeros((), dtype=y.dtype, device=y.device), y)
-        return torch.where(mask, y.mean(dim=2, keepdim=True), y)  # mean over this text's positions
 
 
 class FeedForward(nn.Module):

@@ -1,9 +1,10 @@
 """The head tools' handlers (Explore tab, below the text): head roles, the logit lens, ablation
 and attention edits, regeneration side by side, and prompt A against prompt B.
 
-Each checks its inputs, calls a head-tool verb of the person's session, draws with one viz function
-and returns what the page shows. `probe_views` runs after every change of the text (Step,
-Generate, Undo, Reset) and of the selected token, so every tool follows the text as it grows.
+Each checks its inputs, calls a verb of the person's head tools (`session.heads`, lab.heads.Heads),
+draws with one viz function and returns what the page shows. `probe_views` runs after every change of
+the text (Step, Generate, Undo, Reset) and of the selected token, so every tool follows the text as it
+grows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 import gradio as gr
 
 import viz
-from lab import probing
+from lab.heads import LENS_TOP, Regeneration, head_label
 from lab.roles import HeadRoles
 from lab.checks import UserError, check_int, check_sampling, check_text, whole_numbers
 from lab.export import model_stem
@@ -50,13 +51,13 @@ def width_for(session: Session, share: float = 1.0) -> int:
 
 
 def roles_figure(session: Session, layer=None, head=None):
-    roles = session.head_roles()
+    roles = session.heads.head_roles()
     if roles is None:
         return message_plot(NO_TEXT), ""
     selected = None
     if isinstance(layer, int) and isinstance(head, int):
         selected = (layer, head)
-    marked = probing.ablated(session.text, session.probe)
+    marked = session.heads.ablated()
     fig = viz.role_overview(roles.scores, roles.roles, selected=selected, marked=marked,
                             presentation=session.display.presentation, width_px=width_for(session))
     fig = named(fig, model_stem(session.model_name), "head-roles", f"{len(roles.tokens)}tokens")
@@ -66,18 +67,18 @@ def roles_figure(session: Session, layer=None, head=None):
 def roles_note(roles: HeadRoles) -> str:
     """The labelled heads in words, with each label's threshold, and what each score means."""
     L, H = roles.shape
-    found = [f"**{probing.head_label(layer, h)}** {lab}" for layer in range(L) for h in range(H)
+    found = [f"**{head_label(layer, h)}** {lab}" for layer in range(L) for h in range(H)
              if (lab := roles.label(layer, h))]
     said = "Labelled on this text: " + ("; ".join(found) if found else "no head passes a threshold yet") + "."
     return said + " Click a cell to show that head above; hover for the formula."
 
 
 def show_lens(session: Session):
-    if probing.selected(session.text) is None:
+    if session.heads.selected() is None:
         return message_plot(NO_TEXT)
-    lens = session.lens()
+    lens = session.heads.lens()
     title = f"Logit lens after “{lens.token}” (position {lens.index}): the prediction read out after each layer"
-    fig = viz.lens_grid(lens.probs, lens.pieces, top=probing.LENS_TOP, row_labels=lens.labels, title=title,
+    fig = viz.lens_grid(lens.probs, lens.pieces, top=LENS_TOP, row_labels=lens.labels, title=title,
                          presentation=session.display.presentation, width_px=width_for(session, 0.6))
     return to_plot(named(fig, model_stem(session.model_name), f"pos{lens.index}", "logit-lens"))
 
@@ -85,11 +86,11 @@ def show_lens(session: Session):
 def effect_views(session: Session):
     """The before/after chart, its sentence and its numbers (for the API), for the selected token,
     from one computation of the effect (a message and {"active": false} without settings)."""
-    if probing.selected(session.text) is None:
+    if session.heads.selected() is None:
         return message_plot(NO_TEXT), "", {"active": False}
-    if not session.probe.active:
+    if not session.heads.settings.active:
         return message_plot(NO_SETTINGS), "", {"active": False}
-    e = session.effect()
+    e = session.heads.effect()
     title = f"After “{e.token}” (position {e.index}): KL(before ‖ after) = {e.kl_bits:.3f} bits"
     fig = viz.compare_distributions(e.pieces, e.before, e.after, labels=("model as trained", "with the change"),
                                     title=title, presentation=session.display.presentation)
@@ -107,21 +108,21 @@ def probe_views(session: Session, layer, head):
     roles_fig, note = roles_figure(session, layer, head) if tool == "roles" else (gr.skip(), gr.skip())
     effect_fig, effect_md, _ = effect_views(session) if tool == "ablate" else (gr.skip(), gr.skip(), None)
     lens = show_lens(session) if tool == "lens" else gr.skip()
-    edit_head, current = probing.edit_state(session.text, session.probe)
-    choices = probing.key_choices(session.text)
+    edit_head, current = session.heads.edit_state()
+    choices = session.heads.key_choices()
     if current not in [v for _, v in choices]:
         current = "off"
-    heads = probing.head_labels(session.text)
+    heads = session.heads.head_labels()
     if edit_head is None:
-        shown = probing.head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else None
+        shown = head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else None
         edit_head = shown if shown in heads else (heads[0] if heads else None)
     return (roles_fig, note, lens, effect_fig, effect_md,
-            gr.update(choices=heads, value=[probing.head_label(*h) for h in session.probe.heads]),
+            gr.update(choices=heads, value=[head_label(*h) for h in session.heads.settings.heads]),
             gr.update(choices=heads, value=edit_head), gr.update(choices=choices, value=current), query_note(session))
 
 
 def query_note(session: Session) -> str:
-    q = probing.selected(session.text)
+    q = session.heads.selected()
     if q is None:
         return ""
     return (f"Query: “{html.escape(session.tokens()[q][0], quote=False)}” (position {q}), the token selected in the "
@@ -135,22 +136,14 @@ def query_note(session: Session) -> str:
 def refresh(session, layer, head, query=None, request: gr.Request = None):
     """The head tools after the text or the selected token (`query`, a window position; None =
     the last token; one the text no longer has, after an Undo: the last too) changed."""
-    layer, head = probing.check_shown(session.text, layer, head)
-    if query is not None and (isinstance(query, bool) or not isinstance(query, (int, float))):
-        raise UserError("The selected token must be given by its position in the text.")
-    if probing.selected(session.text) is not None:
-        n = len(session.tokens())
-        if 0 <= (query if query is not None else -1) < n and float(query).is_integer():
-            session.select(int(query))
-        else:
-            session.select_last()
+    layer, head = session.heads.follow(layer, head, query)
     return probe_views(session, layer, head)
 
 
 @handler
 def show_tool(session, tool, layer, head, request: gr.Request = None):
     """A head tool's tab was shown: draw it for the current text."""
-    layer, head = probing.check_shown(session.text, layer, head)
+    layer, head = session.heads.check_shown(layer, head)
     session.show_tool(tool)
     return probe_views(session, layer, head)
 
@@ -158,7 +151,7 @@ def show_tool(session, tool, layer, head, request: gr.Request = None):
 @handler
 def head_roles_table(session, request: gr.Request = None):
     """The scores of every head on the session's current text, one row per head."""
-    roles = session.head_roles()
+    roles = session.heads.head_roles()
     if roles is None:
         raise UserError("Press Step first: head roles are computed on the text in the Explore tab.")
     return {"columns": roles.columns(), "data": roles.rows(), "tokens": roles.tokens,
@@ -169,11 +162,7 @@ def head_roles_table(session, request: gr.Request = None):
 @handler
 def lens_at(session, index, request: gr.Request = None):
     """The next-token distribution after each layer at token `index` (None: the selected one)."""
-    if probing.selected(session.text) is None:
-        raise UserError("Press Step first: the logit lens reads the text in the Explore tab.")
-    if index is not None:
-        session.select(index)
-    lens = session.lens()
+    lens = session.heads.lens_at(index)
     return show_lens(session), {"index": lens.index, "token": lens.token,
                                   "columns": ["stage", "rank", "token", "probability"], "data": lens.top()}
 
@@ -181,8 +170,8 @@ def lens_at(session, index, request: gr.Request = None):
 @handler
 def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.Request = None):
     """Ablate these heads (zero / mean / uniform; or all others with keep_only) and show the effect."""
-    layer, head = probing.check_shown(session.text, layer, head)
-    session.set_ablation(heads or [], mode, keep_only)
+    layer, head = session.heads.check_shown(layer, head)
+    session.heads.set_ablation(heads or [], mode, keep_only)
     fig, md, data = effect_views(session)
     roles = roles_figure(session, layer, head)[0] if session.display.tool == "roles" else gr.skip()
     return fig, md, roles, data
@@ -192,18 +181,14 @@ def ablate(session, heads, mode, keep_only, layer=None, head=None, request: gr.R
 def edit_attention(session, head, key, request: gr.Request = None):
     """Replace the selected token's row of one head ("L1H0"): only `key` (a position), "uniform", or "off".
     The head is checked even when `key` is "off" (nothing to edit): one that is not the model's is refused."""
-    if head is not None and session.text.entry is not None:
-        if not isinstance(head, str):
-            raise UserError("Choose the head whose row to edit, e.g. L1H0.")
-        probing.parse_heads([head], *probing.shape(session.text))
-    session.edit_selected(head, key)
+    session.heads.edit_selected(head, key)
     return effect_views(session)
 
 
 @handler
 def clear_settings(session, layer, head, request: gr.Request = None):
-    layer, head = probing.check_shown(session.text, layer, head)
-    session.clear_probe()
+    layer, head = session.heads.check_shown(layer, head)
+    session.heads.clear_probe()
     return probe_views(session, layer, head)
 
 
@@ -211,12 +196,12 @@ def clear_settings(session, layer, head, request: gr.Request = None):
 def regenerate(session, temperature, top_k, top_p, seed, n, request: gr.Request = None):
     """The text continued twice with the same seed, plainly and with the change, side by side."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
-    r = session.regenerate(sampling, n)
+    r = session.heads.regenerate(sampling, n)
     return continuations_html(r, regeneration_key(session)), {"normal": r.normal, "changed": r.changed,
                                    "first_difference": r.first_difference, "what": r.what}
 
 
-def continuations_html(r: probing.Regeneration, key: str = "") -> str:
+def continuations_html(r: Regeneration, key: str = "") -> str:
     """The two continuations one above the other, the first differing token marked in both; `key`
     (`regeneration_key`) says what they continued."""
     def row(label: str, pieces: list[str]) -> str:
@@ -235,7 +220,7 @@ def continuations_html(r: probing.Regeneration, key: str = "") -> str:
 
 def regeneration_key(session: Session) -> str:
     """A short fingerprint of what a regeneration continued: the model, the text and the head settings."""
-    what = repr((session.model_name, session.tokens(), session.generated_text(), session.probe))
+    what = repr((session.model_name, session.tokens(), session.generated_text(), session.heads.settings))
     return hashlib.sha256(what.encode()).hexdigest()[:16]
 
 
@@ -265,12 +250,10 @@ def pick_head(session, pick, picking, chosen, model_name, view=None, request: gr
         raise UserError("The heads to ablate must be a list of heads such as L1H0.")
     known_model(session, model_name)
     check_text("view", view, optional=True)
-    if not probing.head_labels(session.text):
-        raise UserError("Press Step first.")
-    ((layer, head),) = probing.parse_heads([cell], *probing.shape(session.text))
+    ((layer, head),) = session.heads.parse_heads([cell])  # "Press Step first." before there is a model
     if picking is True:
         chosen = list(chosen or [])
-        label = probing.head_label(layer, head)
+        label = head_label(layer, head)
         chosen = [c for c in chosen if c != label] if label in chosen else [*chosen, label]
         return gr.skip(), gr.skip(), chosen, gr.skip()
     return layer, head, gr.skip(), "weights" if view in ("all layers", viz.THUMBNAILS_VIEW) else gr.skip()
@@ -279,7 +262,7 @@ def pick_head(session, pick, picking, chosen, model_name, view=None, request: gr
 @handler
 def compare(session, model_name, prompt_a, prompt_b, layer, request: gr.Request = None):
     """Prompt A against prompt B on one model: attention B − A per head, score changes, next tokens."""
-    c = session.compare(model_name, prompt_a, prompt_b)
+    c = session.heads.compare(model_name, prompt_a, prompt_b)
     L = len(c.diff)
     layer = check_int("layer", layer, 0, L - 1) if layer is not None else L - 1
     return compare_views(session, model_name, c, layer)

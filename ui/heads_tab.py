@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from lab.probing import ABLATION_MODES, MAX_REGENERATE
+from lab.heads import ABLATION_MODES, MAX_REGENERATE
 from lab.session import HEAD_TOOLS
 
 from .common import RAW, api_example, message_plot

@@ -21,7 +21,6 @@ import numpy as np
 
 import viz
 from viz import inside as cell_viz
-from lab import inside as lab_inside
 from lab.checks import UserError, check_int, whole_numbers
 from lab.export import file_name, model_stem
 
@@ -143,7 +142,7 @@ def no_text() -> tuple:
 
 def draw_cell(session, layer, head, query, key) -> tuple:
     """(header, table, six figures, layer, head, query, key) of a cell; query None: the selected token."""
-    data = lab_inside.cell(session.text, session.probe, layer, head, query, key)
+    data = session.inside.cell(layer, head, query, key)
     d = session.display
     figures = cell_figures(data, _width(session), d.presentation)
     return (header(data), numbers_table(data), *figures, data["layer"], data["head"], data["query"], data["key"])
@@ -175,7 +174,7 @@ def open_panel(session, layer, head, query, key, view_layer, view_head, request:
     """The panel was opened (or its numbers typed): the cell it names, else the selected token of the
     head shown in the Explore view."""
     layer, head, query, key = (_given(v) for v in (layer, head, query, key))
-    if session.text.decoder is None:
+    if not session.inside.has_text:
         return no_text()
     if query is None or layer is None or head is None:  # no cell yet (a blank box may read 0, not None)
         layer, head = _view_head(view_layer, view_head)
@@ -198,7 +197,7 @@ def selected_token(session, layer, head, query, view_layer, view_head, request: 
     """The selected token's row (the last token when none is selected), at the key it gives the largest share,
     in the panel's head (the head the Explore view shows when no cell is drawn yet)."""
     layer, head, query = (_given(v) for v in (layer, head, query))
-    if session.text.decoder is None:  # the text went (another model, Reset): nothing to work through
+    if not session.inside.has_text:  # the text went (another model, Reset): nothing to work through
         return no_text()
     if query is None or layer is None or head is None:
         layer, head = _view_head(view_layer, view_head)
@@ -214,9 +213,9 @@ def draw_matrices(session, layer, head, query, key, request: gr.Request = None):
 def head_matrices(session, layer, head, query, key):
     """`draw_matrices`'s figure (a message without a cell)."""
     layer, head, query, key = (_given(v) for v in (layer, head, query, key))
-    if session.text.decoder is None or layer is None or head is None:
+    if not session.inside.has_text or layer is None or head is None:
         return message_plot("Open a cell first: the matrices are those of its head.")
-    data = lab_inside.head(session.text, session.probe, layer, head)
+    data = session.inside.head(layer, head)
     t = len(data["tokens"])
     query = t - 1 if query is None else check_int("query", query, 0, t - 1)
     key = query if key is None else check_int("key", key, 0, t - 1)
@@ -238,6 +237,6 @@ def download_cell(session, fmt, layer, head, query, key, request: gr.Request = N
     layer, head, query, key = (_given(v) for v in (layer, head, query, key))
     if query is None or key is None:
         raise UserError("Open a cell first: click a cell of the attention, or use the selected token.")
-    exp = lab_inside.cell_export(session.text, session.probe, layer, head, query, key)
+    exp = session.inside.cell_export(layer, head, query, key)
     data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
     return str(session.save_file(exp.name, f".{fmt}", data))

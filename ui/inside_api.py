@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gradio as gr
 
-from lab import inside as lab_inside
 from lab.limits import CONCURRENCY
 
 from .common import RAW, api_example, handler
@@ -25,7 +24,7 @@ def _optional(value):
 @handler
 def inside(session, layer, head, query=None, key=None, request: gr.Request = None):
     """Cell (query, key) of head `head` in `layer`: every number from x_i to the residual, with its formula."""
-    return lab_inside.cell(session.text, session.probe, layer, head, _optional(query), _optional(key))
+    return session.inside.cell(layer, head, _optional(query), _optional(key))
 
 
 def bind_inside_api(ses: gr.State) -> None:

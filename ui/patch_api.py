@@ -1,4 +1,4 @@
-"""The API's /patch: an activation-patching sweep between two prompts, as numbers (lab.patching).
+"""The API's /patch: an activation-patching sweep between two prompts, as numbers (`session.sweeps`, lab.sweeps).
 
 /patch(model_name, prompt_a, prompt_b, metric, answer, other, what, direction): metric "logit_diff"
 (logit of `answer` minus logit of `other` at the last position) or "prob" (probability of `answer`;
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gradio as gr
 
-from lab import patching
 from lab.limits import CONCURRENCY
 from lab.models import DEFAULT_MODEL
 
@@ -29,7 +28,7 @@ EXAMPLE = (DEFAULT_MODEL, "anna found the key . she gave it to tom because he as
 def patch(session, model_name, prompt_a, prompt_b, metric, answer, other=None, what="heads", direction="denoising",
           request: gr.Request = None):
     """Patch every cell of one sweep from one prompt's run into the other's; the heatmap's numbers as JSON."""
-    return patching.run(session, model_name, prompt_a, prompt_b, metric, answer, other, what, direction).to_json()
+    return session.sweeps.run(model_name, prompt_a, prompt_b, metric, answer, other, what, direction).to_json()
 
 
 def bind_patch_api(ses: gr.State) -> None:

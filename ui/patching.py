@@ -3,7 +3,7 @@
 The learner chooses a metric (the logit difference of two answer tokens, or the probability of one),
 a direction (denoising: A's activations into B's run; noising: B's into A's) and what to patch (each
 head's output, or each layer's residual stream, attention output or MLP output at each position).
-Run streams a progress bar and Stop ends the sweep after its current batch (lab.patching). The
+Run streams a progress bar and Stop ends the sweep after its current batch (lab.sweeps). The
 result is a heatmap of the share of the difference each patch restores (viz.patching) with a
 one-line summary of the best cells. A click on a head's cell opens that head: the Explore attention
 shows it, Compare A / B draws its layer's B − A with the head named, and a figure shows its attention
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import html
 import time
-import weakref
 from types import SimpleNamespace
 
 import gradio as gr
@@ -53,10 +52,6 @@ PAIR_ANSWERS = {
      "tom found the key . he gave it to anna because she asked"): ("her", "him"),
     ("tom found the key . he gave it to anna because", "anna found the key . she gave it to tom because"): ("she", "he"),
 }
-
-# Each session's last sweep, for the clicks on its map (gone with the session).
-_LAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 def direction_help() -> str:
     """One line per direction: what it runs and what its 1 means (lab.patching.DIRECTIONS)."""
@@ -179,10 +174,10 @@ def run_patching(session, model_name, prompt_a, prompt_b, metric, answer, other,
                  request: gr.Request = None):
     """Run one sweep, streaming its progress; ends with the heatmap, the metric line and the summary."""
     last = 0.0
-    for p in patching.run_steps(session, model_name, prompt_a, prompt_b, metric, answer, other, what, direction):
+    # the sweep's result stays on the session (`session.sweeps.last`) for the map's clicks and download
+    for p in session.sweeps.run_steps(model_name, prompt_a, prompt_b, metric, answer, other, what, direction):
         if p.result is not None:
             r = p.result
-            _LAST[session] = r
             text = (f"stopped: {r.done} / {p.total} patched runs" if r.stopped
                     else f"{p.total} / {p.total} patched runs")
             yield (progress_html(r.done, p.total, text), metric_note(r), patch_figure(session, r),
@@ -197,17 +192,14 @@ def download_patching(session, fmt, request: gr.Request = None):
     """The last sweep's numbers, one line per cell (lab.patching.export), as CSV or JSON."""
     if fmt not in ("csv", "json"):
         raise UserError("The format must be csv or json.")
-    result = _LAST.get(session)
-    if result is None:
-        raise UserError("Run patching first: the numbers are the map's.")
-    exp = patching.export(result)
+    exp = session.sweeps.export()
     data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
     return str(session.save_file(exp.name, f".{fmt}", data))
 
 
 @handler(exclusive=False)  # Stop must not wait for the sweep it stops
 def stop_patching(session, request: gr.Request = None):
-    if not patching.stop_sweep(session):
+    if not session.sweeps.stop():
         return gr.skip()
     return progress_html(0, 1, "Stopping after the current batch…")
 
@@ -216,7 +208,7 @@ def stop_patching(session, request: gr.Request = None):
 def open_patched_head(session, pick, prompt_a, prompt_b, view=None, request: gr.Request = None):
     """A click on a head's cell ("layer,head"): the Explore attention shows that head, Compare A / B draws
     its layer's B − A with the head named, and its attention on both prompts is drawn side by side."""
-    result = _LAST.get(session)
+    result = session.sweeps.last
     cell = whole_numbers(pick, ",", 2)  # "layer,head"
     if result is None or result.what != "heads":
         raise UserError("Run a sweep of the head outputs first, then click one of its cells.")
@@ -227,7 +219,7 @@ def open_patched_head(session, pick, prompt_a, prompt_b, view=None, request: gr.
     if not (0 <= layer < len(result.rows) and 0 <= head < len(result.columns)):
         raise UserError("Click a cell of the patching map.")
     s = result.setup
-    c = session.compare(s.entry.name, prompt_a, prompt_b)
+    c = session.heads.compare(s.entry.name, prompt_a, prompt_b)
     if c.tokens_a != s.tokens_a or c.tokens_b != s.tokens_b:
         raise UserError("The prompts changed since this sweep: press Run patching again, then click a cell.")
     share = result.values[layer, head]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import html
 import time
-import weakref
 
 import gradio as gr
 import numpy as np
@@ -108,22 +107,14 @@ def stop_training(session, request: gr.Request = None):
     """Stop the session's training; the answer is the status the run ended with ("Stopping…" if it has not
     ended within STOP_WAIT_S). The page writes it into the status box the run's own last update writes, so
     whichever of the two arrives last, the box says how the run ended."""
-    return session.stop_training(wait=STOP_WAIT_S) or "Stopping…"
-
-
-# The refusal of each session's last upload, for `upload_refused` (gone with the session).
-_REFUSALS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+    return session.training.stop(wait=STOP_WAIT_S) or "Stopping…"
 
 
 @handler(rate="upload")
 def upload_model(session, path, request: gr.Request = None):
     """Load a .safetensors checkpoint into this session after validating it."""
-    _REFUSALS.pop(session, None)
-    try:
+    with session.training.upload_refusal():  # a refusal is kept for `upload_refused` to tell
         name, removed = session.upload_noting_removed(file_path(path, ".safetensors"))
-    except ValueError as exc:
-        _REFUSALS[session] = str(exc)
-        raise
     status = " ".join(filter(None, [f"Loaded '{name}'. It is now in the Explore model list.", removed_note(removed)]))
     return session, status, gr.update(choices=session.model_names(), value=name)
 
@@ -131,7 +122,7 @@ def upload_model(session, path, request: gr.Request = None):
 @handler(exclusive=False)
 def upload_refused(session, request: gr.Request = None):
     """After a refused upload: the file box is emptied (nothing was loaded) and the status says why."""
-    why = _REFUSALS.pop(session, None) or "The file was not loaded."
+    why = session.training.refused_upload() or "The file was not loaded."
     return None, f"{why} Nothing was loaded."
 
 

@@ -272,7 +272,8 @@ def build(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
 
 
 def _rebuild_buffers(model: DecoderLM, cfg: ModelConfig) -> None:
-    from ..transformer import rope_angles, sinusoidal_table
+    from ..attention import rope_angles
+    from ..transformer import sinusoidal_table
 
     if cfg.pos_encoding == "sinusoidal":
         model.register_buffer("pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False)

@@ -12,7 +12,8 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from lab import probing
+from lab.heads import Effect
+from lab.headsettings import changed_attention
 from lab.models import BUILTINS
 from lab.session import Session
 from model.generate import Sampling
@@ -37,7 +38,7 @@ def local(prompt=P, model=GRAMMAR, steps=1) -> Session:
     return s
 
 
-def assert_same_effect(data: dict, e: probing.Effect) -> None:
+def assert_same_effect(data: dict, e: Effect) -> None:
     """The server's effect is the one computed here: the same candidates, probabilities to float
     rounding (the server runs one torch thread, this process several), KL to 2 %."""
     assert [m["piece"] for m in data["moves"]] == [m.piece for m in e.moves]
@@ -55,7 +56,7 @@ def test_head_roles_table(client):
     rows = {(r[0], r[1]): dict(zip(cols, r)) for r in table["data"]}
     assert len(rows) == 12
     assert rows[(1, 0)]["role"] == "pronoun → name"  # the head the README points to
-    expect = local().head_roles()
+    expect = local().heads.head_roles()
     for (layer, head), row in rows.items():
         for key in ("previous_token", "first_token", "self_attention", "entropy", "match"):
             assert row[key] == pytest.approx(float(expect.scores[key][layer, head]), abs=1e-4)
@@ -88,8 +89,8 @@ def test_ablate_reports_the_effect_and_clear_undoes_it(client):
     _, summary, _, data = client.predict(["L2H3", "L1H1"], "zero", False, 1, 0, api_name="/ablate")
     assert data["active"] and "L1H1, L2H3 zeroed" in data["what"]
     s = local()
-    s.set_ablation(["L2H3", "L1H1"], "zero", False)
-    assert_same_effect(data, s.effect())
+    s.heads.set_ablation(["L2H3", "L1H1"], "zero", False)
+    assert_same_effect(data, s.heads.effect())
     assert "KL(before ‖ after)" in summary
     # the ablation stays while the text grows: the next Step's effect is for the new text
     client.predict(GRAMMAR, P, *GREEDY, 1, 0, "weights", api_name="/step")
@@ -141,8 +142,8 @@ def test_edit_attention_and_its_refusals(client):
     assert "row of “he” (11) in L1H0 attends to only “anna” (0)" in data["what"]
     s = local()
     s.select(11)
-    s.set_edit(1, 0, 11, 0)
-    assert_same_effect(data, s.effect())
+    s.heads.set_edit(1, 0, 11, 0)
+    assert_same_effect(data, s.heads.effect())
     for args, pattern in [(("L1H0", "12"), "comes after the query"), (("all", "0"), "L<layer>H<head>"),
                           (("L9H0", "0"), "layers 0–2"), (("L1H0", "somewhere"), "key position"),
                           ((None, "0"), "Choose the head")]:
@@ -159,8 +160,8 @@ def test_regenerate_side_by_side(client):
     client.predict(["L1H1", "L2H3"], "zero", False, 1, 0, api_name="/ablate")
     page, data = client.predict(*GREEDY, 10, api_name="/regenerate")
     s = local()
-    s.set_ablation(["L1H1", "L2H3"], "zero", False)
-    r = s.regenerate(Sampling(temperature=0.0), 10)
+    s.heads.set_ablation(["L1H1", "L2H3"], "zero", False)
+    r = s.heads.regenerate(Sampling(temperature=0.0), 10)
     assert data["normal"] == r.normal and data["changed"] == r.changed
     assert data["first_difference"] == r.first_difference
     assert "lab-first" in page if r.first_difference is not None else "the same" in page
@@ -174,7 +175,7 @@ def test_compare(client):
                                                       2, api_name="/compare")
     assert data["common"] == 6 and "6 and 7 tokens" in notes
     assert data["tokens_b"][-1] == "he"
-    c = Session().compare(GRAMMAR, "anna found the key . she", "tom found the old key . he")
+    c = Session().heads.compare(GRAMMAR, "anna found the key . she", "tom found the old key . he")
     assert data["kl_bits"] == pytest.approx(c.kl_bits(), rel=2e-2, abs=1e-6)
     np.testing.assert_allclose(np.array(data["data"], dtype=float), np.array(c.rows(), dtype=float), atol=2e-4)
     for args, pattern in [((GRAMMAR, "anna", "", 0), "empty"), ((GRAMMAR, "anna", "zebra", 0), "does not know"),
@@ -205,15 +206,15 @@ def test_the_attention_drawn_under_a_change_is_the_changed_attention_and_says_so
     client.predict(["L0H1"], "uniform", False, 0, "all", api_name="/ablate")
     client.predict("L1H0", "0", api_name="/edit_attention")  # the last token's row in L1H0 looks only at "anna"
     s = local()
-    s.set_ablation(["L0H1"], "uniform", False)
-    s.edit_selected("L1H0", "0")
+    s.heads.set_ablation(["L0H1"], "uniform", False)
+    s.heads.edit_selected("L1H0", "0")
     mark = "L0H1 ablated (uniform) · L1H0 row 12 edited"
     for layer in (0, 1):  # each Step: the text grows as the model as trained continues it
         _, _, _, attn = client.predict(GRAMMAR, P, *GREEDY, layer, "all", "weights", api_name="/step")
         s.step(GRAMMAR, P, Sampling(temperature=0.0))
         spec = json.loads(attn["plot"])
         assert spec["layout"]["title"]["text"].startswith(mark + " · ") and spec["layout"]["meta"]["change"] == mark
-        seen, want = panels(attn), probing.changed_attention(s.text, s.probe)[0][layer]
+        seen, want = panels(attn), changed_attention(s.text, s.heads.settings)[0][layer]
         assert np.nanmax(np.abs(seen - want)) <= QUANT
         T = seen.shape[-1]
         if layer == 0:  # L0H1 attends uniformly to every token up to each query

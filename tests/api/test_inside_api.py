@@ -65,8 +65,8 @@ def test_defaults_and_the_head_tools_settings(client):
     assert not any(data["head_out"]) and not any(data["head_value"])
     s = Session()
     s.step(GRAMMAR, P, Sampling(temperature=0.0))
-    s.set_ablation(["L1H0"], "zero", False)
-    here = inside.cell(s.text, s.probe, 1, 0, None, None)
+    s.heads.set_ablation(["L1H0"], "zero", False)
+    here = inside.cell(s.text, s.heads.settings, 1, 0, None, None)
     close(data["attn_out"], here["attn_out"], "attention output with L1H0 zeroed")
     ids = s.decoder.window
     r = reference(s.text.entry.model, ids, Intervention(((1, 0),), "zero"))[2]  # a later layer sees the change

@@ -26,7 +26,7 @@ from tests.support.share_api import value
 from tests.support.families import hf_tokenizer, save_reference, sharpen
 from tests.support.server import APP, ROOT, AppServer
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: F401 - the reference: a missing package fails collection, never skips
 
 VOCAB = 300  # the tokenizers' tokens; the GPT-2 model's embedding has 20 padded rows more
 COMMIT = "0123456789abcdef0123456789abcdef01234567"  # the fake hub snapshot's commit

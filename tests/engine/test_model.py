@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from model.config import ModelConfig
-from model.transformer import DecoderLM, KVCache, causal_mask, sinusoidal_table
+from model.attention import causal_mask
+from model.transformer import DecoderLM, KVCache, sinusoidal_table
 
 PE = ["sinusoidal", "learned", "rope", "none"]
 

@@ -199,7 +199,6 @@ def test_refusals_say_what_is_wrong():
 @pytest.mark.slow  # transformers builds and saves each folder
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_patches_on_random_folders_of_the_real_families(family, tmp_path):
-    pytest.importorskip("transformers")
     model, tok = open_folder(family_folder(family, tmp_path))
     a, b = tok.encode("Once upon a time the fox"), tok.encode("Once upon a time the bear")
     if len(a) != len(b):  # keep the same length: replace one token of A in place

@@ -198,7 +198,7 @@ def test_a_step_returns_one_frame_of_what_the_page_draws():
     att = s.attention()
     assert frame.change == "" and all(a is b for a, b in zip(frame.attention.weights, att.weights))
     assert (frame.view.layer, frame.view.head, frame.view.view) == (1, None, "weights")
-    roles = s.head_roles()
+    roles = s.heads.head_roles()
     assert frame.badges == roles.badges(1)  # no change: each head's strongest role on this text
     last = len(att.tokens) - 1
     assert frame.caption.startswith(f"Layer 1, every head: the last token “{att.tokens[last]}” looks most at")
@@ -211,7 +211,7 @@ def test_a_step_returns_one_frame_of_what_the_page_draws():
 def test_the_frame_is_drawn_under_the_head_tools_change():
     s = Session()
     s.step(GRAMMAR, P, S)
-    s.set_ablation(["L1H0"], "zero", False)
+    s.heads.set_ablation(["L1H0"], "zero", False)
     frame = s.step(GRAMMAR, P, S, view=(1, 0, "weights"))
     assert frame.change == "L1H0 ablated (zero)" and frame.caption.startswith("With L1H0 ablated (zero): ")
     assert "✕ zeroed" in frame.badges[0]

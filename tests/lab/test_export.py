@@ -209,17 +209,17 @@ def test_attention_under_the_head_tools_is_what_the_figure_draws(grammar, change
 
     T = len(grammar.decoder.window)
     if change == "ablation":
-        grammar.set_ablation(["L0H0", "L0H1"], "zero", False)
+        grammar.heads.set_ablation(["L0H0", "L0H1"], "zero", False)
         iv, mark = Intervention(((0, 0), (0, 1)), "zero"), "L0H0, L0H1 ablated (zero)"
     else:
-        grammar.set_edit(1, 2, T - 1, 1)
-        iv, mark = grammar.probe.intervention().within(grammar.decoder.start, 0, T), f"L1H2 row {T - 1} edited"
+        grammar.heads.set_edit(1, 2, T - 1, 1)
+        iv, mark = grammar.heads.settings.intervention().within(grammar.decoder.start, 0, T), f"L1H2 row {T - 1} edited"
     try:
         layers = [(layer, export.attention(grammar, layer, None, kind)) for layer in (1, 2)]
         figures = [attention_panels(explore.attention_spec(grammar, layer, "all", kind)) for layer in (1, 2)]
         downloaded = [share.export_numbers(grammar, kind, "json", GRAMMAR, layer, "all") for layer in (1, 2)]
     finally:
-        grammar.clear_probe()
+        grammar.heads.clear_probe()
     with torch.inference_mode():
         out = grammar.entry.model(torch.tensor([grammar.decoder.window]), return_attention=True, intervention=iv)
     plain = forward(grammar)
@@ -372,7 +372,7 @@ def test_head_roles_read_back_as_the_attention_scores(fixture, request):
     weights = np.stack([a[0].double().numpy() for a in forward(s).attentions])
     ids = list(s.decoder.window)
     expect = reference_scores(weights, ids)
-    roles = s.head_roles()
+    roles = s.heads.head_roles()
     if "match" in [r.key for r in roles.roles]:
         task = task_of(s.entry.meta.get("corpus"))
         q, k = task_targets(task, [s.entry.tokenizer.piece(i) for i in ids], GRAMMAR_NAMES)
@@ -484,11 +484,11 @@ def test_logit_lens_reads_back_as_the_residual_stream(juliet):
 
 
 def test_effect_reads_back_as_two_forwards(grammar):
-    grammar.set_ablation(["L1H0"], "zero", False)
+    grammar.heads.set_ablation(["L1H0"], "zero", False)
     try:
         e = export.effect(grammar)
     finally:
-        grammar.clear_probe()
+        grammar.heads.clear_probe()
     ids = torch.tensor([grammar.decoder.window])
     with torch.inference_mode():
         before = torch.softmax(grammar.entry.model(ids).logits[0, -1].double(), -1).numpy()
@@ -586,7 +586,7 @@ def test_write_puts_both_files_in_a_folder(juliet, tmp_path):
 
 def snapshot(s: Session):
     d = s.decoder
-    return (None if d is None else (list(d.ids), d.start), s.query, s.probe, len(s.drawn), s.model_name)
+    return (None if d is None else (list(d.ids), d.start), s.query, s.heads.settings, len(s.drawn), s.model_name)
 
 
 REFUSALS = [
@@ -626,7 +626,7 @@ def test_exports_of_the_text_need_a_text(call):
     s = Session()
     with pytest.raises(UserError, match="Press Step first"):
         call(s)
-    assert snapshot(s) == (None, None, s.probe, 0, None)
+    assert snapshot(s) == (None, None, s.heads.settings, 0, None)
     # a model without a text: the comparison and the film's losses need none
     assert export.comparison(s, GRAMMAR, "tom met anna . he", "anna met tom . she").json["common"] == 5
     assert export.loss_history(s, GRAMMAR).json["source"] == "training film"

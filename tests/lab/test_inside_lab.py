@@ -15,7 +15,7 @@ import torch
 
 from lab import inside
 from lab.checks import UserError
-from lab.probing import window_intervention
+from lab.headsettings import window_intervention
 from lab.session import Session
 from model.generate import Sampling
 from tests.support.inside_ref import embed, reference
@@ -45,7 +45,7 @@ def close(got, want, what="", rel=REL):
 
 def check_against_reference(s: Session, data: dict) -> None:
     """The cell's lists are the float64 path's numbers for the text's window and settings."""
-    iv = window_intervention(s.text, s.probe)
+    iv = window_intervention(s.text, s.heads.settings)
     ref = reference(s.text.entry.model, s.decoder.window, iv)[data["layer"]]
     h, i, j = data["head"], data["query"], data["key"]
     for name, want in (("x_i", ref.x[i]), ("xn_j", ref.xn[j]), ("q", ref.q[h, i]), ("k", ref.k[h, j]),
@@ -60,7 +60,7 @@ def check_against_reference(s: Session, data: dict) -> None:
 
 def test_a_cell_of_the_text_is_the_models_arithmetic():
     s = stepped()
-    data = inside.cell(s.text, s.probe, 1, 0, 11, 9)
+    data = inside.cell(s.text, s.heads.settings, 1, 0, 11, 9)
     assert (data["query_token"], data["key_token"], round(data["weight"], 3)) == ("he", "tom", 0.756)
     assert data["tokens"] == [p for p, _ in s.tokens()] and data["head_label"] == "L1H0"
     assert data["active"] == {"changed": False, "what": "nothing changed", "ablation": None, "row_source": "softmax"}
@@ -74,22 +74,22 @@ def test_a_cell_of_the_text_is_the_models_arithmetic():
 def test_defaults_follow_the_selected_token_and_its_strongest_key():
     s = stepped()
     s.select(11)
-    data = inside.cell(s.text, s.probe, 1, 0)
+    data = inside.cell(s.text, s.heads.settings, 1, 0)
     assert data["query"] == 11 and data["key"] == int(np.argmax(data["used_row"])) == 9
     s.select_last()
-    assert inside.cell(s.text, s.probe, 1, 0)["query"] == len(s.decoder.window) - 1
+    assert inside.cell(s.text, s.heads.settings, 1, 0)["query"] == len(s.decoder.window) - 1
 
 
 def test_the_window_of_a_long_text_and_a_grown_text():
     s = stepped(SHAKESPEARE, LONG, steps=2)  # 66 tokens > the context of 64: the window slides
     assert s.decoder.start == 2
-    data = inside.cell(s.text, s.probe, 1, 3, 63, 40)
+    data = inside.cell(s.text, s.heads.settings, 1, 3, 63, 40)
     assert len(data["tokens"]) == 64 and data["text_offset"] == 2
     check_against_reference(s, data)
     g = stepped()
-    before = inside.cell(g.text, g.probe, 2, 1, 3, 1)
+    before = inside.cell(g.text, g.heads.settings, 2, 1, 3, 1)
     g.step(GRAMMAR, P, Sampling(temperature=0.0))  # the kept forward is for the old text: not reused
-    after = inside.cell(g.text, g.probe, 2, 1, 3, 1)
+    after = inside.cell(g.text, g.heads.settings, 2, 1, 3, 1)
     assert len(after["tokens"]) == len(before["tokens"]) + 1
     check_against_reference(g, after)
 
@@ -99,11 +99,11 @@ def test_the_head_tools_settings_are_applied_and_said(how):
     s = stepped()
     s.select(11)
     if how == "edit":
-        s.edit_selected("L1H0", "3")
+        s.heads.edit_selected("L1H0", "3")
     else:
-        s.set_ablation(["L1H0", "L0H2"], how, False)
-    data = inside.cell(s.text, s.probe, 1, 0, 11, 9)
-    assert data["active"]["changed"] and data["active"]["what"] == s.probe.describe(
+        s.heads.set_ablation(["L1H0", "L0H2"], how, False)
+    data = inside.cell(s.text, s.heads.settings, 1, 0, 11, 9)
+    assert data["active"]["changed"] and data["active"]["what"] == s.heads.settings.describe(
         [p for p, _ in s.tokens()], s.decoder.start)
     if how == "edit":
         assert data["active"]["row_source"] == "edit: key 3" and data["used_row"][3] == 1.0
@@ -112,19 +112,19 @@ def test_the_head_tools_settings_are_applied_and_said(how):
     if how == "zero":
         assert not any(data["head_value"]) and not any(data["head_out"])
     check_against_reference(s, data)
-    h = inside.head(s.text, s.probe, 1, 0)  # the head's matrices under the same settings
-    ref = reference(s.text.entry.model, s.decoder.window, window_intervention(s.text, s.probe))[1]
+    h = inside.head(s.text, s.heads.settings, 1, 0)  # the head's matrices under the same settings
+    ref = reference(s.text.entry.model, s.decoder.window, window_intervention(s.text, s.heads.settings))[1]
     close(h["used"], ref.used[0], "rows used")
     if how == "zero":  # a zeroed head moves nothing, whatever its weights
         assert not np.any(h["value_weighted"])
     assert h["active"]["edited_rows"] == ([11] if how == "edit" else [])
-    s.clear_probe()
-    assert not inside.cell(s.text, s.probe, 1, 0, 11, 9)["active"]["changed"]
+    s.heads.clear_probe()
+    assert not inside.cell(s.text, s.heads.settings, 1, 0, 11, 9)["active"]["changed"]
 
 
 def test_the_head_as_matrices_and_value_weighted_attention():
     s = stepped()
-    h = inside.head(s.text, s.probe, 1, 0)
+    h = inside.head(s.text, s.heads.settings, 1, 0)
     ref = reference(s.text.entry.model, s.decoder.window)[1]
     for name, want in (("q", ref.q[0]), ("k", ref.k[0]), ("v", ref.v[0]), ("raw", ref.raw[0]),
                        ("scaled", ref.raw[0] * ref.scale), ("masked", ref.scores[0]), ("weights", ref.weights[0])):
@@ -132,7 +132,7 @@ def test_the_head_as_matrices_and_value_weighted_attention():
     w_o = s.text.entry.model.blocks[1].attn.proj.weight.detach().double().numpy()[:, :24]
     norms = np.linalg.norm(ref.v[0] @ w_o.T, axis=-1)
     close(h["value_weighted"], ref.weights[0] * norms[None, :], "value-weighted")
-    layer = inside.layer_value_weighted(s.text, s.probe, 1)
+    layer = inside.layer_value_weighted(s.text, s.heads.settings, 1)
     close(layer["value_weighted"][0], h["value_weighted"], "layer's value-weighted")
     assert np.shape(layer["value_weighted"]) == (4, 13, 13)
 
@@ -149,19 +149,19 @@ def test_the_head_as_matrices_and_value_weighted_attention():
 def test_bad_values_are_refused_with_a_sentence_and_change_nothing(args, sentence):
     s = stepped()
     s.select(5)
-    probe, window = s.probe, list(s.decoder.window)
+    probe, window = s.heads.settings, list(s.decoder.window)
     with pytest.raises(UserError, match=sentence):
-        inside.cell(s.text, s.probe, *args)
-    assert s.probe is probe and s.decoder.window == window and s.text.query == 5
+        inside.cell(s.text, s.heads.settings, *args)
+    assert s.heads.settings is probe and s.decoder.window == window and s.text.query == 5
     with pytest.raises(UserError, match="Press Step first"):
-        inside.cell(Session().text, s.probe, 0, 0)
+        inside.cell(Session().text, s.heads.settings, 0, 0)
 
 
 def test_the_numbers_download_holds_q_k_v_and_the_row():
     s = stepped()
-    e = inside.cell_export(s.text, s.probe, 1, 0, 11, 9)
+    e = inside.cell_export(s.text, s.heads.settings, 1, 0, 11, 9)
     assert e.name == "grammar_L1H0_q11k9_inside"
-    assert e.json == inside.cell(s.text, s.probe, 1, 0, 11, 9)
+    assert e.json == inside.cell(s.text, s.heads.settings, 1, 0, 11, 9)
     rows = list(csv.DictReader(io.StringIO(e.csv)))
     assert list(rows[0]) == inside.CSV_COLUMNS
     by = {}
@@ -204,7 +204,7 @@ def test_the_article_example_on_the_article_toy_model():
     logits = residual @ W["head.weight"].T + W["head.bias"]
     for i in range(6):
         for j in (0, i):
-            c = inside.cell(s.text, s.probe, 0, 0, i, j)
+            c = inside.cell(s.text, s.heads.settings, 0, 0, i, j)
             assert c["scale"] == 0.5  # ÷√d_k with d_k = 4
             close(c["x_i"], x[i], "x_i"), close(c["q"], q[i], "q"), close(c["k"], k[j], "k")
             close(c["dot"], (q[i] @ k[j]), "q·k"), close(c["score"], sims[i, j] if j <= i else q[i] @ k[j] / 2)
@@ -215,7 +215,7 @@ def test_the_article_example_on_the_article_toy_model():
             assert c["out_bias"] is None and c["model_facts"]["out_projection"] is False
     assert s.text.entry.tokenizer.piece(int(np.argmax(logits[5]))) == "exciting"
     assert s.tokens()[6][0] == "exciting"  # the app's greedy Step writes it too
-    c = inside.cell(s.text, s.probe, 0, 0, 5, 1)
+    c = inside.cell(s.text, s.heads.settings, 0, 0, 5, 1)
     residual = torch.tensor(c["residual_after"], dtype=torch.float64)
     head = residual @ model.head.weight.double().T + model.head.bias.double()
     assert s.text.entry.tokenizer.piece(int(head.argmax())) == "exciting"
@@ -225,8 +225,8 @@ def test_one_forward_is_kept_per_text_and_settings():
     s = stepped()
     plain = inside.MEMO.forward(s.text, None)
     assert inside.MEMO.forward(s.text, None) is plain  # another cell of the same text: no new forward
-    s.set_ablation(["L0H1"], "zero", False)
-    changed = inside.MEMO.forward(s.text, window_intervention(s.text, s.probe))
+    s.heads.set_ablation(["L0H1"], "zero", False)
+    changed = inside.MEMO.forward(s.text, window_intervention(s.text, s.heads.settings))
     assert changed is not plain and not torch.equal(changed.residuals[2], plain.residuals[2])
     other = stepped()
     assert inside.MEMO.forward(other.text, None) is not plain  # each text its own

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lab import patching
 from lab.session import Session
 
 GRAMMAR = "grammar (built-in)"
@@ -28,7 +27,7 @@ def section() -> str:
 @pytest.fixture(scope="module")
 def sweeps() -> dict:
     s = Session()
-    return {(what, d): patching.run(s, GRAMMAR, A, B, "logit_diff", "her", "him", what, d)
+    return {(what, d): s.sweeps.run(GRAMMAR, A, B, "logit_diff", "her", "him", what, d)
             for what, d in [("heads", "denoising"), ("heads", "noising"), ("resid", "denoising"),
                             ("attn", "denoising")]}
 
@@ -43,7 +42,7 @@ def test_the_pair_and_its_metric(section, sweeps):
     assert len(setup.ids_a) == len(setup.ids_b) == 13 and "13 tokens each" in section
     metric = f"is {setup.clean:.2f} on A and {setup.corrupted:.2f} on B".replace("-", "−")
     assert metric in section
-    probs = Session().compare(GRAMMAR, A, B)
+    probs = Session().heads.compare(GRAMMAR, A, B)
     pieces = probs.pieces
     assert pieces[int(np.argmax(probs.probs_a))] == "her" and pieces[int(np.argmax(probs.probs_b))] == "him"
 

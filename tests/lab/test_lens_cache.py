@@ -1,4 +1,4 @@
-"""The logit lens read from what the text's decoder keeps (lab.probing.streams_at).
+"""The logit lens read from what the text's decoder keeps (lab.heads.streams_at).
 
 Each row of the lens is the residual stream at the chosen position through the model's final norm
 and head. Here it is held to a float64 by-hand forward over the whole window (tests/support/by_hand),
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab import probing
+from lab.heads import lens_readout
 from lab.models import ModelEntry
 from lab.text import Text
 from model.config import ModelConfig
@@ -80,7 +80,7 @@ def tokens_run(t: Text, index: int) -> tuple[np.ndarray, list[int]]:
     seen = []
     hook = t.entry.model.tok_emb.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
     try:
-        lens = probing.lens_readout(t, index)
+        lens = lens_readout(t, index)
     finally:
         hook.remove()
     return lens.probs, seen
@@ -116,7 +116,7 @@ def test_the_intervention_moves_the_lens(name):
     plain = Text()
     plain.entry, plain.decoder = changed.entry, Decoder(changed.entry.model, changed.decoder.ids)
     query = INTERVENTIONS[name].edits[0].query
-    assert np.abs(probing.lens_readout(plain, query).probs - probing.lens_readout(changed, query).probs).max() > 100 * ATOL
+    assert np.abs(lens_readout(plain, query).probs - lens_readout(changed, query).probs).max() > 100 * ATOL
 
 
 @pytest.mark.parametrize("capture", [True, False])
@@ -148,7 +148,7 @@ def test_a_cooled_text_runs_the_whole_window():
     """A decoder that gave up its cache and kept streams (Decoder.cool) is read from a whole-window forward."""
     t = text_of(entry_of("rope"), INTERVENTIONS["zero and a one-hot row"], 3)
     T = len(t.decoder.window)
-    warm = [probing.lens_readout(t, i).probs for i in (5, T - 1)]
+    warm = [lens_readout(t, i).probs for i in (5, T - 1)]
     t.decoder.cool()
     expect = reference(t)
     for index, before in zip((5, T - 1), warm):

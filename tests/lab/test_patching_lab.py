@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab import patching
+from lab import patching, sweeps
 from lab.budget import MODEL_BUDGET, ModelBudget
 from lab.checks import UserError
 from lab.models import BUILTINS, ModelEntry
@@ -132,7 +132,6 @@ def test_every_positional_encoding(pe):
 @pytest.mark.slow  # transformers builds and saves each folder
 @pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
 def test_random_folders_of_the_real_families(family, tmp_path):
-    pytest.importorskip("transformers")
     model, tok = open_folder(family_folder(family, tmp_path))
     entry = ModelEntry(family, model, tok, {})
     a, b = "the fox met a bear", "the bear met a fox"
@@ -144,7 +143,7 @@ def test_random_folders_of_the_real_families(family, tmp_path):
 def test_one_token_answers_on_a_tokenizer_that_puts_bos_first(tmp_path):
     """A Llama-style tokenizer encodes a text with <s> first; an answer typed as text is still read as the
     token it is (the BOS belongs to a text's start, not to an answer that continues it)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from tests.support.families import save_reference, sharpen
     from tests.support.patch_reference import FAMILIES, FAMILY_VOCAB
 
@@ -202,41 +201,41 @@ def test_progress_stop_and_one_sweep_per_session():
     session = Session()
     args = (GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "resid", "denoising")
     seen = []
-    result = patching.run(session, *args, progress=lambda done, total: seen.append((done, total)))
+    result = session.sweeps.run(*args, progress=lambda done, total: seen.append((done, total)))
     T = len(BUILTINS.get(GRAMMAR).tokenizer.encode(LONG_A))
     cells = (3 + 1) * T
     assert seen and all(t == cells for _, t in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert result.done == cells and np.isfinite(result.values).all()
     assert result.setup.source_a is None and result.setup.source_b is None  # a kept result holds no recorded runs
     held = MODEL_BUDGET.held(session)
-    steps = patching.run_steps(session, *args)
+    steps = session.sweeps.run_steps(*args)
     first = next(steps)
     assert first.result is None and 0 < first.done < cells
     assert MODEL_BUDGET.held(session) == held + patching.sweep_bytes(BUILTINS.get(GRAMMAR), T)
     with pytest.raises(UserError, match="already running"):
-        patching.run(session, *args)
-    assert patching.stop_sweep(session)
+        session.sweeps.run(*args)
+    assert session.sweeps.stop()
     last = list(steps)[-1]
     assert last.result.stopped and last.result.done == first.done
     assert np.isnan(last.result.values.ravel()[first.done:]).all()
     assert np.isfinite(last.result.values.ravel()[:first.done]).all()
     np.testing.assert_array_equal(last.result.values.ravel()[:first.done], result.values.ravel()[:first.done])
-    assert MODEL_BUDGET.held(session) == held and not patching.stop_sweep(session)
-    patching.run(session, *args)  # the session may sweep again
+    assert MODEL_BUDGET.held(session) == held and not session.sweeps.stop()
+    session.sweeps.run(*args)  # the session may sweep again
 
 
 def test_a_full_memory_budget_refuses_the_sweep(monkeypatch):
     session = Session()
-    monkeypatch.setattr(patching, "MODEL_BUDGET", ModelBudget(limit_bytes=1000))
+    monkeypatch.setattr(sweeps, "MODEL_BUDGET", ModelBudget(limit_bytes=1000))
     with pytest.raises(UserError, match="memory"):
-        patching.run(session, GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he")
-    assert not patching.stop_sweep(session)  # nothing left running
-    assert patching.MODEL_BUDGET.held(session) == 0
+        session.sweeps.run(GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he")
+    assert not session.sweeps.stop()  # nothing left running
+    assert sweeps.MODEL_BUDGET.held(session) == 0
 
 
 def test_the_download_holds_every_cell():
     session = Session()
-    result = patching.run(session, GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "heads", "noising")
+    result = session.sweeps.run(GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "heads", "noising")
     export = patching.export(result)
     lines = export.csv.strip().split("\r\n")
     assert lines[0].split(",") == patching.CSV_COLUMNS and len(lines) == 1 + 12
@@ -256,6 +255,6 @@ def test_a_sweep_past_the_servers_arithmetic_bound_is_refused(monkeypatch):
     monkeypatch.setattr(patching, "MAX_SWEEP_GFLOP", work / 2e9)
     session = Session()
     with pytest.raises(UserError, match=f"would run 52 patched forwards of {T} tokens.*Use shorter prompts"):
-        patching.run(session, GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "resid")
-    assert not patching.stop_sweep(session) and MODEL_BUDGET.held(session) == 0
-    assert patching.run(session, GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "heads").done == 12
+        session.sweeps.run(GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "resid")
+    assert not session.sweeps.stop() and MODEL_BUDGET.held(session) == 0
+    assert session.sweeps.run(GRAMMAR, LONG_A, LONG_B, "logit_diff", " she", " he", "heads").done == 12

@@ -1,4 +1,4 @@
-"""The head tools of a session (lab.probing), held against slow, obvious references.
+"""The head tools of a session (lab.heads), held against slow, obvious references.
 
 Head roles are compared with loops over the attention the model returned, the logit lens with
 the plain forward, ablation with test_interventions' by-hand forward (a head's slice removed
@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from lab import probing
 from lab.checks import UserError
 from lab.models import ModelEntry
 from lab.roles import SCORE_ROLES, compute_head_roles
@@ -68,7 +67,7 @@ def window(s: Session) -> torch.Tensor:
 
 
 def test_roles_are_the_scores_of_the_attention_drawn(grammar):
-    roles = grammar.head_roles()
+    roles = grammar.heads.head_roles()
     att = grammar.attention()
     a = np.stack(att.weights).astype(np.float64)  # (L, H, T, T): what the Explore figure draws
     L, H, T, _ = a.shape
@@ -89,7 +88,7 @@ def test_roles_are_the_scores_of_the_attention_drawn(grammar):
 
 def test_grammar_pronoun_head_is_labelled_by_what_it_does(grammar):
     """The head the README points to (layer 1, head 0: "he" → "tom") gets the pronoun → name label."""
-    roles = grammar.head_roles()
+    roles = grammar.heads.head_roles()
     toks = grammar.attention().tokens
     he, tom = toks.index("he"), toks.index("tom")
     weight = float(grammar.attention().weights[1][0, he, tom])
@@ -102,11 +101,11 @@ def test_grammar_pronoun_head_is_labelled_by_what_it_does(grammar):
 def test_copy_induction_head_is_labelled_once_the_copy_starts():
     s = Session()
     s.step(COPY, "hcbpadlk|", GREEDY)  # the example prompt and one Step: "h" comes again
-    assert s.head_roles().label(0, 1).startswith("induction head: ")
+    assert s.heads.head_roles().label(0, 1).startswith("induction head: ")
     for _ in s.generate(COPY, "hcbpadlk|", GREEDY, 6):
         pass
     assert "".join(p for p, _ in s.tokens()) == "hcbpadlk|hcbpadl"
-    roles = s.head_roles()
+    roles = s.heads.head_roles()
     induction = [(layer, h) for layer in range(roles.shape[0]) for h in range(roles.shape[1])
                  if (found := roles.strongest(layer, h)) and found[0].key in ("induction", "match")]
     assert (0, 1) in induction  # the head the copy model's first view names
@@ -119,26 +118,26 @@ def test_trained_and_uploaded_models_get_their_tasks_role(tmp_path, train_sort):
     progress = train_sort(s, layers=2, steps=30)
     name = progress.run.name
     s.step(name, "503124=", GREEDY)
-    roles = s.head_roles()
+    roles = s.heads.head_roles()
     assert [r.key for r in roles.roles][-1] == "match" and roles.roles[-1].name == "sort match"
     other = Session()
     uploaded = other.upload(str(progress.download))
     other.step(uploaded, "503124=", GREEDY)
-    again = other.head_roles()
+    again = other.heads.head_roles()
     for key in roles.scores:
         np.testing.assert_allclose(again.scores[key], roles.scores[key], atol=1e-6)
-    other.set_ablation(["L0H1"], "zero", False)
-    assert other.effect().kl_bits > 0  # the uploaded model's heads can be ablated too
+    other.heads.set_ablation(["L0H1"], "zero", False)
+    assert other.heads.effect().kl_bits > 0  # the uploaded model's heads can be ablated too
 
 
 def test_roles_are_recomputed_at_every_step():
     s = Session()
     s.step(GRAMMAR, "anna found the key", GREEDY)
-    before = s.head_roles()
+    before = s.heads.head_roles()
     assert np.isnan(before.scores["induction"]).all()  # no token repeats: undefined, not 0
     for _ in range(4):
         s.step(GRAMMAR, "anna found the key", GREEDY)
-    after = s.head_roles()
+    after = s.heads.head_roles()
     assert len(after.tokens) == len(before.tokens) + 4
     assert not np.allclose(after.scores["previous_token"], before.scores["previous_token"])
 
@@ -148,15 +147,15 @@ def test_roles_kept_for_one_text_are_never_stale():
     s = Session()
     hot = Sampling(temperature=1.5, seed=1)
     s.step(GRAMMAR, "anna found the key", hot)
-    first = s.head_roles()
-    assert s.head_roles() is first  # the same text: reused
+    first = s.heads.head_roles()
+    assert s.heads.head_roles() is first  # the same text: reused
     for action in (lambda: s.undo(), lambda: s.step(GRAMMAR, "anna found the key", hot),
                    lambda: s.step(GRAMMAR, "anna found the key", Sampling(temperature=1.5, seed=2)),
                    lambda: s.step(COPY, "hcbpadlk|", GREEDY)):
         action()
         att = s.attention()
         fresh = compute_head_roles(s.entry, s.decoder.window, att.weights, att.tokens)
-        got = s.head_roles()
+        got = s.heads.head_roles()
         for key in fresh.scores:
             np.testing.assert_array_equal(got.scores[key], fresh.scores[key])
 
@@ -170,7 +169,7 @@ def test_lens_last_row_is_the_models_own_distribution(variant):
     model = s.entry.model
     newest = len(s.decoder.window) - 1
     for index in (0, 3, newest):
-        lens = s.lens(index)
+        lens = s.heads.lens(index)
         with torch.inference_mode():
             logits = model(window(s)).logits[0, index]
         own = torch.softmax(logits.double(), -1).numpy()
@@ -199,7 +198,7 @@ def test_lens_rows_are_the_residual_stream_read_out(grammar):
     finally:
         for h in hooks:
             h.remove()
-    lens = grammar.lens(11)
+    lens = grammar.heads.lens(11)
     assert len(seen) == model.cfg.n_layers == 3
     for layer, out in enumerate(seen):
         with torch.inference_mode():
@@ -214,10 +213,10 @@ def test_lens_rows_are_the_residual_stream_read_out(grammar):
 def test_lens_follows_the_selected_token(grammar):
     grammar.select(4)
     try:
-        assert grammar.lens().index == 4
+        assert grammar.heads.lens().index == 4
     finally:
         grammar.select_last()
-    assert grammar.lens().index == len(grammar.decoder.window) - 1
+    assert grammar.heads.lens().index == len(grammar.decoder.window) - 1
 
 
 # ------------------------------------------------------------------------ ablation and edits
@@ -242,8 +241,8 @@ def _expected(s: Session, index: int, heads=(), mode="zero", edits=()):
 @pytest.mark.parametrize("mode", ["zero", "mean", "uniform"])
 def test_ablation_effect_matches_by_hand(variant, mode):
     s = own_session(*variant)
-    s.set_ablation(["L1H0", "L0H1"], mode, False)
-    e = s.effect()
+    s.heads.set_ablation(["L1H0", "L0H1"], mode, False)
+    e = s.heads.effect()
     last = len(s.decoder.window) - 1
     p, q = _expected(s, last, heads=[(0, 1), (1, 0)], mode=mode)
     assert_close_and_telling(e.before, e.after, p, q)
@@ -262,16 +261,16 @@ def assert_close_and_telling(before, after, p, q):
 
 def test_no_heads_is_bit_for_bit_the_normal_forward(grammar):
     s = grammar
-    s.set_ablation([], "zero", False)
-    assert not s.probe.active and s.probe.intervention() is None
-    s.set_ablation(["L0H0"], "zero", False)
+    s.heads.set_ablation([], "zero", False)
+    assert not s.heads.settings.active and s.heads.settings.intervention() is None
+    s.heads.set_ablation(["L0H0"], "zero", False)
     try:
-        e = s.effect()
+        e = s.heads.effect()
         with torch.inference_mode():
             plain = torch.softmax(s.entry.model(window(s)).logits[0, -1].double(), -1).numpy()
         assert np.array_equal(e.before, plain)
     finally:
-        s.clear_probe()
+        s.heads.clear_probe()
 
 
 @pytest.mark.parametrize("variant", VARIANTS[::4])
@@ -279,31 +278,31 @@ def test_attention_edit_matches_by_hand(variant):
     s = own_session(*variant)
     n = len(s.decoder.window)
     s.select(n - 2)
-    s.set_edit(1, 1, n - 2, 2)
-    e = s.effect()
+    s.heads.set_edit(1, 1, n - 2, 2)
+    e = s.heads.effect()
     assert e.index == n - 2
     p, q = _expected(s, n - 2, edits=[(1, 1, n - 2, 2)])
     assert_close_and_telling(e.before, e.after, p, q)
-    s.set_edit(0, 0, n - 2, "uniform")
+    s.heads.set_edit(0, 0, n - 2, "uniform")
     p, q = _expected(s, n - 2, edits=[(0, 0, n - 2, None)])
-    assert_close_and_telling(e.before, s.effect().after, p, q)
-    assert "every allowed key equally" in s.effect().what
+    assert_close_and_telling(e.before, s.heads.effect().after, p, q)
+    assert "every allowed key equally" in s.heads.effect().what
 
 
 def test_keep_only_ablates_every_other_head():
     s = own_session()
-    s.set_ablation(["L0H0"], "zero", True)
-    kept = s.effect().after
-    s.set_ablation(["L0H1", "L1H0", "L1H1"], "zero", False)
-    np.testing.assert_array_equal(s.effect().after, kept)
+    s.heads.set_ablation(["L0H0"], "zero", True)
+    kept = s.heads.effect().after
+    s.heads.set_ablation(["L0H1", "L1H0", "L1H1"], "zero", False)
+    np.testing.assert_array_equal(s.heads.effect().after, kept)
 
 
 def test_ablation_stays_while_the_text_grows():
     s = own_session()
-    s.set_ablation(["L1H1"], "mean", False)
+    s.heads.set_ablation(["L1H1"], "mean", False)
     s.step("mine", "abcabcab", GREEDY)
-    assert s.probe.heads == ((1, 1),)
-    e = s.effect()
+    assert s.heads.settings.heads == ((1, 1),)
+    e = s.heads.effect()
     p, q = _expected(s, len(s.decoder.window) - 1, heads=[(1, 1)], mode="mean")
     assert_close_and_telling(e.before, e.after, p, q)
 
@@ -311,56 +310,56 @@ def test_ablation_stays_while_the_text_grows():
 def test_settings_lifecycle():
     s = Session()
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
-    s.set_ablation(["L1H0"], "zero", False)
-    s.set_edit(2, 1, 11, 9)
+    s.heads.set_ablation(["L1H0"], "zero", False)
+    s.heads.set_edit(2, 1, 11, 9)
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)  # the same text goes on: everything stays
-    assert s.probe.heads == ((1, 0),) and s.probe.edit == AttentionEdit(2, 1, 11, 9)
+    assert s.heads.settings.heads == ((1, 0),) and s.heads.settings.edit == AttentionEdit(2, 1, 11, 9)
     s.undo()
     s.undo()
-    assert s.probe.edit is not None  # position 11 is prompt: still there
+    assert s.heads.settings.edit is not None  # position 11 is prompt: still there
     s.step(GRAMMAR, "tom met lisa at the park . he", GREEDY)  # a new text: the row meant the old one
-    assert s.probe.heads == ((1, 0),) and s.probe.edit is None
+    assert s.heads.settings.heads == ((1, 0),) and s.heads.settings.edit is None
     s.select_model(SORT)  # another model: its heads are others
-    assert not s.probe.active
+    assert not s.heads.settings.active
 
 
 @pytest.mark.parametrize("call, fragment", [
-    (lambda s: s.set_ablation(["L9H0"], "zero", False), "layers 0–2"),
-    (lambda s: s.set_ablation(["L0H7"], "zero", False), "heads 0–3"),
-    (lambda s: s.set_ablation(["head one"], "zero", False), "L<layer>H<head>"),
-    (lambda s: s.set_ablation("L0H1; rm -rf", "zero", False), "L<layer>H<head>"),
-    (lambda s: s.set_ablation(42, "zero", False), "list"),
-    (lambda s: s.set_ablation([[0, True]], "zero", False), "L<layer>H<head>"),
-    (lambda s: s.set_ablation(["L0H0"], "shuffle", False), "ablation mode"),
-    (lambda s: s.set_ablation(["L0H0"], "zero", "yes"), "true or false"),
-    (lambda s: s.set_ablation([], "zero", True), "at least one head"),
-    (lambda s: s.set_ablation(["L0H0"] * 99, "zero", False), "12"),
-    (lambda s: s.set_edit(0, 0, 3, 7), "comes after the query"),
-    (lambda s: s.set_edit(0, 0, 99, 0), "query position"),
-    (lambda s: s.set_edit(5, 0, 3, 0), "layer"),
-    (lambda s: s.set_edit(0, 0, 3, "left"), "key position"),
-    (lambda s: s.set_edit(1, 0, 3, 1), "both ablated"),
-    (lambda s: s.lens(999), "token position"),
-    (lambda s: s.lens("x"), "token position"),
+    (lambda s: s.heads.set_ablation(["L9H0"], "zero", False), "layers 0–2"),
+    (lambda s: s.heads.set_ablation(["L0H7"], "zero", False), "heads 0–3"),
+    (lambda s: s.heads.set_ablation(["head one"], "zero", False), "L<layer>H<head>"),
+    (lambda s: s.heads.set_ablation("L0H1; rm -rf", "zero", False), "L<layer>H<head>"),
+    (lambda s: s.heads.set_ablation(42, "zero", False), "list"),
+    (lambda s: s.heads.set_ablation([[0, True]], "zero", False), "L<layer>H<head>"),
+    (lambda s: s.heads.set_ablation(["L0H0"], "shuffle", False), "ablation mode"),
+    (lambda s: s.heads.set_ablation(["L0H0"], "zero", "yes"), "true or false"),
+    (lambda s: s.heads.set_ablation([], "zero", True), "at least one head"),
+    (lambda s: s.heads.set_ablation(["L0H0"] * 99, "zero", False), "12"),
+    (lambda s: s.heads.set_edit(0, 0, 3, 7), "comes after the query"),
+    (lambda s: s.heads.set_edit(0, 0, 99, 0), "query position"),
+    (lambda s: s.heads.set_edit(5, 0, 3, 0), "layer"),
+    (lambda s: s.heads.set_edit(0, 0, 3, "left"), "key position"),
+    (lambda s: s.heads.set_edit(1, 0, 3, 1), "both ablated"),
+    (lambda s: s.heads.lens(999), "token position"),
+    (lambda s: s.heads.lens("x"), "token position"),
 ])
 def test_refusals_change_nothing(call, fragment):
     s = Session()
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
-    s.set_ablation(["L1H0"], "zero", False)
-    before = (s.probe, list(s.decoder.ids), s.query)
+    s.heads.set_ablation(["L1H0"], "zero", False)
+    before = (s.heads.settings, list(s.decoder.ids), s.query)
     with pytest.raises(UserError, match=fragment):
         call(s)
-    assert (s.probe, list(s.decoder.ids), s.query) == before
+    assert (s.heads.settings, list(s.decoder.ids), s.query) == before
 
 
 def test_tools_need_a_text():
     s = Session()
-    for call in (lambda: s.lens(), lambda: s.effect(),
-                 lambda: s.set_ablation(["L0H0"], "zero", False),
-                 lambda: s.set_edit(0, 0, 0, 0), lambda: s.regenerate(GREEDY, 3)):
+    for call in (lambda: s.heads.lens(), lambda: s.heads.effect(),
+                 lambda: s.heads.set_ablation(["L0H0"], "zero", False),
+                 lambda: s.heads.set_edit(0, 0, 0, 0), lambda: s.heads.regenerate(GREEDY, 3)):
         with pytest.raises(UserError, match="Step first"):
             call()
-    assert s.head_roles() is None
+    assert s.heads.head_roles() is None
 
 
 # ----------------------------------------------------------------------------- regenerate
@@ -390,11 +389,11 @@ def _slow_continuation(model, ids, sampling, n, iv, eos_id, block):
 def test_regenerate_matches_a_slow_loop(sampling, mode):
     s = Session()
     s.step(GRAMMAR, "anna found the key . she gave it to tom because he asked", GREEDY)
-    s.set_ablation(["L1H1", "L2H3"], mode, False)
-    r = s.regenerate(sampling, 12)
+    s.heads.set_ablation(["L1H1", "L2H3"], mode, False)
+    r = s.heads.regenerate(sampling, 12)
     model, tok = s.entry.model, s.entry.tokenizer
     normal = _slow_continuation(model, s.decoder.ids, sampling, 12, None, tok.eos_id, model.cfg.block_size)
-    changed = _slow_continuation(model, s.decoder.ids, sampling, 12, s.probe.intervention(), tok.eos_id,
+    changed = _slow_continuation(model, s.decoder.ids, sampling, 12, s.heads.settings.intervention(), tok.eos_id,
                                  model.cfg.block_size)
     assert r.normal == [tok.piece(i) for i in normal]
     assert r.changed == [tok.piece(i) for i in changed]
@@ -405,16 +404,16 @@ def test_regenerate_matches_a_slow_loop(sampling, mode):
 def test_regenerate_marks_where_they_part():
     s = Session()
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
-    s.set_edit(1, 0, 11, 0)
-    r = s.regenerate(GREEDY, 12)
+    s.heads.set_edit(1, 0, 11, 0)
+    r = s.heads.regenerate(GREEDY, 12)
     assert r.first_difference is not None
     assert r.normal[: r.first_difference] == r.changed[: r.first_difference]
     assert r.normal[r.first_difference] != r.changed[r.first_difference]
     with pytest.raises(UserError, match="tokens to regenerate"):
-        s.regenerate(GREEDY, 10_000)
-    s.clear_probe()
+        s.heads.regenerate(GREEDY, 10_000)
+    s.heads.clear_probe()
     with pytest.raises(UserError, match="Choose heads"):
-        s.regenerate(GREEDY, 4)
+        s.heads.regenerate(GREEDY, 4)
 
 
 # --------------------------------------------------------------------------------- compare
@@ -422,7 +421,7 @@ def test_regenerate_marks_where_they_part():
 
 def test_compare_is_two_plain_forwards():
     s = Session()
-    c = s.compare(GRAMMAR, "anna found the key . she", "tom found the key . he")
+    c = s.heads.compare(GRAMMAR, "anna found the key . she", "tom found the key . he")
     model, tok = s.entry_for(GRAMMAR).model, s.entry_for(GRAMMAR).tokenizer
     outs = []
     for text in ("anna found the key . she", "tom found the key . he"):
@@ -444,7 +443,7 @@ def test_compare_is_two_plain_forwards():
 
 
 def test_compare_says_when_lengths_differ():
-    c = Session().compare(GRAMMAR, "anna found the key . she", "tom found the old key . he")
+    c = Session().heads.compare(GRAMMAR, "anna found the key . she", "tom found the old key . he")
     assert c.common == 6 and len(c.tokens_b) == 7
     assert any("6 and 7 tokens" in n for n in c.notes)
     assert all(d.shape[-1] == 6 for d in c.diff)
@@ -453,7 +452,7 @@ def test_compare_says_when_lengths_differ():
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v[3] == "bidirectional"][:3])
 def test_compare_bidirectional_models_say_so(variant):
     s = own_session(*variant)
-    c = s.compare("mine", "abcab", "abcad")
+    c = s.heads.compare("mine", "abcab", "abcad")
     assert any("both directions" in n for n in c.notes)
     assert c.roles_a.scores["previous_token"].shape == (2, 2)
 
@@ -462,7 +461,7 @@ def test_compare_bidirectional_models_say_so(variant):
                                             ("anna", 5, "text"), ("x" * 5000, "anna", "limit")])
 def test_compare_refusals(a, b, fragment):
     with pytest.raises(UserError, match=fragment):
-        Session().compare(GRAMMAR, a, b)
+        Session().heads.compare(GRAMMAR, a, b)
 
 
 def test_role_formulas_are_stated():
@@ -476,16 +475,16 @@ def test_the_learn_tabs_worked_example_holds():
     s.step(GRAMMAR, GRAMMAR_PROMPT, GREEDY)
     s.select(11)
     assert float(s.attention().weights[1][0, 11, 9]) == pytest.approx(0.756, abs=5e-4)
-    s.set_ablation(["L1H0"], "zero", False)
-    assert s.effect().kl_bits < 0.001  # the bright cell does nothing for this token
+    s.heads.set_ablation(["L1H0"], "zero", False)
+    assert s.heads.effect().kl_bits < 0.001  # the bright cell does nothing for this token
     t = Session()
     t.step(GRAMMAR, GRAMMAR_PROMPT + " asked", GREEDY)
     t.undo()  # the text ends at "asked": the tools read the prediction after it
     her, him = t.entry.tokenizer.encode("her")[0], t.entry.tokenizer.encode("him")[0]
-    t.set_ablation(["L1H0"], "zero", False)
-    e = t.effect()
+    t.heads.set_ablation(["L1H0"], "zero", False)
+    e = t.heads.effect()
     assert e.before[her] == pytest.approx(0.996, abs=5e-4)
     assert [e.after[her], e.after[him], e.kl_bits] == pytest.approx([0.526, 0.473, 0.893], abs=1.5e-3)
-    t.set_ablation(["L1H0", "L0H3"], "zero", False)
-    e = t.effect()
+    t.heads.set_ablation(["L1H0", "L0H3"], "zero", False)
+    e = t.heads.effect()
     assert [e.after[him], e.kl_bits] == pytest.approx([0.690, 1.654], abs=1.5e-3)

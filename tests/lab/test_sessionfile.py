@@ -11,8 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from lab import probing, sessionfile
+from lab import sessionfile
 from lab.checks import UserError
+from lab.headsettings import ProbeSettings
 from lab.session import MAX_LOG, Session, View
 from model.generate import Sampling
 from tests.support.sessions import assert_same_text
@@ -30,8 +31,8 @@ def busy_session() -> Session:
     list(s.generate(GRAMMAR, P, Sampling(temperature=1.2, top_p=0.9, seed=5), 6))
     s.undo()
     s.step(GRAMMAR, P, HOT)
-    s.set_ablation(["L1H0", "L2H3"], "mean", False)
-    s.set_edit(0, 2, 11, 3)
+    s.heads.set_ablation(["L1H0", "L2H3"], "mean", False)
+    s.heads.set_edit(0, 2, 11, 3)
     s.select(11)
     s.set_display(colour="log", presentation=True)
     s.show_tool("ablate")
@@ -50,12 +51,12 @@ def test_a_saved_session_opens_the_same_value_for_value(tmp_path):
     opened = sessionfile.open_session(t, save(s, tmp_path))
     assert_same_text(s, t)
     assert opened.model == GRAMMAR and opened.view == View(1, 0, "weights") and opened.prompt == P
-    assert t.probe == s.probe and t.query == 11
+    assert t.heads.settings == s.heads.settings and t.query == 11
     assert (t.display.colour, t.display.presentation, t.display.tool) == ("log", True, "ablate")
     # the numbers the head tools show are the same too
-    e, f = s.effect(), t.effect()
+    e, f = s.heads.effect(), t.heads.effect()
     np.testing.assert_array_equal(e.after, f.after)
-    np.testing.assert_array_equal(s.lens().probs, t.lens().probs)
+    np.testing.assert_array_equal(s.heads.lens().probs, t.heads.lens().probs)
     # and the text goes on the same way: the sampler was restored where it was
     a, b = s.step(GRAMMAR, P, HOT).step, t.step(GRAMMAR, P, HOT).step
     assert a.token_id == b.token_id
@@ -161,10 +162,10 @@ def test_hostile_files_are_refused_and_change_nothing(tmp_path, path, value, fra
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_mutate(good, path, value)))
     t = busy_session()
-    before = (t.tokens(), list(t.models), t.probe, t.query, t.display, list(t.log))
+    before = (t.tokens(), list(t.models), t.heads.settings, t.query, t.display, list(t.log))
     with pytest.raises(UserError, match=fragment):
         sessionfile.open_session(t, str(bad))
-    assert (t.tokens(), list(t.models), t.probe, t.query, t.display, list(t.log)) == before
+    assert (t.tokens(), list(t.models), t.heads.settings, t.query, t.display, list(t.log)) == before
 
 
 @pytest.mark.parametrize("content, fragment", [
@@ -243,28 +244,28 @@ def test_heads_chosen_after_reset_reopen_and_stay_for_the_next_text(tmp_path):
     s = Session()
     s.step(SORT, "503124=", HOT)
     s.select(3)
-    s.set_edit(0, 1, 3, 1)
+    s.heads.set_edit(0, 1, 3, 1)
     s.reset()
-    s.set_ablation(["L1H2"], "mean", False)
-    assert s.probe.edit is None  # the edited row went with its text
+    s.heads.set_ablation(["L1H2"], "mean", False)
+    assert s.heads.settings.edit is None  # the edited row went with its text
     t = Session()
     open_through_page(t, save_through_page(s, SORT, "503124=", 0, 2))
-    assert t.probe == s.probe and t.tokens() == []
+    assert t.heads.settings == s.heads.settings and t.tokens() == []
     a, b = s.step(SORT, "503124=", HOT).step, t.step(SORT, "503124=", HOT).step
-    assert a.token_id == b.token_id and t.probe.heads == ((1, 2),)
-    np.testing.assert_array_equal(s.effect().after, t.effect().after)
+    assert a.token_id == b.token_id and t.heads.settings.heads == ((1, 2),)
+    np.testing.assert_array_equal(s.heads.effect().after, t.heads.effect().after)
 
 
 def test_head_settings_of_another_model_are_not_saved_with_this_one(tmp_path):
     s = Session()
     s.step(GRAMMAR, P, HOT)
     s.reset()
-    s.set_ablation(["L2H3"], "zero", False)  # the grammar model has layer 2; sort does not
+    s.heads.set_ablation(["L2H3"], "zero", False)  # the grammar model has layer 2; sort does not
     s.select_model(SORT)
-    assert s.probe == probing.ProbeSettings()
+    assert s.heads.settings == ProbeSettings()
     t = Session()
     open_through_page(t, save_through_page(s, SORT, "503124=", 0, 2))
-    assert t.probe == probing.ProbeSettings()
+    assert t.heads.settings == ProbeSettings()
 
 
 def test_an_edit_whose_row_slid_out_of_the_window_reopens(tmp_path):
@@ -274,22 +275,22 @@ def test_an_edit_whose_row_slid_out_of_the_window_reopens(tmp_path):
     s.step(SORT, "503124=", HOT)
     s.step(SORT, "503124=", HOT)
     s.select(8)
-    s.set_edit(0, 1, 8, 1)
+    s.heads.set_edit(0, 1, 8, 1)
     list(s.generate(SORT, "503124=", HOT, 10, force=[5] * 10))  # the tokens forced: no <EOS> ends it early
     assert len(s.decoder.ids) == 19 and s.decoder.start > 1  # the key (position 1) is out of the window
     with pytest.raises(UserError, match="no longer in the text shown") as said:
-        s.effect()
+        s.heads.effect()
     t = Session()
     open_through_page(t, save_through_page(s, SORT, "503124=", 0, 1))
-    assert t.probe == s.probe and t.probe.edit is not None
+    assert t.heads.settings == s.heads.settings and t.heads.settings.edit is not None
     assert_same_text(s, t)
     with pytest.raises(UserError) as again:
-        t.effect()
+        t.heads.effect()
     assert str(again.value) == str(said.value)
 
 
 def page_snapshot(t: Session):
-    return (t.tokens(), list(t.models), t.probe, t.query, t.display, list(t.log), t.prompt, t.model_name,
+    return (t.tokens(), list(t.models), t.heads.settings, t.query, t.display, list(t.log), t.prompt, t.model_name,
             None if t.decoder is None else list(t.decoder.ids))
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lab import probing
+from lab.headsettings import head_label
 from lab.limits import ATTENTION_VIEWS, COLOUR_MODES
 from lab.session import HEAD_TOOLS, Session
 from tests.support.sessions import TWELVE, assert_same_text, offered, twelve_heads
@@ -26,7 +26,7 @@ from ui import explore, heads, share
 SORT, COPY = "sort digits (built-in)", "copy / induction (built-in)"
 PROMPTS = {SORT: ["503124=", "98765=", "1=", "  "], COPY: ["hcbpadlk|", "ab|", "abcdefghijklmnop|"]}
 PROMPTS[TWELVE] = PROMPTS[SORT]  # it reads the sort model's characters
-LABELS = [probing.head_label(layer, h) for layer in range(2) for h in (0, 1, 2, 3, 7, 11)]  # every model: 2 layers
+LABELS = [head_label(layer, h) for layer in range(2) for h in (0, 1, 2, 3, 7, 11)]  # every model: 2 layers
 HEADS = ["all", "6-11", 0, 1, 2, 3, 7, 11]  # what the Head menu sends; a page or a head past 3 exists on TWELVE only
 
 sampling = st.tuples(st.sampled_from([0.0, 0.7, 1.5]), st.sampled_from([0, 3]), st.sampled_from([1.0, 0.8]),
@@ -116,7 +116,7 @@ def figures(s: Session, layer, head, view) -> list:
             payload(lambda: heads.effect_views(s)[:2]),
             payload(lambda: heads.roles_figure(s, layer, head if head != "all" else None)),
             payload(lambda: heads.show_lens(s)),
-            s.status(), probing.edit_state(s.text, s.probe), probing.ablated(s.text, s.probe)]
+            s.status(), s.heads.edit_state(), s.heads.ablated()]
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_every_saved_session_reopens_to_the_same_state(added, steps, view):
     else:
         assert_same_text(s, t)
         assert t.query == s.query and t.log == s.log
-    assert t.probe == s.probe
+    assert t.heads.settings == s.heads.settings
     assert figures(t, *page.shown()) == figures(s, *page.shown())
     # both go on alike from the page the file set up: the opened text's sampler stands where the saved one stood
     page.prompt = out[2]

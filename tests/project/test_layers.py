@@ -92,13 +92,146 @@ def test_handlers_never_reach_past_the_session(path):
     assert not re.search(r"^from model\b|^import model\b", text, re.M), f"{path} imports the engine directly"
 
 
+# What a person's lab keeps that the wiring must reach only through a verb: the text (lab.text.Text) and the
+# head tools' settings. ui/ has no other object with these attributes, so any receiver counts (session, ses, s).
+SESSION_INSIDES = {"text", "probe"}
+
+
+def session_insides(path: Path) -> list[str]:
+    """Where a file reads `.text` or `.probe` of anything (also by getattr): `line: the expression`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in SESSION_INSIDES:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2
+              and node.func.id in ("getattr", "setattr", "hasattr") and isinstance(node.args[1], ast.Constant)
+              and node.args[1].value in SESSION_INSIDES):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("path", ["app.py", *sorted(f"ui/{p.name}" for p in (ROOT / "ui").glob("*.py"))])
+def test_handlers_reach_the_lab_through_one_door_per_tool(path):
+    """A handler calls a verb of the session or of one of its parts (`session.heads.set_ablation(...)`,
+    `session.inside.cell(...)`, `session.sweeps.run(...)`): never a lab function over the session's text or
+    head settings, which would put the tool's steps in the wiring."""
+    assert session_insides(ROOT / path) == []
+
+
+def test_the_door_check_sees_any_receiver(tmp_path):
+    f = tmp_path / "h.py"
+    f.write_text("def h(ses, s):\n    lab.cell(ses.text, s.probe, 1)\n    return getattr(ses, 'probe').heads\n")
+    assert session_insides(f) == ["2: ses.text", "2: s.probe", "3: getattr(ses, 'probe')"]
+
+
+# Per-person state lives on the person's Session (its parts), never in a module-level table keyed by session:
+# such a table outlives nobody's turn lock, and is one more door to a person's state. A module-level mapping
+# is allowed only as a constant table: an all-caps name, not weakly keyed, that no file of lab/, ui/ or app.py
+# ever changes (item assignment or deletion, or a call of a mutating method).
+# Named exceptions, each with why it is no person's state (a stale one fails the test below).
+STATE_TABLES_ALLOWED = {
+    "lab/sessionfile.py::_CHECKSUMS": "the SHA-256 of each built-in model's shipped file, by model name: the same "
+    "for every person, computed once per process",
+}
+MAPPING_CALLS = {"dict", "OrderedDict", "defaultdict", "Counter", "ChainMap"}
+WEAK_MAPPINGS = {"WeakKeyDictionary", "WeakValueDictionary"}
+MUTATORS = {"pop", "popitem", "setdefault", "update", "clear", "__setitem__", "__delitem__"}
+
+
+def _mapping_kind(value: ast.AST | None) -> str | None:
+    """"weak", "mapping" or None: what a module-level value is."""
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return "mapping"
+    if isinstance(value, ast.Call):
+        name = (_dotted(value.func) or [""])[-1]
+        return "weak" if name in WEAK_MAPPINGS else "mapping" if name in MAPPING_CALLS else None
+    return None
+
+
+def _module_statements(tree: ast.Module):
+    """The statements that run at import: the module's body, and the bodies of its top-level if/try/with."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            stack.extend([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                          *[s for h in getattr(node, "handlers", []) for s in h.body]])
+
+
+def _mutated_names(tree: ast.AST) -> set[str]:
+    """Names (bare, or the last part of `module.NAME`) whose items a file assigns or deletes, or on which it
+    calls a mutating method."""
+    found = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = assigned(node)
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        targets = [t.value for t in targets if isinstance(t, ast.Subscript)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            targets.append(node.func.value)
+        found.update(chain[-1] for t in targets if (chain := _dotted(t)))
+    return found
+
+
+def module_state_tables(root: Path = ROOT, allowed=STATE_TABLES_ALLOWED) -> list[str]:
+    """Module-level mappings in lab/, ui/ and app.py that are not constant tables (see above), but those `allowed`."""
+    paths = [p for p in [root / "app.py", *sorted((root / "lab").rglob("*.py")), *sorted((root / "ui").rglob("*.py"))]
+             if p.exists()]
+    trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in paths}
+    mutated = set().union(*(_mutated_names(t) for t in trees.values()))
+    found = []
+    for path, tree in trees.items():
+        for node in _module_statements(tree):
+            kind = _mapping_kind(getattr(node, "value", None)) if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            for name in (t.id for t in assigned(node) if kind and isinstance(t, ast.Name)):
+                why = ("a weakly keyed table" if kind == "weak" else "not an all-caps constant"
+                       if not re.fullmatch(r"_?[A-Z][A-Z0-9_]*", name) else "changed after import" if name in mutated
+                       else None)
+                if why and f"{path.relative_to(root)}::{name}" not in allowed:
+                    found.append((str(path.relative_to(root)), node.lineno, f"{name}: {why}"))
+    return [f"{where}:{line} {what}" for where, line, what in sorted(found)]
+
+
+def test_no_module_level_table_keeps_per_session_state():
+    tables = module_state_tables()
+    assert not tables, "module-level tables that keep state (keep it on the Session's parts):\n" + "\n".join(tables)
+    flagged = {line.split(":")[0] + "::" + line.split(" ")[1].rstrip(":") for line in module_state_tables(allowed={})}
+    assert set(STATE_TABLES_ALLOWED) <= flagged, "an exception no longer needed: drop it"
+    assert all(why.strip() for why in STATE_TABLES_ALLOWED.values())
+
+
+def test_the_table_check_catches_state_kept_by_session(tmp_path):
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "ui").mkdir()
+    (tmp_path / "lab" / "patching.py").write_text(
+        "import threading, weakref\nfrom collections import OrderedDict\n\n"
+        "_RUNNING: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()\n"
+        "SWEEPS = {'heads': 'head outputs'}\nseen = OrderedDict()\n\n\n"
+        "def run(session):\n    _RUNNING[session] = threading.Event()\n")
+    (tmp_path / "ui" / "patching.py").write_text(
+        "_LAST = {}\nLABELS = dict(a=1)\n\n\ndef keep(session, r):\n    _LAST[session] = r\n")
+    (tmp_path / "ui" / "train.py").write_text(
+        "from lab import patching\nif True:\n    _REFUSALS = dict()\n\n\n"
+        "def told(session):\n    patching.SWEEPS.update(x=1)\n    return _REFUSALS.pop(session, None)\n")
+    assert module_state_tables(tmp_path) == [
+        "lab/patching.py:4 _RUNNING: a weakly keyed table",
+        "lab/patching.py:5 SWEEPS: changed after import",
+        "lab/patching.py:6 seen: not an all-caps constant",
+        "ui/patching.py:1 _LAST: changed after import",
+        "ui/train.py:3 _REFUSALS: changed after import",
+    ]
+
+
 def test_the_wiring_is_small_enough_to_read():
     sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in [ROOT / "app.py", *(ROOT / "ui").glob("*.py")]}
     assert all(n <= 350 for n in sizes.values()), sizes
 
 
 def test_readme_limits_table_is_what_the_limits_module_says():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")  # the operators' page holds the table
     section = readme.split("## Limits", 1)[1]
     table = [line for line in section.splitlines() if line.startswith("|")]
     table = table[: len(limits.limits_table())]

@@ -37,7 +37,7 @@ def session() -> Session:
 
 
 def test_a_cell_is_drawn_with_the_labs_numbers_and_their_formulas(session):
-    data = lab_inside.cell(session.text, session.probe, 1, 0, 11, 9)
+    data = lab_inside.cell(session.text, session.heads.settings, 1, 0, 11, 9)
     header, table, *rest = draw_cell(session, 1, 0, 11, 9)
     figs, numbers = [figure(p) for p in rest[:N_FIGURES]], rest[N_FIGURES:]
     assert numbers == [1, 0, 11, 9]
@@ -76,19 +76,19 @@ def test_the_selected_token_opens_on_its_strongest_key(session):
 
 
 def test_an_ablated_head_is_named_and_its_used_numbers_drawn(session):
-    session.set_ablation(["L1H0"], "zero", False)
+    session.heads.set_ablation(["L1H0"], "zero", False)
     try:
-        data = lab_inside.cell(session.text, session.probe, 1, 0, 11, 9)
+        data = lab_inside.cell(session.text, session.heads.settings, 1, 0, 11, 9)
         header, _, *rest = draw_cell(session, 1, 0, 11, 9)
         assert "zero-ablated" in header and "change the model now" in header
         values = figure(rest[4])
         assert np.allclose(arr(values["data"][0]["z"])[3], data["head_value"]) and not np.any(data["head_value"])
     finally:
-        session.clear_probe()
+        session.heads.clear_probe()
 
 
 def test_the_matrices_are_the_labs_and_outline_the_cell(session):
-    data = lab_inside.head(session.text, session.probe, 1, 0)
+    data = lab_inside.head(session.text, session.heads.settings, 1, 0)
     fig = figure(draw_matrices(session, 1, 0, 11, 9))
     assert (fig["layout"]["meta"]["query"], fig["layout"]["meta"]["key"]) == (11, 9)
     for trace, name in zip(fig["data"], ("q", "k", "v", "raw", "scaled")):
@@ -103,7 +103,7 @@ def test_value_weighted_colour_is_the_labs_norms(session):
     try:
         frame = session.frame(1, 0, "weights")
         seen = viz.attention_panels(frame_spec(frame))[0]
-        want = np.array(lab_inside.head(session.text, session.probe, 1, 0)["value_weighted"], dtype=float)
+        want = np.array(lab_inside.head(session.text, session.heads.settings, 1, 0)["value_weighted"], dtype=float)
         assert np.allclose(np.nan_to_num(seen), np.round(np.nan_to_num(want), 3), atol=1e-9)
         assert seen[11, 9] > 0 and np.isnan(seen[3, 4])
     finally:
@@ -118,15 +118,15 @@ def test_a_broken_click_is_refused_with_a_sentence(session, cell):
 
 
 def test_out_of_range_cells_are_refused_and_nothing_changes(session):
-    probe, display = session.probe, session.display
+    probe, display = session.heads.settings, session.display
     for args in ((1, 0, 11, 40), (9, 0, 0, 0), (1, 7, 0, 0)):
         with pytest.raises(UserError):
             draw_cell(session, *args)
-    assert session.probe is probe and session.display is display
+    assert session.heads.settings is probe and session.display is display
 
 
 def test_the_cells_numbers_download_holds_q_k_v_and_the_row(session):
-    data = lab_inside.cell(session.text, session.probe, 1, 0, 11, 9)
+    data = lab_inside.cell(session.text, session.heads.settings, 1, 0, 11, 9)
     saved = json.loads(open(download_cell(session, "json", 1, 0, 11, 9), encoding="utf-8").read())
     for name in ("q", "k", "v", "softmax_row", "scores_row"):
         assert saved[name] == data[name], name
@@ -144,7 +144,7 @@ def test_every_built_in_draws_its_last_layers_cell(name):
     s.step(name, entry.examples[0], Sampling(temperature=0.0))
     layer = entry.model.cfg.n_layers - 1
     header, table, *rest = draw_cell(s, layer, 0, None, None)
-    data = lab_inside.cell(s.text, s.probe, layer, 0)
+    data = lab_inside.cell(s.text, s.heads.settings, layer, 0)
     assert rest[N_FIGURES:] == [layer, 0, data["query"], data["key"]] and data["query"] == len(data["tokens"]) - 1
     assert f"{data['weight']:.4f}" in header and f"{data['dot']:.4f}" in table
     heads = figure(rest[5])
@@ -157,7 +157,7 @@ def test_a_rotary_model_shows_its_rotary_step():
         pass
     assert progress.done
     s.step(progress.run.name, P, Sampling(temperature=0.0))
-    data = lab_inside.cell(s.text, s.probe, 0, 1, 11, 2)
+    data = lab_inside.cell(s.text, s.heads.settings, 0, 1, 11, 2)
     header, table, *rest = draw_cell(s, 0, 1, 11, 2)
     qk = figure(rest[1])
     assert np.allclose(arr(qk["data"][0]["z"]), [data["q_raw"], data["k_raw"], data["q"], data["k"]])

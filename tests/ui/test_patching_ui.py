@@ -30,7 +30,7 @@ def sweep(session: Session, what: str = "heads", direction: str = "denoising") -
 def test_a_head_sweep_shows_the_labs_numbers_summary_and_metric():
     s = Session()
     *_, (progress, note, plot, head_plot, data) = sweep(s)
-    r = patching.run(Session(), GRAMMAR, A, B, "logit_diff", "her", "him", "heads", "denoising")
+    r = Session().sweeps.run(GRAMMAR, A, B, "logit_diff", "her", "him", "heads", "denoising")
     fig = figure(plot)
     z = decode_array(fig["data"][0]["z"]).astype(np.float64)
     np.testing.assert_allclose(z, r.values, rtol=1e-6)  # float32 on the wire
@@ -75,7 +75,7 @@ def test_a_click_on_a_head_opens_it_on_both_prompts():
     out = ui_patching.open_patched_head(s, "1,0", A, B, "all layers")
     layer, head, view, cmp_layer, diff, _, _, _, patch_map, pair = out
     assert (layer, head, view, cmp_layer) == (1, 0, "weights", 1)
-    c = s.compare(GRAMMAR, A, B)
+    c = s.heads.compare(GRAMMAR, A, B)
     pair_fig = figure(pair)
     assert pair_fig["layout"]["title"]["text"].startswith("L1H0 (102 % restored)")
     assert [(p["layer"], p["head"]) for p in pair_fig["layout"]["meta"]["panels"]] == [(1, 0), (1, 0)]
@@ -160,7 +160,7 @@ def test_a_difference_that_is_noise_is_said_above_the_map_and_on_it(tmp_path):
     name = s.external.names[0]
     *_, (_, note, plot, _, data) = list(ui_patching.run_patching(s, name, "hello world", "hello worle", "logit_diff",
                                                                  "a", "e", "heads", "denoising"))
-    r = patching.run(s, name, "hello world", "hello worle", "logit_diff",
+    r = s.sweeps.run(name, "hello world", "hello worle", "logit_diff",
                      "a", "e", "heads", "denoising")
     assert len(r.cautions()) == 2 and data["cautions"] == r.cautions()
     lines = note.split("  \n")

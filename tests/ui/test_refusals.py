@@ -108,18 +108,16 @@ HEAD_JUNK = {  # beside JUNK: values of the right kind that are out of range for
 @pytest.fixture
 def probed_session():
     """A text on the grammar model with heads ablated and a row edited: the state a refusal must keep."""
-    from lab import probing
-
     s = Session()
     app.step(s, GRAMMAR, P, 1.0, 0, 1.0, 3, 0, "all", "weights")
-    s.set_ablation(["L0H1"], "zero", False)
+    s.heads.set_ablation(["L0H1"], "zero", False)
     s.select(5)
-    s.set_edit(1, 0, 5, 2)
+    s.heads.set_edit(1, 0, 5, 2)
     return s
 
 
 def head_snapshot(s: Session):
-    return (snapshot(s), s.probe, s.query, s.display)
+    return (snapshot(s), s.heads.settings, s.query, s.display)
 
 
 HEAD_CASES = [(name, arg, junk) for name, good in HEAD_GOOD.items() for arg in good
@@ -153,7 +151,7 @@ def test_the_head_tools_accept_what_the_page_sends(probed_session):
     s = probed_session
     for name, good in HEAD_GOOD.items():
         getattr(heads, name)(s, *good.values())
-    assert s.probe.heads == () and s.probe.edit is not None  # ablate, clear, then edit (in that order)
+    assert s.heads.settings.heads == () and s.heads.settings.edit is not None  # ablate, clear, then edit (in that order)
 
 
 # ------------------------------------------------------------------ uploads and imports: a sentence

@@ -156,7 +156,7 @@ def test_the_defaults_train_the_recipe_through_the_session():
                        form["d_ff"], form["pos_encoding"], form["norm"], form["activation"], form["dropout"], 20,
                        form["lr"], 0)
     first = next(progress)
-    s.stop_training()
+    s.training.stop()
     last = list(progress)[-1]
     cfg = s.models[last.run.name].model.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_ff) == (3, 4, 96, 384)

@@ -168,7 +168,7 @@ def test_page_only_handlers_refuse_values_of_the_wrong_type_in_words():
     """The handlers a raw call by number reaches with a list where text is expected answered with the
     generic fault (the regeneration guard, the patching part's model switch) or quietly did nothing."""
     s = with_text()
-    before = (list(s.decoder.ids), s.probe, s.display)
+    before = (list(s.decoder.ids), s.heads.settings, s.display)
     cases = [
         (heads.drop_stale_regeneration, lambda v: (s, v), "The regeneration shown must be text"),
         (patching_ui.model_switched, lambda v: (s, v), "The model must be given by its name in the list."),
@@ -190,7 +190,7 @@ def test_page_only_handlers_refuse_values_of_the_wrong_type_in_words():
         for value in values[0] if values else WRONG:
             msg = refusal(fn, *args(value))
             assert re.search(pattern, msg), (fn.__name__, value, msg)
-    assert (list(s.decoder.ids), s.probe, s.display) == before and s.models == {}
+    assert (list(s.decoder.ids), s.heads.settings, s.display) == before and s.models == {}
     assert heads.drop_stale_regeneration(s, None) is not None and explore.show_caption(s, GRAMMAR, 1, 0, "weights")
 
 
@@ -200,15 +200,15 @@ def test_page_only_handlers_refuse_values_of_the_wrong_type_in_words():
 def test_an_edit_switched_off_still_refuses_an_unknown_head():
     s = with_text()
     heads.edit_attention(s, "L1H0", "3")
-    edited = s.probe
+    edited = s.heads.settings
     for head in ("L9H9", "nonsense", "L1H①", "x\udfffy"):
         msg = refusal(heads.edit_attention, s, head, "off")
         assert "is not a head" in msg or "this model has layers" in msg, msg
-        assert s.probe == edited  # nothing changed
+        assert s.heads.settings == edited  # nothing changed
     for head in (["L1H0"], 5):
         assert refusal(heads.edit_attention, s, head, "off") == "Choose the head whose row to edit, e.g. L1H0."
     heads.edit_attention(s, "L1H0", "off")
-    assert s.probe.edit is None
+    assert s.heads.settings.edit is None
 
 
 def test_a_link_a_session_file_or_numbers_for_an_unknown_model_are_refused():
