@@ -19,16 +19,16 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from lab import files
-from lab.external import ENV_VAR, EXTERNAL, SEPARATOR, sources_from
+from lab.catalogue.external import ENV_VAR, EXTERNAL, SEPARATOR, sources_from
+from lab.catalogue.models import DEFAULT_MODEL
 from lab.limits import (
     QUEUE_SIZE,
     SESSION_CAPACITY, STATE_TTL_S, UPLOAD_MAX_MB,
 )
-from lab.models import DEFAULT_MODEL
+from lab.server import files
+from lab.server.sessionstore import SessionKey
+from lab.server.warm import map_large_blocks
 from lab.session import SESSIONS, Session
-from lab.sessionstore import SessionKey
-from lab.warm import map_large_blocks
 from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> list:
 
 def main(argv: list[str] | None = None) -> None:
     EXTERNAL.configure(parse_args(argv))  # loaded on first use, not here
-    map_large_blocks()  # memory that cooled texts free goes back to the system (lab/warm.py)
+    map_large_blocks()  # memory that cooled texts free goes back to the system (lab/server/warm.py)
     logging.basicConfig(level=logging.INFO)
     for chatty in ("httpx", "httpcore", "urllib3"):  # one line per request of gradio's own start-up checks
         logging.getLogger(chatty).setLevel(logging.WARNING)

@@ -79,7 +79,7 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
 
     with served_default_model(args.threads) as (entry, block, server), sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)

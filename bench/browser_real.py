@@ -158,7 +158,7 @@ def cpu_seconds(pids: set[int]) -> float:
 def measure(server: AppServer, folder: Path, rounds: int, t: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from lab.external import parse_source
+    from lab.catalogue.external import parse_source
 
     first_page, second_page = list(range(6)), list(range(6, 12))
     rows = {k: [] for k in ("first", "next", "page")}

@@ -59,7 +59,7 @@ def summary(samples: list[float], scale: float = 1000.0, digits: int = 2) -> dic
 
 def default_entry():
     """The lab's default built-in model (shared, read-only), loaded the way the app loads it."""
-    from lab.models import BUILTINS, DEFAULT_MODEL
+    from lab.catalogue.models import BUILTINS, DEFAULT_MODEL
 
     return BUILTINS.get(DEFAULT_MODEL)
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 from bench.common import emit, parser, summary
-from lab.models import BUILTINS
+from lab.catalogue.models import BUILTINS
 from model.attention import LayerCache
 from model.transformer import KVCache
 

@@ -41,7 +41,7 @@ def main() -> None:
     import torch
 
     import app
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
     from lab.session import Session
 
     torch.set_num_threads(args.threads)

@@ -71,14 +71,14 @@ def main() -> None:
     p.add_argument("--skip", default="", help="'gpt2' leaves GPT-2 out")
     args = p.parse_args()
     torch.set_num_threads(1)
-    from lab.models import BUILTINS
+    from lab.catalogue.models import BUILTINS
 
     runs = [("grammar (built-in)", lambda: ("grammar (built-in)", BUILTINS.get("grammar (built-in)")))]
     tmp = tempfile.TemporaryDirectory()
     if "gpt2" not in args.skip:
         def gpt2():
             from bench.real_app import build_gpt2
-            from lab.external import EXTERNAL, HashRecord, parse_source
+            from lab.catalogue.external import EXTERNAL, HashRecord, parse_source
 
             folder = Path(tmp.name) / "gpt2"
             build_gpt2(folder)

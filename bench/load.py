@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--no-training", action="store_true", help="no training run alongside")
     args = p.parse_args()
 
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
 
     entry = default_entry()
     prompt = grammar_prompt(entry.tokenizer, args.tokens)

@@ -4,7 +4,7 @@ Before the budgets, every session could hold `MAX_USER_MODELS` (3) uploaded mode
 `UPLOAD_MAX_MB`: about +43 MB of RSS per session, ~12.7 GB at 300 sessions. Now the bytes that all
 sessions hold together, their own models and their texts' attention, are bounded by
 `lab.limits.MEMORY_MAX_BYTES` (`DECODER_LAB_MEMORY_MB`): an upload or a longer text beyond it is
-refused ("The server is full right now …") unless idle sessions can make room (`lab.budget.ModelBudget`).
+refused ("The server is full right now …") unless idle sessions can make room (`lab.server.budget.ModelBudget`).
 
 This starts `python app.py` (tests.support.server.AppServer) behind a pretend proxy (`DECODER_LAB_BEHIND_PROXY=1`,
 real rate limits: `DECODER_LAB_RATE_SCALE=1`), so each simulated visitor is its own client by its
@@ -59,7 +59,7 @@ def model_files(folder: Path, copies: int = 1) -> tuple[list[Path], str, int]:
     file at the same moment share one path (see `visit`)."""
     import torch
 
-    from lab.budget import model_bytes
+    from lab.server.budget import model_bytes
     from model.checkpoint import DEFAULT_LIMITS, save_checkpoint
     from model.config import ModelConfig
     from model.tokenizers import CharTokenizer

@@ -18,7 +18,7 @@ from tests.support.server import rss_mb
 
 
 def one_round(app, n: int) -> None:
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
     from lab.session import Session
 
     sessions = []

@@ -55,7 +55,7 @@ def timed(setup_fn, sweep_fn, reps: int) -> dict:
 
 def grammar(reps: int) -> None:
     from lab import patching
-    from lab.models import BUILTINS
+    from lab.catalogue.models import BUILTINS
 
     entry = BUILTINS.get("grammar (built-in)")
     a, b, x, y = GRAMMAR_PAIR
@@ -80,7 +80,7 @@ def matmul_rate(rows: int, d_model: int) -> float:
 
 def gpt2_entry(folder: Path):
     from bench.real_app import build_gpt2
-    from lab.models import ModelEntry
+    from lab.catalogue.models import ModelEntry
     from model.families import open_folder
 
     build_gpt2(folder)

@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=10, help="new prompts per length")
     args = p.parse_args()
 
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
 
     with served_default_model(args.threads) as (entry, block, server):
         call_step(server.url, [DEFAULT_MODEL, grammar_prompt(entry.tokenizer, 8), 0.8, 0, 1.0, 0, 0, "all", "weights"])

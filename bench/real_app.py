@@ -5,7 +5,7 @@ A GPT-2 folder of the real size (transformers' GPT2Config defaults: 12 layers ×
 saved with save_pretrained to a temporary folder, beside a byte-level BPE tokenizer.json of
 50,257 tokens made up here (the 256 byte symbols and 50,000 two-symbol merges, then
 <|endoftext|>): nothing is downloaded. It is opened the way the app opens a --model folder
-(lab.external, hash recorded in a temporary file). Measured, in process with 1 torch thread,
+(lab.catalogue.external, hash recorded in a temporary file). Measured, in process with 1 torch thread,
 at T = 64 (a 64-token prompt):
 
 * step_first: the first Step on the prompt through the Explore handler `ui.explore.step` on layer
@@ -36,7 +36,7 @@ at T = 64 (a 64-token prompt):
   sessions (one Client = one server session, 5 at a time) that each Step --steps times on the
   model's own example prompt (target: ≤ 250 MB more). Those sessions are real server sessions over
   HTTP, so the growth includes gradio's per-session state, not only the lab's texts. The texts beyond
-  the store of warm texts (lab/warm.py, DECODER_LAB_WARM_MB, --warm-mb) are cooled: they keep their
+  the store of warm texts (lab/server/warm.py, DECODER_LAB_WARM_MB, --warm-mb) are cooled: they keep their
   tokens and sampler and compute the rest again when used. Beside it, one such text in process: what
   its attention, cache and distributions hold warm, what it keeps cold, and what the budget holds.
 
@@ -125,7 +125,7 @@ def in_process(folder: Path, reps: int) -> dict:
     import ui.explore
     from bench.step_latency import components, serialise
     from lab.checks import check_sampling
-    from lab.external import EXTERNAL, HashRecord, parse_source
+    from lab.catalogue.external import EXTERNAL, HashRecord, parse_source
     from lab.roles import compute_head_roles
     from lab.session import Session
     from model.generate import Decoder
@@ -259,9 +259,9 @@ def text_breakdown(folder: Path, steps: int) -> dict:
     """What one session's text holds after `steps` Steps on SERVED_PROMPT, in process (MB): warm, its
     attention and scores (with the decoder's room for rows to come), key/value cache and next-token
     logits, kept distributions and sampler states, and what the memory budget reserved for it; then
-    cooled (lab/warm.py): what it keeps and what the budget holds for it."""
-    from lab import budget
-    from lab.external import EXTERNAL, HashRecord, parse_source
+    cooled (lab/server/warm.py): what it keeps and what the budget holds for it."""
+    from lab.server import budget
+    from lab.catalogue.external import EXTERNAL, HashRecord, parse_source
     from lab.session import Session
     from model.generate import Sampling
 
@@ -290,7 +290,7 @@ def served_memory(folder: Path, sessions: int, steps: int, warm_mb: int | None =
     """RSS of the app with GPT-2 loaded, idle, then after `sessions` gradio_client sessions stepped on it
     (with `warm_mb` as the store of warm texts' bound; None: the app's default)."""
     from bench.clients import client, step
-    from lab.external import parse_source
+    from lab.catalogue.external import parse_source
     from lab.limits import WARM_MAX_BYTES
 
     env = {"DECODER_LAB_THREADS": "1", "DECODER_LAB_MODEL_HASHES": str(folder.parent / "served-hashes.json")}

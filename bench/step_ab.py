@@ -24,7 +24,7 @@ import torch
 torch.set_num_threads(int(sys.argv[3]))
 import gradio as gr
 import ui.explore as explore
-from lab.models import BUILTINS, DEFAULT_MODEL
+from lab.catalogue.models import BUILTINS, DEFAULT_MODEL
 from lab.session import Session
 
 reps, t = int(sys.argv[1]), int(sys.argv[2])

@@ -68,7 +68,7 @@ def serialise(comps, outputs) -> tuple[str, dict]:
 
 def run_length(app, entry, comps, t: int, reps: int, warmup: int = 3) -> dict:
     from lab.checks import check_sampling
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
     from lab.session import Session, encode_prompt
     from model.generate import Decoder
 
@@ -149,7 +149,7 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
     import ui.explore
     import ui.heads
     from lab import headsettings
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
 
     head_badges = headsettings.badges  # what lab.frame.make_frame calls for the attention panels' badges
     probe_views = ui.heads.probe_views
@@ -184,7 +184,7 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
 def probe_session(entry, t: int, r: int):
     """A session after the first Step on a new T-token prompt, that prompt, and a second one (for compare)."""
     from lab.checks import check_sampling
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
     from lab.session import Session
 
     prompt = grammar_prompt(entry.tokenizer, t, offset=37 * r)
@@ -215,7 +215,7 @@ def report_probes(res: dict, threads: int) -> None:
     """One JSON line per head tool (stdout) with its target and whether it is met; a table on stderr."""
     import sys
 
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
 
     t = res["prompt_tokens"]
     targets = PROBE_TARGETS_MS.get(t, {})
@@ -276,7 +276,7 @@ def main() -> None:
     import torch
 
     import app
-    from lab.models import DEFAULT_MODEL
+    from lab.catalogue.models import DEFAULT_MODEL
     from lab.session import Session
 
     torch.set_num_threads(args.threads)

@@ -73,7 +73,7 @@ def trace(fn, *args):
 
 
 def main(argv=None) -> None:
-    from lab.models import BUILTINS, DEFAULT_MODEL
+    from lab.catalogue.models import BUILTINS, DEFAULT_MODEL
     from lab.session import Session
     from ui import explore
 

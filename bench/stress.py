@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.common import emit, parser
-from lab.models import BUILTINS, DEFAULT_MODEL
+from lab.catalogue.models import BUILTINS, DEFAULT_MODEL
 from tests.support.server import AppServer, rss_mb
 
 GRAMMAR = DEFAULT_MODEL

@@ -116,7 +116,7 @@ def largest_model(folder: Path) -> Path:
 
     import torch
 
-    from lab.models import BUILTINS
+    from lab.catalogue.models import BUILTINS
     from model.checkpoint import save_checkpoint
     from model.transformer import DecoderLM
 

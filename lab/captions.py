@@ -1,7 +1,7 @@
 """The line above the attention: a built-in's own caption while its claim holds on the text shown,
 else a sentence read off the very numbers drawn.
 
-A built-in's caption (`lab.models.FirstView`) quotes numbers measured on its first example prompt
+A built-in's caption (`lab.catalogue.models.FirstView`) quotes numbers measured on its first example prompt
 (tests/lab/test_first_views.py holds them to the model). It is shown only for its own layer, head and
 view, and only when its pattern holds on the attention drawn and every number it quotes is what
 that attention gives, to the two decimals quoted. Anywhere else (another head, another text, a
@@ -21,7 +21,7 @@ from model import heads
 from viz import LINES_VIEW, THUMBNAILS_VIEW
 
 from . import headsettings
-from .models import ModelEntry
+from .catalogue.models import ModelEntry
 
 _NUMBER = re.compile(r"\b\d\.\d\d\b")
 SEPARATORS = ("␣", "⏎")  # how the character tokenizers show a space and a line break

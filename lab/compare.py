@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .models import ModelEntry
+from .catalogue.models import ModelEntry, encode_prompt
 from .headsettings import forward, kl_bits
 from .roles import HeadRoles, compute_head_roles
-from .text import encode_prompt, used_rows
+from .text import used_rows
 
 
 @dataclass

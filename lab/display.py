@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .catalogue.models import ModelEntry
 from .checks import UserError, check_choice, check_int, whole_numbers
 from .limits import ATTENTION_VIEWS, COLOUR_MODES
-from .models import ModelEntry
 
 NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
 SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line

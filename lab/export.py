@@ -30,8 +30,8 @@ import numpy as np
 from .checks import UserError, check_choice, check_int
 from .downloads import Export, to_csv  # noqa: F401 (Export read from here by the wiring and tests)
 from .frame import shown_attention
-from .files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
 from .heads import ranks
+from .server.files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
 
 if TYPE_CHECKING:
     from .session import Session

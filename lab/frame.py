@@ -16,9 +16,9 @@ from model.generate import Step
 from model.inside import run_forward, value_weighted
 
 from . import captions, headsettings
-from .roles import HeadRoles, compute_head_roles
 from .display import Display, View
-from .files import file_name, model_stem
+from .roles import HeadRoles, compute_head_roles
+from .server.files import file_name, model_stem
 from .text import Attention, Probabilities, Text
 
 

@@ -28,6 +28,7 @@ from model.interventions import ABLATION_MODES, AttentionEdit
 from model.attention import LayerCache
 from model.transformer import KVCache, read_out_rows
 
+from .catalogue.models import ModelEntry
 from .checks import UserError, check_choice, check_int, number_from_text
 from .compare import Comparison, compare
 from .display import check_head
@@ -35,7 +36,6 @@ from .headsettings import (
     ProbeSettings, ablated, forward, head_label, kl_bits, need_text, parse_heads, position, window_intervention,
 )
 from .limits import MAX_NEW_TOKENS
-from .models import ModelEntry
 from .roles import HeadRoles, RolesCache
 from .text import Text, used_rows
 

@@ -21,8 +21,8 @@ import torch
 
 from model.interventions import AttentionEdit, Intervention
 
+from .catalogue.models import ModelEntry
 from .checks import UserError, check_int
-from .models import ModelEntry
 from .roles import HeadRoles
 from .text import Text
 

@@ -26,8 +26,8 @@ from model.transformer import ForwardOutput
 
 from .checks import check_int
 from .downloads import Export, to_csv
-from .files import file_name, model_stem
 from .headsettings import ProbeSettings, head_label, need_text, position, window_intervention
+from .server.files import file_name, model_stem
 from .text import Text
 
 MEMO_BYTES = 16 * 2**20  # a text's kept forward (residuals and attention) larger than this is not kept

@@ -66,7 +66,8 @@ TRAIN_CORPORA = {
 MAX_USER_MODELS = 3  # a person's own (trained or uploaded) models; the oldest goes first
 UPLOAD_MAX_MB = CHECKPOINT_LIMITS.max_file_bytes // 2**20  # the checkpoint loader's own bound
 STATE_TTL_S = float(os.environ.get("DECODER_LAB_STATE_TTL", "1800"))
-SESSION_CAPACITY = 2000  # gradio's own copies of session state (~135 KB each); lab.sessionstore keeps the sessions
+# gradio's own copies of session state (~135 KB each); lab.server.sessionstore keeps the sessions
+SESSION_CAPACITY = 2000
 QUEUE_SIZE = int(os.environ.get("DECODER_LAB_QUEUE", "32"))
 RUN_FILES_MAX_AGE_S = 3600  # downloadable model files of a session
 # concurrency_limit of each lane of the queue (ui/lanes.py puts every event in one; one training at a time: it
@@ -74,7 +75,7 @@ RUN_FILES_MAX_AGE_S = 3600  # downloadable model files of a session
 CONCURRENCY = {"explore": 4, "generate": 2, "train": 1, "upload": 2, "patch": 1, "tools": 2, "film": 2, "export": 2,
                "page": 4, "replay": 8}
 
-# ------------------------------ Server-wide budgets (lab/budget.py, lab/rates.py, lab/sessionstore.py)
+# ------------------------------ Server-wide budgets (lab/server/: budget.py, rates.py, sessionstore.py)
 # What one visitor may take of what everyone shares. A client is its address (an IPv6 address
 # counts by its /64); behind a proxy (a Hugging Face Space) the address the proxy forwarded.
 # Rates are token buckets: action → (burst, count, window_s): `burst` at once, then `count` per
@@ -105,10 +106,11 @@ RATE_MAX_KEYS = 10_000  # (client, action) buckets remembered; the least recentl
 # Trust X-Forwarded-For only behind a proxy that sets it (Spaces set SPACE_ID); otherwise anyone could forge it.
 BEHIND_PROXY = bool(os.environ.get("SPACE_ID")) or os.environ.get("DECODER_LAB_BEHIND_PROXY", "") == "1"
 IDLE_S = float(os.environ.get("DECODER_LAB_IDLE_S", "300"))  # a session that acted in the last IDLE_S seconds (or is acting, or training) loses nothing to others
-MAX_SESSIONS = int(os.environ.get("DECODER_LAB_MAX_SESSIONS", "500"))  # sessions kept (lab.sessionstore.SessionStore); a text holds up to ~6 MB
+# sessions kept (lab.server.sessionstore.SessionStore); a text holds up to ~6 MB
+MAX_SESSIONS = int(os.environ.get("DECODER_LAB_MAX_SESSIONS", "500"))
 # memory held by all sessions together: their own models and their texts' attention (which grows as T²)
 MEMORY_MAX_BYTES = int(os.environ.get("DECODER_LAB_MEMORY_MB", "4096")) * 2**20
-# texts that keep their attention, cache and distributions in memory (lab/warm.py): the least recently
+# texts that keep their attention, cache and distributions in memory (lab/server/warm.py): the least recently
 # used beyond this drop them and compute them again when used (a GPT-2 text of 64 tokens holds ~13 MB)
 WARM_MAX_BYTES = int(os.environ.get("DECODER_LAB_WARM_MB", "128")) * 2**20
 RUN_FILES_MAX_BYTES = int(os.environ.get("DECODER_LAB_FILES_MB", "1024")) * 2**20  # all sessions' model files
@@ -116,7 +118,7 @@ RUN_FILES_SESSION_MAX_BYTES = MAX_USER_MODELS * CHECKPOINT_LIMITS.max_file_bytes
 __all__ += ["RATE_LIMITS", "RATE_MAX_KEYS", "BEHIND_PROXY", "IDLE_S", "MAX_SESSIONS", "MEMORY_MAX_BYTES",
             "WARM_MAX_BYTES", "RUN_FILES_MAX_BYTES", "RUN_FILES_SESSION_MAX_BYTES"]
 
-# ---------------------------- Per-address shares (lab/budget.py, lab/sessionstore.py, ui/http.py)
+# ---------------------------- Per-address shares (lab/server/budget.py, lab/server/sessionstore.py, ui/http.py)
 # What one address may hold of each shared resource, counted when work is admitted. Generous enough for
 # a class of thirty behind one school address; small enough that one address leaves the rest to others.
 # Scaled as the rates are (never past the whole): a test suite's shared server sees one address all along.
@@ -133,7 +135,8 @@ CLIENT_QUEUE = _share("DECODER_LAB_CLIENT_QUEUE", QUEUE_SIZE, 4)  # calls waitin
 # (scaled as the rates are: a test suite calls from one address all along)
 CLIENT_LONG_CALLS = {"train": int(os.environ.get("DECODER_LAB_CLIENT_TRAININGS", str(_RATE_SCALE))),
                      "replay": int(os.environ.get("DECODER_LAB_CLIENT_REPLAYS", str(_RATE_SCALE)))}
-# bytes of warm texts (lab/warm.py) of one address: past the bound, an address over this share cools its own first
+# bytes of warm texts (lab/server/warm.py) of one address: past the bound, an address over this share cools its
+# own first
 CLIENT_WARM_BYTES = _share("DECODER_LAB_CLIENT_WARM_MB", WARM_MAX_BYTES // 2**20, 4) * 2**20
 # calls of one address in gradio's queue at once, waiting or running, besides its trainings: its further calls
 # wait at the door (ui/shares.py), holding no worker, so one address keeps at most this many workers busy
@@ -196,8 +199,8 @@ def _window(seconds: float) -> str:
 
 
 def budget_rows() -> list[str]:
-    """The Limits rows of the shared guards, lab/rates.py, lab/sessionstore.py and lab/budget.py (the last
-    rows of `limits_table()`)."""
+    """The Limits rows of the shared guards, lab/server/rates.py, lab/server/sessionstore.py and
+    lab/server/budget.py (the last rows of `limits_table()`)."""
     unit = {a: _RATE_UNIT.get(a, 1) for a in RATE_LIMITS}
     rates = "; ".join(f"{_RATE_WHAT[a]} {b // unit[a]} at once, then {c // unit[a]} per {_window(w)}"
                       for a, (b, c, w) in RATE_LIMITS.items())

@@ -14,10 +14,10 @@ from urllib.parse import urlencode
 
 from model.generate import Sampling
 
+from .catalogue.models import DEFAULT_MODEL
 from .checks import UserError, check_choice, check_float, check_int, number_from_text, quoted
 from .display import check_head
 from .limits import ATTENTION_VIEWS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE
-from .models import DEFAULT_MODEL
 from .session import Session, View
 
 PARAMS = ("model", "prompt", "seed", "temperature", "steps", "layer", "head", "view")

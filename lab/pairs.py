@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from model.hf_tokenizer import HFFileTokenizer
 
+from .catalogue.models import ModelEntry
 from .checks import UserError
-from .models import ModelEntry
 
 SLOT = "___"  # where a person's template takes the word ("{}" is taken too)
 MAX_TEMPLATE_CHARS = 300
@@ -71,7 +71,7 @@ class Pair:
 
 
 def _prompt_ids(entry: ModelEntry, text: str) -> list[int] | None:
-    """The prompt's ids as the lab reads a prompt (lab.text.encode_prompt: a BOS where the tokenizer adds
+    """The prompt's ids as the lab reads a prompt (lab.catalogue.models.encode_prompt: a BOS where the tokenizer adds
     one), or None when the model lacks one of its characters or words."""
     enc = entry.tokenizer.encode_verbose(text)
     return None if enc.unknown or not enc.ids else list(enc.ids)

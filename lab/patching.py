@@ -37,12 +37,12 @@ import torch
 from model.hf_tokenizer import HFFileTokenizer
 from model.patching import Activations, Patch, PatchSite
 
+from .catalogue.models import ModelEntry, encode_prompt
 from .checks import UserError, check_choice, quoted
 from .downloads import Export, to_csv
-from .files import model_stem
-from .models import ModelEntry
 from .pairs import pairs_for
-from .text import encode_prompt, used_rows
+from .server.files import model_stem
+from .text import used_rows
 
 METRICS = {"logit_diff": "logit difference of two answer tokens", "prob": "probability of one answer token"}
 DIRECTIONS = {

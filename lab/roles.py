@@ -14,7 +14,7 @@ from model.heads import (
     ROLE_ORDER, ROLES, TASK_ROLES, Role, head_scores, strongest_role, task_of, task_score, task_targets,
 )
 
-from .models import ModelEntry
+from .catalogue.models import ModelEntry
 
 GRAMMAR_NAMES = {**{n: "f" for n in FEMALE_NAMES}, **{n: "m" for n in MALE_NAMES}}
 SCORE_ROLES = ("previous_token", "first_token", "self_attention", "induction", "entropy")

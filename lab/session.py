@@ -2,7 +2,7 @@
 budgets, their files, and the verbs the wiring calls.
 
 A `Session` is built from parts with one concept each: the text and its history (lab.text), how
-figures are drawn (lab.display), own models (lab.ownmodels), and the tools that keep a person's state,
+figures are drawn (lab.display), own models (lab.catalogue.ownmodels), and the tools that keep a person's state,
 each with its own verbs: the head tools (`heads`, lab.heads), Inside one cell (`inside`, lab.inside),
 patching sweeps (`sweeps`, lab.sweeps) and training (`training`, lab.training). The wiring keeps one
 per browser tab and calls its verbs (`step`, `generate`, `undo`, `reset`, `select_model`, `train`,
@@ -27,25 +27,25 @@ from model.checkpoint import atomic_write
 from model.film import Film
 from model.generate import Sampling, generate
 
-from . import files
-from .budget import DISK_BUDGET, MODEL_BUDGET
+from .catalogue.external import EXTERNAL
+from .catalogue.models import BUILTINS, BuiltinModels, ModelEntry, encode_prompt, usable_examples
+from .catalogue.ownmodels import OwnModels, entry_bytes, removed_note
+from .catalogue.uploads import checkpoint_data, load_upload, reserved_bytes
 from .checks import UserError, check_int
-from .external import EXTERNAL
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
 from .frame import Frame, make_frame
 from .heads import Heads
 from .inside import Inside
 from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
-from .models import BUILTINS, BuiltinModels, ModelEntry, usable_examples
-from .ownmodels import OwnModels, entry_bytes, release_freed_memory, removed_note
-from .rates import LIMITER
 from .recipe import train_tab_defaults
-from .sessionstore import SessionStore
+from .server import files
+from .server.budget import DISK_BUDGET, MODEL_BUDGET
+from .server.rates import LIMITER
+from .server.sessionstore import SessionStore
+from .server.warm import WARM, release_freed_memory
 from .sweeps import Sweeps
-from .text import Attention, Probabilities, Text, encode_prompt, sampling_record, text_bytes
+from .text import Attention, Probabilities, Text, sampling_record, text_bytes
 from .training import Training, TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
-from .uploads import checkpoint_data, load_upload, reserved_bytes
-from .warm import WARM
 
 __all__ = ["Session", "SESSIONS", "BUSY_WAIT_S", "HEAD_TOOLS", "MAX_LOG", "View", "Display", "Attention",  # read
            "Probabilities", "TrainingRun", "TrainProgress", "encode_prompt", "removed_note"]  # from here too
@@ -63,7 +63,8 @@ class Session:
         self.external = EXTERNAL  # the models the person running the app added (none unless they did)
         self.own = OwnModels()
         self.display = Display()
-        self._use_text(Text(lambda nbytes: self._hold(text=nbytes)))  # what it will hold, warm or cooled (lab.warm)
+        # what it will hold, warm or cooled (lab.server.warm)
+        self._use_text(Text(lambda nbytes: self._hold(text=nbytes)))
         self.sweeps = Sweeps(self)  # patching: the sweep running, its stop, the last one's result
         self.training = Training()  # the training run, its stop, the last upload's refusal
         # a session file or link just set up this model's text: the model list's change event it causes keeps it
@@ -138,7 +139,8 @@ class Session:
         return dropped
 
     def cool_text(self) -> bool:
-        """Let the warm store (lab.warm) take the heavy part of this idle session's text (computed again when used)."""
+        """Let the warm store (lab.server.warm) take the heavy part of this idle session's text (computed again
+        when used)."""
         return self._give_up("", self.text.cool)
 
     def drop_files(self, reason: str) -> bool:
@@ -445,5 +447,5 @@ class Session:
 
 
 # Sessions by gradio's session hash: gradio's own store can drop a tab's state in a burst of new
-# sessions, this one keeps every active session (see lab.sessionstore.SessionStore).
+# sessions, this one keeps every active session (see lab.server.sessionstore.SessionStore).
 SESSIONS = SessionStore(Session, limiter=LIMITER)

@@ -12,7 +12,7 @@ Opening one replays the actions with the engine's own code (`Session.step` / `Se
 the text, its attention and every distribution are computed again, not read from the file. All of
 it happens on a scratch session first; only a file that replays completely replaces anything.
 A hostile or inconsistent file is refused with a sentence and changes nothing. The replay's cost
-(lab.rates.replay_cost: its Steps and its model's work) is taken from the importer's address's share
+(lab.server.rates.replay_cost: its Steps and its model's work) is taken from the importer's address's share
 once the model is known and before the first action runs, so no replay runs past that share.
 """
 
@@ -28,15 +28,15 @@ from pathlib import Path
 
 from model.generate import Sampling
 
-from . import files
-from .budget import MODEL_BUDGET
+from .catalogue.models import ModelEntry, encode_prompt
+from .catalogue.uploads import checkpoint_data
 from .checks import UserError, check_choice, check_sampling, quoted
 from .headsettings import ProbeSettings, head_label
 from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
-from .models import ModelEntry
-from .rates import ModelWork, charge, replay_cost
-from .session import HEAD_TOOLS, Session, View, encode_prompt
-from .uploads import checkpoint_data
+from .server import files
+from .server.budget import MODEL_BUDGET
+from .server.rates import ModelWork, charge, replay_cost
+from .session import HEAD_TOOLS, Session, View
 
 FORMAT = "decoder-lab-session"
 VERSION = 1

@@ -12,10 +12,10 @@ import threading
 from typing import Callable, Iterator
 
 from . import patching
-from .budget import MODEL_BUDGET
 from .checks import UserError, check_choice
 from .downloads import Export
 from .patching import DIRECTIONS, SWEEPS, PatchProgress, PatchResult, grid
+from .server.budget import MODEL_BUDGET
 
 
 class Sweeps:

@@ -9,7 +9,7 @@ never copies estimated elsewhere.
 
 Warm and cold: the heavy part of a text (the window's attention and scores, its key/value cache and
 next-token logits, the distributions of every generated token but the last) goes with `cool` when
-the server wants the memory (lab.warm), and is computed again from the same weights when next used.
+the server wants the memory (lab.server.warm), and is computed again from the same weights when next used.
 What a cold text keeps is what sampling needs to go on exactly: the tokens, the sampler's state and
 its history for undo, the settings each token was drawn with, and the last token's distributions.
 """
@@ -27,17 +27,16 @@ import torch
 from model.generate import Decoder, Sampling, Step, adjust_probs, mask_padding, rows_held
 from viz import probability_text
 
+from .catalogue.models import PROMPT_CUT, ModelEntry
 from .checks import UserError, check_int
-from .limits import MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
-from .models import ModelEntry
+from .limits import MAX_LOG, MAX_NEW_TOKENS
 
-LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
 SAMPLER_STATE_BYTES = torch.Generator().get_state().numel()  # 5,056: the CPU sampler state kept per token for undo
 # a generated token's distributions after `Text.cool`: dropped (size 0), computed again when asked for
 NOT_KEPT = np.empty(0, dtype=np.float32)
 NOT_KEPT.flags.writeable = False
-# What the status says when the text shown is not all of it (`cut_lines` finds these lines again).
-PROMPT_CUT = "The prompt has {n} tokens but the model's context is {block}; it keeps the last {block}."
+# What the status says when the text shown is not all of it (`cut_lines` finds these lines again): PROMPT_CUT,
+# as lab.catalogue.models.encode_prompt says it, and CONTEXT_FULL, as a Step says it.
 CONTEXT_FULL = "The context is full: the oldest token was dropped to keep {block}."
 
 
@@ -54,37 +53,6 @@ def used_rows(logits: torch.Tensor, entry: ModelEntry) -> torch.Tensor:
     them, so no distribution the lab shows or samples has them (model.generate.mask_padding)."""
     cfg = entry.model.cfg
     return logits[..., : cfg.vocab_used or cfg.vocab_size]
-
-
-def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
-    """A prompt's token ids for this model and any notices; refuses empty, long or unknown input."""
-    if not isinstance(prompt, str):
-        raise UserError("The prompt must be text.")
-    if not prompt.strip():
-        raise UserError("The prompt is empty: type a few words or characters first.")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise UserError(f"The prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
-    tokenizer, block_size = entry.tokenizer, entry.model.cfg.block_size
-    enc = tokenizer.encode_verbose(prompt)
-    if enc.unknown:
-        shown = ", ".join(repr(u if len(u) <= 20 else u[:19] + "…") for u in enc.unknown[:8])
-        shown += " …" if len(enc.unknown) > 8 else ""
-        unit = "words" if tokenizer.kind == "word" else "characters"
-        if tokenizer.vocab_size <= LISTED_VOCABULARY:
-            known = ", ".join(tokenizer.piece(i) for i in range(tokenizer.vocab_size) if i != tokenizer.unk_id)
-            see = f": {known}."
-        else:
-            see = "; open “Vocabulary” (under the text) to see them all, or try one of the example prompts."
-        raise UserError(f"This model does not know these {unit}: {shown}. "
-                        f"Its vocabulary has {tokenizer.vocab_size} tokens{see}")
-    ids = enc.ids
-    if not ids:
-        raise UserError("The prompt has no tokens for this model.")
-    notices = []
-    if len(ids) > block_size:
-        notices.append(PROMPT_CUT.format(n=len(ids), block=block_size))
-        ids = ids[-block_size:]
-    return ids, notices
 
 
 @dataclass

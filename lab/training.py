@@ -23,13 +23,13 @@ from model.heads import task_of
 from model.train import TrainConfig, train, well_above_best
 from model.transformer import DecoderLM
 
+from .catalogue.models import ModelEntry, usable_examples
+from .catalogue.ownmodels import removed_note
 from .checks import UserError, check_choice, check_float, check_int
 from .limits import (
     ACTIVATIONS, CHECKPOINT_LIMITS, NORMS, POS_ENCODINGS, TOKENIZER_KINDS, TRAIN_CORPORA, TRAIN_LIMITS,
     TRAIN_MAX_SECONDS,
 )
-from .models import ModelEntry, usable_examples
-from .ownmodels import removed_note
 from .recipe import OWN_TOKENIZER, bf16_choice, train_tab_recipe
 
 # Training runs on the GPU only when asked (or on ZeroGPU); stepping a model this small is fastest on the CPU.

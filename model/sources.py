@@ -3,7 +3,7 @@ folder, and the one line a command prints when it refuses a model.
 
 Every importer (model.convert's `open_source`, which `python -m model.generate` and
 `python -m model.convert` use; `python -m model.film`'s revision folders; the app's --model and
-DECODER_LAB_MODELS sources in lab.external) goes through these:
+DECODER_LAB_MODELS sources in lab.catalogue.external) goes through these:
 
 * `local_path(text)`: a source's name as a path. A name no file system can hold (a NUL character,
   one part longer than NAME_MAX_BYTES, the whole longer than PATH_MAX_BYTES) is refused in a

@@ -1,8 +1,8 @@
 """What every handler of the wiring shares: errors as messages, one action per session, API values.
 
 `handler` wraps each event handler: it trades the page's session key (its gr.State holds a
-lab.sessionstore.SessionKey, never a session) for the server's own session of the tab
-(lab.sessionstore.SessionStore, the one home of a person's session), checks the client's rate for
+lab.server.sessionstore.SessionKey, never a session) for the server's own session of the tab
+(lab.server.sessionstore.SessionStore, the one home of a person's session), checks the client's rate for
 costly actions (unless the door of ui/shares.py took that token when the call joined the queue),
 holds the session for the whole action, and turns every error into a message for the person.
 """
@@ -26,9 +26,9 @@ import gradio as gr
 import viz
 from lab.checks import UserError, quoted
 from lab.export import file_name
-from lab.rates import LIMITER, client_key
+from lab.server.rates import LIMITER, client_key
+from lab.server.sessionstore import SessionKey
 from lab.session import SESSIONS, Session
-from lab.sessionstore import SessionKey
 
 from .plots import to_plot
 from .shares import charged_at_door

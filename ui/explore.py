@@ -17,12 +17,12 @@ import gradio as gr
 
 import viz
 from lab import captions
+from lab.catalogue.models import ModelEntry
 from lab.checks import check_sampling
 from lab.display import check_head, head_pages, page_value
 from lab.export import file_name, model_stem
-from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.frame import Frame
-from lab.models import ModelEntry
+from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.session import Session
 from lab.text import Probabilities
 

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from lab.catalogue.models import DEFAULT_MODEL
 from lab.limits import (
     ATTENTION_VIEWS, COLOUR_MODES, CONCURRENCY, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, TEMPERATURE_RANGE,
     TOP_K_RANGE, TOP_P_RANGE,
 )
-from lab.models import DEFAULT_MODEL
 from lab.session import Session
 from lab.text import cut_lines
 

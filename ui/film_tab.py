@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from lab.catalogue.models import DEFAULT_MODEL
 from lab.limits import CONCURRENCY
-from lab.models import DEFAULT_MODEL
 from lab.session import Session
 
 from .common import RAW

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from lab.catalogue.models import DEFAULT_MODEL
 from lab.limits import CONCURRENCY
-from lab.models import DEFAULT_MODEL
 
 from .common import RAW, api_example, handler
 

@@ -13,9 +13,9 @@ import gradio as gr
 import viz
 
 from lab import export, links, sessionfile
-from lab.rates import charge, replay_cost
 from lab.checks import UserError, check_int, check_sampling, check_text
 from lab.limits import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
+from lab.server.rates import charge, replay_cost
 from lab.session import Session, View
 
 from .common import file_path, handler, known_model

@@ -44,9 +44,9 @@ from urllib.parse import parse_qsl
 
 import gradio as gr
 
-from lab.rates import LIMITER, client_key
 from lab.checks import UserError
 from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, CLIENT_WORKERS, QUEUE_SIZE
+from lab.server.rates import LIMITER, client_key
 from lab.session import BUSY_WAIT_S, SESSIONS
 
 REFUSAL_PAUSE_S = float(os.environ.get("DECODER_LAB_REFUSAL_PAUSE_S", "0.5"))
@@ -63,7 +63,7 @@ def _header(scope, name: bytes) -> str | None:
 
 
 def scope_client(scope) -> str:
-    """The client (lab.rates.client_key) a raw ASGI request counts against."""
+    """The client (lab.server.rates.client_key) a raw ASGI request counts against."""
     host = (scope.get("client") or (None,))[0]
     return client_key(host, _header(scope, b"x-forwarded-for"))
 
@@ -98,7 +98,7 @@ def _event_charged(event) -> set[str]:
 
 
 def _new_session(fn, session_hash) -> bool:
-    """Whether a call of `fn` would make a new session of the lab (lab.sessionstore.SessionStore): a handler
+    """Whether a call of `fn` would make a new session of the lab (lab.server.sessionstore.SessionStore): a handler
     of a session whose hash the store does not hold."""
     takes = bool(getattr(fn, "inputs", None)) and isinstance(fn.inputs[0], gr.State)
     return takes and isinstance(session_hash, str) and bool(session_hash) and session_hash not in SESSIONS

@@ -39,7 +39,7 @@ from .attention import (
     causal_mask,
     overview_refusal,
 )
-from ._common import probability_text, short_token
+from ._common import message_figure, probability_text, short_token
 from .attention_colour import COLOUR_MODES
 from .compare import attention_difference, compare_distributions
 from .film import score_curves
@@ -51,7 +51,7 @@ from .overview import THUMBNAILS_VIEW, head_thumbnails
 from .payload import (
     Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, with_filename,
 )
-from .positional import message_figure, no_positional_encoding, positional_similarity, positional_table
+from .positional import no_positional_encoding, positional_similarity, positional_table
 from .sampling import probabilities
 from .standalone import film_html, standalone_html
 from .training import loss_curve

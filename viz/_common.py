@@ -1,5 +1,6 @@
-"""Shared helpers for the viz package: escaping, quantisation, tick thinning, layout pieces, and the
-colour language every figure speaks (`DIVERGING`, `SEQUENTIAL`, `COLOUR_KEY`)."""
+"""Shared helpers for the viz package: escaping, quantisation, tick thinning, layout pieces, the
+colour language every figure speaks (`DIVERGING`, `SEQUENTIAL`, `COLOUR_KEY`), and `message_figure`,
+the figure any view shows in place of a plot it cannot draw."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import unicodedata
 from urllib.parse import quote
 
 import numpy as np
+
+from .payload import FigureSpec
 
 # Values are sent as integers in units of 1/1000 ("milli-units"). plotly.js hovertemplates
 # cannot divide, so the figure swaps the number separators (decimal ",", thousands ".") and
@@ -122,6 +125,25 @@ def title_y(height: float, font_px: float, title: str) -> float:
     figure's top: plotly.js centres a title of several lines on where it would put the first, so
     each further line lifts it by half a line (1.3 em)."""
     return 1 - (8 + title.count("<br>") * 1.3 * font_px / 2) / height
+
+
+def layout_frame(*, height: int, margin: dict, font_px: float = FONT["size"], title: str | None = None,
+                 title_px: float = 13, subtitle: str | None = None, subtitle_px: float = 11) -> dict:
+    """The start of a figure's layout that the builders share: plotly's bare template (no grid or
+    background of its own), the grey house font at `font_px`, a transparent page so the figure sits
+    on light and dark pages, the size, and an (escaped, already wrapped) `title` at the top left,
+    8 px under the figure's top however many lines it has. `subtitle` goes under the title; the
+    title is left out where `title` is None (a message figure). Builders add their axes, hover
+    style and meta after it; the keys keep one order, so a figure's JSON does not depend on who
+    built the frame."""
+    frame = {"template": "none", "font": {**FONT, "size": font_px}, "paper_bgcolor": TRANSPARENT,
+             "plot_bgcolor": TRANSPARENT, "height": height, "margin": margin}
+    if title is not None:
+        frame["title"] = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, title_px, title),
+                          "yanchor": "top", "yref": "container", "font": {"size": title_px}}
+        if subtitle is not None:
+            frame["title"]["subtitle"] = {"text": subtitle, "font": {"size": subtitle_px}}
+    return frame
 
 
 def probability_text(p: float) -> str:
@@ -247,3 +269,26 @@ def wrap_parts(parts: list[str], font_px: float, width_px: float, sep: str = " Â
         else:
             lines.append(part)
     return "<br>".join(lines)
+
+
+# ----------------------------------------------------------------------------- a figure that is only words
+
+
+def message_figure(text: str, *, presentation: bool = False, width_px: int | None = None) -> FigureSpec:
+    """An empty figure carrying a short message (lines separated by newlines; text is escaped); given the
+    figure's width (`width_px`), each line is broken to it, so that a long message is never cut at an edge."""
+    font = 20 if presentation else empty_note("")["font"]["size"]
+    room_em = (max(200, width_px) - 48) / font if width_px else math.inf
+    note = "<br>".join(wrapped(esc(line), room_em) for line in text.split("\n"))
+    annotation = empty_note(note)
+    if presentation:
+        annotation["font"] = {**annotation["font"], "size": font}
+    lines = note.count("<br>") + 1
+    layout = {
+        **layout_frame(height=max(260 if presentation else 220, int(lines * font * 1.4) + 60),
+                       margin={"l": 20, "r": 20, "t": 20, "b": 20}),
+        "xaxis": {"visible": False},
+        "yaxis": {"visible": False},
+        "annotations": [annotation],
+    }
+    return FigureSpec((), layout)

@@ -32,13 +32,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._common import check_size, esc
+from ._common import check_size, esc, message_figure
 from .attention_colour import check_colour
 from .layer_heads import LINES_VIEW, layer_heads
 from .overview import THUMBNAILS_VIEW, head_thumbnails
 from .panels import check_kind, check_square, check_tokens, masked_cells, panels_figure
 from .payload import FigureSpec
-from .positional import message_figure
 
 # the view names a UI offers; see attention_view
 ATTENTION_VIEWS = ("weights", "scores", "all layers", LINES_VIEW, THUMBNAILS_VIEW)
@@ -334,7 +333,7 @@ def attention_view(
     weights = _layers(weights, "weights")
     t = check_square((len(weights), *weights[0].shape), "weights")
     n_layers, n_heads = len(weights), weights[0].shape[0]
-    if scores is not None:
+    if scores is not None:  # only the "scores" view draws them, but given ones must match the weights
         scores = _layers(scores, "scores")
         if len(scores) != n_layers or any(s.shape != w.shape for s, w in zip(scores, weights)):
             raise ValueError(f"scores have shape {_shape(np.asarray(scores))} but weights have shape "
@@ -348,11 +347,12 @@ def attention_view(
     if isinstance(overview_max_tokens, bool) or not isinstance(overview_max_tokens, (int, np.integer)) \
             or overview_max_tokens < 1:
         raise ValueError(f"overview_max_tokens must be a positive whole number, got {overview_max_tokens!r}")
-    mask = causal_mask(t) if causal else None
+    mask = causal_mask(t) if causal else None  # (T, T) True = a future key; None: nothing hatched
     style = {"max_height_px": max_height_px, "presentation": presentation, "query": query,
              "title_prefix": title_prefix}
     badges = _check_badges(badges)
 
+    # the two views below draw weights only: colour, badges and `heads` do not apply to them
     if view == LINES_VIEW:
         return layer_heads(weights[layer], tokens, layer, query=query, head=head, causal=causal,
                            width_px=width_px or 720, max_height_px=max_height_px, presentation=presentation,
@@ -362,18 +362,19 @@ def attention_view(
                                max_height_px=max_height_px, presentation=presentation, title_prefix=title_prefix)
     if view == "all layers":
         refused = overview_refusal(n_layers, n_heads, t, int(overview_max_tokens))
-        if refused is not None:
+        if refused is not None:  # too many panels to read: a sentence that says what to open instead
             message = message_figure(refused, presentation=presentation, width_px=width_px)
             return message if title_prefix is None else _prefixed(message, str(title_prefix))
-        if colour == "value":
+        if colour == "value":  # every layer's ‖a·v W_O‖ drawn in place of its weights
             weights = _value_weighted(value_weighted, weights, range(n_layers))
         return attention_overview(np.stack(weights), tokens, mask=mask, width_px=width_px or 1200,
                                   max_tokens=int(overview_max_tokens), colour=colour, **style)
+    # one layer from here on: a grid of its heads, or one head
     kind = "scores" if view == "scores" else "weights"
     mats = scores if kind == "scores" else weights
-    if colour == "value" and kind == "weights":
+    if colour == "value" and kind == "weights":  # only the layer drawn needs (and is checked for) its norms
         mats = _value_weighted(value_weighted, weights, [layer])
-    if kind == "scores":
+    if kind == "scores":  # signed, unbounded: the row / log / value colourings are defined for weights only
         colour = "linear"
     if head is None:
         return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px or 1200,

@@ -112,18 +112,20 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
         below = show_scale and width_px < SCALE_BELOW_PX  # a phone: the colour bar goes under the panels
         margin = {
             "l": math.ceil(lab_w + 6 + fonts.axis_title * 1.3 * row_title_lines + 10),
+            # the colour bar, its labels and title at the right, unless it lies under the panels (or there is none)
             "r": math.ceil(10 + fonts.cb_thick + 6 + cb_em * fonts.colorbar + fonts.axis_title * 1.4 + 10)
             if show_scale and not below else 14,
             # title 8 px from the top; plotly.js puts a subtitle 1.6 em below the title's box
             "t": math.ceil(8 + fonts.title * 1.25 * title_lines
                            + (fonts.sub * (1.6 + 1.3 * sub_lines) if sub_lines else 0) + 8
                            + (fonts.panel_title * (0.3 + 1.2 * title_rows) if title_rows else 0)),
+            # the key labels and axis title, then the colour bar where it lies under the panels
             "b": math.ceil(xlab_h + 6 + fonts.axis_title * 1.3 + 10
                            + (fonts.cb_thick + fonts.colorbar * 1.5 + fonts.axis_title * 1.5 + 14 if below else 0)),
         }
-        vgap = (fonts.panel_title * (0.3 + 1.2 * title_rows) + 8) if title_rows else 12
+        vgap = (fonts.panel_title * (0.3 + 1.2 * title_rows) + 8) if title_rows else 12  # the next row's titles
         panel = (width_px - margin["l"] - margin["r"] - (ncols - 1) * hgap) / ncols
-        if max_height_px is not None:
+        if max_height_px is not None:  # shrink to the limit, but not under `least`: raised when that breaks it
             fit = (max_height_px - margin["t"] - margin["b"] - (nrows - 1) * vgap) / nrows
             raised = fit < least and panel > fit
             panel = min(panel, max(fit, least))
@@ -132,12 +134,13 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
         if new == labels:
             break
         last, labels = labels, new
-    else:
+    else:  # no fixed point (the font flips between two sizes): the safer of the last two
         labels = Labels(min(last.font, labels.font), max(last.step, labels.step), last.rotate or labels.rotate)
     height = margin["t"] + margin["b"] + nrows * panel + (nrows - 1) * vgap
-    if max_height_px is not None and not raised:
+    if max_height_px is not None and not raised:  # a raised figure keeps its readable panels, past the limit
         height = min(height, max_height_px)
-    return Geometry(ncols, nrows, panel, int(math.floor(height)), margin, hgap, vgap, labels, raised)
+    return Geometry(ncols=ncols, nrows=nrows, panel=panel, height=int(math.floor(height)), margin=margin, hgap=hgap,
+                    vgap=vgap, labels=labels, raised=raised)
 
 
 def pick_columns(n: int, visible: int, fonts: Fonts, max_height_px: int | None, **kw) -> Geometry:

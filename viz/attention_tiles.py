@@ -99,18 +99,20 @@ def heatmap_tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budge
     ("layer 1, head 3") becomes each trace's meta, which the shared hovertemplate shows.
     """
     t = q.shape[0]
+    # candidate tilings, largest tiles first; the whole panel (size t) is always one of them
     options = [_runs(masked, b) for b in sorted({b for b in _TILE_SIZES if b < t} | {t}, reverse=True)]
     costs = [sum(_run_cost(q, masked, r) - _TRACE_OVERHEAD for r in runs) for runs in options]
     fitting = [i for i, c in enumerate(costs) if c <= budget]
-    if fitting:
+    if fitting:  # the fewest traces (plotly.js draws each one apart), then the fewest bytes
         best = options[min(fitting, key=lambda i: (len(options[i]), costs[i]))]
-    else:
+    else:  # none fits: the least bytes plus the per-trace cost
         best = options[min(range(len(options)), key=lambda i: costs[i] + _TRACE_OVERHEAD * len(options[i]))]
-    q = np.where(masked, np.nan, q)
+    q = np.where(masked, np.nan, q)  # masked cells as gaps, which the hatch shows through
     traces = []
     for run in best:
         r0, r1, c0, c1 = _extend(masked, run)
         trace: dict = {"type": "heatmap", "z": encoded_milli(q[r0:r1, c0:c1]), "meta": name}
+        # offsets and axes only where they differ from plotly's defaults (0, x, y): less JSON per tile
         if c0:
             trace["x0"] = c0
         if r0:

@@ -85,11 +85,13 @@ def compare_distributions(
     name_a, name_b = (esc(lab) for lab in labels)
     font = PRESENTATION_FONT_PX if presentation else 11
     title_font = 20 if presentation else 13
-    pitch = max(font * 1.3, 8 * 2 + 6)
+    pitch = max(font * 1.3, 8 * 2 + 6)  # px a row needs: its label's line, or two 8 px bars and a gap
     margin = {"t": int(title_font * 1.6 + font * 1.6 + 10), "b": int(font * 1.4 * 2 + 12)}
     rows_fit = max(1, int((MAX_HEIGHT_PX - margin["t"] - margin["b"]) // pitch))
     rank_a, rank_b = _ranks(before), _ranks(after)
     order_a, order_b = np.argsort(rank_a), np.argsort(rank_b)  # ids by rank
+    # the longest tops (k ≤ top, the same k for both) whose union fits: before's top in its order, then
+    # the tokens only after's top adds
     for k in range(min(int(top), n), 0, -1):
         head_a = [int(i) for i in order_a[:k]]
         seen = set(head_a)
@@ -102,6 +104,7 @@ def compare_distributions(
     hover = [f"'{esc(pieces[i])}' (id {i})<br>{name_a}: {probability_text(before[i])} (rank {rank_a[i]})<br>"
              f"{name_b}: {probability_text(after[i])} (rank {rank_b[i]})<br>{name_b} − {name_a}: "
              f"{'+' if after[i] >= before[i] else '−'}{probability_text(abs(after[i] - before[i]))}" for i in ids]
+    # the widest "piece  rank→rank" label sets the left margin
     label_em = max(text_width_em(pieces[i][:14]) + text_width_em(f"  {rank_a[i]}→{rank_b[i]}") for i in ids)
     idx = np.array(ids, dtype=np.int64)
 
@@ -112,7 +115,7 @@ def compare_distributions(
     data = [bars(before, name_a, RAW_COLOUR), bars(after, name_b, ADJ_COLOUR)]
     height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
     margin.update(l=int(min(320, max(60, label_em * font + 14))), r=20)
-    peak = max(1e-9, float(before[idx].max()), float(after[idx].max()))
+    peak = max(1e-9, float(before[idx].max()), float(after[idx].max()))  # the axis end; never 0
     layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
                         title=title_text(title, f"Next-token probabilities: {name_a} vs {name_b}"),
                         x_title=f"probability (labels: rank {name_a}→{name_b})", x_max=peak, rows=rows.tolist(),
@@ -169,8 +172,10 @@ def attention_difference(
     bad = [h for h in notes if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h < n_heads]
     if bad:
         raise ValueError(f"panel_notes names heads {bad} but there are {n_heads} heads")
+    # (H, T, T): the future (when causal) and any non-finite cell, hatched
     masked = np.broadcast_to(masked_cells(diff, causal_mask(t) if causal else None), diff.shape)
     vals = np.abs(diff[~masked])
+    # one range for every head, symmetric around 0, at least ±DIFF_FLOOR so noise stays pale
     lim = max(float(vals.max()) if vals.size else 0.0, DIFF_FLOOR)
     titles = [f"head {h}" + (f" · {esc(notes[h])}" if h in notes else "") for h in range(n_heads)]
     default = f"Layer {int(layer)}: attention weights, prompt B − prompt A"
@@ -179,6 +184,8 @@ def attention_difference(
         row_titles=None, kind="scores", title=title_text(title, default), width_px=width_px,
         max_height_px=max_height_px, focus=GRID_LABEL_LIMIT, presentation=presentation,
     )
+    # drawn as scores; from here relabelled as a difference: its range, the bar's title and signed ticks
+    # ("+0.4"), the hover's "B − A = +0.410"
     layout = dict(fig.layout)
     ticks = nice_ticks(-lim, lim, 5)
     colorbar = dict(layout["coloraxis"]["colorbar"])

@@ -118,7 +118,7 @@ def score_curves(
     highlight, marker_step, checked_phases = _checked_marks(highlight, marker_step, phases, n_layers, n_heads)
 
     name = str(score)
-    bits = "entropy" in name.lower()
+    bits = "entropy" in name.lower()  # measured in bits from 0: its own axis (see _y_range) and title
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
     sub_px = PRESENTATION_FONT_PX if presentation else 11
@@ -126,17 +126,18 @@ def score_curves(
     colours = {(li, h): head_colour(li, h, n_heads) for li in range(n_layers) for h in range(n_heads)}
 
     data = _head_lines(steps, scores, highlight, colours, label)
-    if checked_phases:
+    if checked_phases:  # the diamonds after the lines, so they are drawn over them
         data.append(_phase_trace(checked_phases, steps, scores, colours, label, presentation))
     y_range = _y_range(scores, bits, threshold)
+    # to the run's end while it trains, else to the last frame; to 1 with no frame past 0 (never an empty range)
     last = float(steps[-1]) if steps.size else 0.0
     x_end = int(total_steps) if total_steps is not None else (steps[-1].item() if steps.size and last > 0 else 1)
     shapes, annotations = _marks(threshold, marker_step, bool(steps.size), tick)
     sub_lines = _formula_lines(formula, presentation, width_px, sub_px)
     subtitle = "<br>".join(esc(line) for line in sub_lines)
     margin, axis_px = _margins(presentation, title_px, sub_px, len(sub_lines), len(data), tick)
-    plot_px = max(40, height_px - margin["t"] - margin["b"])
-    y_title = name if bits and "bit" in name.lower() else (f"{name} (bits)" if bits else name)
+    plot_px = max(40, height_px - margin["t"] - margin["b"])  # the legend's place below the axis is a fraction of it
+    y_title = name if bits and "bit" in name.lower() else (f"{name} (bits)" if bits else name)  # "(bits)" unless said
     axis_common = {"showgrid": True, "gridcolor": GRID_GREY, "zeroline": False, "tickfont": {"size": tick},
                    "title": {"font": {"size": tick + 1}, "standoff": 4}}
     layout = {

@@ -25,7 +25,6 @@ from ._common import (
     DIFF_FLOOR,
     DIVERGING,
     EXPORT_BAR_PX,
-    FONT,
     MARK_INSET,
     MARK_LINES,
     PRESENTATION_FONT_PX,
@@ -38,9 +37,9 @@ from ._common import (
     colorscale,
     esc,
     hover_label,
+    layout_frame,
     text_width_em,
     title_text,
-    title_y,
     wrap_parts,
     wrapped,
 )
@@ -111,7 +110,7 @@ def _check_roles(scores: Mapping[str, np.ndarray], roles: Sequence, what: str = 
         arr = np.asarray(scores[key], dtype=np.float64)
         if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
             raise ValueError(f"{what}[{key!r}] must be 2-D (layers, heads), got shape {arr.shape}")
-        if shape is None:
+        if shape is None:  # the first role's scores set the (L, H) the others must have
             shape = arr.shape
         elif arr.shape != shape:
             raise ValueError(f"{what}[{key!r}] has shape {arr.shape} but the other scores have {shape}")
@@ -186,14 +185,8 @@ def _score_maps(
     customdata = [[[li, h] for h in range(n_heads)] for li in range(n_layers)]
     numbers = panel_w / n_heads >= cell_em * fonts.cell + 4  # else (12 heads, a phone) colours only; hover: each
     layout: dict = {
-        "template": "none",
-        "font": {**FONT, "size": fonts.tick},
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "height": height,
-        "margin": margin,
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, fonts.title, title),
-                  "yanchor": "top", "yref": "container", "font": {"size": fonts.title}},
+        **layout_frame(font_px=fonts.tick, height=height, margin=margin, title=title, title_px=fonts.title,
+                       subtitle=legend or None, subtitle_px=fonts.sub),
         "hoverlabel": hover_label(fonts.hover),
         "hovermode": "closest",
         "showlegend": False,
@@ -202,23 +195,22 @@ def _score_maps(
                  "selected": None if selected is None else list(selected),
                  "marked": [list(p) for p in marked], "outline": [dict(line) for line in ROW_OUTLINE]},
     }
-    if legend:
-        layout["title"]["subtitle"] = {"text": legend, "font": {"size": fonts.sub}}
     data: list[dict] = []
     shapes: list[dict] = []
     annotations: list[dict] = []
     for k, panel in enumerate(panels):
         row, col = divmod(k, ncols)
-        suffix = "" if k == 0 else str(k + 1)
+        suffix = "" if k == 0 else str(k + 1)  # plotly's axis names: x / y, then x2 / y2, …
         xref, yref = f"x{suffix}", f"y{suffix}"
         x0 = col * (panel_w + fonts.gap) / plot_w
         x1 = min(1.0, x0 + panel_w / plot_w)
         top = 1 - (row * row_h + title_px) / plot_h
         bottom = top - panel_h / plot_h
-        layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = _panel_axes((x0, x1), (bottom, top), xref, yref,
-                                                                     n_layers, n_heads, fonts.tick, col == 0)
+        layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = _panel_axes(
+            (x0, x1), (bottom, top), xref, yref, n_layers, n_heads, tick_px=fonts.tick, first_column=col == 0)
         layout["meta"]["panels"].append({"key": panel.key, "xaxis": xref, "yaxis": yref})
         shown_title = panel.title
+        # a title wider than its panel (a phone) gives way to the role's bare name
         if panel.short_title is not None and text_width_em(panel.title) * fonts.panel_title > panel_w:
             shown_title = panel.short_title
         annotations.append({"text": shown_title, "xref": "paper", "yref": "paper", "x": round((x0 + x1) / 2, 5),
@@ -355,6 +347,7 @@ def role_overview(
         name = esc(role.name)
         formula = esc(role.formula)
         finite = z[np.isfinite(z)]
+        # a measure without a threshold (entropy in bits) has no natural top: 0 … its largest; a role's score 0 … 1
         if thr is None:
             zmin, zmax = 0.0, (float(finite.max()) if finite.size and finite.max() > 0 else 1.0)
         else:
@@ -365,13 +358,13 @@ def role_overview(
             for h in range(n_heads):
                 v = float(z[li, h])
                 where = f"layer {li}, head {h} · "
-                if not math.isfinite(v):
+                if not math.isfinite(v):  # undefined on this text: no number (a grey dash goes over the cell)
                     text_row.append("")
                     line = f"{where}{name}: undefined for this text"
                 elif thr is None:
                     text_row.append(_number(v))
                     line = f"{where}{name} {_number(v)}"
-                else:
+                else:  # a role: bold and outlined where the head plays it; never "0.50" for 0.4996 beside "≥ 0.5"
                     shown = _number(v, thr)
                     if v >= thr:
                         outlined.append((li, h))
@@ -384,8 +377,9 @@ def role_overview(
             text.append(text_row)
             hover.append(hover_row)
         panel_title = name if thr is None else f"{name} ≥ {thr:g}"
-        panels.append(_Panel(role.key, panel_title, z, text, hover, zmin, zmax, SEQUENTIAL, outlined, name))
-    legend = []
+        panels.append(_Panel(role.key, panel_title, z, text=text, hover=hover, zmin=zmin, zmax=zmax, scale=SEQUENTIAL,
+                             outlined=outlined, short_title=name))
+    legend = []  # a line for each kind of mark this figure draws, none for those it does not
     if any(r.threshold is not None for r in roles):
         legend.append("outlined: score ≥ threshold: the head plays that role")
     unranged = [esc(r.name) for r in roles if r.threshold is None]
@@ -434,6 +428,7 @@ def score_changes(
         vals = np.concatenate([np.abs(diffs[k][np.isfinite(diffs[k])]) for k in keys] or [np.zeros(0)])
         return max(float(vals.max()) if vals.size else 0.0, DIFF_FLOOR)
 
+    # the role scores (all 0 … 1) share one range so their changes compare; a measure without a threshold has its own
     shared = bound([r.key for r in roles if r.threshold is not None])
     panels = []
     for role in roles:
@@ -452,7 +447,7 @@ def score_changes(
                 sb = _number(vb) if math.isfinite(vb) else NAN_TEXT
                 change = _number(dv, signed=True) if math.isfinite(dv) else NAN_TEXT
                 line = f"layer {li}, head {h} · {name}: A {sa} → B {sb} ({change})"
-                if thr is not None:
+                if thr is not None:  # outlined where the head gains or loses the role (undefined: not playing it)
                     plays_a, plays_b = math.isfinite(va) and va >= thr, math.isfinite(vb) and vb >= thr
                     if plays_a != plays_b:
                         outlined.append((li, h))
@@ -461,7 +456,8 @@ def score_changes(
                 hover_row.append(line)
             text.append(text_row)
             hover.append(hover_row)
-        panels.append(_Panel(role.key, f"{name}: B − A", d, text, hover, -lim, lim, DIVERGING, outlined, name))
+        panels.append(_Panel(role.key, f"{name}: B − A", d, text=text, hover=hover, zmin=-lim, zmax=lim,
+                             scale=DIVERGING, outlined=outlined, short_title=name))
     legend = ["red = higher on B, blue = higher on A"]
     if any(r.threshold is not None for r in roles):
         legend.append("outlined: the head crosses the threshold (gains or loses the role)")

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._common import (
-    DIVERGING, FONT, GRID_GREY, PRESENTATION_FONT_PX, ROW_OUTLINE, SEQUENTIAL, TRANSPARENT, colorscale, esc,
-    hatch_image, hover_label, short_token, title_y, wrapped,
+    DIVERGING, GRID_GREY, PRESENTATION_FONT_PX, ROW_OUTLINE, SEQUENTIAL, TRANSPARENT, colorscale, esc,
+    hatch_image, hover_label, layout_frame, short_token, wrapped,
 )
 from .payload import FigureSpec
 
@@ -63,13 +63,9 @@ def _layout(title: str, subtitle: str, height: int, presentation: bool, width_px
         top += (subtitle.count("<br>") + 1.6) * 1.3 * tick
     margin = {**margin, "t": margin.get("t", 0) + math.ceil(top + 6)}
     height = height + margin["t"] + margin["b"]
-    title_dict = {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, title_px, title), "yanchor": "top",
-                  "yref": "container", "font": {"size": title_px}}
-    if subtitle:
-        title_dict["subtitle"] = {"text": subtitle, "font": {"size": tick}}
-    return {"template": "none", "font": {**FONT, "size": tick}, "paper_bgcolor": TRANSPARENT,
-            "plot_bgcolor": TRANSPARENT, "height": height, "margin": margin,
-            "title": title_dict, "hoverlabel": hover_label(18 if presentation else 12), "meta": meta}
+    return {**layout_frame(font_px=tick, height=height, margin=margin, title=title, title_px=title_px,
+                           subtitle=subtitle or None, subtitle_px=tick),
+            "hoverlabel": hover_label(18 if presentation else 12), "meta": meta}
 
 
 def thinned_ticks(n: int, room_px: float, font_px: float, keep: Sequence[int] = ()) -> list[int]:
@@ -117,8 +113,8 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
     room = int((width_px or 720) * 0.45)  # the row labels' column at most; a longer label takes two lines
     texts = [label if len(label) * 0.6 * tick + 12 <= room else _two_lines(label) for label, _ in rows]
     labels = [esc(label).replace("\n", "<br>") for label in texts]
-    z = np.stack(vecs)
-    bound = _bound(z)
+    z = np.stack(vecs)  # (rows, n)
+    bound = _bound(z)  # one symmetric range for all rows: one colour is one number in every row
     left = min(int(max(len(part) for label in texts for part in label.split("\n")) * 0.6 * tick) + 12, room)
     cell_h = 34 if presentation else 26
     if any("\n" in label for label in texts):  # a row labelled on two lines: room for both
@@ -131,7 +127,7 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
              "colorscale": colorscale(DIVERGING), "showscale": False, "xgap": 1 if column_px >= MIN_GAP_COLUMN_PX else 0,
              "ygap": 3,
              "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
-    if n <= CELL_TEXT_MAX:
+    if n <= CELL_TEXT_MAX:  # numbers in the cells only while they are wide enough to hold them
         trace.update(text=[[f"{x:.2f}" for x in row] for row in z], texttemplate="%{text}",
                      textfont={"size": tick - 1 if not presentation else tick})
     layout = _layout(esc(title), esc(subtitle), cell_h * len(rows), presentation, width_px,
@@ -160,6 +156,7 @@ def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[f
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
     tick, _ = _fonts(presentation)
+    # largest contribution first, whichever its sign; stable: equal ones keep dimension order
     order = np.argsort(-np.abs(p), kind="stable")
     shown, rest = order[:top], order[top:]
     labels = [f"d={d}: {q[d]:.3f} × {k[d]:.3f}" for d in shown]
@@ -168,7 +165,7 @@ def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[f
     hover = [f"dimension {d}<br>q_i[{d}] = {q[d]:.4f}<br>k_j[{d}] = {k[d]:.4f}<br>"
              f"q_i[{d}] · k_j[{d}] = {p[d]:+.4f}" for d in shown]
     colours = [POSITIVE if v >= 0 else NEGATIVE for v in values]
-    if rest.size:
+    if rest.size:  # the dimensions left out still count: one grey bar of their sum, so the bars add up to total
         other = float(p[rest].sum())
         labels.append(f"the other {rest.size} added up")
         values.append(other)
@@ -179,6 +176,7 @@ def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[f
     trace = {"type": "bar", "orientation": "h", "x": values, "y": list(range(len(values))),
              "marker": {"color": colours}, "text": text, "textposition": "outside", "cliponaxis": False,
              "textfont": {"size": tick}, "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
+    # the scale as the learner knows it: 1/√d_head (1 where the model does not scale)
     scale_text = "1" if scale == 1 else f"1/√{round(1 / scale ** 2)}" if scale > 0 else f"{scale:g}"
     title = f"3 · The dot product: q_i · k_j = Σ_d q_i[d] · k_j[d] = {total:.4f}"
     subtitle = (f"{q.size} products, largest first · score s_ij = (q_i · k_j) × {scale_text} = "
@@ -190,7 +188,7 @@ def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[f
     # the bars' numbers sit outside their ends: the range leaves each the room it needs within the figure
     plot_px = max(60.0, (width_px or 720) - layout["margin"]["l"] - layout["margin"]["r"])
     text_px = max(len(x) for x in text) * 0.6 * tick + 8
-    both = min(values) < 0
+    both = min(values) < 0  # an axis from 0 while nothing takes away, else one symmetric around 0
     reach = bound / max(0.35, 1 - (2 if both else 1) * text_px / plot_px)
     layout["xaxis"] = {"title": {"text": "q_i[d] · k_j[d]", "standoff": 2}, "range": [-reach, reach]
                        if both else [0, reach], "gridcolor": GRID_GREY, "zeroline": True,
@@ -221,6 +219,7 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
     for name, value in (("query", query), ("key", key)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < t:
             raise ValueError(f"{name} {value!r} out of range: the row has {t} keys")
+    # the bars show what the model multiplied V by: the softmax's row, or the row a head tool put in its place
     shown = a if used is None else _vector("used", used)
     if shown.size != t:
         raise ValueError(f"used has {shown.size} entries but the row has {t}")
@@ -229,28 +228,30 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
     names = [f'"{esc(tok)}" ({j})' for j, tok in enumerate(tokens)]
     hover = []
     for j in range(t):
-        if masked[j]:
+        if masked[j]:  # no score to work through: say why the share is 0
             hover.append(f"key {names[j]}<br>masked: s = −∞, e^s = 0, share 0")
             continue
         line = (f"key {names[j]}<br>score s = {s[j]:.4f}<br>e^(s − m) = {e[j]:.4f}<br>"
                 f"share a = {e[j]:.4f} / {total:.4f} = {a[j]:.4f}")
-        if used is not None:
+        if used is not None:  # the softmax's share next to the one the model used
             line += f"<br>used instead: {shown[j]:.4f}"
         hover.append(line)
     room_px = (width_px or 720) - 54 - tick  # the plot's width (margins as below)
     every = t <= 24 and room_px / t >= 3.3 * tick  # a number over every bar only where it fits over its bar
+    # no number over a masked key (its "−∞" mark stands there); the clicked key's number is always shown
     text = ["" if masked[j] else f"{shown[j]:.3f}" if every or j == key else "" for j in range(t)]
-    width = [3 if j == key else 0 for j in range(t)]
+    width = [3 if j == key else 0 for j in range(t)]  # only the clicked key's bar is outlined
     bars = {"type": "bar", "x": list(range(t)), "y": [0.0 if masked[j] else float(shown[j]) for j in range(t)],
             "marker": {"color": [float(v) for v in shown], "cmin": 0.0, "cmax": 1.0,
                        "colorscale": SEQUENTIAL, "line": {"color": SELECTED, "width": width}},
             "text": text, "textposition": "outside", "cliponaxis": False, "textfont": {"size": tick},
             "constraintext": "none",  # the clicked share's number whole over a bar narrower than it
             "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
+    # "−∞" over each masked key: a bar of height 0 would read as a share that is merely small
     marks = {"type": "scatter", "mode": "text", "x": [j for j in range(t) if masked[j]],
              "y": [0.0] * int(masked.sum()), "text": ["−∞" for _ in range(int(masked.sum()))],
              "textposition": "top center", "textfont": {"size": tick}, "hoverinfo": "skip"}
-    m = float(np.max(s[~masked])) if (~masked).any() else 0.0
+    m = float(np.max(s[~masked])) if (~masked).any() else 0.0  # the max the softmax subtracts (none: all masked)
     what = "a_ij = e^(s_ij − m) / Σ_j′ e^(s_ij′ − m)" if used is None else "the row the model used (replaced)"
     title = f'4 · The row of {names[query]} through the softmax: {what}'
     subtitle = (f"m = max s = {m:.4f} · Σ e^(s − m) = {total:.4f} · outlined: a_{query},{key} = {shown[key]:.4f} "
@@ -261,6 +262,7 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
     layout.update(showlegend=False, bargap=0.2)
     shown_ticks = thinned_ticks(t, (width_px or 720) - layout["margin"]["l"] - layout["margin"]["r"], tick,
                                 keep=(key, query))
+    # labels stand upright past 8 keys, where side by side they would run into each other
     layout["xaxis"] = {"tickmode": "array", "tickvals": shown_ticks,
                        "ticktext": [short_token(tokens[j], 10) for j in shown_ticks], "tickangle": -90 if t > 8 else 0,
                        "title": {"text": "key j", "standoff": 2}, "fixedrange": True, "showgrid": False}
@@ -340,10 +342,10 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
         raise ValueError(f"cell ({query}, {key}) out of range for {t} tokens")
     tick, _ = _fonts(presentation)
     width = width_px or 900
-    ncols = 1 if width < 560 else 3
+    ncols = 1 if width < 560 else 3  # a phone: the six panels in one column, else two rows of three
     nrows = math.ceil(len(MATRIX_PANELS) / ncols)
     gap_x = 0.06 if ncols > 1 else 0.0
-    panel_h = min(300, max(140, (width - 120) / ncols * 0.8))
+    panel_h = min(300, max(140, (width - 120) / ncols * 0.8))  # near square, kept between 140 and 300 px
     gap_px = 3.4 * tick  # room for a panel's dimension ticks and the next panel's title
     plot_h = nrows * panel_h + (nrows - 1) * gap_px
     layout = _layout(f"Layer {layer}, head {head} as matrices", "click an entry to work through its cell · "
@@ -356,13 +358,14 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
     data = []
     for n, (what, name, rows, cols) in enumerate(MATRIX_PANELS):
         r, c = divmod(n, ncols)
-        sfx = "" if n == 0 else str(n + 1)
+        sfx = "" if n == 0 else str(n + 1)  # plotly's axis names: x / y, then x2 / y2, …
         x0 = c * (1 + gap_x) / ncols
         x1 = x0 + (1 - gap_x * (ncols - 1)) / ncols
         y1 = 1 - r * (panel_h + gap_px) / plot_h
         y0 = y1 - panel_h / plot_h
-        z = mats[what]
+        z = mats[what]  # (T, d_head) for Q, K, V; (T, T) for the scores
         data.append(_matrix_trace(z, what, rows, labels, sfx, scale))
+        # key columns are categories named by their tokens (hover reads them); only dimensions are numbered
         layout[f"xaxis{sfx}"] = {"domain": [round(x0, 4), round(min(1.0, x1), 4)], "anchor": f"y{sfx}",
                                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
                                  "range": [-0.5, z.shape[1] - 0.5], "tickfont": {"size": tick - 1},
@@ -370,19 +373,22 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
                                  **({"type": "category", "categoryarray": labels} if cols == "key" else {})}
         layout[f"yaxis{sfx}"] = {"domain": [round(max(0.0, y0), 4), round(y1, 4)], "anchor": f"x{sfx}",
                                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
+                                 # tokens named on the left column only (every panel has the same rows);
+                                 # past 24 tokens their positions, which fit where the names would not
                                  "range": [t - 0.5, -0.5], "tickmode": "array", "tickvals": rows_shown,
                                  "type": "category", "categoryarray": labels,
                                  "ticktext": [short_token(tokens[i], 8) if t <= 24 else i for i in rows_shown],
                                  "tickfont": {"size": tick - 1}, "showticklabels": c == 0}
-        if what == "scaled":
+        if what == "scaled":  # the factor the scores were multiplied by, written out
             name = f"Q Kᵀ × {scale:.4f}" + ("" if scale == 1 else f" (1/√{round(1 / scale ** 2)})")
         layout["annotations"].append({"text": name, "x": round((x0 + x1) / 2, 4), "y": round(y1, 4), "xref": "paper",
                                       "yref": "paper", "yanchor": "bottom", "showarrow": False,
                                       "font": {"size": tick}})
-        if not np.isfinite(z).all():
+        if not np.isfinite(z).all():  # the hatch behind a panel with masked entries shows through their gaps
             layout["images"].append({"source": hatch_image(panel_h), "xref": f"x{sfx} domain", "yref": f"y{sfx} domain",
                                      "x": 0, "y": 1, "sizex": 1, "sizey": 1, "xanchor": "left", "yanchor": "top",
                                      "sizing": "stretch", "layer": "below"})
+        # the selected cell: its query's row in Q, its key's row in K and V, the one (query, key) cell in the scores
         row = query if rows == "query" else key
         span = (key - 0.5, key + 0.5) if cols == "key" else (-0.5, z.shape[1] - 0.5)
         for line in ROW_OUTLINE:

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._common import (
+    layout_frame,
     EXPORT_BAR_PX,
     FONT,
     ROW_OUTLINE,
@@ -105,7 +106,7 @@ def _check(weights, tokens: Sequence[str], layer, query, head, causal) -> tuple[
     t = check_square(w.shape, "weights")
     tokens = check_tokens(tokens, t)
     for name, value, count in (("layer", layer, None), ("query", query, t), ("head", head, w.shape[0])):
-        if value is None and name != "layer":
+        if value is None and name != "layer":  # no query: the last token; no head: none drawn bold
             continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 \
                 or (count is not None and value >= count):
@@ -114,6 +115,7 @@ def _check(weights, tokens: Sequence[str], layer, query, head, causal) -> tuple[
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     w = w.astype(np.float32, copy=False)
+    # only the keys a query sees are checked: a causal model's future cells are never drawn
     shown = w[:, np.tril(np.ones((t, t), dtype=bool))] if causal else w
     if not np.isfinite(shown).all() or shown.min() < -1e-6 or shown.max() > 1 + 1e-6:
         raise ValueError("weights must be attention weights: finite and in [0, 1] on the keys a query sees")
@@ -165,32 +167,28 @@ def layer_heads(
     strong = np.sort(every[every >= LINE_FLOOR])
     floor_all = float(strong[-ALL_LINES]) if len(strong) > ALL_LINES else LINE_FLOOR
 
-    geo = _geometry(t, q, tokens, n_heads, fonts, width_px, max_height_px, floor_all, title_prefix, layer)
+    geo = _geometry(t, q, tokens, n_heads, fonts, width_px=width_px, max_height_px=max_height_px, floor_all=floor_all,
+                    title_prefix=title_prefix, layer=layer)
     width = 3.0 if presentation else 2.0
     data: list[dict] = []
     for h in range(n_heads):  # the legend: one entry per head, the whole group follows it
         data.append({"x": [None], "y": [None], "name": str(h), "legendgroup": f"h{h}", "showlegend": True,
                      "line": {"color": _rgba(colours[h], 1), "width": width + 1}})
-    chosen = _add_lines(data, picked[:, None, :], np.array([q]), keys, colours, width + 1.5, head, 1)
+    chosen = _add_lines(data, picked[:, None, :], np.array([q]), keys, colours, bold=width + 1.5, head=head, opacity=1)
     all_idx = _add_lines(data, np.where(every >= floor_all, every, 0), np.arange(t), np.arange(t), colours,
-                         None, None, 0)
+                         bold=None, head=None, opacity=0)
     chosen.append(len(data))  # the query's dot, where its lines start
     data.append({"mode": "markers", "x": [0], "y": [q], "cliponaxis": False,
                  "marker": {"size": _dot(fonts), "color": ROW_OUTLINE[1]["color"],
                             "line": {"color": ROW_OUTLINE[0]["color"], "width": 1.5}}})
     data.append(_key_hover(picked, keys, tokens, q, colours, geo, fonts))
     layout = {
+        **layout_frame(font_px=fonts.axis_title, height=geo["height"], margin=geo["margin"], title=geo["title"],
+                       title_px=fonts.title),
         # what every trace shares, sent once: a scatter of lines, out of the legend, not hovered
         "template": {"data": {"scatter": [{"type": "scatter", "mode": "lines", "showlegend": False,
                                            "hoverinfo": "skip", "connectgaps": False,
                                            "line": {"width": width}}]}},
-        "font": {**FONT, "size": fonts.axis_title},
-        "height": geo["height"],
-        "margin": geo["margin"],
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "title": {"text": geo["title"], "x": 0.01, "xanchor": "left", "yref": "container", "yanchor": "top",
-                  "y": title_y(geo["height"], fonts.title, geo["title"]), "font": {"size": fonts.title}},
         **({"annotations": [geo["note"]]} if geo["note"] else {}),
         "xaxis": {"range": [0, 1], "visible": False, "fixedrange": True},
         "yaxis": _token_axis(tokens, q, geo, fonts, "left"),
@@ -302,11 +300,13 @@ def _geometry(t: int, q: int, tokens: list[str], n_heads: int, fonts, width_px: 
     title = wrapped(title, (width_px - 20) / fonts.title)
     title_lines = title.count("<br>") + 1
     bfont = fonts.sub
+    # the second button names its floor where a busy text draws only its strongest lines (ALL_LINES)
     labels = (f"from “{short_token(tokens[q])}” ({q})",
               "from every token" + (f" (≥ {floor_all:.2f})" if floor_all > LINE_FLOOR else ""))
     buttons_w = sum(text_width_em(html.unescape(b)) for b in labels) * bfont + 2 * 14 + 4
     button_h = bfont * 1.3 + 16
     title_w = text_width_em(html.unescape(title)) * fonts.title  # a little more than drawn
+    # the buttons right of a one-line title where both fit left of plotly's tool bar, else on a line under it
     beside = title_lines == 1 and 8 + title_w + 20 + buttons_w <= width_px - _MODEBAR_PX
     head_h = 8 + (max(fonts.title * 1.25, button_h) if beside else fonts.title * 1.25 * title_lines + 6 + button_h)
     buttons_top = 8 if beside else 8 + fonts.title * 1.25 * title_lines + 6
@@ -315,27 +315,27 @@ def _geometry(t: int, q: int, tokens: list[str], n_heads: int, fonts, width_px: 
     side_w = entry - 40 + 56  # a legend right of the keys: its width
     per_row = max(1, int((width_px - 16 - text_width_em("head ") * lfont - 8) // entry))
     row_h = math.ceil(n_heads / per_row) * lfont * 1.7 + 6
-    chars = 12 if width_px >= 480 else 8
+    chars = 12 if width_px >= 480 else 8  # tokens cut shorter on a phone
     standoff = _dot(fonts) // 2 + 3  # the labels clear the query's dot
     least = fonts.tick_min * _LEAST_PITCH
     font, rows = fonts.tick_max, (0, t - 1)
     for _ in range(5):  # the label font sets the margins, which set the rows' pitch, which sets the font
         label_w = max(text_width_em(html.unescape(short_token(tok, chars))) for tok in tokens) * font + 14 + standoff
-        side = width_px - 2 * label_w - side_w >= MIN_LINES_PX
+        side = width_px - 2 * label_w - side_w >= MIN_LINES_PX  # a legend column beside, or rows of heads above
         notes = wrap_parts([f"rows {rows[0]}–{rows[1]} of {t}: drag up or down for the others"], fonts.sub,
                            width_px - 20) if rows != (0, t - 1) else ""
         notes_h = (notes.count("<br>") + 1) * fonts.sub * 1.3 + 4 if notes else 0
         top = math.ceil(head_h + 6 + notes_h + (0 if side else row_h))
-        if max_height_px is None:
+        if max_height_px is None:  # no limit: every row at the largest pitch, tall enough for a legend beside
             avail = t * fonts.tick_max * _LINE_PITCH
             if side:
                 avail = max(avail, n_heads * lfont * 1.75 + lfont * 2)
-        else:
+        else:  # what the limit leaves under the header, never under three readable rows
             avail = max(max_height_px - top - _BOTTOM, 3 * least)
         pitch = min(fonts.tick_max * _LINE_PITCH, avail / t)
         if pitch < least:  # too many rows for the figure: open on the rows up to the query
             n_rows = max(3, int(avail // least))
-            hi = min(t - 1, max(q, n_rows - 1))
+            hi = min(t - 1, max(q, n_rows - 1))  # the window ends at the query (from row 0 when it is near the top)
             new_rows = (hi - n_rows + 1, hi)
             pitch = avail / n_rows
         else:
@@ -353,15 +353,16 @@ def _geometry(t: int, q: int, tokens: list[str], n_heads: int, fonts, width_px: 
         return round(1 + (margin["t"] - px) / plot_h, 5)
 
     left = round(-(margin["l"] - 8) / plot_w, 5)
-    if side:
+    if side:  # a column right of the right-hand token labels
         legend = {"orientation": "v", "x": round(1 + (label_w + 12) / plot_w, 5), "xanchor": "left", "y": 1,
                   "yanchor": "top"}
-    else:
+    else:  # rows under the title (and the note), their title "head" to the left of them
         legend = {"orientation": "h", "x": left, "xanchor": "left", "y": paper_y(head_h + 6 + notes_h),
                   "yanchor": "top", "entrywidth": round(entry - 40), "entrywidthmode": "pixels"}
     legend.update({"font": {"size": lfont}, "bgcolor": TRANSPARENT, "itemwidth": 30, "traceorder": "normal",
                    "tracegroupgap": 0,
                    "title": {"text": "head", "font": {"size": lfont}, **({} if side else {"side": "left"})}})
+    # after the title, or at the left edge on a line of their own
     buttons = {"x": round((8 + title_w + 20 - margin["l"]) / plot_w, 5) if beside else left, "xanchor": "left",
                "y": paper_y(buttons_top), "yanchor": "top"}
     note = None if not notes else {"text": notes, "x": left, "xanchor": "left", "xref": "paper", "yref": "paper",

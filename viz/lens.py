@@ -15,7 +15,6 @@ import numpy as np
 
 from ._common import (
     EXPORT_BAR_PX,
-    FONT,
     MARK_INSET,
     MARK_LINES,
     PRESENTATION_FONT_PX,
@@ -25,13 +24,13 @@ from ._common import (
     check_width,
     esc,
     hover_label,
+    layout_frame,
     nice_ticks,
     probability_text,
     short_token,
     text_width_em,
     tick_label,
     title_text,
-    title_y,
     wrap_parts,
     wrapped,
 )
@@ -71,15 +70,16 @@ def lens_grid(
     title_px = 20 if presentation else 13
     cell_h = 38 if presentation else 26
     order = np.argsort(-probs, axis=1, kind="stable")[:, :top]  # (R, top), ties: lower id first
-    values = np.take_along_axis(probs, order, axis=1)
+    values = np.take_along_axis(probs, order, axis=1)  # (R, top), largest first
     laid = width_px or 720
     left = math.ceil(max(text_width_em(r) for r in row_labels) * tick + 14)
+    # the colour bar at the right: gap, bar, tick labels and its title
     right = math.ceil(14 + (18 if presentation else 12) + 6 + 3 * tick + (17 if presentation else 11) * 1.4 + 10)
     cell_px = (laid - left - right) / top
-    limit = max(4, min(16, int((cell_px - 8) / (0.6 * tick))))
+    limit = max(4, min(16, int((cell_px - 8) / (0.6 * tick))))  # a piece cut to what its cell holds
     safe_labels = [esc(r) for r in row_labels]
     text, hover, outlined = _cells(order, values, pieces, final, limit, safe_labels)
-    first = next((r for r in range(n_rows) if final in order[r]), None)
+    first = next((r for r in range(n_rows) if final in order[r]), None)  # where the answer appears; None: nowhere
     sub_px = PRESENTATION_FONT_PX if presentation else 11
     note = wrap_parts([f"bold, outlined = the model's final top token '{esc(pieces[final])}'",
                        f"first in the top {top}: {safe_labels[first]}" if first is not None
@@ -103,15 +103,8 @@ def lens_grid(
                "x1": k + 1 + MARK_INSET + 0.1, "y0": r - MARK_INSET, "y1": r + MARK_INSET, "line": dict(line),
                "fillcolor": TRANSPARENT, "layer": "above"} for r, k in outlined for line in MARK_LINES]
     layout = {
-        "template": "none",
-        "font": {**FONT, "size": tick},
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "height": height,
-        "margin": margin,
-        "title": {"text": heading, "x": 0.01,
-                  "xanchor": "left", "y": title_y(height, title_px, heading), "yanchor": "top", "yref": "container",
-                  "font": {"size": title_px}, "subtitle": {"text": note, "font": {"size": sub_px}}},
+        **layout_frame(font_px=tick, height=height, margin=margin, title=heading, title_px=title_px, subtitle=note,
+                       subtitle_px=sub_px),
         "xaxis": {"side": "top", "range": [0.5, top + 0.5], "tickmode": "array", "tickvals": list(range(1, top + 1)),
                   # "rank 3" where it fits over its column, else "#3" (a phone)
                   "ticktext": [f"rank {k}" if cell_px >= 0.6 * tick * len(f"rank {top}") + 10 else f"#{k}"
@@ -142,7 +135,7 @@ def _checked(probs, pieces: Sequence[str], row_labels: Sequence[str] | None, top
     pieces = [str(p) for p in pieces]
     if len(pieces) != vocab:
         raise ValueError(f"probs cover a vocabulary of {vocab} but {len(pieces)} token pieces were given")
-    if row_labels is None:
+    if row_labels is None:  # the residual stream: the embedding, after each layer, the last one the output
         row_labels = ["embedding"] + [f"after layer {r - 1}" for r in range(1, n_rows)]
         if n_rows > 1:
             row_labels[-1] += " (output)"
@@ -151,10 +144,10 @@ def _checked(probs, pieces: Sequence[str], row_labels: Sequence[str] | None, top
         raise ValueError(f"probs have {n_rows} rows but {len(row_labels)} row labels were given")
     if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
         raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
-    top = min(int(top), vocab)
+    top = min(int(top), vocab)  # a toy vocabulary may be smaller than the columns asked for
     if not np.isfinite(probs).all():
         raise ValueError("probs must be finite")
-    if final is None:
+    if final is None:  # the answer to look for: the output row's top token
         final = int(np.argmax(probs[-1]))
     elif isinstance(final, bool) or not isinstance(final, (int, np.integer)) or not 0 <= final < vocab:
         raise ValueError(f"final token id {final!r} is outside the vocabulary of {vocab} pieces")

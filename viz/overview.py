@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._common import (
+    layout_frame,
     EXPORT_BAR_PX,
     FONT,
     ROW_OUTLINE,
@@ -150,7 +151,8 @@ def head_thumbnails(
     stride = side + gap
     mosaic, means = _mosaic(layers, edges, gap, causal)
 
-    geo = _geometry(n_layers, n_heads, side < t, side, t, fonts, width_px, max_height_px, title_prefix)
+    geo = _geometry(n_layers, n_heads, pooled_cells=side < t, side=side, t=t, fonts=fonts, width_px=width_px,
+                    max_height_px=max_height_px, title_prefix=title_prefix)
     centres = np.arange(n_heads) * stride + (side - 1) / 2
     rows = np.arange(n_layers) * stride + (side - 1) / 2
     heat = {"type": "heatmap", "z": mosaic, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": 0, "zmax": 255,
@@ -168,14 +170,8 @@ def head_thumbnails(
     axis = {"showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True, "tickmode": "array",
             "tickfont": {"size": geo["font"]}}
     layout = {
-        "template": "none",
-        "font": {**FONT, "size": fonts.axis_title},
-        "height": geo["height"],
-        "margin": geo["margin"],
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "title": {"text": geo["title"], "x": 0.01, "xanchor": "left", "yref": "container", "yanchor": "top",
-                  "y": title_y(geo["height"], fonts.title, geo["title"]), "font": {"size": fonts.title}},
+        **layout_frame(font_px=fonts.axis_title, height=geo["height"], margin=geo["margin"], title=geo["title"],
+                       title_px=fonts.title),
         **({"annotations": [{"text": geo["note"], "x": 1, "xref": "paper", "xanchor": "right", "y": 0, "yref": "paper",
                              "yanchor": "top", "yshift": -6, "align": "right", "showarrow": False,
                              "font": {"size": fonts.sub}}]} if geo["note"] else {}),

@@ -129,7 +129,7 @@ def panels_figure(
     q = _milli_values(values, masked, kind, colour)
     fonts = PRESENTING_FONTS if presentation else NORMAL_FONTS
     visible = t if focus is None else min(t, focus)
-    offset = t - visible
+    offset = t - visible  # the first position in view
 
     # large fonts, a colour bar at the right: the hatch's legend goes under the bar, and the panels get the line
     hint_aside = bool(presentation and show_scale and width_px >= SCALE_BELOW_PX and masked.any())
@@ -139,8 +139,7 @@ def panels_figure(
                cb_em=4.5 if colour in ("log", "value") or kind == "scores" else 4.0, row_titles=bool(row_titles))
     geo, panel_titles = _laid_out(n, visible, tokens, title, sub_text, panel_titles, ncols, fit)
     margin, labels = geo.margin, geo.labels
-    plot_w = max(1.0, width_px - margin["l"] - margin["r"])
-    plot_h = max(1.0, geo.height - margin["t"] - margin["b"])
+    plot_w, plot_h = max(1.0, width_px - margin["l"] - margin["r"]), max(1.0, geo.height - margin["t"] - margin["b"])
     right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)
 
     value = value_name(kind, colour)
@@ -158,8 +157,8 @@ def panels_figure(
         "margin": margin,
         "plot_bgcolor": TRANSPARENT,
         "paper_bgcolor": TRANSPARENT,
-        "coloraxis": colour_axis(q, masked, kind, colour, show_scale, fonts, round(right_frac + 8 / plot_w, 4),
-                                 below_y(geo, labels, fonts, plot_h) if show_scale and below else None,
+        "coloraxis": colour_axis(q, masked, kind, colour, show_scale, fonts, x=round(right_frac + 8 / plot_w, 4),
+                                 below=below_y(geo, labels, fonts, plot_h) if show_scale and below else None,
                                  bar_px=min(1.0, right_frac + 8 / plot_w) * plot_w if below
                                  else plot_h - (_hint_px(fonts) if hint_aside else 0)),
         "hoverlabel": hover_label(fonts.hover),
@@ -174,12 +173,13 @@ def panels_figure(
     labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
     data: list[dict] = []
     for k in range(n):
-        xref, yref = _add_panel(layout, k, n, geo, (plot_w, plot_h), t, offset, labels_cat,
-                                row_titles, panel_titles[k], bool(masked[k].any()), query, _key_title(geo, fonts))
+        xref, yref = _add_panel(layout, k, n, geo, plot_wh=(plot_w, plot_h), t=t, offset=offset, labels_cat=labels_cat,
+                                row_titles=row_titles, panel_title=panel_titles[k], any_masked=bool(masked[k].any()),
+                                query=query, key_title=_key_title(geo, fonts))
         layer, head = panels[k]
         layout["meta"]["panels"].append({"xaxis": xref, "yaxis": yref, "layer": layer, "head": head})
         data.extend(heatmap_tiles(q[k], masked[k], xref, yref, ATTENTION_BUDGET // n, f"layer {layer}, head {head}"))
-    for key in ("annotations", "images", "shapes"):
+    for key in ("annotations", "images", "shapes"):  # no empty lists on the wire
         if not layout[key]:
             del layout[key]
     return FigureSpec(data, layout)
@@ -336,7 +336,7 @@ def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float
     xref, yref = f"x{suffix}", f"y{suffix}"
     x0 = col * (geo.panel + geo.hgap) / plot_w
     y1 = 1 - row * (geo.panel + geo.vgap) / plot_h
-    bottom = row == geo.nrows - 1 or k + geo.ncols >= n
+    bottom = row == geo.nrows - 1 or k + geo.ncols >= n  # the last row, or nothing under it in a short last row
     xaxis: dict = {"domain": [round(x0, 5), round(min(1.0, x0 + col_frac), 5)], "anchor": yref}
     # square cells whatever width the page gives the figure
     yaxis: dict = {"domain": [round(max(0.0, y1 - row_frac), 5), round(y1, 5)], "anchor": xref,
@@ -352,12 +352,13 @@ def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float
     else:  # matched axes share the range (and its square cells: only the first y axis is anchored)
         xaxis["matches"], yaxis["matches"] = "x", "y"
         del yaxis["scaleanchor"]
-    if bottom and k == (geo.nrows - 1) * geo.ncols:
+    if bottom and k == (geo.nrows - 1) * geo.ncols:  # the key axis is named once, under the last row's first panel
         xaxis["title"] = {"text": key_title}
-    if col == 0:
+    if col == 0:  # a row's own title where given (its layer, in the all-layers overview)
         yaxis["title"] = {"text": row_titles[row] if row_titles else "query position"}
     layout[f"xaxis{suffix}"] = xaxis
     layout[f"yaxis{suffix}"] = yaxis
+    # only what differs from panel to panel: the template's *defaults hold the rest of these dicts
     if panel_title:
         layout["annotations"].append({"text": panel_title, "x": round(x0 + col_frac / 2, 5),
                                       "y": round(y1, 5)})

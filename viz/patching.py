@@ -23,7 +23,6 @@ import numpy as np
 from ._common import (
     DIVERGING,
     EXPORT_BAR_PX,
-    FONT,
     MARK_INSET,
     MARK_LINES,
     PRESENTATION_FONT_PX,
@@ -35,13 +34,13 @@ from ._common import (
     colorscale,
     esc,
     hover_label,
+    layout_frame,
     nice_ticks,
     short_token,
     text_width_em,
     tick_label,
     tick_step,
     title_text,
-    title_y,
     wrap_parts,
     wrapped,
 )
@@ -100,8 +99,9 @@ def patching_map(
     laid out for (default 720); cell text is left out where a cell is too narrow for it. Raises ValueError
     for inconsistent shapes or labels.
     """
-    share, metric, columns, rows, best, selected = _checked(share, kind, columns, rows, metric, ends, best, selected,
-                                                            presentation, width_px)
+    share, metric, columns, rows, best, selected = _checked(
+        share, kind, columns=columns, rows=rows, metric=metric, ends=ends, best=best, selected=selected,
+        presentation=presentation, width_px=width_px)
     n_rows, n_cols = share.shape
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
@@ -111,10 +111,12 @@ def patching_map(
     left = math.ceil(max(text_width_em(r) for r in rows) * tick + 14)
     right = math.ceil(14 + (18 if presentation else 12) + 6 + 5 * tick + 10)  # colour bar and its labels
     cell_px = max(1.0, (laid - left - right) / n_cols)
-    show_text = cell_px >= text_width_em("−100%") * tick + 6
-    col_limit = max(2, min(12, int((cell_px - 4) / (0.6 * tick))))
+    show_text = cell_px >= text_width_em("−100%") * tick + 6  # numbers only where the widest fits; hover has them
+    col_limit = max(2, min(12, int((cell_px - 4) / (0.6 * tick))))  # a token cut to what its column holds
+    # every head is numbered; token columns are thinned until their labels do not overlap
     stride = 1 if kind == "heads" else tick_step(n_cols, laid - left - right, tick * 1.3)
     col_ticks = [short_token(c, col_limit) for c in columns]
+    # colours over ±1 (1 = wholly restored), wider where a share overshoots; nothing computed: ±1
     lim = max(1.0, float(np.nanmax(np.abs(share))) if np.isfinite(share).any() else 1.0)
     text, hover = _cells(share, metric, rows, columns, kind, ends, show_text)
     title = wrapped(title_text(title, _default_title(kind, ends)), (laid - 20) / title_px)
@@ -132,18 +134,11 @@ def patching_map(
     height = math.ceil(margin["t"] + margin["b"] + n_rows * cell_h)
     trace = _trace(share, hover, text if show_text else None, lim, ends, tick, presentation)
     trace["colorbar"]["title"]["text"] = esc(scale_title)
-    if kind == "heads":
+    if kind == "heads":  # a head's cell carries its (layer, head): a click opens that head
         trace["customdata"] = [[[r, c] for c in range(n_cols)] for r in range(n_rows)]
     layout = {
-        "template": "none",
-        "font": {**FONT, "size": tick},
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "height": height,
-        "margin": margin,
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "y": title_y(height, title_px, title),
-                  "yanchor": "top", "yref": "container", "font": {"size": title_px},
-                  "subtitle": {"text": legend, "font": {"size": sub_px}}},
+        **layout_frame(font_px=tick, height=height, margin=margin, title=title, title_px=title_px, subtitle=legend,
+                       subtitle_px=sub_px),
         "xaxis": {"side": "top", "range": [-0.5, n_cols - 0.5], "tickmode": "array",
                   "tickvals": list(range(0, n_cols, stride)), "ticktext": col_ticks[::stride],
                   "tickfont": {"size": tick}, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True},
@@ -178,12 +173,13 @@ def _checked(share, kind, columns, rows, metric, ends, best, selected, presentat
     n_rows, n_cols = share.shape
     if np.isinf(share).any():
         raise ValueError("share must be finite (NaN marks a cell not computed)")
-    if metric is not None:
+    if metric is not None:  # each patched run's own metric, which the hover gives beside its share
         metric = np.asarray(metric, dtype=np.float64)
         if metric.shape != share.shape:
             raise ValueError(f"metric has shape {metric.shape} but share has {share.shape}")
     if kind == "positions" and columns is None:
         raise ValueError("a position sweep needs its token labels (columns)")
+    # a head sweep may leave the labels out: heads "H0", "H1", … across, layers "L0", "L1", … down
     columns = [f"H{c}" for c in range(n_cols)] if columns is None else [str(c) for c in columns]
     rows = [f"L{r}" for r in range(n_rows)] if rows is None else [str(r) for r in rows]
     if len(columns) != n_cols:

@@ -7,8 +7,6 @@ the backgrounds are transparent (see viz._common). presentation=True: tick label
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ._common import (
@@ -21,14 +19,12 @@ from ._common import (
     PRESENTATION_FONT_PX,
     TRANSPARENT,
     colorscale,
-    empty_note,
     encoded_milli,
-    esc,
     hover_label,
+    message_figure,
     nice_ticks,
     tick_label,
     to_milli,
-    wrapped,
 )
 from .payload import FigureSpec
 
@@ -152,26 +148,3 @@ def no_positional_encoding(*, presentation: bool = False) -> FigureSpec:
         "token order:\nit is permutation-invariant over the visible tokens.", presentation=presentation,
     )
 
-
-def message_figure(text: str, *, presentation: bool = False, width_px: int | None = None) -> FigureSpec:
-    """An empty figure carrying a short message (lines separated by newlines; text is escaped); given the
-    figure's width (`width_px`), each line is broken to it, so that a long message is never cut at an edge."""
-    font = 20 if presentation else empty_note("")["font"]["size"]
-    room_em = (max(200, width_px) - 48) / font if width_px else math.inf
-    note = "<br>".join(wrapped(esc(line), room_em) for line in text.split("\n"))
-    annotation = empty_note(note)
-    if presentation:
-        annotation["font"] = {**annotation["font"], "size": font}
-    lines = note.count("<br>") + 1
-    layout = {
-        "template": "none",
-        "font": FONT,
-        "paper_bgcolor": TRANSPARENT,
-        "plot_bgcolor": TRANSPARENT,
-        "height": max(260 if presentation else 220, int(lines * font * 1.4) + 60),
-        "margin": {"l": 20, "r": 20, "t": 20, "b": 20},
-        "xaxis": {"visible": False},
-        "yaxis": {"visible": False},
-        "annotations": [annotation],
-    }
-    return FigureSpec((), layout)

@@ -114,7 +114,7 @@ def probabilities(
         raise ValueError(f"top must be at least 1, got {top}")
     font = PRESENTATION_FONT_PX if presentation else 11
     title_font = 20 if presentation else 13
-    series = 2 if adjusted is not None else 1
+    series = 2 if adjusted is not None else 1  # bars a row: the model's, and the adjusted one beside it
     pitch = max(font * 1.3, (9 if series == 1 else 8) * series + 6)  # px a row needs
     # the legend's two entries (short names: LEGEND) stay on one line, also at large fonts in the page's right
     # column, so that a projector's short chart still lists five candidates
@@ -122,19 +122,20 @@ def probabilities(
     legend_px = font * 1.6 * (1 if legend_em <= LEGEND_ROOM_EM else 2) if series == 2 else 0
     margin = {"t": int(title_font * 1.6 + legend_px + 10), "b": int(font * 1.4 * 2 + 12)}
     rows_fit = max(1, int((max_height_px - margin["t"] - margin["b"]) // pitch))
-    rank_by = adjusted if adjusted is not None else probs
+    rank_by = adjusted if adjusted is not None else probs  # rows in the order of what is sampled from
     order = [int(i) for i in first_ranked(rank_by, probs, top)]  # ties: by model probability
-    if chosen is not None and int(chosen) not in order[:rows_fit]:
+    if chosen is not None and int(chosen) not in order[:rows_fit]:  # ranked below what fits: it takes the last row
         order = order[: rows_fit - 1] + [int(chosen)]
     order = order[:rows_fit]
     ids = np.array(order)
     rows = np.arange(len(ids), dtype=np.int32)
-    is_chosen = ids == (-1 if chosen is None else int(chosen))
+    is_chosen = ids == (-1 if chosen is None else int(chosen))  # (rows,); -1 is no id: nothing chosen
     shown = {int(i): str(pieces[i]) for i in ids}  # the rows drawn, as strings
     labels = [short_token(shown[i], 16) for i in ids]
     mark = "◀ typed" if typed else "◀ chosen"
     ticktext = [f"<b>{lab}  {mark}</b>" if c else lab for lab, c in zip(labels, is_chosen, strict=True)]
     hover_names = [f'"{esc(shown[i])}" (id {i})' for i in ids]
+    # the widest label sets the left margin; the chosen row's mark takes 6.5 em more
     label_em = max(text_width_em(shown[i][:16]) + (6.5 if c else 0) for i, c in zip(ids, is_chosen, strict=True))
 
     def bars(values: np.ndarray, name: str, colour: str) -> dict:
@@ -163,6 +164,7 @@ def probabilities(
                  for trace, colour in zip(data[:2], (RAW_COLOUR, ADJ_COLOUR), strict=True)]
     height = min(max_height_px, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
     margin.update(l=int(min(300, max(60, label_em * font + 14))), r=20)
+    # the axis ends past the longest bar of either series (never at 0: a row of zeros still gets an axis)
     layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
                         title=esc(title) if title else DEFAULT_TITLE, x_title="probability",
                         x_max=max(1e-9, float(rank_by[ids].max()), float(probs[ids].max())), rows=rows.tolist(),

@@ -71,7 +71,7 @@ def phase_labels(phases: Sequence[tuple[float, str]], span: float, char_px: floa
     the label is anchored to; None at the edge), side ("left": the label starts at x, "right": it ends
     there, "edge"), left and right (its extent in px from the axis start), row (0 = the top).
     """
-    def px(step: float) -> float:
+    def px(step: float) -> float:  # a run of one step: every line at the axis start
         return step / span * plot_px if span > 0 else 0.0
 
     def width(lines: list[str]) -> float:
@@ -80,6 +80,7 @@ def phase_labels(phases: Sequence[tuple[float, str]], span: float, char_px: floa
     clusters: list[dict] = []
     for step, label in phases:
         last = clusters[-1] if clusters else None
+        # a line that would fall under the label before it joins that label's cluster
         if last is not None and px(step) < px(last["steps"][-1]) + LABEL_GAP_PX + width(_grouped(last["labels"])):
             last["steps"].append(step)
             last["labels"].append(label)
@@ -99,16 +100,16 @@ def phase_labels(phases: Sequence[tuple[float, str]], span: float, char_px: floa
         lines = _grouped(c["labels"])
         w = width(lines)
         start, end = px(c["steps"][-1]) + LABEL_GAP_PX / 2, px(c["steps"][0]) - LABEL_GAP_PX / 2
-        if start + w <= plot_px:
+        if start + w <= plot_px:  # as a rule: right of its last line, reading on from it
             item = dict(steps=c["steps"], lines=lines, x=c["steps"][-1], side="left", left=start, right=start + w)
-        elif end - w >= 0:
+        elif end - w >= 0:  # the last cluster, near the right edge: ending at its first line
             item = dict(steps=c["steps"], lines=lines, x=c["steps"][0], side="right", left=end - w, right=end)
         else:  # one cluster spanning the whole axis (a narrow plot, many heads): against the plot's right edge
             item = dict(steps=c["steps"], lines=lines, x=None, side="edge", left=plot_px - w, right=plot_px)
         # a row below every earlier label this one would meet (only the last, left of its lines, can meet one)
         taken = {p["row"] + k for p in placed for k in range(len(p["lines"]))
                  if p["left"] < item["right"] and item["left"] < p["right"]}
-        row = 0
+        row = 0  # the highest rows free for all its lines
         while any(r in taken for r in range(row, row + len(lines))):
             row += 1
         item["row"] = row
@@ -191,7 +192,7 @@ def loss_curve(
                   "gridcolor": GRID_GREY, "zeroline": False, "tickfont": axis_font,
                   **({"type": "log", "exponentformat": "power",  # 10⁻⁴, not plotly's SI "100µ"
                       "range": [log_bottom, math.log10(top)]}
-                     if log_y else {"range": [0, top]})},
+                     if log_y else {"range": [0, top]})},  # linear: from 0, the fall a share of the start
         "legend": {"orientation": "h", "x": 1, "y": 1.0, "xanchor": "right", "yanchor": "bottom",
                    "font": {"size": tick}},
         "showlegend": True,
@@ -199,26 +200,26 @@ def loss_curve(
         "hoverlabel": hover_label(18 if presentation else 12),
         "uirevision": "loss",
     }
-    if total_steps is not None:
+    if total_steps is not None:  # the whole run from the first step: the curve grows into a still axis
         layout["xaxis"]["range"] = [0, int(total_steps)]
     _legend_row(layout, names, tick, title_px, plot_px)
     shapes, annotations = _kept_marks(kept_step, label_px)
-    if phases:
+    if phases:  # labels are placed on the axis as drawn: the whole run, else up to the furthest step or phase
         span = float(total_steps) if total_steps is not None else max(
             [float(steps.max()) if steps.size else 0.0, float(val_steps.max()) if val_steps.size else 0.0,
              *(p[0] for p in phases)])
         phase_shapes, phase_notes = _phase_marks(phases, span, label_px, plot_px)
         shapes += phase_shapes
         annotations += phase_notes
-    if marker_step is not None:
+    if marker_step is not None:  # the training film's frame
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": marker_step, "x1": marker_step,
                        "y0": 0, "y1": 1, "line": FRAME_LINE})
     if shapes:
         layout["shapes"] = shapes
     if annotations:
         layout["annotations"] = annotations
-    if not steps.size and not val_steps.size:
-        layout["xaxis"].setdefault("range", [0, 1])
+    if not steps.size and not val_steps.size:  # nothing yet: still axes under a note, not plotly's empty default
+        layout["xaxis"].setdefault("range", [0, 1])  # the run's length where it is known
         layout["yaxis"]["range"] = [0, 1]
         layout["annotations"] = [empty_note("waiting for first step")]
     meta = {"viz": "loss", "marker_step": marker_step, "phase_steps": [[s_, lab] for s_, lab in phases],

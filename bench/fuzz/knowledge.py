@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from lab.models import ASSETS, BUILTIN_MODELS
+from lab.catalogue.models import ASSETS, BUILTIN_MODELS
 
 from .calls import Call, Endpoint
 from .files import ST_HEADER

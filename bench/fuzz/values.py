@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from lab.catalogue.models import ASSETS
 from lab.limits import (
     MAX_NEW_TOKENS, SEED_RANGE, TEMPERATURE_RANGE, TEXT_CHARS, TOP_K_RANGE, TOP_P_RANGE, TRAIN_LIMITS,
 )
-from lab.models import ASSETS
 from tests.support.server import ROOT
 
 HUGE = 10**400

@@ -7,6 +7,7 @@ that argument, carry no internal detail, and leave the session exactly as it was
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -98,9 +99,21 @@ def test_layer_and_head_are_accepted_as_documented_strings(app_server, api):
 
 def test_view_settings_are_checked_against_the_model_asked_for_not_the_last_selected(app_server):
     c = Client(app_server.url, verbose=False)
-    c.predict(SORT, api_name="/select_model")  # 2 layers
-    tokens = call(c, "/step", **{**GREEDY, "layer": 2})  # the grammar model has 3
-    assert tokens[0]
+    c.predict(SORT, api_name="/select_model")  # 2 layers: layer 2 is not one of them…
+    refused = refusal(c, "/step", list({**GREEDY, "model_name": SORT, "layer": 2}.values()))
+    assert refused == "layer must be a whole number between 0 and 1; got 2", refused
+    tokens, status, probs, attention = call(c, "/step", **{**GREEDY, "layer": 2})  # …of the grammar model's 3 it is
+    assert [(t["token"], t["class_or_confidence"]) for t in tokens[:-1]] == [(w, "prompt") for w in P.split()]
+    assert tokens[-1]["class_or_confidence"] == "generated"
+    said = f"{len(tokens)} tokens in view (1 generated). Model: {GRAMMAR}: 3 layers × 4 heads"
+    assert status.startswith(said), status
+    figure = json.loads(attention["plot"])
+    assert figure["layout"]["title"]["text"] == "Layer 2 attention weights"  # the view asked for, of its 4 heads
+    assert [a["text"].split("<br>")[0] for a in figure["layout"]["annotations"]] == [f"head {h}" for h in range(4)]
+    # everything as a session that never selected the sort model gets it
+    control = call(Client(app_server.url, verbose=False), "/step", **{**GREEDY, "layer": 2})
+    assert [tokens, status, probs["plot"], attention["plot"]] == [control[0], control[1], control[2]["plot"],
+                                                                  control[3]["plot"]]
 
 
 @pytest.mark.parametrize("argument", list(GREEDY))

@@ -23,7 +23,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 import viz
-from lab.models import BUILTIN_MODELS
+from lab.catalogue.models import BUILTIN_MODELS
 from tests.support.api import QUANT, assert_clean_error, panels, words
 
 GRAMMAR = "grammar (built-in)"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gradio_client import Client, handle_file
 
-from lab.external import parse_source
+from lab.catalogue.external import parse_source
 from model.checkpoint import load_checkpoint
 from model.film_series import main as film_main
 from tests.support.api import QUANT, panels

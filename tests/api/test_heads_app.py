@@ -12,9 +12,9 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from lab.catalogue.models import BUILTINS
 from lab.heads import Effect
 from lab.headsettings import changed_attention
-from lab.models import BUILTINS
 from lab.session import Session
 from model.generate import Sampling
 from tests.support.api import assert_clean_error

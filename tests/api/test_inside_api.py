@@ -10,7 +10,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from lab import inside
-from lab.models import BUILTINS
+from lab.catalogue.models import BUILTINS
 from lab.session import Session
 from model.generate import Sampling
 from model.interventions import Intervention

@@ -13,8 +13,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from lab import patching
+from lab.catalogue.models import BUILTINS
 from lab.limits import RATE_LIMITS
-from lab.models import BUILTINS
 from tests.support.api import assert_clean_error
 from tests.support.server import AppServer
 

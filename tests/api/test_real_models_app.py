@@ -139,8 +139,8 @@ def test_help_prints_the_options_and_a_bad_source_is_a_sentence():
 
 def test_without_options_the_model_list_is_the_built_ins(monkeypatch):
     import app
-    from lab.external import ENV_VAR, EXTERNAL
-    from lab.models import BUILTIN_MODELS
+    from lab.catalogue.external import ENV_VAR, EXTERNAL
+    from lab.catalogue.models import BUILTIN_MODELS
     from lab.session import Session
 
     monkeypatch.delenv(ENV_VAR, raising=False)
@@ -149,7 +149,7 @@ def test_without_options_the_model_list_is_the_built_ins(monkeypatch):
 
 
 def test_the_list_names_each_model_and_its_summary_says_what_it_is(real, client):
-    from lab.models import BUILTIN_MODELS
+    from lab.catalogue.models import BUILTIN_MODELS
 
     choices = [c[0] if isinstance(c, (list, tuple)) else c for c in
                client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/select_model"]
@@ -169,10 +169,10 @@ def test_the_list_names_each_model_and_its_summary_says_what_it_is(real, client)
 
 @pytest.mark.parametrize("name", [GPT2, LLAMA])
 def test_first_view_is_where_the_model_shows_most_on_its_examples(real, client, name):
-    """The rule of lab.realmodels.opening, with transformers' attention: of induction then previous-token, the
+    """The rule of lab.catalogue.realmodels.opening, with transformers' attention: of induction then previous-token, the
     first role some head reaches on some example, at its highest score, on that example (it comes first);
     else the head nearest to a role, and a caption that says no head stands out."""
-    from lab.realmodels import example_prompts
+    from lab.catalogue.realmodels import example_prompts
 
     s = select(client, name)
     tok = reference(real, name, s.prompt, 0).tok
@@ -310,7 +310,7 @@ def test_any_text_encodes_and_a_prompt_past_the_context_keeps_its_last_tokens(re
 
 def test_the_hash_recorded_on_first_load_refuses_a_changed_file(real, tmp_path):
     from lab.checks import UserError
-    from lab.external import ExternalModels, parse_source
+    from lab.catalogue.external import ExternalModels, parse_source
 
     folder = shutil.copytree(real.gpt2, tmp_path / "m")
     hashes = tmp_path / "hashes.json"
@@ -324,7 +324,7 @@ def test_the_hash_recorded_on_first_load_refuses_a_changed_file(real, tmp_path):
 
 
 def test_a_nanogpt_run_is_listed_described_and_steps(tmp_path):
-    from lab.external import ExternalModels, sources_from
+    from lab.catalogue.external import ExternalModels, sources_from
     from lab.session import Session
     from model.generate import Sampling
     from tests.support.nanogpt_runs import reference as nanogpt_reference
@@ -345,7 +345,7 @@ def test_a_nanogpt_run_is_listed_described_and_steps(tmp_path):
 
 
 def test_sources_are_read_as_given_and_bad_ones_are_one_sentence(tmp_path):
-    from lab.external import parse_source, sources_from
+    from lab.catalogue.external import parse_source, sources_from
 
     folder = tmp_path / "m"
     folder.mkdir()

@@ -15,7 +15,7 @@ import torch
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from lab.models import BUILTINS
+from lab.catalogue.models import BUILTINS
 from tests.support.api import assert_clean_error
 from tests.support.share_api import value
 

@@ -71,7 +71,7 @@ def session_file(tmp: Path, actions: list) -> Path:
 
 @pytest.mark.slow
 def test_a_replay_over_the_bound_is_refused_before_it_runs_and_the_victim_still_opens_one(server):
-    from lab.rates import replay_cost
+    from lab.server.rates import replay_cost
     from lab.session import Session
     from lab.sessionfile import model_work
 

@@ -1,5 +1,5 @@
 """Cooled texts through the running app: a server whose store of warm texts holds nothing but the newest
-(`DECODER_LAB_WARM_MB=0`), so every Step of one client cools the others' texts (lab/warm.py), and each
+(`DECODER_LAB_WARM_MB=0`), so every Step of one client cools the others' texts (lab/server/warm.py), and each
 client's next Step, Undo or figure computes its text again from the model's weights.
 
 Three gradio_client sessions take turns on the grammar model, each with its own seed and changing its

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.catalogue.models import BUILTIN_MODELS
 from lab.limits import MAX_PROMPT_CHARS
-from lab.models import BUILTIN_MODELS
 from model.checkpoint import Checkpoint, Limits, load_checkpoint
 from model.corpora import build_corpus, read_text_file
 from model.evaluation import held_out_examples, task_accuracy

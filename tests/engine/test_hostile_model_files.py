@@ -9,7 +9,7 @@ model), a config.json that is a link out of its folder, a zip bomb of a ckpt.pt 
 directories that lie. Each runs through `python -m model.generate --checkpoint`, `python -m
 model.convert` and (folders) `python -m model.film` as a child process: exit status 2, nothing on
 stdout, exactly one line on stderr (`prog: error: sentence`, no Traceback) holding the case's
-sentence, no file written. The app's registry of --model sources (lab.external) refuses each with the
+sentence, no file written. The app's registry of --model sources (lab.catalogue.external) refuses each with the
 same sentence when the model is chosen; tests/api/test_hostile_sources_app.py starts the app with
 some of them beside a good model.
 """
@@ -94,10 +94,10 @@ def test_each_command_refuses_each_hostile_source_in_one_line(answers, case, com
 
 @pytest.mark.parametrize("case", sorted(c for c, (kind, _, _) in CASES.items() if kind != NAME))
 def test_the_app_refuses_each_with_the_same_sentence_when_it_is_chosen(sources, case, tmp_path):
-    """The app's --model sources (lab.external) load on first use: the hostile one is refused with
+    """The app's --model sources (lab.catalogue.external) load on first use: the hostile one is refused with
     the sentence the commands print; the good one beside it still opens."""
     from lab.checks import UserError
-    from lab.external import ExternalModels, parse_source
+    from lab.catalogue.external import ExternalModels, parse_source
 
     registry = ExternalModels([parse_source(sources[case][0]), parse_source(sources["good"][0])],
                               tmp_path / "hashes.json")
@@ -109,7 +109,7 @@ def test_the_app_refuses_each_with_the_same_sentence_when_it_is_chosen(sources, 
 
 
 def test_a_source_name_of_3000_characters_is_a_sentence_for_the_app(sources):
-    from lab.external import parse_source
+    from lab.catalogue.external import parse_source
 
     with pytest.raises(ValueError, match=CASES["name-of-3000-characters"][2]):
         parse_source(sources["name-of-3000-characters"][0])

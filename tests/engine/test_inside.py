@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab.models import BUILTINS
+from lab.catalogue.models import BUILTINS
 from model.config import ModelConfig
 from model.generate import Decoder, Sampling
 from model.inside import RebuildMismatch, inside_cell, inside_head, layer_inputs, run_forward, value_weighted

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.models import BUILTIN_MODELS
+from lab.catalogue.models import BUILTIN_MODELS
 from model.checkpoint import load_checkpoint
 from model.config import ModelConfig
 from model.families import open_folder

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lab.models import BUILTINS
+from lab.catalogue.models import BUILTINS
 from model.inside import inside_cell, value_weighted
 
 ROOT = Path(__file__).resolve().parents[2]

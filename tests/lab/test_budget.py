@@ -1,7 +1,8 @@
-"""lab/rates.py, lab/sessionstore.py and lab/budget.py: one visitor cannot take what everyone shares.
+"""lab/server/rates.py, lab/server/sessionstore.py and lab/server/budget.py: one visitor cannot take what
+everyone shares.
 
 Fast and without a server: a fake clock, fake sessions that implement the `Tenant` protocol, and
-a temporary folder in place of lab.files.RUNS. What is checked: a person's pace passes and a
+a temporary folder in place of lab.server.files.RUNS. What is checked: a person's pace passes and a
 burst is told to slow down (and may go on after the time it was told); the limiter's memory is
 bounded; the model and disk budgets take from the least recently used idle sessions first, never
 from a busy, recently active or asking one, refuse when nothing can go, and hold their bound
@@ -24,11 +25,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lab import files, limits, rates
-from lab.budget import DiskBudget, ModelBudget, Tenant, model_bytes
-from lab.rates import RateLimiter, client_key
-from lab.sessionstore import SessionKey, SessionStore
+from lab import limits
 from lab.checks import UserError
+from lab.server import files, rates
+from lab.server.budget import DiskBudget, ModelBudget, Tenant, model_bytes
+from lab.server.rates import RateLimiter, client_key
+from lab.server.sessionstore import SessionKey, SessionStore
 from lab.session import Session
 from tests.support.budget_fakes import Clock, Fake
 
@@ -632,8 +634,6 @@ def test_500_throw_away_sessions_leave_an_active_session_as_it_was(runs, max_ses
 
 # ------------------------------------------------------------------- the real Session
 
-@pytest.mark.skipif(not hasattr(Session, "drop_own_models"),
-                    reason="lab.session.Session does not implement lab.budget.Tenant yet")
 def test_the_real_session_implements_the_protocol():
     s = Session()
     assert isinstance(s, Tenant) and not s.busy and not s.closed

@@ -1,4 +1,4 @@
-"""The memory budget on real models (lab/budget.py, lab.text.text_bytes): a text on a GPT-2-shaped model is
+"""The memory budget on real models (lab/server/budget.py, lab.text.text_bytes): a text on a GPT-2-shaped model is
 reserved with its (layers × heads × T × T) attention and scores, its key/value cache and a distribution over
 a 50k vocabulary per token, so a burst of sessions stepping on one shared big model is refused with the
 budget's sentence before the memory it counts passes the bound.
@@ -14,11 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lab import budget, session as session_mod
+from lab import session as session_mod
+from lab.catalogue.external import ExternalModels, parse_source
+from lab.catalogue.models import encode_prompt
 from lab.checks import UserError
-from lab.external import ExternalModels, parse_source
+from lab.server import budget
 from lab.session import Session
-from lab.text import encode_prompt, text_bytes
+from lab.text import text_bytes
 from model.config import ModelConfig
 from model.generate import Sampling, rows_held
 from tests.support.families import save_reference

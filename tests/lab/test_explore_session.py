@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import viz
+from lab.catalogue.models import BUILTINS
 from lab.checks import UserError
 from lab.limits import MAX_NEW_TOKENS
-from lab.models import BUILTINS
 from lab.session import Session
 from model.generate import Sampling, adjust_probs
 

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from lab import export
+from lab.catalogue.models import ModelEntry
 from lab.checks import UserError
-from lab.models import ModelEntry
 from lab.roles import GRAMMAR_NAMES
 from lab.session import Session
 from model.config import ModelConfig

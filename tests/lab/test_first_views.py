@@ -1,7 +1,7 @@
 """Every built-in's first view tells the truth: its caption's claim, checked on the model.
 
 Each built-in opens on its first example prompt with a chosen layer and head (`FirstView` in
-lab/models.py) and a caption saying what to look for. These tests step the prompt through the
+lab/catalogue/models.py) and a caption saying what to look for. These tests step the prompt through the
 model as the app does (`encode_prompt`, then `Decoder`; greedy `generate` where the caption says
 Generate) and check the claim numerically, with the numbers the caption quotes.
 """
@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from lab import captions
-from lab.models import BUILTIN_MODELS, BUILTINS, FirstView, ModelEntry
-from lab.session import encode_prompt
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS, FirstView, ModelEntry, encode_prompt
 from model import heads
 from model.generate import Decoder, Sampling, generate
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from lab.catalogue.models import ModelEntry
 from lab.heads import lens_readout
-from lab.models import ModelEntry
 from lab.text import Text
 from model.config import ModelConfig
 from model.generate import Decoder, Sampling, generate

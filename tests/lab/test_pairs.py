@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from lab import pairs, patching
+from lab.catalogue.external import ExternalModels, parse_source
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS, ModelEntry, encode_prompt
 from lab.checks import UserError
-from lab.external import ExternalModels, parse_source
-from lab.models import BUILTIN_MODELS, BUILTINS, ModelEntry
 from lab.session import Session
-from lab.text import encode_prompt
 from model.families import open_folder
 from tests.support.nanogpt_runs import CHARS, reference, save_run
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from lab import patching, sweeps
-from lab.budget import MODEL_BUDGET, ModelBudget
+from lab.catalogue.models import BUILTINS, ModelEntry
 from lab.checks import UserError
-from lab.models import BUILTINS, ModelEntry
+from lab.server.budget import MODEL_BUDGET, ModelBudget
 from lab.session import Session
 from model.families import open_folder
 from model.patching import Patch, PatchSite

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from lab import patching
-from lab.external import ExternalModels, parse_source
-from lab.models import BUILTINS
+from lab.catalogue.external import ExternalModels, parse_source
+from lab.catalogue.models import BUILTINS
 from lab.session import Session
 from tests.support.nanogpt_runs import CHARS, reference, save_run
 

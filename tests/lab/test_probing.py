@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from lab.catalogue.models import ModelEntry
 from lab.checks import UserError
-from lab.models import ModelEntry
 from lab.roles import SCORE_ROLES, compute_head_roles
 from lab.session import Session
 from model.config import ModelConfig

@@ -1,4 +1,4 @@
-"""The head and example a model added with --model opens on (lab/realmodels.py `opening`): where the model
+"""The head and example a model added with --model opens on (lab/catalogue/realmodels.py `opening`): where the model
 shows something, as the built-ins' first views do, and a caption that says so honestly when no head stands
 out. On a real character model written as nanoGPT writes one (the built-in Shakespeare model's weights in a
 shakespeare_char run's ckpt.pt and meta.pkl), on a random nanoGPT run, and the rule at its edges.
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from lab import realmodels
-from lab.external import ExternalModels, parse_source
-from lab.models import BUILTINS
+from lab.catalogue import realmodels
+from lab.catalogue.external import ExternalModels, parse_source
+from lab.catalogue.models import BUILTINS
 from lab.session import Session
 from model.heads import ROLES, head_scores
 from tests.support.nanogpt_runs import CHARS, reference, save_decoder_run, save_run

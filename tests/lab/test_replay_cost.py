@@ -1,4 +1,4 @@
-"""What a replay costs (lab.rates.replay_cost, lab.rates.ModelWork, lab.sessionfile.model_work), counted
+"""What a replay costs (lab.server.rates.replay_cost, lab.server.rates.ModelWork, lab.sessionfile.model_work), counted
 before it starts: its Steps, and its model's work, the tokens the model runs times its parameters.
 
 The tokens counted are the tokens the engine runs (a forward hook on the model counts them during a real
@@ -13,10 +13,11 @@ import json
 
 import pytest
 
-from lab import budget, rates, sessionfile
+from lab import sessionfile
 from lab.checks import UserError
 from lab.limits import CHECKPOINT_LIMITS, MAX_LOG
-from lab.rates import TOKEN_WORK, ModelWork, RateLimiter, replay_cost
+from lab.server import budget, rates
+from lab.server.rates import TOKEN_WORK, ModelWork, RateLimiter, replay_cost
 from lab.session import Session
 from lab.sessionfile import FORMAT, VERSION, builtin_checksum, model_work
 from model.generate import Sampling

@@ -1,5 +1,5 @@
-"""Per-address shares (lab/rates.py, lab/sessionstore.py, lab/budget.py): one address at the allowed rates
-cannot take what others need.
+"""Per-address shares (lab/server/rates.py, lab/server/sessionstore.py, lab/server/budget.py): one address at the
+allowed rates cannot take what others need.
 
 Fast and without a server, on a fake clock with fake sessions (tests/lab/test_budget.py's `Clock` and
 `Fake`). Each test lets an abusive client take all it can at the rates it is allowed, keeping every
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from lab import files
-from lab.budget import DiskBudget, ModelBudget
 from lab.checks import UserError
 from lab.limits import CLIENT_SESSIONS, MAX_SESSIONS, RATE_LIMITS
-from lab.rates import RateLimiter
-from lab.sessionstore import SessionStore
+from lab.server import files
+from lab.server.budget import DiskBudget, ModelBudget
+from lab.server.rates import RateLimiter
+from lab.server.sessionstore import SessionStore
 from tests.support.budget_fakes import Clock, Fake
 
 ABUSER, VICTIM = "203.0.113.66", "198.51.100.7"
@@ -150,7 +150,8 @@ def test_a_session_file_s_replay_counts_for_the_importing_address(tmp_path, monk
     """The scratch session a file replays on holds the file's text beside the importer's own until the
     file has replayed: both count for the importer's address, so an address at its share cannot
     grow past it by opening files (the victim, with room, opens the same file)."""
-    from lab import budget, sessionfile
+    from lab import sessionfile
+    from lab.server import budget
     from lab.session import Session, View
     from model.generate import Sampling
 
@@ -179,7 +180,8 @@ def test_a_session_file_s_replay_counts_for_the_importing_address(tmp_path, monk
 
 
 class WarmText:
-    """A session as the store of warm texts sees it (lab.warm.WarmTenant): its text's heavy bytes, its address."""
+    """A session as the store of warm texts sees it (lab.server.warm.WarmTenant): its text's heavy bytes, its
+    address."""
 
     def __init__(self, client: str, nbytes: int):
         self.client, self.closed, self.nbytes, self.cooled = client, False, nbytes, 0
@@ -197,7 +199,7 @@ def test_warm_texts_one_address_s_many_texts_cool_its_own_never_the_victim_s():
     """The victim's text is the least recently used of all, yet while the abuser holds more than its share
     of the bound, the abuser's own texts cool (its least recently used first): the victim's next Step needs
     no forward pass over its whole window."""
-    from lab.warm import WarmTexts
+    from lab.server.warm import WarmTexts
 
     store = WarmTexts(limit_bytes=100 * U, cool_from_bytes=1, client_limit_bytes=30 * U)
     victim = WarmText(VICTIM, 20 * U)

@@ -1,4 +1,4 @@
-"""Warm and cold texts (lab/warm.py, lab.text.Text.cool, model.generate.Decoder.cool): a text whose heavy
+"""Warm and cold texts (lab/server/warm.py, lab.text.Text.cool, model.generate.Decoder.cool): a text whose heavy
 part (attention and scores, key/value cache, older distributions) was dropped computes it again from the
 same weights when used, and then shows the same numbers (allclose 1e-6: float32 rounding of another
 batch shape), gives back the same distributions, and samples the same next tokens; the server's store
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from lab import budget, session as session_mod
-from lab.external import ExternalModels, parse_source
+from lab import session as session_mod
+from lab.catalogue.external import ExternalModels, parse_source
+from lab.server import budget
+from lab.server.warm import COOL_FROM_BYTES, WarmTexts
 from lab.session import Session
-from lab.warm import COOL_FROM_BYTES, WarmTexts
 from model.generate import Sampling
 from tests.support.families import save_reference
 

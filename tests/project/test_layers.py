@@ -607,3 +607,54 @@ def test_every_size_exception_names_something_that_still_needs_it():
             stale.append(key)
     assert stale == []
     assert all(why.strip() for why in [*LONG_FILES.values(), *LONG_FUNCTIONS.values()])
+
+
+# lab/ by audience: the person's lab at the top reads the catalogue and the server's shared budgets; those two
+# never read the person's lab. Only lab.limits and lab.checks, which every part of lab/ reads, sit beside them.
+# Package → the project modules (and their submodules) it may import; anything else of the project is refused.
+LAB_AUDIENCES = {
+    "lab.server": ("lab.limits", "lab.checks", "lab.server", "model"),
+    "lab.catalogue": ("lab.limits", "lab.checks", "lab.catalogue", "lab.server", "model"),
+}
+
+
+def audience_offenders(root: Path = ROOT) -> list[str]:
+    """Where a module of lab/server/ or lab/catalogue/ imports a project module its package may not read."""
+    files = project_files(root)
+    found = []
+    for module, path in files.items():
+        package = next((p for p in LAB_AUDIENCES if module == p or module.startswith(p + ".")), None)
+        if package is None:
+            continue
+        for imp in project_imports(module, path, files):
+            if not any(imp.target == ok or imp.target.startswith(ok + ".") for ok in LAB_AUDIENCES[package]):
+                found.append(f"{path.relative_to(root)}:{imp.line} imports {imp.target}")
+    return sorted(found)
+
+
+def test_the_servers_budgets_and_the_catalogue_never_import_a_persons_lab():
+    """lab/server/ (sessions, rates, budgets, warm texts, files) imports only lab.limits, lab.checks, lab.server.*
+    and the engine (besides the standard library and third-party packages); lab/catalogue/ may read the server's
+    budgets too, but neither reads a person's lab (lab.session, lab.text, ...), viz, ui or app."""
+    assert {"lab.server.budget", "lab.catalogue.models"} <= set(project_files())
+    offenders = audience_offenders()
+    assert not offenders, "lab/server/ or lab/catalogue/ reaching up:\n" + "\n".join(offenders)
+
+
+def test_the_audience_check_sees_relative_absolute_and_function_level_imports(tmp_path):
+    for folder in ("lab", "lab/server", "lab/catalogue", "model"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    for name in ("limits", "checks", "session", "text"):
+        (tmp_path / "lab" / f"{name}.py").write_text("")
+    (tmp_path / "model" / "film.py").write_text("")
+    (tmp_path / "lab" / "server" / "warm.py").write_text(
+        "import os\nfrom ..limits import A\nfrom model.film import F\nfrom . import rates\n\n\n"
+        "def f():\n    from ..session import Session\n")
+    (tmp_path / "lab" / "server" / "rates.py").write_text("from lab.checks import UserError\nimport lab.text\n")
+    (tmp_path / "lab" / "catalogue" / "models.py").write_text("from ..server import warm\nfrom lab import session\n")
+    assert audience_offenders(tmp_path) == [
+        "lab/catalogue/models.py:2 imports lab.session",
+        "lab/server/rates.py:2 imports lab.text",
+        "lab/server/warm.py:8 imports lab.session",
+    ]

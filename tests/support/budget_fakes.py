@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab import files
+from lab.server import files
 
 
 class Clock:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lab.external import ExternalModels, parse_source
-from lab.models import BUILTINS
+from lab.catalogue.external import ExternalModels, parse_source
+from lab.catalogue.models import BUILTINS
 from lab.session import Session
 from model.checkpoint import save_checkpoint
 from model.transformer import DecoderLM

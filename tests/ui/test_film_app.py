@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import viz
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS
 from lab.checks import UserError
-from lab.models import BUILTIN_MODELS, BUILTINS
 from lab.session import Session
 from model.checkpoint import load_checkpoint
 from model.heads import head_scores

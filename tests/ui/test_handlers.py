@@ -23,8 +23,8 @@ import torch
 
 import app
 import viz
+from lab.catalogue.models import BUILTINS, DEFAULT_MODEL, counted
 from lab.limits import MAX_NEW_TOKENS
-from lab.models import BUILTINS, DEFAULT_MODEL, counted
 from lab.session import Session
 from ui import explore_tab
 
@@ -111,7 +111,7 @@ def test_the_page_state_holds_only_a_key_which_the_handler_trades_for_the_server
     finds the session by the call's session hash and hands the key, never the session, back to the state."""
     from starlette.datastructures import Headers
 
-    from lab.sessionstore import SessionKey
+    from lab.server.sessionstore import SessionKey
     from lab.session import SESSIONS
 
     key = copy.deepcopy(SessionKey(SESSIONS))  # what gr.State hands a new visitor

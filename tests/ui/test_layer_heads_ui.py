@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import viz
-from lab.external import ExternalModels, parse_source
+from lab.catalogue.external import ExternalModels, parse_source
 from lab.session import Session
 from tests.support.families import save_reference, sharpen
 from ui import explore, heads

@@ -10,7 +10,7 @@ import pytest
 
 import app
 from lab import pairs
-from lab.external import ExternalModels, parse_source
+from lab.catalogue.external import ExternalModels, parse_source
 from lab.session import Session
 from tests.support.nanogpt_runs import CHARS, reference, save_run
 from ui import patching as ui_patching
@@ -56,7 +56,7 @@ def test_a_switch_to_an_own_model_brings_its_own_pair_and_answers(session):
 def test_an_own_model_no_template_fits_gets_empty_boxes(tmp_path):
     """The article toy's seven words, uploaded as one's own model: no template reads in them, so the boxes are
     emptied (the last model's pair would be refused) and the menu is empty."""
-    from lab.models import BUILTINS
+    from lab.catalogue.models import BUILTINS
     from model.checkpoint import save_checkpoint
 
     toy = BUILTINS.get("article toy (built-in)")

@@ -151,7 +151,7 @@ def test_the_second_answer_box_serves_the_logit_difference_only():
 def test_a_difference_that_is_noise_is_said_above_the_map_and_on_it(tmp_path):
     """A random nanoGPT run's pair whose A/B difference single patches drown, and of the wrong sign: the note
     gives the lab's warnings with their numbers before the headline, and the map carries the short one."""
-    from lab.external import ExternalModels, parse_source
+    from lab.catalogue.external import ExternalModels, parse_source
     from tests.support.nanogpt_runs import CHARS, reference, save_run
 
     s = Session()

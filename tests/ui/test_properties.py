@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import app
+from lab.catalogue.models import BUILTINS
 from lab.limits import ATTENTION_VIEWS, MAX_PROMPT_CHARS
-from lab.models import BUILTINS
 from tests.support.server import rss_mb
 from lab.session import Session
 

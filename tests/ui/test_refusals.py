@@ -162,7 +162,7 @@ def _checkpoint_with(field: str, literal: str) -> bytes:
     import json
 
     from tests.support.safetensors_bytes import safetensors_join, safetensors_split
-    from lab.models import BUILTINS
+    from lab.catalogue.models import BUILTINS
 
     header, body = safetensors_split(BUILTINS.path("sort digits (built-in)").read_bytes())
     cfg = json.loads(header["__metadata__"]["config"])
@@ -201,8 +201,9 @@ def test_a_config_number_of_400_digits_is_refused_with_a_sentence_on_upload_and_
 
 def test_an_upload_refused_by_the_memory_budget_says_so(tmp_path, monkeypatch):
     """The file is fine; the server's memory budget is what refuses it (not "part of it is damaged")."""
-    from lab import budget, session as session_mod
-    from lab.models import BUILTINS
+    from lab import session as session_mod
+    from lab.server import budget
+    from lab.catalogue.models import BUILTINS
     from ui import train
 
     monkeypatch.setattr(session_mod, "MODEL_BUDGET", budget.ModelBudget(limit_bytes=1000, client_limit_bytes=1000))

@@ -16,9 +16,9 @@ import pytest
 
 import app
 import viz
-from lab.limits import MAX_USER_MODELS, TRAIN_CORPORA, TRAIN_LIMITS
-from lab.models import BUILTINS
+from lab.catalogue.models import BUILTINS
 from lab.checks import check_sampling
+from lab.limits import MAX_USER_MODELS, TRAIN_CORPORA, TRAIN_LIMITS
 from lab.session import Session, TrainingRun, removed_note
 from lab.training import probe_ids
 from model.corpora import build_corpus

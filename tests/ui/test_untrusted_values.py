@@ -16,9 +16,9 @@ from gradio.helpers import special_args
 
 import app
 from lab import patching
+from lab.catalogue.models import BUILTINS
 from lab.checks import UserError, check_int, number_from_text, quoted, whole_numbers
 from lab.display import Display, changed_display
-from lab.models import BUILTINS
 from lab.session import Session
 from ui import explore, film, heads, inside, inside_tab, share, train
 from ui import patching as patching_ui

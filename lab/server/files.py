@@ -3,7 +3,7 @@
 Each session gets one folder under `RUNS`, inside gradio's own file cache: a file a handler returns
 from there is served as it is, where a file from anywhere else would be copied into the cache
 (5-8 MB a web page) and kept there for an hour, outside every budget. So the disk budget
-(lab.budget.DiskBudget) counts every byte a download takes. A folder is deleted when its session
+(lab.server.budget.DiskBudget) counts every byte a download takes. A folder is deleted when its session
 closes, and folders left by sessions that never closed (a killed server) are swept once they are
 older than `RUN_FILES_MAX_AGE_S`.
 """
@@ -19,7 +19,7 @@ import unicodedata
 import uuid
 from pathlib import Path
 
-from .limits import RUN_FILES_MAX_AGE_S
+from ..limits import RUN_FILES_MAX_AGE_S
 
 STEM_MAX = 40  # characters of one part of a file name
 

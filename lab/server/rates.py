@@ -8,7 +8,7 @@
   replaying a text costs (a session file's, a link's), counted before the replay starts: its Steps,
   and with its model (`ModelWork`) the model's work, so a replay's time is bounded on any model.
 
-The other shared guards are lab/sessionstore.py (the sessions) and lab/budget.py (memory and disk).
+The other shared guards are lab/server/sessionstore.py (the sessions) and lab/server/budget.py (memory and disk).
 Nothing here imports gradio or the session module.
 """
 
@@ -22,8 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from .checks import UserError
-from .limits import BEHIND_PROXY, RATE_LIMITS, RATE_MAX_KEYS
+from ..checks import UserError
+from ..limits import BEHIND_PROXY, RATE_LIMITS, RATE_MAX_KEYS
 
 __all__ = ["Rate", "RateLimiter", "client_key", "client_of", "wait_words", "charge", "replay_cost", "ModelWork",
            "TOKEN_WORK", "LIMITER"]
@@ -33,7 +33,7 @@ Clock = Callable[[], float]
 
 def monotonic() -> float:
     """The rate limiter's clock when none is given (time.monotonic). In-process tests replace this
-    function (`monkeypatch.setattr(lab.rates, "monotonic", fake)`) to drive `LIMITER` themselves."""
+    function (`monkeypatch.setattr(lab.server.rates, "monotonic", fake)`) to drive `LIMITER` themselves."""
     return time.monotonic()
 
 

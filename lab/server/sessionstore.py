@@ -3,8 +3,8 @@
 The page's gr.State holds only a `SessionKey` into a `SessionStore`. Gradio's own state store drops
 the least recently used session once more than `state_session_capacity` exist, whatever it holds,
 and it makes a session for any new hash before any handler runs, so a burst of new hashes evicts
-people. Sessions kept here survive that; new ones are rate-limited per client (lab/rates.py), and
-when `MAX_SESSIONS` are held only an idle one (lab.budget.is_idle) makes room (else "the server is
+people. Sessions kept here survive that; new ones are rate-limited per client (lab/server/rates.py), and
+when `MAX_SESSIONS` are held only an idle one (lab.server.budget.is_idle) makes room (else "the server is
 full").
 
 Nothing here imports gradio or the session module (the session imports this).
@@ -18,9 +18,9 @@ import time
 from collections import OrderedDict
 from typing import Callable, Generic, TypeVar
 
+from ..checks import UserError
+from ..limits import CLIENT_SESSIONS, IDLE_S, MAX_SESSIONS, STATE_TTL_S
 from .budget import is_idle
-from .checks import UserError
-from .limits import CLIENT_SESSIONS, IDLE_S, MAX_SESSIONS, STATE_TTL_S
 from .rates import Clock, RateLimiter, client_of
 
 __all__ = ["SessionStore", "SessionKey"]

@@ -8,7 +8,7 @@ together it asks the least recently used to give theirs up (`cool_text`: dropped
 when next used, so the person loses nothing but the time of one forward pass). A busy session says
 no and keeps it until a later action asks again. The session that just acted is never asked: one
 text larger than the bound stays warm while it is the newest (what one text may hold at all is the
-memory budget's question, lab.budget). Nor is a text whose heavy part is under `COOL_FROM_BYTES`
+memory budget's question, lab.server.budget). Nor is a text whose heavy part is under `COOL_FROM_BYTES`
 (a short text on a small built-in model): cooling it would save less than it costs. It is decided by
 bytes, not by model. Sessions are held weakly; a closed one counts for nothing.
 
@@ -29,11 +29,10 @@ import weakref
 from collections import OrderedDict
 from typing import Protocol
 
-from .limits import CLIENT_WARM_BYTES, WARM_MAX_BYTES
-from .ownmodels import release_freed_memory
+from ..limits import CLIENT_WARM_BYTES, WARM_MAX_BYTES
 from .rates import client_of
 
-__all__ = ["WarmTenant", "WarmTexts", "WARM", "COOL_FROM_BYTES", "map_large_blocks"]
+__all__ = ["WarmTenant", "WarmTexts", "WARM", "COOL_FROM_BYTES", "map_large_blocks", "release_freed_memory"]
 
 COOL_FROM_BYTES = 64 * 1024  # a heavy part smaller than this stays (a GPT-2 text's is ~5 MB after one Step)
 
@@ -163,6 +162,15 @@ def map_large_blocks(threshold: int = MAP_FROM_BYTES) -> None:
     """
     try:
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
+    except (OSError, AttributeError):
+        pass
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by dropped models and cooled texts back to the system (glibc keeps it otherwise);
+    no-op elsewhere. The session calls it when its own models go, the store after it cools texts."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
 

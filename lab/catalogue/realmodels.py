@@ -15,7 +15,7 @@ import torch
 
 from model.heads import ROLES, Role, head_scores
 
-from .checks import UserError
+from ..checks import UserError
 from .models import FirstView, ModelEntry, counted, usable_examples
 
 # Prompts that show something on a real model: a sentence said twice (a model that learned to copy, a
@@ -40,7 +40,7 @@ class ExternalEntry(ModelEntry):
     """A model the person running the app added: where it comes from and what its files say."""
 
     family: str = ""
-    source: str = ""  # repo@revision, or the local file or folder by its name (lab.external.Source.shown)
+    source: str = ""  # repo@revision, or the local file or folder by its name (lab.catalogue.external.Source.shown)
     sha256: str = ""
     licence: str | None = None
 
@@ -84,7 +84,7 @@ def licence_of(folder: Path | None, hf_config: dict | None) -> str | None:
 
 
 def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
-    """The entry of a source whose files were checked (lab.external); a bad file is a UserError."""
+    """The entry of a source whose files were checked (lab.catalogue.external); a bad file is a UserError."""
     from model.families import family_of, open_folder
     from model.families.common import read_config
     from model.nanogpt import load_nanogpt

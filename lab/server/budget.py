@@ -5,7 +5,7 @@ Two guards, each thread-safe, each with an injectable clock (tests pass a fake o
 - `ModelBudget`: bytes of people's own models (trained or uploaded), server-wide. `hold(owner,
   nbytes)` states what a session will hold; to make room it empties the least recently used idle
   sessions first, or refuses.
-- `DiskBudget`: bytes of model files under `lab.files.RUNS`, server-wide and per session;
+- `DiskBudget`: bytes of model files under `lab.server.files.RUNS`, server-wide and per session;
   `room(owner, nbytes)` makes room before a save (folders of gone sessions first, oldest first,
   then idle sessions', least recently used first) or refuses.
 
@@ -16,7 +16,7 @@ busy meanwhile (then nothing is taken). "Idle" (`is_idle`) means: not busy, and 
 `IDLE_S` seconds. An idle session loses things only when the server is full, the least recently
 used first; the session asking for room never loses anything to its own request. The budgets hold
 sessions weakly, and a closed session counts for nothing. A session's client share is the one
-lab/rates.py names (`client_of`); the sessions themselves live in lab/sessionstore.py.
+lab/server/rates.py names (`client_of`); the sessions themselves live in lab/server/sessionstore.py.
 
 Nothing here imports gradio or the session module (the session imports this).
 """
@@ -31,11 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Protocol, runtime_checkable
 
-from . import files
-from .checks import UserError
-from .limits import (
+from ..checks import UserError
+from ..limits import (
     CLIENT_FILES_BYTES, CLIENT_MEMORY_BYTES, IDLE_S, MEMORY_MAX_BYTES, RUN_FILES_MAX_BYTES, RUN_FILES_SESSION_MAX_BYTES,
 )
+from . import files
 from .rates import Clock, client_of, wait_words
 
 __all__ = ["Tenant", "is_idle", "ModelBudget", "DiskBudget", "model_bytes", "MODEL_BUDGET", "DISK_BUDGET"]
@@ -47,8 +47,8 @@ class Tenant(Protocol):
 
     touched: float  # time.monotonic() of its last action (the start or end of one)
     closed: bool
-    # Optionally `client: str | None`, the address it counts against (lab.rates.client_key;
-    # lab.sessionstore.SessionStore sets it when it admits the session). Without one it counts for no
+    # Optionally `client: str | None`, the address it counts against (lab.server.rates.client_key;
+    # lab.server.sessionstore.SessionStore sets it when it admits the session). Without one it counts for no
     # client's share.
     run_dir: Path | None  # its folder under files.RUNS, if it saved anything
 

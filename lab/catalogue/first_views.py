@@ -1,6 +1,6 @@
 """The evidence behind each built-in's first view: its head scores on its first example prompt.
 
-Beside the captions it backs (`FirstView` in lab/models.py, shown by lab/captions.py): when a built-in
+Beside the captions it backs (`FirstView` in lab/catalogue/models.py, shown by lab/captions.py): when a built-in
 is retrained or a caption rewritten, this prints the numbers to choose the view and word the caption by.
 
 For each built-in this prints, layer × head, the scores of `model.heads` (previous-token,
@@ -8,12 +8,12 @@ first-token, self, induction, entropy) on the first example prompt as the app co
 prompt's ids through `model.generate.Decoder`), then the same after a greedy answer (what the
 attention shows after Generate; induction is undefined until a token repeats). For sort and copy
 it adds the task-match score to the known ideal pattern, and for every model the evidence behind
-the caption of its `FirstView` (lab/models.py); tests/lab/test_first_views.py checks those claims.
+the caption of its `FirstView` (lab/catalogue/models.py); tests/lab/test_first_views.py checks those claims.
 
-    python -m lab.first_views [--new 16]
-    python -m lab.first_views --model SRC      # a model added with `python app.py --model SRC`
+    python -m lab.catalogue.first_views [--new 16]
+    python -m lab.catalogue.first_views --model SRC      # a model added with `python app.py --model SRC`
 
-With --model it prints, for a model of someone else's, what lab.realmodels.opening chose its first view
+With --model it prints, for a model of someone else's, what lab.catalogue.realmodels.opening chose its first view
 by: every example's best head per role (and the word-start score of a character model), and the view.
 
 A tool for whoever edits the captions, not part of the app: nothing imports it.
@@ -25,8 +25,7 @@ import argparse
 
 import numpy as np
 
-from lab.models import BUILTIN_MODELS, BUILTINS
-from lab.session import encode_prompt
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS, encode_prompt
 from model import heads
 from model.generate import Decoder, Sampling, generate
 
@@ -128,8 +127,8 @@ def external(source: str) -> None:
     import tempfile
     from pathlib import Path
 
-    from lab.external import ExternalModels, parse_source
-    from lab.realmodels import SHOWN, SHOWN_ROLES, example_scores
+    from lab.catalogue.external import ExternalModels, parse_source
+    from lab.catalogue.realmodels import SHOWN, SHOWN_ROLES, example_scores
 
     with tempfile.TemporaryDirectory() as tmp:  # the app's record of hashes stays as it is
         found = ExternalModels([parse_source(source)], Path(tmp) / "hashes.json")

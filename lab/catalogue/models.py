@@ -18,9 +18,13 @@ from model.film import Film
 from model.tokenizers import Tokenizer
 from model.transformer import DecoderLM
 
-from .limits import MAX_PROMPT_CHARS
+from ..checks import UserError
+from ..limits import MAX_PROMPT_CHARS
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
+# the notice of a prompt longer than the model's context (lab.text.cut_lines finds it again in a status)
+PROMPT_CUT = "The prompt has {n} tokens but the model's context is {block}; it keeps the last {block}."
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class Builtin:
 
 
 # display name → shipped file, its example prompts (the first is the one offered by default) and
-# the view worth seeing first on that prompt (numbers from `python -m lab.first_views`)
+# the view worth seeing first on that prompt (numbers from `python -m lab.catalogue.first_views`)
 BUILTIN_MODELS = {
     "grammar (built-in)": Builtin(
         "grammar.safetensors",
@@ -127,6 +131,37 @@ def usable_examples(candidates) -> tuple[str, ...]:
     if not isinstance(candidates, (list, tuple)):
         return ()
     return tuple(p for p in candidates if isinstance(p, str) and p.strip() and len(p) <= MAX_PROMPT_CHARS)[:8]
+
+
+def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
+    """A prompt's token ids for this model and any notices; refuses empty, long or unknown input."""
+    if not isinstance(prompt, str):
+        raise UserError("The prompt must be text.")
+    if not prompt.strip():
+        raise UserError("The prompt is empty: type a few words or characters first.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise UserError(f"The prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
+    tokenizer, block_size = entry.tokenizer, entry.model.cfg.block_size
+    enc = tokenizer.encode_verbose(prompt)
+    if enc.unknown:
+        shown = ", ".join(repr(u if len(u) <= 20 else u[:19] + "…") for u in enc.unknown[:8])
+        shown += " …" if len(enc.unknown) > 8 else ""
+        unit = "words" if tokenizer.kind == "word" else "characters"
+        if tokenizer.vocab_size <= LISTED_VOCABULARY:
+            known = ", ".join(tokenizer.piece(i) for i in range(tokenizer.vocab_size) if i != tokenizer.unk_id)
+            see = f": {known}."
+        else:
+            see = "; open “Vocabulary” (under the text) to see them all, or try one of the example prompts."
+        raise UserError(f"This model does not know these {unit}: {shown}. "
+                        f"Its vocabulary has {tokenizer.vocab_size} tokens{see}")
+    ids = enc.ids
+    if not ids:
+        raise UserError("The prompt has no tokens for this model.")
+    notices = []
+    if len(ids) > block_size:
+        notices.append(PROMPT_CUT.format(n=len(ids), block=block_size))
+        ids = ids[-block_size:]
+    return ids, notices
 
 
 class BuiltinModels:

@@ -1,19 +1,18 @@
 """A person's own models (trained here or uploaded) and the memory each takes.
 
 At most MAX_USER_MODELS are kept, the oldest goes first. The bytes of each are what the server's
-memory budget (lab.budget.MODEL_BUDGET) counts for them: the weights and, for a model with a
+memory budget (lab.server.budget.MODEL_BUDGET) counts for them: the weights and, for a model with a
 training film, the film's attention frames. The session asks the budget before a model joins.
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections import OrderedDict
 
 from model.film import FILM_FRAMES
 
-from .budget import model_bytes
-from .limits import MAX_USER_MODELS
+from ..limits import MAX_USER_MODELS
+from ..server.budget import model_bytes
 from .models import ModelEntry
 
 
@@ -39,14 +38,6 @@ def removed_note(names: list[str]) -> str:
     quoted = ", ".join(f"'{n}'" for n in names)
     which = f"Your oldest model {quoted} was" if len(names) == 1 else f"Your oldest models {quoted} were"
     return f"{which} removed to make room ({MAX_USER_MODELS} own models at most)."
-
-
-def release_freed_memory() -> None:
-    """Hand memory freed by dropped models back to the system (glibc keeps it otherwise); no-op elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class OwnModels:

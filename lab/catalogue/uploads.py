@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from model.checkpoint import Checkpoint, checkpoint_bytes, load_checkpoint
 
-from .checks import UserError
+from ..checks import UserError
 from .models import ModelEntry
 
 # the exact reason, shortened: a message stays a few lines (bench/fuzz/checks.py's MAX_MESSAGE_CHARS bounds it)

@@ -6,7 +6,7 @@ Lab .safetensors files (what model.convert and model.film write) and Hugging Fac
 session, like the built-ins. Its files' SHA-256 is recorded on the first load (`HASHES_FILE`) and
 checked on every later load: a changed file is refused with a sentence, not loaded. What each model
 is (family, size, tokenizer, source, licence), its example prompts and the head it opens on are
-read from its own files and computed on its own weights (lab.realmodels).
+read from its own files and computed on its own weights (lab.catalogue.realmodels).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from model.checkpoint import atomic_write
 from model.sources import check_links, kind_of, local_path, shortened
 
-from .checks import UserError
+from ..checks import UserError
 from .models import ModelEntry
 
 ENV_VAR = "DECODER_LAB_MODELS"
