@@ -94,7 +94,7 @@ def build_demo() -> gr.Blocks:
         bind_patching(ses, explore["heads"])  # page-only events too
         bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count
         bind_token_view(ses, explore["token_view"])  # page-only too: a token clicked, the lines view
-    assign_lanes(demo)  # every queued event in its lane of workers (ui/lanes.py; per address: ui/shares.py)
+    assign_lanes(demo)  # every queued event in its lane of workers (ui/lanes.py; per address: ui/door.py)
     return demo
 
 

@@ -9,7 +9,7 @@ saved with save_pretrained to a temporary folder, beside a byte-level BPE tokeni
 at T = 64 (a 64-token prompt):
 
 * step_first: the first Step on the prompt through the Explore handler `ui.explore.step` on layer
-  0's 12 heads (prefill, sampling, the frame, both figures), and its JSON (what gr.Plot and the
+  0's 12 heads (prefill, sampling, the Shown, both figures), and its JSON (what gr.Plot and the
   other outputs send); step_next: the Step after it on the same text (the KV-cache path), with
   its JSON. Target ≤ 80 ms, held to both. step_first_2_threads: the same first Step on another new
   prompt with torch.set_num_threads(2) (a 2-vCPU Space can give torch both), no target of its own.
@@ -24,7 +24,7 @@ at T = 64 (a 64-token prompt):
   products: an idle core's rate) and median: FLOP / best rate is the time no float32 forward on this
   CPU can beat.
 * attention_figure: the attention figure of one layer's 12 heads at T = 64 (ui.explore.attention_plot
-  of the frame, viz's build) and its JSON. The browser's draw time is not measured here:
+  of the Shown, viz's build) and its JSON. The browser's draw time is not measured here:
   bench/browser_real.py measures the issue's ≤ 400 ms from click to drawn in Chromium on this model.
 * head_roles: lab.roles.compute_head_roles over all 144 heads (what a Step's first head-roles call
   computes; later calls on the same text are cached). Target ≤ 20 ms.
@@ -147,9 +147,9 @@ def in_process(folder: Path, reps: int) -> dict:
             out = ui.explore.step(session, name, prompt, 0.8, 0, 1.0, r, *VIEW)
         with Timer() as first_json:
             serialise(comps, out)
-        frame = session.frame(*VIEW)
+        shown = session.shown(*VIEW)
         with Timer() as fig:
-            plot = ui.explore.attention_plot(frame)
+            plot = ui.explore.attention_plot(shown)
         with Timer() as fig_json:
             payload = comps["attn"].postprocess(plot)
             text = payload.model_dump_json() if hasattr(payload, "model_dump_json") else str(payload)

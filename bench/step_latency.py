@@ -151,7 +151,7 @@ def probe_ops(session, prompt_a: str, prompt_b: str):
     from lab import headsettings
     from lab.catalogue.models import DEFAULT_MODEL
 
-    head_badges = headsettings.badges  # what lab.frame.make_frame calls for the attention panels' badges
+    head_badges = headsettings.badges  # what lab.shown.make_shown calls for the attention panels' badges
     probe_views = ui.heads.probe_views
     last = len(session.decoder.window) - 1
 

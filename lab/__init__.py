@@ -4,7 +4,7 @@ At the top, one person's lab: `lab.session.Session` has the verbs the UI calls, 
 its history (`lab.text`), display settings (`lab.display`), own models (`lab.catalogue.ownmodels`), and the
 parts with verbs of their own that the UI calls as `session.<part>.<verb>`: the head tools (`lab.heads`, over
 `lab.headsettings`, `lab.roles`, `lab.compare`), Inside one cell (`lab.inside`), patching sweeps
-(`lab.sweeps`, over `lab.patching`) and training (`lab.training`); a Step's result is a `lab.frame.Frame`.
+(`lab.sweeps`, over `lab.patching`) and training (`lab.training`); a Step's result is a `lab.shown.Shown`.
 `lab.limits` holds every option and limit (one home) and `lab.checks` the checks that turn form and API values
 into Python values: every part of lab/ reads those two.
 

@@ -12,6 +12,8 @@ import re
 from typing import Any, Iterable
 
 from model.generate import Sampling
+# model/'s one copy of these checks of untrusted values serves lab/ and ui/ too (imported from here)
+from model.json_bounds import is_int, is_whole, short, unique_keys  # noqa: F401
 
 from .limits import SEED_RANGE, TEMPERATURE_RANGE, TOP_K_RANGE, TOP_P_RANGE
 
@@ -39,7 +41,7 @@ def _shown(value: Any) -> str:
         return "a list"
     if isinstance(value, dict):
         return "an object"
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**12:
+    if is_int(value) and abs(value) > 10**12:
         return "a number that is far too large"
     if not isinstance(value, (str, int, float, bool)):
         return "a value of the wrong kind"

@@ -91,5 +91,6 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
     diff = [wb[:, :n, :n] - wa[:, :n, :n] for wa, wb in zip(*weights)]
     roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
     probs = [torch.softmax(used_rows(o.logits[0, -1].double(), entry), -1).numpy() for o in outs]
-    return Comparison(tokens[0], tokens[1], n, diff, roles[0], roles[1], probs[0], probs[1],
-                      list(entry.pieces), notes, causal, weights[0], weights[1])
+    return Comparison(tokens_a=tokens[0], tokens_b=tokens[1], common=n, diff=diff, roles_a=roles[0], roles_b=roles[1],
+                      probs_a=probs[0], probs_b=probs[1], pieces=list(entry.pieces), notes=notes, causal=causal,
+                      weights_a=weights[0], weights_b=weights[1])

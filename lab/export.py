@@ -29,7 +29,7 @@ import numpy as np
 
 from .checks import UserError, check_choice, check_int
 from .downloads import Export, to_csv  # noqa: F401 (Export read from here by the wiring and tests)
-from .frame import shown_attention
+from .shown import shown_attention
 from .heads import ranks
 from .server.files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .session import Session
 
 KINDS = ("weights", "scores")  # what an attention export holds: the softmax weights or the scores before it
-LENS_TOP = 10
+EXPORT_LENS_TOP = 10
 MAX_TOP = 1000
 NO_TEXT = "Press Step first: there is no text to export yet."
 ATTENTION_COLUMNS = ["layer", "head", "query_position", "query_token", "key_position", "key_token", "value"]
@@ -91,7 +91,7 @@ def attention(session: Session, layer, head, kind="weights") -> Export:
     kind = check_choice("kind", kind, KINDS)
     view = session.check_view(None, layer, "all" if head is None else head, "weights")
     att = session.attention()
-    drawn, change = shown_attention(session.text, session.heads.settings)  # the figure's numbers (lab.frame)
+    drawn, change = shown_attention(session.text, session.heads.settings)  # the figure's numbers (lab.shown)
     pick = (lambda a: (a.weights if kind == "weights" else a.scores)[view.layer])  # (H, T, T) float32
     matrices, own = pick(drawn), pick(att) if change else None
     heads = list(range(matrices.shape[0])) if view.head is None else [view.head]
@@ -243,7 +243,7 @@ def loss_history(session: Session, model_name) -> Export:
 # -------------------------------------------------------------------------- logit lens
 
 
-def lens_export(session: Session, index=None, top=LENS_TOP) -> Export:
+def lens_export(session: Session, index=None, top=EXPORT_LENS_TOP) -> Export:
     """The logit lens at window position `index` (default: the selected token, else the last):
     the `top` most probable next tokens after the embedding and after each layer."""
     _need_text(session)

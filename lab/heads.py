@@ -29,7 +29,7 @@ from model.attention import LayerCache
 from model.transformer import KVCache, read_out_rows
 
 from .catalogue.models import ModelEntry
-from .checks import UserError, check_choice, check_int, number_from_text
+from .checks import UserError, check_choice, check_int, is_int, number_from_text
 from .compare import Comparison, compare
 from .display import check_head
 from .headsettings import (
@@ -332,7 +332,7 @@ class Heads:
             k = None
         else:
             limit = query if cfg.mask == "causal" else n - 1
-            if isinstance(key, int) and not isinstance(key, bool) and key > limit and key < n:
+            if is_int(key) and key > limit and key < n:
                 raise UserError(f"Position {key} comes after the query ({query}): under the causal mask a token "
                                 f"can only look at positions 0–{query}.")
             k = check_int("key position", key, 0, limit)

@@ -2,7 +2,7 @@
 edit (`ProbeSettings`), heads named and parsed as the page writes them ("L1H0"), the settings checked
 against a text and applied in the engine's own forward, and the KL divergence that measures what a
 change does to a prediction. Plain functions of a text (lab.text.Text) and the settings; the person's
-head tools (lab.heads.Heads) hold the settings and call them, as do the Explore figure (lab.frame),
+head tools (lab.heads.Heads) hold the settings and call them, as do the Explore figure (lab.shown),
 Inside one cell (lab.inside) and Compare (lab.compare).
 
 Positions: `index` arguments are positions in the window shown (0 = its first token); an edit's
@@ -22,7 +22,7 @@ import torch
 from model.interventions import AttentionEdit, Intervention
 
 from .catalogue.models import ModelEntry
-from .checks import UserError, check_int
+from .checks import UserError, check_int, is_int
 from .roles import HeadRoles
 from .text import Text
 
@@ -54,7 +54,7 @@ def parse_heads(value, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ..
                 raise UserError(f"{item[:30]!r} is not a head: write them as L<layer>H<head>, e.g. L1H0.")
             layer, head = int(m.group(1)), int(m.group(2))
         elif (isinstance(item, (list, tuple)) and len(item) == 2
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in item)):
+              and all(is_int(v) for v in item)):
             layer, head = item
         else:
             raise UserError(f"{str(item)[:30]!r} is not a head: write them as L<layer>H<head>, e.g. L1H0.")

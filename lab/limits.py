@@ -139,7 +139,7 @@ CLIENT_LONG_CALLS = {"train": int(os.environ.get("DECODER_LAB_CLIENT_TRAININGS",
 # own first
 CLIENT_WARM_BYTES = _share("DECODER_LAB_CLIENT_WARM_MB", WARM_MAX_BYTES // 2**20, 4) * 2**20
 # calls of one address in gradio's queue at once, waiting or running, besides its trainings: its further calls
-# wait at the door (ui/shares.py), holding no worker, so one address keeps at most this many workers busy
+# wait at the door (ui/door.py), holding no worker, so one address keeps at most this many workers busy
 CLIENT_WORKERS = int(os.environ.get("DECODER_LAB_CLIENT_WORKERS", str(_RATE_SCALE)))
 __all__ += ["CLIENT_SESSIONS", "CLIENT_MEMORY_BYTES", "CLIENT_FILES_BYTES", "CLIENT_QUEUE", "CLIENT_LONG_CALLS",
             "CLIENT_WORKERS", "CLIENT_WARM_BYTES"]

@@ -191,7 +191,8 @@ def prepare(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=N
             f"restore. Choose prompts whose answer changes (a minimal pair{such}) or answer tokens whose scores "
             "the change moves.")
     notes = [f"Prompt A: {n}" for n in notes_a] + [f"Prompt B: {n}" for n in notes_b]
-    return PatchSetup(entry, ids_a, ids_b, m, clean, corrupted, runs[0].activations, runs[1].activations, notes)
+    return PatchSetup(entry=entry, ids_a=ids_a, ids_b=ids_b, metric=m, clean=clean, corrupted=corrupted,
+                      source_a=runs[0].activations, source_b=runs[1].activations, notes=notes)
 
 
 def grid(entry: ModelEntry, what: str, n_positions: int) -> tuple[list[str], list[str], list[PatchSite]]:
@@ -363,7 +364,9 @@ def sweep_steps(setup: PatchSetup, what, direction, stop: threading.Event | None
         values = (metric - setup.corrupted) / setup.difference
     else:
         values = (setup.clean - metric) / setup.difference
-    yield PatchProgress(done, len(sites), PatchResult(setup, what, direction, rows, cols, metric, values, done, stopped))
+    yield PatchProgress(done, len(sites), PatchResult(setup=setup, what=what, direction=direction, rows=rows,
+                                                      columns=cols, metric=metric, values=values, done=done,
+                                                      stopped=stopped))
 
 
 def sweep(setup: PatchSetup, what, direction, progress: Callable[[int, int], None] | None = None,

@@ -7,7 +7,7 @@ each with its own verbs: the head tools (`heads`, lab.heads), Inside one cell (`
 patching sweeps (`sweeps`, lab.sweeps) and training (`training`, lab.training). The wiring keeps one
 per browser tab and calls its verbs (`step`, `generate`, `undo`, `reset`, `select_model`, `train`,
 `upload`, `close`) and read-outs, or one part's (`session.heads.set_ablation(...)`); Step, Generate,
-Undo and Reset return a `lab.frame.Frame` of what the page draws (README: "The path of a Step"). No
+Undo and Reset return a `lab.shown.Shown` of what the page draws (README: "The path of a Step"). No
 gradio here: a refusal is a `UserError` for the person.
 """
 
@@ -33,7 +33,7 @@ from .catalogue.ownmodels import OwnModels, entry_bytes, removed_note
 from .catalogue.uploads import checkpoint_data, load_upload, reserved_bytes
 from .checks import UserError, check_int
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
-from .frame import Frame, make_frame
+from .shown import Shown, make_shown
 from .heads import Heads
 from .inside import Inside
 from .limits import MAX_LOG, MAX_NEW_TOKENS, TRAIN_LIMITS
@@ -205,9 +205,9 @@ class Session:
 
     # -------------------------------------------------------------------------- text
 
-    def _frame(self, view: View | None, step=None, undone: bool = False) -> Frame:
-        return make_frame(self.text, self.heads.settings, self.display, view, self.heads.head_roles, self.dropped,
-                          step, undone)
+    def _make_shown(self, view: View | None, step=None, undone: bool = False) -> Shown:
+        return make_shown(self.text, self.heads.settings, display=self.display, view=view,
+                          roles=self.heads.head_roles, told=self.dropped, step=step, undone=undone)
 
     def _view(self, entry: ModelEntry, view) -> View | None:
         """The page's (layer, head, view) checked against `entry`, before anything changes (None: none asked)."""
@@ -243,25 +243,25 @@ class Session:
         self.text.entry = entry  # the head tools (and a session saved now) are about this model from here on
         return entry
 
-    def step(self, model_name, prompt, sampling: Sampling, force: int | None = None, view=None) -> Frame:
+    def step(self, model_name, prompt, sampling: Sampling, force: int | None = None, view=None) -> Shown:
         """One new token. The text continues unless the model, prompt or seed changed.
         force: the token to take instead of sampling (replaying a saved session). view: the page's
-        (layer, head, view), checked first; the Frame then holds the figures' numbers for it."""
+        (layer, head, view), checked first; the Shown then holds the figures' numbers for it."""
         entry = self.entry_for(model_name)
-        shown = self._view(entry, view)
+        asked = self._view(entry, view)
         self._grow(entry, prompt, sampling, 1)
         step = self.text.keep(next(generate(self.decoder, 1, sampling, force=None if force is None else [force])))
         self.text.record({"do": "step", "sampling": sampling_record(sampling), "tokens": [step.token_id]})
-        return self._frame(shown, step)
+        return self._make_shown(asked, step)
 
-    def generate(self, model_name, prompt, sampling: Sampling, max_new, force=None, view=None) -> Iterator[Frame]:
-        """Up to `max_new` more tokens, one Frame each: the text goes on (as Step does) unless the
+    def generate(self, model_name, prompt, sampling: Sampling, max_new, force=None, view=None) -> Iterator[Shown]:
+        """Up to `max_new` more tokens, one Shown each: the text goes on (as Step does) unless the
         model, prompt or seed changed; then it starts again from the prompt.
 
-        Attention is computed once, after the last token: only the last Frame is complete (with `view`).
+        Attention is computed once, after the last token: only the last Shown is complete (with `view`).
         """
         entry = self.entry_for(model_name)
-        shown = self._view(entry, view)
+        asked = self._view(entry, view)
         max_new = check_int("max new tokens", max_new, 1, MAX_NEW_TOKENS)
         max_new = self._grow(entry, prompt, sampling, max_new)
         record = {"do": "generate", "sampling": sampling_record(sampling), "tokens": []}
@@ -269,31 +269,31 @@ class Session:
         for i, s in enumerate(generate(self.decoder, max_new, sampling, attention="last", force=force)):
             record["tokens"].append(s.token_id)
             self.text.keep(s)
-            yield self._frame(shown if s.eos or i == max_new - 1 else None, s)
+            yield self._make_shown(asked if s.eos or i == max_new - 1 else None, s)
 
-    def undo(self, view=None) -> Frame:
+    def undo(self, view=None) -> Shown:
         """Take the last generated token back (never the prompt); `undone` says whether one went."""
-        shown = self._view(self.entry, view) if self.entry is not None else None
+        asked = self._view(self.entry, view) if self.entry is not None else None
         undone = self.text.undo()
         self.heads.token_undone()
         if self.decoder is not None:
             self._hold()  # less memory: always granted
-        return self._frame(shown, undone=undone)
+        return self._make_shown(asked, undone=undone)
 
-    def reset(self) -> Frame:
+    def reset(self) -> Shown:
         """The text goes; the heads chosen to ablate stay for the next text on this model, an edited row
         (positions of the text that went) does not."""
         self.text.clear()
         self.heads.text_cleared()
         self._hold()  # less memory: always granted
-        return self._frame(None)
+        return self._make_shown(None)
 
     # ----------------------------------------------------------------------- read-outs
 
-    def frame(self, layer, head, view) -> Frame:
+    def shown(self, layer, head, view) -> Shown:
         """What the page draws for the text as it stands, for this view (checked against the text's
         model; with no text there is nothing to check or draw)."""
-        return self._frame(self._view(self.entry, (layer, head, view)) if self.decoder is not None else None)
+        return self._make_shown(self._view(self.entry, (layer, head, view)) if self.decoder is not None else None)
 
     def tokens(self) -> list[tuple[str, str]]:
         """(display piece, "prompt" | "generated") for every token in the current window."""
@@ -387,8 +387,10 @@ class Session:
         """
         if self.training.going:
             raise UserError("A training run is already going in this session; stop it first.")
-        form = check_form(corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_model, d_ff, pos, norm,
-                          activation, dropout, steps, lr, seed, keep_best, probe)
+        form = check_form(corpus_name=corpus_name, pasted=pasted, upload=upload, tokenizer_kind=tokenizer_kind,
+                          layers=layers, heads=heads, d_model=d_model, d_ff=d_ff, pos=pos, norm=norm,
+                          activation=activation, dropout=dropout, steps=steps, lr=lr, seed=seed, keep_best=keep_best,
+                          probe=probe)
         try:  # Stop works from here on: while the tokenizer trains, and then for the run itself
             stop = self.training.starting = threading.Event()
             corpus, mcfg, tcfg = prepare(form, stop)

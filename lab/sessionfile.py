@@ -30,7 +30,7 @@ from model.generate import Sampling
 
 from .catalogue.models import ModelEntry, encode_prompt
 from .catalogue.uploads import checkpoint_data
-from .checks import UserError, check_choice, check_sampling, quoted
+from .checks import UserError, check_choice, check_sampling, is_int, quoted
 from .headsettings import ProbeSettings, head_label
 from .limits import COLOUR_MODES, MAX_LOG, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, SEED_RANGE, UPLOAD_MAX_MB
 from .server import files
@@ -232,7 +232,7 @@ def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list, 
         sampling = _sampling(action.get("sampling"), seed)
         tokens = action.get("tokens")
         if (not isinstance(tokens, list) or not 1 <= len(tokens) <= MAX_NEW_TOKENS
-                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens)):
+                or not all(is_int(t) and 0 <= t < vocab for t in tokens)):
             raise _bad(f"action {i + 1} lists tokens this model does not have")
         if action["do"] == "step" and len(tokens) != 1:
             raise _bad(f"action {i + 1} is a Step of {len(tokens)} tokens")

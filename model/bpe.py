@@ -22,6 +22,7 @@ from tokenizers import models as hf_models
 from tokenizers import pre_tokenizers as hf_pre
 from tokenizers import trainers as hf_trainers
 
+from .json_bounds import unique_keys
 from .tokenizer_core import (
     MAX_LOADED_VOCAB, MAX_TOKEN_BYTES, MAX_VOCAB, UNK, Encoded, Tokenizer, check_keys, check_piece, check_same,
     dedup, display_piece, json_type, preview,
@@ -293,17 +294,6 @@ _BPE_MODEL_FIXED: dict[str, Any] = {
 _BPE_MODEL_OPTIONAL = frozenset(set(_BPE_MODEL_FIXED) - {"type", "unk_token"})
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json.loads would silently keep the last of two equal keys; the HF parser might not.
-    # Refusing them makes what is checked here the only reading of the data.
-    d: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in d:
-            raise ValueError(f"BPE tokenizer JSON has a duplicate key {preview(key)}")
-        d[key] = value
-    return d
-
-
 def _checked_bpe_vocab(vocab: Any, max_vocab: int) -> dict[str, int]:
     field = "BPE tokenizer model.vocab"
     if not isinstance(vocab, dict):
@@ -361,7 +351,7 @@ def _checked_bpe_doc(data: Any, max_vocab: int) -> dict[str, Any]:
     if len(data) > MAX_BPE_JSON_CHARS:
         raise ValueError(f"BPE tokenizer data is {len(data):,} characters; the limit is {MAX_BPE_JSON_CHARS:,}")
     try:
-        doc = json.loads(data, object_pairs_hook=_no_duplicate_keys)
+        doc = json.loads(data, object_pairs_hook=unique_keys("BPE tokenizer JSON"))
     except RecursionError:
         raise ValueError("BPE tokenizer data is nested too deeply") from None
     except ValueError as exc:

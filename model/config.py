@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from .json_bounds import is_whole, short
+
 POS_ENCODINGS = ("sinusoidal", "learned", "rope", "none")
 NORMS = ("pre", "post", "none")
 ACTIVATIONS = ("relu", "gelu", "swiglu")
@@ -94,11 +96,11 @@ class ModelConfig:
         for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {_short(value)}")
+                raise ValueError(f"{name} must be a positive integer, got {short(value)}")
         if self.d_ff is not None and (
             not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff < 0
         ):
-            raise ValueError(f"d_ff must be a non-negative integer or None, got {_short(self.d_ff)}")
+            raise ValueError(f"d_ff must be a non-negative integer or None, got {short(self.d_ff)}")
         _choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
         _choice("norm", self.norm, NORMS)
         _choice("activation", self.activation, ACTIVATIONS)
@@ -106,8 +108,8 @@ class ModelConfig:
         _choice("init", self.init, INITS)
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"d_model ({_short(self.d_model)}) must be divisible by n_heads ({_short(self.n_heads)}); "
-                f"try d_model={_short(self.n_heads * max(1, _nearest(self.d_model, self.n_heads)))}"
+                f"d_model ({short(self.d_model)}) must be divisible by n_heads ({short(self.n_heads)}); "
+                f"try d_model={short(self.n_heads * max(1, _nearest(self.d_model, self.n_heads)))}"
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise ValueError(
@@ -117,12 +119,12 @@ class ModelConfig:
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
         if not 0.0 <= _real("dropout", self.dropout, "in [0, 1)") < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {_short(self.dropout)}")
+            raise ValueError(f"dropout must be in [0, 1), got {short(self.dropout)}")
         if not _real("pe_base", self.pe_base, "a number > 1") > 1.0:
-            raise ValueError(f"pe_base must be a number > 1, got {_short(self.pe_base)}")
+            raise ValueError(f"pe_base must be a number > 1, got {short(self.pe_base)}")
         for name in ("bias", "head_bias", "tie_weights", "attn_out_proj", "parallel_residual"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {_short(getattr(self, name))}")
+                raise ValueError(f"{name} must be true or false, got {short(getattr(self, name))}")
         self._check_family_options()
 
     def _check_family_options(self) -> None:
@@ -132,9 +134,9 @@ class ModelConfig:
         _choice("norm_kind", self.norm_kind, NORM_KINDS)
         _choice("rope_precision", self.rope_precision, ROPE_PRECISIONS)
         if not 0.0 < _real("norm_eps", self.norm_eps, "a number in (0, 1)") < 1.0:
-            raise ValueError(f"norm_eps must be a number in (0, 1), got {_short(self.norm_eps)}")
+            raise ValueError(f"norm_eps must be a number in (0, 1), got {short(self.norm_eps)}")
         if not 0.0 < _real("rope_fraction", self.rope_fraction, "in (0, 1]") <= 1.0:
-            raise ValueError(f"rope_fraction must be in (0, 1], got {_short(self.rope_fraction)}")
+            raise ValueError(f"rope_fraction must be in (0, 1], got {short(self.rope_fraction)}")
         if self.rope_fraction != 1.0:
             if self.pos_encoding != "rope":
                 raise ValueError("rope_fraction applies to pos_encoding='rope' only")
@@ -146,7 +148,7 @@ class ModelConfig:
         for name in ("qkv_bias", "attn_out_bias", "mlp_bias", "norm_bias"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{name} must be true, false or None (follow bias), got {_short(value)}")
+                raise ValueError(f"{name} must be true, false or None (follow bias), got {short(value)}")
         if self.parallel_residual and self.norm != "pre":
             raise ValueError("parallel_residual needs norm='pre' (each branch reads its own norm of x)")
         if self.norm_kind == "rmsnorm" and self.norm_bias:
@@ -155,19 +157,19 @@ class ModelConfig:
         if isinstance(window, list):  # JSON has no tuples: a config read from a file holds a list
             window = tuple(window)
             object.__setattr__(self, "attn_window", window)
-        if not isinstance(window, tuple) or any(not _whole(w) for w in window):
-            raise ValueError(f"attn_window must be a list of whole numbers >= 0, got {_short(window)}")
+        if not isinstance(window, tuple) or any(not is_whole(w) for w in window):
+            raise ValueError(f"attn_window must be a list of whole numbers >= 0, got {short(window)}")
         if window and len(window) != self.n_layers:
             raise ValueError(f"attn_window has {len(window)} entries for {self.n_layers} layers; give one per layer")
         if window and any(window) and self.mask != "causal":
             raise ValueError("a local attention window needs the causal mask")
         kv = self.n_kv_heads
-        if kv is not None and (not _whole(kv) or kv == 0 or self.n_heads % kv):
-            raise ValueError(f"n_kv_heads must divide n_heads ({self.n_heads}), got {_short(kv)}")
+        if kv is not None and (not is_whole(kv) or kv == 0 or self.n_heads % kv):
+            raise ValueError(f"n_kv_heads must divide n_heads ({self.n_heads}), got {short(kv)}")
         used = self.vocab_used
-        if used is not None and (not _whole(used) or not 0 < used <= self.vocab_size):
+        if used is not None and (not is_whole(used) or not 0 < used <= self.vocab_size):
             raise ValueError(f"vocab_used must be a whole number from 1 to vocab_size ({self.vocab_size}), "
-                             f"got {_short(used)}")
+                             f"got {short(used)}")
 
     @property
     def head_dim(self) -> int:
@@ -248,14 +250,6 @@ class ModelConfig:
         return total
 
 
-def _short(value: Any, limit: int = 40) -> str:
-    """A value for an error message, cut to `limit` characters (configs come from uploaded files)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**limit:
-        return "a number far too large"  # (repr of a huge int is slow, and refused past 4,300 digits)
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _nearest(a: int, b: int) -> int:
     """round(a / b) in whole numbers (ties to even, as round does), for numbers of any size."""
     q, r = divmod(a, b)
@@ -266,21 +260,16 @@ def _real(name: str, value: Any, rule: str) -> float:
     """A finite number (an int or a float, not a bool) as a float; anything else is a ValueError that says
     `name` must be `rule`, also a whole number too large for a float (which `float()` cannot convert)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be {rule}, got {_short(value)}")
+        raise ValueError(f"{name} must be {rule}, got {short(value)}")
     try:
         number = float(value)
     except OverflowError:
         raise ValueError(f"{name} must be {rule}, got a number far too large") from None
     if not math.isfinite(number):
-        raise ValueError(f"{name} must be {rule}, got {_short(value)}")
+        raise ValueError(f"{name} must be {rule}, got {short(value)}")
     return number
-
-
-def _whole(value: Any) -> bool:
-    """A whole number >= 0 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(options)}; got {_short(value)}")
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {short(value)}")

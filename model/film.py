@@ -38,6 +38,7 @@ import torch
 
 from .corpora import FEMALE_NAMES, MALE_NAMES
 from .heads import MATCH_THRESHOLD, ROLES, TASK_ROLES, TASKS, Role, head_scores, task_score, task_targets
+from .json_bounds import is_int
 
 FILM_FRAMES = 40  # default number of frames of a run
 MAX_FILM_FRAMES = 100
@@ -334,10 +335,6 @@ def film_to_tensors(film: Film, causal: bool | None = None) -> tuple[dict[str, t
     return tensors, meta
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _finite_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -365,10 +362,10 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
     if extra:
         raise bad(f"unexpected metadata fields {extra[:5]}")
     total = meta["total_steps"]
-    if not _is_int(total) or total < 0:
+    if not is_int(total) or total < 0:
         raise bad(f"total_steps must be a whole number >= 0, got {str(total)[:40]!r}")
     steps = meta["steps"]
-    if not isinstance(steps, list) or not all(_is_int(s) for s in steps):
+    if not isinstance(steps, list) or not all(is_int(s) for s in steps):
         raise bad("steps must be a list of whole numbers")
     F = len(steps)
     if not 1 <= F <= MAX_FILM_FRAMES:
@@ -383,7 +380,7 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
     if not isinstance(val_loss, list) or len(val_loss) != F or not all(v is None or _finite_number(v) for v in val_loss):
         raise bad(f"val_loss must be {F} finite numbers (or nulls), one per frame")
     ids, pieces = meta["probe_ids"], meta["probe_tokens"]
-    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+    if not isinstance(ids, list) or not all(is_int(i) for i in ids):
         raise bad("probe_ids must be a list of token ids")
     T = len(ids)
     limit = min(model_cfg.block_size, MAX_PROBE_TOKENS)
@@ -401,7 +398,7 @@ def film_from_tensors(tensors: dict[str, torch.Tensor], meta: Any, model_cfg, vo
     if source not in ("training", "probe"):
         raise bad(f"loss_source must be training or probe, got {str(source)[:40]!r}")
     kept = meta["kept_step"]
-    if kept is not None and not (_is_int(kept) and 0 <= kept <= steps[-1]):
+    if kept is not None and not (is_int(kept) and 0 <= kept <= steps[-1]):
         raise bad(f"kept_step must be null or a step within 0 … {steps[-1]}")
 
     L, H = model_cfg.n_layers, model_cfg.n_heads

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import json_bounds
+from .json_bounds import unique_keys
 from .tokenizer_core import check_keys, check_same, json_type, preview, utf8_len
 
 # A token's text as the file stores it (GPT-2's byte alphabet takes at most 2 bytes of UTF-8 per
@@ -50,8 +51,8 @@ def checked_document(text: Any, max_vocab: int) -> dict[str, Any]:
     cap = MAX_JSON_CHARS_PER_TOKEN * max_vocab
     if len(text) > cap:
         raise ValueError(f"the hf tokenizer's tokenizer.json is {len(text):,} characters; the limit is {cap:,}")
-    doc = json_bounds.parse(text, "the hf tokenizer's tokenizer.json", object_pairs_hook=_no_duplicate_keys,
-                            parse_constant=_no_constant)
+    what = "the hf tokenizer's tokenizer.json"
+    doc = json_bounds.parse(text, what, object_pairs_hook=unique_keys(what), parse_constant=_no_constant)
     check_keys(doc, "tokenizer.json", TOP_KEYS)
     check_same(doc["version"], "1.0", "tokenizer.json version")
     for key in ("truncation", "padding"):  # the app never pads or truncates a prompt
@@ -298,17 +299,6 @@ def _id(value: Any, bound: int, field: str) -> int:
 def _flag(value: Any, field: str) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{field} must be true or false")
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json keeps the last of two equal keys and the Rust parser might keep another: refused, so
-    # what is checked here is the only reading of the text
-    d: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in d:
-            raise ValueError(f"the hf tokenizer's tokenizer.json has a duplicate key {preview(key)}")
-        d[key] = value
-    return d
 
 
 def _no_constant(name: str) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
+from .json_bounds import is_int, short
 
 ABLATION_MODES = ("zero", "mean", "uniform")
 # Where each mode acts: on a head's softmax rows (before they multiply V), or on what the head passes on
@@ -44,15 +45,6 @@ WEIGHT_MODES = ("uniform",)
 OUTPUT_MODES = ("zero", "mean")
 # Modes that read every position of the text, which a key/value cache has not got: refused on top of one.
 WHOLE_TEXT_MODES = ("mean",)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -70,11 +62,11 @@ class AttentionEdit:
     def __post_init__(self) -> None:
         for name in ("layer", "head", "query"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"attention edit {name} must be a non-negative integer, got {_short(value)}")
-        if self.key is not None and (not _is_int(self.key) or self.key < 0):
+            if not is_int(value) or value < 0:
+                raise ValueError(f"attention edit {name} must be a non-negative integer, got {short(value)}")
+        if self.key is not None and (not is_int(self.key) or self.key < 0):
             raise ValueError(
-                f"attention edit key must be a non-negative integer or None (uniform), got {_short(self.key)}"
+                f"attention edit key must be a non-negative integer or None (uniform), got {short(self.key)}"
             )
 
     @property
@@ -171,32 +163,32 @@ class Intervention:
     def __post_init__(self) -> None:
         if self.mode not in ABLATION_MODES:
             raise ValueError(
-                f"ablation mode must be one of {', '.join(ABLATION_MODES)}; got {_short(self.mode)}"
+                f"ablation mode must be one of {', '.join(ABLATION_MODES)}; got {short(self.mode)}"
             )
         if not isinstance(self.keep_only, bool):
-            raise ValueError(f"keep_only must be true or false, got {_short(self.keep_only)}")
+            raise ValueError(f"keep_only must be true or false, got {short(self.keep_only)}")
         if isinstance(self.heads, (str, bytes)):
-            raise ValueError(f"heads must be a list of (layer, head) pairs, got {_short(self.heads)}")
+            raise ValueError(f"heads must be a list of (layer, head) pairs, got {short(self.heads)}")
         try:
             pairs = [tuple(p) for p in self.heads]
         except TypeError:
             raise ValueError(
-                f"heads must be a list of (layer, head) pairs, got {_short(self.heads)}"
+                f"heads must be a list of (layer, head) pairs, got {short(self.heads)}"
             ) from None
         for p in pairs:
-            if len(p) != 2 or not all(_is_int(v) and v >= 0 for v in p):
+            if len(p) != 2 or not all(is_int(v) and v >= 0 for v in p):
                 raise ValueError(
-                    f"each head must be a (layer, head) pair of non-negative integers, got {_short(p)}"
+                    f"each head must be a (layer, head) pair of non-negative integers, got {short(p)}"
                 )
         if len(set(pairs)) != len(pairs):
             raise ValueError("heads lists the same (layer, head) more than once")
         try:
             edits = tuple(self.edits)
         except TypeError:
-            raise ValueError(f"edits must be a list of AttentionEdit, got {_short(self.edits)}") from None
+            raise ValueError(f"edits must be a list of AttentionEdit, got {short(self.edits)}") from None
         for e in edits:
             if not isinstance(e, AttentionEdit):
-                raise ValueError(f"edits must be AttentionEdit objects, got {_short(e)}")
+                raise ValueError(f"edits must be AttentionEdit objects, got {short(e)}")
         seen = set()
         for e in edits:
             where = (e.layer, e.head, e.query)

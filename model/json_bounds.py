@@ -10,6 +10,9 @@ tokenizer.json, tokenizer_config.json, a safetensors header) goes through `parse
   of the bytes in blocks, so a hostile file costs memory in proportion to one block); a text
   nested deeper than MAX_DEPTH is refused (the files the importers read nest at most 6 levels);
 * whatever `json` still refuses (bad syntax, a number too long) is a sentence naming the file.
+
+It is also the one home of model/'s checks of the values such files hold (`is_int`, `is_whole`, `short`,
+`unique_keys`): every model module imports these, and lab.checks passes them on to lab/ and ui/.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+from .tokenizer_core import preview
 
 MAX_DEPTH = 32
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string; its brackets are text, not nesting
@@ -79,3 +84,39 @@ def read(path: Path, what: str, max_bytes: int, max_depth: int = MAX_DEPTH, **op
     except OSError as exc:
         raise ValueError(f"{path.name} cannot be read ({exc.strerror or 'error'})") from None
     return parse(data, path.name, max_depth, **options)
+
+
+# ---------------------------------------------------------------- Checks of untrusted values
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (True is an int to Python, not to a file's reader)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_whole(value: Any) -> bool:
+    """A whole number >= 0 (not a bool)."""
+    return is_int(value) and value >= 0
+
+
+def short(value: Any, limit: int = 40) -> str:
+    """A value for an error message, cut to `limit` characters (it may come from an uploaded file)."""
+    if is_int(value) and abs(value) > 10**limit:
+        return "a number far too large"  # (repr of a huge int is slow, and refused past 4,300 digits)
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def unique_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A `json` object_pairs_hook refusing an object with two equal keys, the error naming `what`.
+
+    `json` keeps the last of two equal keys and another parser (the Rust tokenizers one) might keep
+    another: refusing them makes what a check read the only reading of the text."""
+    def pairs_to_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in d:
+                raise ValueError(f"{what} has a duplicate key {preview(key)}")
+            d[key] = value
+        return d
+    return pairs_to_dict

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .families.common import MAX_WHOLE, shown
+from .families.common import MAX_WHOLE, short
 from .safe_unpickle import MAX_TORCH_FILE_BYTES, TOO_LARGE, load_plain_pickle, load_torch_weights
 from .sources import check_links, kind_of, local_path, shortened
 from .tokenizers import MAX_VOCAB, CharTokenizer, Tokenizer
@@ -61,7 +61,7 @@ def read_meta(path: str | Path) -> CharTokenizer:
     try:
         data = path.read_bytes()
     except OSError:
-        raise ValueError(f"cannot read {shown(path.name)}") from None
+        raise ValueError(f"cannot read {short(path.name)}") from None
     meta = load_plain_pickle(data, what=path.name)
     return char_vocabulary(meta, path.name)
 
@@ -116,7 +116,7 @@ def check_model_args(args: Any) -> dict[str, Any]:
         value = args.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_WHOLE:
             raise ValueError(f"model_args['{name}'] must be a whole number from 1 to {MAX_WHOLE:,}, "
-                             f"got {value if value == TOO_LARGE else shown(value)}")
+                             f"got {value if value == TOO_LARGE else short(value)}")
         out[name] = value
     bias = args.get("bias", True)  # nanoGPT's default; runs from before the option had biases
     if not isinstance(bias, bool):

@@ -38,12 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
+from .json_bounds import is_int
 
 PATCH_KINDS = ("head", "resid", "attn", "mlp")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -82,20 +79,20 @@ class PatchSite:
     def __post_init__(self) -> None:
         if self.kind not in PATCH_KINDS:
             raise ValueError(f"patch kind must be one of {', '.join(PATCH_KINDS)}; got {self.kind!r:.40}")
-        if not _is_int(self.layer) or self.layer < 0:
+        if not is_int(self.layer) or self.layer < 0:
             raise ValueError(f"patch layer must be a non-negative integer, got {self.layer!r:.40}")
         if (self.kind == "head") != (self.head is not None):
             raise ValueError("a head patch needs a head; other patches take none")
-        if self.head is not None and (not _is_int(self.head) or self.head < 0):
+        if self.head is not None and (not is_int(self.head) or self.head < 0):
             raise ValueError(f"patch head must be a non-negative integer, got {self.head!r:.40}")
-        if self.row is not None and (not _is_int(self.row) or self.row < 0):
+        if self.row is not None and (not is_int(self.row) or self.row < 0):
             raise ValueError(f"patch row must be a non-negative integer or None, got {self.row!r:.40}")
         if self.positions is not None:
             try:
                 positions = tuple(self.positions)
             except TypeError:
                 raise ValueError(f"patch positions must be a list of positions, got {self.positions!r:.40}") from None
-            if not positions or not all(_is_int(p) and p >= 0 for p in positions):
+            if not positions or not all(is_int(p) and p >= 0 for p in positions):
                 raise ValueError("patch positions must be a non-empty list of non-negative integers")
             object.__setattr__(self, "positions", positions)
 

@@ -25,19 +25,11 @@ import struct
 from typing import Any, BinaryIO
 
 from . import json_bounds
+from .json_bounds import is_whole, short
 
 # bytes per element of each dtype the safetensors format names
 ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-
-
-def _shown(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def check_layout(header: dict, data_bytes: int, what: str) -> None:
@@ -48,31 +40,31 @@ def check_layout(header: dict, data_bytes: int, what: str) -> None:
         if name == "__metadata__":
             continue
         if not isinstance(info, dict):
-            raise ValueError(f"{what} describes tensor {_shown(name)} badly")
+            raise ValueError(f"{what} describes tensor {short(name)} badly")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in ITEM_BYTES:
-            raise ValueError(f"{what} gives tensor {_shown(name)} the type {_shown(dtype)}, which is not a "
+            raise ValueError(f"{what} gives tensor {short(name)} the type {short(dtype)}, which is not a "
                              "safetensors type")
-        if not isinstance(shape, list) or not all(_whole(n) for n in shape):
-            raise ValueError(f"{what} gives tensor {_shown(name)} an invalid shape")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(o) for o in offsets)
+        if not isinstance(shape, list) or not all(is_whole(n) for n in shape):
+            raise ValueError(f"{what} gives tensor {short(name)} an invalid shape")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_whole(o) for o in offsets)
                 and offsets[0] <= offsets[1] <= data_bytes):
-            raise ValueError(f"{what} is truncated, or its header points tensor {_shown(name)} past its end")
+            raise ValueError(f"{what} is truncated, or its header points tensor {short(name)} past its end")
         size = ITEM_BYTES[dtype]
         for n in shape:
             size *= n
         if offsets[1] - offsets[0] != size:
-            raise ValueError(f"{what} gives tensor {_shown(name)} {offsets[1] - offsets[0]:,} bytes, but its "
+            raise ValueError(f"{what} gives tensor {short(name)} {offsets[1] - offsets[0]:,} bytes, but its "
                              f"type and shape take {size:,}")
         spans.append((offsets[0], offsets[1], name))
     spans.sort()
     end, before = 0, None
     for start, stop, name in spans:
         if start < end:
-            raise ValueError(f"{what}: the bytes of tensor {_shown(name)} overlap those of tensor "
-                             f"{_shown(before)}; each tensor must have bytes of its own")
+            raise ValueError(f"{what}: the bytes of tensor {short(name)} overlap those of tensor "
+                             f"{short(before)}; each tensor must have bytes of its own")
         if start > end:
-            raise ValueError(f"{what} has {start - end:,} bytes before tensor {_shown(name)} that belong to no "
+            raise ValueError(f"{what} has {start - end:,} bytes before tensor {short(name)} that belong to no "
                              "tensor")
         end, before = stop, name
     if end != data_bytes:

@@ -27,6 +27,7 @@ from .distributed import Ranks, wrap
 from .fastpath import ManualStep, unsupported
 from .film import FILM_EVAL_BATCHES, MAX_FILM_FRAMES, Film, Frame, clip_probe, default_probe_ids, frame_steps
 from .heads import task_of
+from .json_bounds import is_int
 from .transformer import DecoderLM
 
 
@@ -68,12 +69,12 @@ class TrainConfig:
         # Every field is checked here, so a bad value fails when the config is built, with the
         # field's name in the message, not steps later inside the optimizer or the loop.
         for name in ("steps", "batch_size", "eval_batches"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
+            if not is_int(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive whole number, got {getattr(self, name)!r}")
         for name in ("warmup", "eval_every"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, got {getattr(self, name)!r}")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be a whole number, got {self.seed!r}")
         if not (_is_number(self.lr) and 0 < self.lr <= 1):
             raise ValueError(f"lr must be in (0, 1], got {self.lr!r}")
@@ -103,9 +104,9 @@ class TrainConfig:
             raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {self.backward!r}")
         if self.sdpa not in SDPA_BACKENDS:
             raise ValueError(f"sdpa must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa!r}")
-        if not (isinstance(self.probe_ids, tuple) and all(_is_int(i) and i >= 0 for i in self.probe_ids)):
+        if not (isinstance(self.probe_ids, tuple) and all(is_int(i) and i >= 0 for i in self.probe_ids)):
             raise ValueError(f"probe_ids must be a tuple of token ids >= 0, got {self.probe_ids!r}")
-        if not (_is_int(self.film_frames) and (self.film_frames == 0 or 2 <= self.film_frames <= MAX_FILM_FRAMES)):
+        if not (is_int(self.film_frames) and (self.film_frames == 0 or 2 <= self.film_frames <= MAX_FILM_FRAMES)):
             raise ValueError(f"film_frames must be 0 (no film) or a whole number in [2, {MAX_FILM_FRAMES}], "
                              f"got {self.film_frames!r}")
 
@@ -139,10 +140,6 @@ class TrainConfig:
         # min() keeps steps past the end (and max() a one-step decay) at min_lr, never below
         progress = min(1.0, (step - self.warmup) / max(1, last - self.warmup))
         return low + 0.5 * (1 + math.cos(math.pi * progress)) * (self.lr - low)
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # True is an int to Python, not to us
 
 
 def _is_number(v: object) -> bool:

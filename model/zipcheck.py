@@ -23,15 +23,12 @@ import struct
 import zipfile
 from pathlib import Path
 
+from .json_bounds import short
+
 MAX_ENTRIES = 100_000  # a GPT-2 run with its optimizer state has a few hundred
 _LOCAL = b"PK\x03\x04"
 _DESCRIPTOR = b"PK\x07\x08"
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
-
-
-def _shown(name: str, limit: int = 40) -> str:
-    text = repr(name)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _descriptor_end(f, end: int, info: zipfile.ZipInfo) -> int | None:
@@ -83,14 +80,14 @@ def check_torch_zip(path: Path, name: str) -> None:
         raise ValueError(f"{name} lists {len(infos):,} entries; a checkpoint has a few hundred, so it is not read")
 
     def lie(info: zipfile.ZipInfo, what: str) -> ValueError:
-        return ValueError(f"{name}'s zip directory does not agree with its entry {_shown(info.filename)} ({what}), "
+        return ValueError(f"{name}'s zip directory does not agree with its entry {short(info.filename)} ({what}), "
                           "so it is not read")
 
     spans = []
     with path.open("rb") as f:
         for info in infos:
             if info.compress_type != zipfile.ZIP_STORED:
-                raise ValueError(f"{name} holds a compressed entry {_shown(info.filename)} (torch.save compresses "
+                raise ValueError(f"{name} holds a compressed entry {short(info.filename)} (torch.save compresses "
                                  "nothing; a compressed entry can inflate to far more than the file), so it is not read")
             if info.compress_size != info.file_size:
                 raise lie(info, "a stored entry of two sizes")

@@ -3,7 +3,7 @@
 `handler` wraps each event handler: it trades the page's session key (its gr.State holds a
 lab.server.sessionstore.SessionKey, never a session) for the server's own session of the tab
 (lab.server.sessionstore.SessionStore, the one home of a person's session), checks the client's rate for
-costly actions (unless the door of ui/shares.py took that token when the call joined the queue),
+costly actions (unless the door of ui/door.py took that token when the call joined the queue),
 holds the session for the whole action, and turns every error into a message for the person.
 """
 
@@ -31,7 +31,7 @@ from lab.server.sessionstore import SessionKey
 from lab.session import SESSIONS, Session
 
 from .plots import to_plot
-from .shares import charged_at_door
+from .door import charged_at_door
 
 log = logging.getLogger("decoder_lab")
 
@@ -116,7 +116,7 @@ def handler(fn=None, *, exclusive: bool = True, rate: str | None = None, replays
             raise message(exc) from None
 
     out = functools.wraps(fn)(wrapped_gen if inspect.isgeneratorfunction(fn) else wrapped)
-    out.exclusive, out.rate, out.replays = exclusive, rate, replays  # what the door (ui/shares.py) admits a call by
+    out.exclusive, out.rate, out.replays = exclusive, rate, replays  # what the door (ui/door.py) admits a call by
     return out
 
 

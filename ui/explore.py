@@ -2,7 +2,7 @@
 selected token and how figures are drawn.
 
 Each checks its inputs and calls one verb of the person's `lab.session.Session`; Step, Generate,
-Undo and Reset get back one `lab.frame.Frame` and draw it with viz (`frame_probs`, `attention_plot`)
+Undo and Reset get back one `lab.shown.Shown` and draw it with viz (`shown_probs`, `attention_plot`)
 without going back into the lab. Clicking a token is answered twice: the page
 itself outlines the query row and shades the text at once (assets/explore.js, from the figure's
 ``meta.shade``), and `select_token` sends the distribution that token was drawn from.
@@ -21,7 +21,7 @@ from lab.catalogue.models import ModelEntry
 from lab.checks import check_sampling
 from lab.display import check_head, head_pages, page_value
 from lab.export import file_name, model_stem
-from lab.frame import Frame
+from lab.shown import Shown
 from lab.limits import OVERVIEW_MAX_TOKENS
 from lab.session import Session
 from lab.text import Probabilities
@@ -40,39 +40,39 @@ OWN_MODEL_CAPTION = ("Your own model: pick a layer and a head, then click a toke
 def attention_figure(session: Session, layer, head, view):
     """The attention picture of the session's current text, for a gr.Plot (the lines view from the
     token selected in the text)."""
-    return attention_plot(session.frame(layer, head, view), session.query)
+    return attention_plot(session.shown(layer, head, view), session.query)
 
 
 def attention_spec(session: Session, layer, head, view):
     """The attention figure itself (None without a text), named for its download."""
-    return frame_spec(session.frame(layer, head, view))
+    return shown_spec(session.shown(layer, head, view))
 
 
-def attention_plot(frame: Frame, query: int | None = None):
-    """A Frame's attention picture, for a gr.Plot (`query`: the token the lines view draws from, None: the last)."""
-    spec = frame_spec(frame, query)
+def attention_plot(shown: Shown, query: int | None = None):
+    """A Shown's attention picture, for a gr.Plot (`query`: the token the lines view draws from, None: the last)."""
+    spec = shown_spec(shown, query)
     return message_plot(NO_TEXT) if spec is None else to_plot(spec)
 
 
-def frame_spec(frame: Frame, query: int | None = None):
-    """A Frame's attention figure (None without a text), named for its download; `query`: the token the
+def shown_spec(shown: Shown, query: int | None = None):
+    """A Shown's attention figure (None without a text), named for its download; `query`: the token the
     lines view draws its lines from (None: the last; the heatmaps' selected row is outlined by the page)."""
-    att, v = frame.attention, frame.view
+    att, v = shown.attention, shown.view
     if att is None:
         return None
     # The figure fits below the page's controls (one screen, also at a projector's 1280×720): where
     # its cells are too small for readable labels, viz labels every k-th token instead.
     spec = viz.attention_view(att.weights, att.scores, att.tokens, layer=v.layer, head=v.head, view=v.view,
-                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=frame.plot_width,
-                              max_height_px=frame.plot_height, presentation=frame.presentation, colour=frame.colour,
-                              badges=frame.badges, heads=v.heads, value_weighted=frame.value_weighted,
-                              title_prefix=f"{frame.change} · " if frame.change else None,
+                              causal=att.causal, overview_max_tokens=OVERVIEW_MAX_TOKENS, width_px=shown.plot_width,
+                              max_height_px=shown.plot_height, presentation=shown.presentation, colour=shown.colour,
+                              badges=shown.badges, heads=v.heads, value_weighted=shown.value_weighted,
+                              title_prefix=f"{shown.change} · " if shown.change else None,
                               query=query if v.view == viz.LINES_VIEW else None)
     if isinstance(spec, viz.FigureSpec):  # the page links the text with the picture from these numbers
-        spec.layout.setdefault("meta", {})["change"] = frame.change  # what the head tools changed ('' = nothing)
+        spec.layout.setdefault("meta", {})["change"] = shown.change  # what the head tools changed ('' = nothing)
         spec.layout.setdefault("meta", {})["shade"] = viz.shade_payload(att.weights[v.layer], v.layer, v.head,
                                                                         causal=att.causal)
-    return viz.with_filename(spec, frame.attention_file)
+    return viz.with_filename(spec, shown.attention_file)
 
 
 def caption_markdown(line: str | None) -> str:
@@ -80,16 +80,16 @@ def caption_markdown(line: str | None) -> str:
     return OWN_MODEL_CAPTION if line is None else html.escape(line, quote=False)
 
 
-def frame_caption(frame: Frame) -> str:
-    """A Frame's line above the attention; with the value-weighted colour, what the colours are. Where the
+def shown_caption(shown: Shown) -> str:
+    """A Shown's line above the attention; with the value-weighted colour, what the colours are. Where the
     all-layers view draws no panels (too many heads, or too long a text), the line says why, as its figure does."""
-    att, v = frame.attention, frame.view
+    att, v = shown.attention, shown.view
     if att is not None and v is not None and v.view == "all layers":
         refused = viz.overview_refusal(len(att.weights), len(att.weights[0]), len(att.tokens), OVERVIEW_MAX_TOKENS)
         if refused is not None:
             return html.escape(f"No panels here: {refused}", quote=False)
-    line = caption_markdown(frame.caption)
-    if frame.colour == "value" and frame.view is not None and frame.view.view not in WEIGHTS_ONLY:
+    line = caption_markdown(shown.caption)
+    if shown.colour == "value" and shown.view is not None and shown.view.view not in WEIGHTS_ONLY:
         line += VALUE_NOTE
     return line
 
@@ -103,10 +103,10 @@ def check_caption_view(session: Session, model_name, layer, head, view) -> None:
 def view_caption(session: Session, model_name, layer, head, view) -> str:
     """The line above the attention, true of what it shows."""
     check_caption_view(session, model_name, layer, head, view)
-    frame = session.frame(layer, head, view)
-    if frame.attention is None:
+    shown = session.shown(layer, head, view)
+    if shown.attention is None:
         return caption_markdown(captions.no_text_caption(session.entry_for(model_name), layer, head, view))
-    return frame_caption(frame)
+    return shown_caption(shown)
 
 
 def probs_chart(p: Probabilities | None, first_token: str | None, presentation: bool, chart_height: int, name: str):
@@ -138,13 +138,13 @@ def probs_figure(session: Session, index=None, sampling=None):
     return probs_chart(p, tokens[0][0] if tokens else None, d.presentation, d.chart_height, name)
 
 
-def frame_probs(frame: Frame):
-    """A Frame's next-token chart, for a gr.Plot."""
-    return probs_chart(frame.probs, frame.first_token, frame.presentation, frame.chart_height, frame.probs_file)
+def shown_probs(shown: Shown):
+    """A Shown's next-token chart, for a gr.Plot."""
+    return probs_chart(shown.probs, shown.first_token, shown.presentation, shown.chart_height, shown.probs_file)
 
 
-def explore_outputs(session: Session, frame: Frame):
-    return session, frame.tokens, frame.status, frame_probs(frame), attention_plot(frame)
+def explore_outputs(session: Session, shown: Shown):
+    return session, shown.tokens, shown.status, shown_probs(shown), attention_plot(shown)
 
 
 def example_choices(examples) -> list[tuple[str, str]]:
@@ -192,8 +192,8 @@ def step_picture(session, model_name, prompt, temperature, top_k, top_p, seed, l
                  request: gr.Request = None):
     """`step` without the probability chart, which the page fetches right after the picture."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
-    frame = session.step(model_name, prompt, sampling, view=(layer, head, view))
-    return session, frame.tokens, frame.status, attention_plot(frame), frame_caption(frame)
+    shown = session.step(model_name, prompt, sampling, view=(layer, head, view))
+    return session, shown.tokens, shown.status, attention_plot(shown), shown_caption(shown)
 
 
 @handler(rate="generate")  # no ZeroGPU decorator: generation runs on the CPU (it never touches CUDA)
@@ -203,12 +203,12 @@ def generate(session, model_name, prompt, temperature, top_k, top_p, seed, max_n
     streaming the text."""
     sampling = check_sampling(temperature, top_k, top_p, seed)
     last_yield = 0.0
-    for frame in session.generate(model_name, prompt, sampling, max_new, view=(layer, head, view)):
-        if frame.complete:  # the last token's: the figures come at the end
-            yield explore_outputs(session, frame)
-        elif time.perf_counter() - last_yield > 0.3 and not frame.step.eos:  # the text streams
+    for shown in session.generate(model_name, prompt, sampling, max_new, view=(layer, head, view)):
+        if shown.complete:  # the last token's: the figures come at the end
+            yield explore_outputs(session, shown)
+        elif time.perf_counter() - last_yield > 0.3 and not shown.step.eos:  # the text streams
             last_yield = time.perf_counter()
-            yield session, frame.tokens, frame.status, gr.skip(), gr.skip()
+            yield session, shown.tokens, shown.status, gr.skip(), gr.skip()
 
 
 @handler
@@ -221,8 +221,8 @@ def undo(session, layer, head, view, request: gr.Request = None):
 def reset(session, model_name, request: gr.Request = None):
     """Start again from the prompt (which stays as the person typed it)."""
     session.entry_for(model_name)  # checked before the text goes
-    frame = session.reset()
-    return session, frame.tokens, frame.status, frame_probs(frame), message_plot(NO_TEXT)
+    shown = session.reset()
+    return session, shown.tokens, shown.status, shown_probs(shown), message_plot(NO_TEXT)
 
 
 @handler

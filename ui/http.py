@@ -11,7 +11,9 @@ from pathlib import Path
 import gradio as gr
 from gradio.utils import get_type_hints, get_upload_folder
 
-from .shares import Door, without_charge
+from lab.checks import is_int
+
+from .door import Door, without_charge
 
 log = logging.getLogger("decoder_lab")
 
@@ -44,7 +46,7 @@ class RefuseMalformedCalls:
             refused = self.door.admit_upload(scope)  # the address's share of gradio's cache
             if refused:
                 log.info("refused an upload at the door: %s", refused[1])
-                await asyncio.sleep(self.door.refusal_pause_s)  # one sent again at once costs little (ui/shares.py)
+                await asyncio.sleep(self.door.refusal_pause_s)  # one sent again at once costs little (ui/door.py)
                 return await self.refuse(send, *refused, close=True)  # its body is never read
         if match is None or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
@@ -95,7 +97,7 @@ class RefuseMalformedCalls:
                 return 400, f"{key} must be {self.KINDS[kind]}."
         fns, index = self.blocks.fns, payload.get("fn_index")
         if api_name is None or (direct and index is not None):  # the page's own calls name a function by index
-            fn = fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+            fn = fns.get(index) if is_int(index) else None
             if fn is None:
                 return 404, "There is no such function."
         else:

@@ -2,7 +2,7 @@
 
 Every queued event of the page is in one lane, named here by its handler. A lane is one of gradio's
 concurrency groups, at most `lab.limits.CONCURRENCY[lane]` calls of it running at once, in the order
-they joined. The door (ui/shares.py) lets one address have at most `CLIENT_WORKERS` calls in the queue
+they joined. The door (ui/door.py) lets one address have at most `CLIENT_WORKERS` calls in the queue
 (its training besides), so another visitor's call waits behind at most that many of each other
 address's, and only in its own lane. The lanes keep what costs little and is pressed often (Step,
 Undo, a view redrawn) apart from what costs more:

@@ -81,7 +81,7 @@ def lay_out_patching(h: SimpleNamespace, default_model: str) -> None:
             h.patch_run = gr.Button("Run patching", variant="primary", elem_id="patch_run", scale=0, min_width=160)
             h.patch_stop = gr.Button("Stop", variant="stop", elem_id="patch_stop", scale=0, min_width=90)
             with gr.Column(scale=4, min_width=200):
-                h.patch_progress = gr.HTML(progress_html(None), elem_id="patch_progress")
+                h.patch_progress = gr.HTML(sweep_progress_html(None), elem_id="patch_progress")
         h.patch_note = gr.Markdown("", elem_id="patch_note")
         h.patch_plot = gr.Plot(message_plot(NO_SWEEP), show_label=False, elem_id="patch_map")
         with gr.Accordion("Download the map's numbers", open=False, elem_id="patch_numbers"), gr.Row():
@@ -95,7 +95,7 @@ def lay_out_patching(h: SimpleNamespace, default_model: str) -> None:
         h.patch_json = gr.JSON(visible=False)
 
 
-def progress_html(done: int | None, total: int = 1, text: str = "") -> str:
+def sweep_progress_html(done: int | None, total: int = 1, text: str = "") -> str:
     """A progress bar of the sweep's cells (an empty one before the first sweep)."""
     done = 0 if done is None else done
     total = max(1, total)
@@ -135,7 +135,7 @@ def best_cells(result: patching.PatchResult) -> list[tuple[int, int]]:
     return [(r, c) for k, (r, c, v) in enumerate(top) if k == 0 or v >= BEST_SHARE]
 
 
-def ends(direction: str) -> tuple[str, str]:
+def sweep_ends(direction: str) -> tuple[str, str]:
     """What the metric equals at share 0 and at share 1: B's run and A's when denoising, A's and B's when noising."""
     return ("B", "A") if direction == "denoising" else ("A", "B")
 
@@ -159,7 +159,7 @@ def patch_figure(session, result: patching.PatchResult, selected: tuple[int, int
              f"{result.value_name.replace('A→B', s.metric.difference_name)}")
     fig = patching_map(result.values, kind="heads" if heads else "positions",
                        columns=None if heads else s.aligned_tokens(), rows=result.rows, metric=result.metric,
-                       ends=ends(result.direction), best=best_cells(result),
+                       ends=sweep_ends(result.direction), best=best_cells(result),
                        selected=selected, title=title, caution=map_caution(result),
                        presentation=session.display.presentation,
                        width_px=width_for(session), scale_title=f"share {result.value_name.split()[-1]}")
@@ -180,11 +180,11 @@ def run_patching(session, model_name, prompt_a, prompt_b, metric, answer, other,
             r = p.result
             text = (f"stopped: {r.done} / {p.total} patched runs" if r.stopped
                     else f"{p.total} / {p.total} patched runs")
-            yield (progress_html(r.done, p.total, text), metric_note(r), patch_figure(session, r),
+            yield (sweep_progress_html(r.done, p.total, text), metric_note(r), patch_figure(session, r),
                    message_plot(NO_HEAD if r.what == "heads" else NO_HEAD_HERE), r.to_json())
         elif time.perf_counter() - last > 0.25:
             last = time.perf_counter()
-            yield progress_html(p.done, p.total), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            yield sweep_progress_html(p.done, p.total), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
 
 @handler(rate="export")
@@ -201,7 +201,7 @@ def download_patching(session, fmt, request: gr.Request = None):
 def stop_patching(session, request: gr.Request = None):
     if not session.sweeps.stop():
         return gr.skip()
-    return progress_html(0, 1, "Stopping after the current batch…")
+    return sweep_progress_html(0, 1, "Stopping after the current batch…")
 
 
 @handler
@@ -297,4 +297,4 @@ def model_switched(session, model_name, request: gr.Request = None):
     made = made_pairs(entry) if not entry.builtin else []
     if made:
         answer, other = made[0].answer_a, made[0].answer_b
-    return answer, other, progress_html(None), "", message_plot(NO_SWEEP), message_plot(NO_HEAD)
+    return answer, other, sweep_progress_html(None), "", message_plot(NO_SWEEP), message_plot(NO_HEAD)

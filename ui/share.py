@@ -19,7 +19,7 @@ from lab.server.rates import charge, replay_cost
 from lab.session import Session, View
 
 from .common import file_path, handler, known_model
-from .shares import charged_at_door
+from .door import charged_at_door
 from .explore import (
     attention_figure, attention_spec, example_choices, head_choices, layer_choices, probs_figure, redisplay,
     view_caption,

@@ -89,9 +89,10 @@ def train_model(session, corpus_name, pasted, upload, tokenizer_kind, layers, he
     check_text("The pasted text", pasted, optional=True)  # used by the "text" corpus only, but always text
     if tokenizer_kind is not None:  # the page sends its choice even where the corpus brings its own tokenizer
         check_choice("tokenizer", tokenizer_kind, TOKENIZER_KINDS)
-    progress = session.train(corpus_name, pasted, file_path(upload, ".txt"), tokenizer_kind, layers, heads, d_model,
-                             d_ff, pos, norm, activation, dropout, steps, lr, seed, keep_best,
-                             None if probe in (None, "") else probe)
+    progress = session.train(corpus_name=corpus_name, pasted=pasted, upload=file_path(upload, ".txt"),
+                             tokenizer_kind=tokenizer_kind, layers=layers, heads=heads, d_model=d_model, d_ff=d_ff,
+                             pos=pos, norm=norm, activation=activation, dropout=dropout, steps=steps, lr=lr, seed=seed,
+                             keep_best=keep_best, probe=None if probe in (None, "") else probe)
     last_yield = 0.0
     for p in progress:
         if p.done:

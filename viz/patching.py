@@ -48,7 +48,7 @@ from .attention import GRID_LABEL_LIMIT, causal_mask
 from .panels import check_tokens, masked_cells, panels_figure
 from .payload import FigureSpec
 
-PATCH_KINDS = ("heads", "positions")
+MAP_KINDS = ("heads", "positions")  # what a sweep map's rows are (model.patching.PATCH_KINDS: what one patch replaces)
 NOT_RUN = "–"  # a cell the sweep did not reach
 _SELECT_INSET = 0.47
 NARROW_PX = 480  # `head_on_two_prompts` laid out narrower than this puts B under A
@@ -165,8 +165,8 @@ def _checked(share, kind, columns, rows, metric, ends, best, selected, presentat
     (defaults filled in), the marked cells as (row, column) pairs."""
     check_flag("presentation", presentation)
     check_width(width_px)
-    if kind not in PATCH_KINDS:
-        raise ValueError(f"kind must be one of {PATCH_KINDS}, got {kind!r}")
+    if kind not in MAP_KINDS:
+        raise ValueError(f"kind must be one of {MAP_KINDS}, got {kind!r}")
     share = np.asarray(share, dtype=np.float64)
     if share.ndim != 2 or share.shape[0] < 1 or share.shape[1] < 1:
         raise ValueError(f"share must be 2-D (rows, columns) with at least one of each, got shape {share.shape}")

@@ -31,7 +31,7 @@ def family_of(hf: dict) -> Family:
         if model_type in family.model_types:
             return family
     known = ", ".join(t for f in FAMILIES for t in f.model_types)
-    shown = common.shown(model_type) if model_type is not None else "missing"
+    shown = common.short(model_type) if model_type is not None else "missing"
     raise ValueError(f"model_type {shown} is not a supported architecture (supported: {known})")
 
 

@@ -28,6 +28,7 @@ import torch
 from .. import json_bounds
 from ..config import ModelConfig
 from ..hf_tokenizer import HFFileTokenizer
+from ..json_bounds import short
 from ..sources import check_links
 from ..st_layout import check_layout, read_header as read_st_header
 from ..transformer import DecoderLM
@@ -90,7 +91,7 @@ def whole(hf: dict, key: str, default: Any = None, minimum: int = 1) -> int:
         raise ValueError(f"config.json has no {key}")
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WHOLE:
         raise ValueError(f"config.json's {key} must be a whole number from {minimum} to {MAX_WHOLE:,}, "
-                         f"got {shown(value)}")
+                         f"got {short(value)}")
     return value
 
 
@@ -99,14 +100,14 @@ def real(hf: dict, key: str, default: Any = None) -> float:
     if value is None:
         raise ValueError(f"config.json has no {key}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"config.json's {key} must be a positive number, got {shown(value)}")
+        raise ValueError(f"config.json's {key} must be a positive number, got {short(value)}")
     return float(value)
 
 
 def flag(hf: dict, key: str, default: bool) -> bool:
     value = hf.get(key, default)
     if not isinstance(value, bool):
-        raise ValueError(f"config.json's {key} must be true or false, got {shown(value)}")
+        raise ValueError(f"config.json's {key} must be true or false, got {short(value)}")
     return value
 
 
@@ -127,7 +128,7 @@ def rope_settings(hf: dict, theta_keys: tuple[str, ...], fraction_keys: tuple[st
     scaling = hf.get("rope_scaling")
     for kind in (params.get("rope_type", "default"), (scaling or {}).get("rope_type", (scaling or {}).get("type"))):
         if kind not in (None, "default"):
-            raise ValueError(f"RoPE scaling type {shown(kind)} is not supported; only the default rotary is")
+            raise ValueError(f"RoPE scaling type {short(kind)} is not supported; only the default rotary is")
     merged = {**hf, **params}
     theta = next((real(merged, k) for k in ("rope_theta", *theta_keys) if k in merged), 10000.0)
     fraction = next((real(merged, k) for k in ("partial_rotary_factor", *fraction_keys) if k in merged),
@@ -158,7 +159,7 @@ def weight_files(folder: Path) -> list[Path]:
             path = folder / name
             # a shard is a plain file in this folder: no path into another directory
             if Path(name).name != name or not name.endswith(".safetensors") or not path.is_file():
-                raise ValueError(f"the shard {shown(name)} listed in the index is not a .safetensors file in the folder")
+                raise ValueError(f"the shard {short(name)} listed in the index is not a .safetensors file in the folder")
             files.append(path)
         return files
     if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
@@ -192,15 +193,15 @@ def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[in
             if canonical not in expected and canonical.endswith(family.ignored):
                 continue  # a buffer (causal mask, rotary table) that older files carry
             if canonical not in expected:
-                raise ValueError(f"the weights hold a tensor {shown(name)} that a {family.name} model "
+                raise ValueError(f"the weights hold a tensor {short(name)} that a {family.name} model "
                                  "with this config.json does not have; the config and the weights disagree")
             if canonical in where:
-                raise ValueError(f"the weights hold {shown(canonical)} twice")
+                raise ValueError(f"the weights hold {short(canonical)} twice")
             if dtype not in DTYPES:
-                raise ValueError(f"tensor {shown(name)} is stored as {shown(dtype)}; only "
+                raise ValueError(f"tensor {short(name)} is stored as {short(dtype)}; only "
                                  f"{', '.join(DTYPES)} weights are read")
             if shape != expected[canonical]:
-                raise ValueError(f"tensor {shown(name)} has shape {list(shape)} but this config.json needs "
+                raise ValueError(f"tensor {short(name)} has shape {list(shape)} but this config.json needs "
                                  f"{list(expected[canonical])}; the config and the weights disagree")
             where[canonical] = (path, name)
     missing = sorted(set(expected) - set(where) - optional)
@@ -295,7 +296,7 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     expected = family.expected_shapes(hf, cfg)
     for name, t in tensors.items():
         if name not in expected:
-            raise ValueError(f"a {family.name} model with this config has no tensor {shown(name)}")
+            raise ValueError(f"a {family.name} model with this config has no tensor {short(name)}")
         if tuple(t.shape) != expected[name]:
             raise ValueError(f"tensor {name} has shape {list(t.shape)}; this config needs {list(expected[name])}")
         if not torch.isfinite(t).all():
@@ -327,9 +328,3 @@ def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None 
     tensors = read_tensors(files, family, expected, family.optional)
     return from_state(family, hf, tensors, vocab_used, max_params)
 
-
-def shown(value: Any, limit: int = 40) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**limit:
-        return "a number far too large"  # (repr of a huge int is slow, and refused past 4,300 digits)
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"

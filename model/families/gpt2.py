@@ -28,7 +28,7 @@ ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none", 
 
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("activation_function", "gelu_new")
-    refuse_unless(act in ACTIVATIONS, f"GPT-2 activation {common.shown(act)} is not supported "
+    refuse_unless(act in ACTIVATIONS, f"GPT-2 activation {common.short(act)} is not supported "
                                       f"(supported: {', '.join(ACTIVATIONS)})")
     refuse_unless(not flag(hf, "scale_attn_by_inverse_layer_idx", False),
                   "GPT-2's scale_attn_by_inverse_layer_idx option is not supported")
@@ -120,5 +120,5 @@ def open_folder(path: str | Path):
         raise ValueError(f"{folder.name or path} is not a folder")
     hf = common.read_config(folder)
     refuse_unless(hf.get("model_type") in FAMILY.model_types,
-                  f"this folder holds a {common.shown(hf.get('model_type'))} model, not a GPT-2 one")
+                  f"this folder holds a {common.short(hf.get('model_type'))} model, not a GPT-2 one")
     return common.open_family_folder(folder, FAMILY, hf)

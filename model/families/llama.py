@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import Family, flag, pairs_from_halves, real, refuse_unless, rope_settings, whole, shown
+from .common import Family, flag, pairs_from_halves, real, refuse_unless, rope_settings, whole, short
 
 
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("hidden_act", "silu")
-    refuse_unless(act == "silu", f"Llama activation {shown(act)} is not supported (only silu)")
+    refuse_unless(act == "silu", f"Llama activation {short(act)} is not supported (only silu)")
     for option in ("sliding_window", "layer_types", "attn_logit_softcapping", "final_logit_softcapping"):
         refuse_unless(hf.get(option) is None, f"the Llama option {option} is not supported")
     refuse_unless(hf.get("pretraining_tp", 1) == 1, "Llama's pretraining_tp other than 1 is not supported")
@@ -27,7 +27,7 @@ def model_config(hf: dict) -> ModelConfig:
     d, H = whole(hf, "hidden_size"), whole(hf, "num_attention_heads")
     head_dim = hf.get("head_dim")
     refuse_unless(head_dim is None or (d % H == 0 and head_dim == d // H),
-                  f"a Llama head_dim ({shown(head_dim)}) other than hidden_size / num_attention_heads is not supported")
+                  f"a Llama head_dim ({short(head_dim)}) other than hidden_size / num_attention_heads is not supported")
     bias = flag(hf, "attention_bias", False)
     return ModelConfig(
         vocab_size=whole(hf, "vocab_size"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import MAX_LAYERS, Family, flag, real, refuse_unless, shown, whole
+from .common import MAX_LAYERS, Family, flag, real, refuse_unless, short, whole
 from .gpt2 import ACTIVATIONS, ends
 
 
@@ -24,18 +24,18 @@ def layer_kinds(hf: dict) -> list[str]:
     for entry in spec:
         ok = (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
               and isinstance(entry[1], int) and not isinstance(entry[1], bool) and 0 < entry[1] <= 10_000)
-        refuse_unless(ok, f"config.json's attention_types entry {shown(entry)} is not [kinds, repeat]")
+        refuse_unless(ok, f"config.json's attention_types entry {short(entry)} is not [kinds, repeat]")
         refuse_unless(len(kinds) + len(entry[0]) * entry[1] <= MAX_LAYERS,  # before a list of them is made
                       f"config.json's attention_types describe more than {MAX_LAYERS} layers")
         for kind in entry[0]:
-            refuse_unless(kind in ("global", "local"), f"GPT-Neo attention type {shown(kind)} is not supported")
+            refuse_unless(kind in ("global", "local"), f"GPT-Neo attention type {short(kind)} is not supported")
         kinds += entry[0] * entry[1]
     return kinds
 
 
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("activation_function", "gelu_new")
-    refuse_unless(act in ACTIVATIONS, f"GPT-Neo activation {shown(act)} is not supported")
+    refuse_unless(act in ACTIVATIONS, f"GPT-Neo activation {short(act)} is not supported")
     n_layers, d = whole(hf, "num_layers"), whole(hf, "hidden_size")
     kinds = layer_kinds(hf)
     refuse_unless(len(kinds) == n_layers, f"attention_types describe {len(kinds)} layers but num_layers is {n_layers}")

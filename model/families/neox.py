@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import Family, flag, pairs_from_halves, real, refuse_unless, rope_settings, whole, shown
+from .common import Family, flag, pairs_from_halves, real, refuse_unless, rope_settings, whole, short
 
 ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "relu": "relu"}
 
 
 def model_config(hf: dict) -> ModelConfig:
     act = hf.get("hidden_act", "gelu")
-    refuse_unless(act in ACTIVATIONS, f"GPT-NeoX activation {shown(act)} is not supported")
+    refuse_unless(act in ACTIVATIONS, f"GPT-NeoX activation {short(act)} is not supported")
     theta, fraction = rope_settings(hf, ("rotary_emb_base",), ("rotary_pct",), 0.25)
     bias = flag(hf, "attention_bias", True)
     return ModelConfig(

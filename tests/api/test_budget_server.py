@@ -38,7 +38,7 @@ def client(server, address: str) -> Client:
 
 def refusal(exc: AppError | httpx.HTTPStatusError) -> str:
     """The sentence of a refusal: the handler's (an error of the call) or the door's (a 429 when the
-    call joined the queue, ui/shares.py)."""
+    call joined the queue, ui/door.py)."""
     return exc.response.json()["error"] if isinstance(exc, httpx.HTTPStatusError) else str(exc)
 
 

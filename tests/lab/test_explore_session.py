@@ -3,7 +3,7 @@
 Generate goes on with the text, Undo brings back the previous token's distribution, every
 token's distribution is kept and is what the model computed, a finished text refuses more
 tokens, and the page's shading numbers are the attention the model used. A Step, Generate, Undo
-and Reset return one Frame of what the page draws, and the Step handler goes down into the lab
+and Reset return one Shown of what the page draws, and the Step handler goes down into the lab
 once (bench.step_path's count).
 """
 
@@ -236,7 +236,7 @@ def test_a_refused_view_changes_nothing_and_generate_completes_only_its_last_fra
 
 
 def test_a_warm_step_goes_down_from_the_handler_about_half_as_often_as_before():
-    """bench.step_path's count: 32 trips down from the Step handler into lab/ or viz/ before the Frame."""
+    """bench.step_path's count: 32 trips down from the Step handler into lab/ or viz/ before the Shown."""
     from bench.step_path import trace
     from ui import explore
 

@@ -107,10 +107,10 @@ def test_a_cooled_text_shows_the_same_numbers_and_samples_the_same_tokens(which,
     assert cooled.text.nbytes() < warm_bytes and cooled.last_step is kept_last
     assert cooled.status() == plain.status()  # read without warming up
     assert_same_numbers(cooled, plain)  # computed again when read
-    frame_a, frame_b = act(cooled, cooled.frame, 0, "all", "weights"), act(plain, plain.frame, 0, "all", "weights")
-    for x, y in zip(frame_a.attention.weights, frame_b.attention.weights):
+    shown_a, shown_b = act(cooled, cooled.shown, 0, "all", "weights"), act(plain, plain.shown, 0, "all", "weights")
+    for x, y in zip(shown_a.attention.weights, shown_b.attention.weights):
         np.testing.assert_allclose(x, y, atol=ATOL, rtol=0)
-    np.testing.assert_allclose(frame_a.probs.adjusted, frame_b.probs.adjusted, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(shown_a.probs.adjusted, shown_b.probs.adjusted, atol=ATOL, rtol=0)
     # the sampler goes on from the state it had: the same next tokens, cooled before each Step
     for i in range(4):
         assert cooled.cool_text()

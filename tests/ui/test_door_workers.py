@@ -1,4 +1,4 @@
-"""One address keeps at most one worker busy (ui/shares.py's door), rests after back-to-back calls while others
+"""One address keeps at most one worker busy (ui/door.py's door), rests after back-to-back calls while others
 are active, and the queue's lanes (ui/lanes.py) keep a visitor's call from waiting behind another address's,
 in process.
 
@@ -22,7 +22,7 @@ from gradio.queueing import Event
 from lab.limits import CONCURRENCY
 from tests.support.budget_fakes import Clock
 from ui.lanes import LANES, assign, handler_name
-from ui.shares import CHARGED, Door
+from ui.door import CHARGED, Door
 from tests.support.loops import run_alone
 
 A, B, V = "203.0.113.31", "203.0.113.32", "198.51.100.31"

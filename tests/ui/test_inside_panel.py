@@ -14,7 +14,7 @@ from lab import inside as lab_inside
 from lab.checks import UserError
 from lab.session import Session
 from model.generate import Sampling
-from ui.explore import colour_caption, frame_spec
+from ui.explore import colour_caption, shown_spec
 from ui.inside import N_FIGURES, download_cell, draw_cell, draw_matrices, open_panel, pick_cell, selected_token
 
 GRAMMAR = "grammar (built-in)"
@@ -101,8 +101,8 @@ def test_value_weighted_colour_is_the_labs_norms(session):
     before = session.display.colour
     session.set_display("value", None, None)
     try:
-        frame = session.frame(1, 0, "weights")
-        seen = viz.attention_panels(frame_spec(frame))[0]
+        shown = session.shown(1, 0, "weights")
+        seen = viz.attention_panels(shown_spec(shown))[0]
         want = np.array(lab_inside.head(session.text, session.heads.settings, 1, 0)["value_weighted"], dtype=float)
         assert np.allclose(np.nan_to_num(seen), np.round(np.nan_to_num(want), 3), atol=1e-9)
         assert seen[11, 9] > 0 and np.isnan(seen[3, 4])

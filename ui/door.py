@@ -44,7 +44,7 @@ from urllib.parse import parse_qsl
 
 import gradio as gr
 
-from lab.checks import UserError
+from lab.checks import UserError, is_int
 from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, CLIENT_WORKERS, QUEUE_SIZE
 from lab.server.rates import LIMITER, client_key
 from lab.session import BUSY_WAIT_S, SESSIONS
@@ -154,7 +154,7 @@ class Door:
     def _fn(self, api_name: str | None, payload: dict):
         fns, index = self.blocks.fns, payload.get("fn_index")
         if index is not None or api_name is None:
-            return fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+            return fns.get(index) if is_int(index) else None
         return next((f for f in fns.values() if f.api_name == api_name), None)
 
     def held(self, client: str, kind: str | None = None) -> int:

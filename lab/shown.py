@@ -1,9 +1,10 @@
-"""What the Explore page draws after an action (Step, Generate, Undo, Reset): one `Frame`.
+"""What the Explore page draws after an action (Step, Generate, Undo, Reset): one `Shown`.
 
-A Frame holds every number and word of the text, the next-token chart and the attention figure
-for the view asked for, read off the model's own results once, so the wiring draws it with viz
-without coming back to the lab. Under the head tools' change (heads ablated, a row edited) the
-attention, its badges and its caption are the ones the model computes under that change.
+(Named so as not to be taken for a training film's frame, model.film.Frame.) A Shown holds every number
+and word of the text, the next-token chart and the attention figure for the view asked for, read off the
+model's own results once, so the wiring draws it with viz without coming back to the lab. Under the head
+tools' change (heads ablated, a row edited) the attention, its badges and its caption are the ones the
+model computes under that change.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .text import Attention, Probabilities, Text
 
 
 @dataclass(frozen=True)
-class Frame:
+class Shown:
     """One action's result, as the page draws it.
 
     step: the token this action added (None when it added none). undone: Undo took a token back.
@@ -79,32 +80,35 @@ def drawn_caption(text: Text, att: Attention, change: str, view: View) -> str:
                             view.head, view.view, change=change, heads=view.heads)
 
 
-def make_frame(text: Text, settings: headsettings.ProbeSettings, display: Display, view: View | None,
+def make_shown(text: Text, settings: headsettings.ProbeSettings, *, display: Display, view: View | None,
                roles: Callable[[], HeadRoles | None], told: list[str] = (), step: Step | None = None,
-               undone: bool = False) -> Frame:
-    """The Frame of the text as it is now; with `view`, complete with the figures' numbers
+               undone: bool = False) -> Shown:
+    """The Shown of the text as it is now; with `view`, complete with the figures' numbers
     (`roles`: the heads' roles on the text as the model computed it, asked for only when drawn)."""
     tokens, status = text.tokens(), text.status(told)
     stem = model_stem(text.entry.name) if text.entry is not None else "model"
     if view is None or text.decoder is None:
-        return Frame(step, undone, view is not None, tokens, status, view=view, stem=stem,
-                     presentation=display.presentation, colour=display.colour, plot_width=display.plot_width,
-                     plot_height=display.plot_height, chart_height=display.chart_height)
+        return Shown(step=step, undone=undone, complete=view is not None, tokens=tokens, status=status, view=view,
+                     stem=stem, presentation=display.presentation, colour=display.colour,
+                     plot_width=display.plot_width, plot_height=display.plot_height,
+                     chart_height=display.chart_height)
     probs = text.probabilities()
     att, change = shown_attention(text, settings)
     # under a change, the panels' role badges are read off the attention drawn
     drawn_roles = (compute_head_roles(text.entry, text.decoder.window, att.weights, att.tokens)
                    if change else roles())
     badges = headsettings.badges(text, settings, view.layer, drawn_roles)
-    shown = view.head if view.head is not None else "all" if view.heads is None else f"{view.heads[0]}-{view.heads[-1]}"
-    which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{shown}"
-    return Frame(step, undone, True, tokens, status, probs, tokens[0][0] if probs is None else None, att, change,
-                 view, badges, drawn_caption(text, att, change, view), display.presentation, display.colour,
-                 display.plot_width, display.plot_height, display.chart_height, stem,
-                 file_name(stem, which, f"attention {view.view}", f"{len(att.tokens)} tokens"),
-                 "" if probs is None else file_name(stem, f"pos{probs.index}", "probabilities"),
-                 drawn_value_weighted(text, settings, view) if display.colour == "value" and view.view != "scores"
-                 else None)
+    heads = view.head if view.head is not None else "all" if view.heads is None else f"{view.heads[0]}-{view.heads[-1]}"
+    which = "all-layers" if view.view == "all layers" else f"L{view.layer}H{heads}"
+    return Shown(step=step, undone=undone, complete=True, tokens=tokens, status=status, probs=probs,
+                 first_token=tokens[0][0] if probs is None else None, attention=att, change=change, view=view,
+                 badges=badges, caption=drawn_caption(text, att, change, view), presentation=display.presentation,
+                 colour=display.colour, plot_width=display.plot_width, plot_height=display.plot_height,
+                 chart_height=display.chart_height, stem=stem,
+                 attention_file=file_name(stem, which, f"attention {view.view}", f"{len(att.tokens)} tokens"),
+                 probs_file="" if probs is None else file_name(stem, f"pos{probs.index}", "probabilities"),
+                 value_weighted=drawn_value_weighted(text, settings, view)
+                 if display.colour == "value" and view.view != "scores" else None)
 
 
 def drawn_value_weighted(text: Text, settings: headsettings.ProbeSettings, view: View) -> list:
