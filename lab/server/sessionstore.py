@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict
 from typing import Callable, Generic, TypeVar
 
 from ..checks import UserError
@@ -48,7 +47,7 @@ class SessionStore(Generic[T]):
         self.max_sessions, self.client_sessions, self.idle_s, self.ttl_s = max_sessions, client_sessions, idle_s, ttl_s
         self.limiter = limiter
         self.clock = clock
-        self._sessions: OrderedDict[str, T] = OrderedDict()  # most recently resolved last
+        self._sessions: dict[str, T] = {}  # by hash; which to close is decided by `touched`, not order
         self._lock = threading.Lock()
         self._swept = -math.inf
 
@@ -87,7 +86,6 @@ class SessionStore(Generic[T]):
                     to_close += self._sweep(now)
                 kept = self._sessions.get(session_hash)
                 if kept is not None and not kept.closed:
-                    self._sessions.move_to_end(session_hash)
                     return kept
                 self._sessions.pop(session_hash, None)
                 if self.limiter is not None and not paid:
