@@ -30,7 +30,9 @@ def upload_refusal(reason: str) -> str:
     file without a Decoder Lab description (a Hugging Face model.safetensors, as a rule) is told the command that
     makes one."""
     advice = "Load a model saved with the Train tab's Download button."
-    if reason.startswith(("not a safetensors", "safetensors header", "file is ")) or "8-byte" in reason:
+    # model.st_layout.read_header's refusals of "the file" (and the size check's "file is …") mean no safetensors file
+    if reason.startswith(("not a safetensors", "safetensors header", "file is ", "the file is not a safetensors",
+                          "the file is not a sound safetensors", "the file is truncated", "the file's header")):
         what = "This file is not a Decoder Lab model (.safetensors): it is not a safetensors file at all."
     elif reason.startswith("not a Decoder Lab checkpoint"):
         what = "This file is a safetensors file, but not a Decoder Lab model: it lacks the model's description."

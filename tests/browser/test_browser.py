@@ -6,11 +6,11 @@ pictures are refreshed with `DECODER_LAB_SCREENSHOTS=assets python -m pytest tes
 
 from __future__ import annotations
 
-import os
+import random
 from pathlib import Path
 
 import pytest
-from tests.support.browser import Page, VIEWPORT, sampling_section
+from tests.support.browser import ANSWER_MS, Page, VIEWPORT, sampling_section
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -62,7 +62,7 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
     p.page.wait_for_function(
         "() => { const gd = document.querySelector('#attention .js-plotly-plot');"
         " return gd._fullLayout.meta.T === 15 && (gd._fullLayout.title.text || '').startsWith('Layer 0'); }",
-        timeout=20_000,
+        timeout=ANSWER_MS,
     )
     fig = p.figure("attention")
     x, y = fig["axes"]["xaxis"], fig["axes"]["yaxis"]
@@ -85,7 +85,7 @@ def test_three_steps_grow_the_masked_attention(app_page, shots):
     # the probability chart follows the picture, and marks the token this step chose
     p.page.wait_for_function(
         "tok => { const t = document.querySelector('#probs .js-plotly-plot')?.textContent || '';"
-        " return t.includes('chosen') && t.includes(tok); }", arg=tokens[-1], timeout=20_000)
+        " return t.includes('chosen') && t.includes(tok); }", arg=tokens[-1], timeout=ANSWER_MS)
     assert p.console_errors == []
 
 
@@ -96,26 +96,26 @@ def test_layer_and_head_selectors_change_the_figure(app_page):
     p.wait_tokens(13)
     p.choose("layer", "layer 2")
     p.page.wait_for_function(
-        "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').startsWith('Layer 2')"
-    )
+        "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').startsWith('Layer 2')",
+        timeout=ANSWER_MS)
     assert p.figure("attention")["ntraces"] >= 4
     p.choose("head", "head 1")
     p.page.wait_for_function(
         "() => { const t = document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '';"
-        " return t.includes('Layer 2') && t.includes('head 1'); }"
-    )
+        " return t.includes('Layer 2') && t.includes('head 1'); }", timeout=ANSWER_MS)
     fig = p.figure("attention")
     assert "xaxis2" not in fig["axes"]  # a single panel now
     p.choose("view", "scores")
     p.page.wait_for_function(
-        "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').includes('score')"
-    )
+        "() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text || '').includes('score')",
+        timeout=ANSWER_MS)
 
 
 def _reset_with(p: Page, max_new: int, seed: int | None = None) -> None:
     """Reset the text, then set Generate's length (and the seed, with temperature 1)."""
     p.click("reset")
     p.wait_tokens(0)
+    p.idle()  # the reset's answer, even where the text was empty already
     sampling_section(p, True)
     if seed is not None:
         p.set_slider("temperature", 1.0)
@@ -125,10 +125,9 @@ def _reset_with(p: Page, max_new: int, seed: int | None = None) -> None:
 
 
 def _wait_generate_done(p: Page) -> None:
-    p.page.wait_for_function(
-        "() => !document.querySelector('#tokens [data-testid=status-tracker]')?.className.includes('generating')",
-        timeout=30_000,
-    )
+    """Wait until the Generate's stream has ended and what was pressed meanwhile has been answered (its tracker is
+    hidden, show_progress="hidden": the calls on their way say it)."""
+    p.idle(timeout=300_000)
 
 
 def _wait_tokens_match_status(p: Page, n: int | None = None) -> None:
@@ -186,7 +185,7 @@ def test_step_pressed_during_generate_waits_for_it(app_page):
 def test_positional_encoding_tab(app_page, shots):
     p = app_page
     p.tab("Positional encoding")
-    p.page.wait_for_selector("#pe_table g.hm image", timeout=20_000)
+    p.page.wait_for_selector("#pe_table g.hm image", timeout=ANSWER_MS)
     fig = p.figure("pe_table")
     assert "position" in (fig["axes"]["yaxis"]["title"] or "")
     assert "dimension" in (fig["axes"]["xaxis"]["title"] or "")
@@ -226,7 +225,7 @@ def test_train_stop_then_explore_the_new_model(app_page, shots):
     status = p.wait_training_end()
     assert "stopped by you" in status, status
     p.page.wait_for_function("() => document.querySelector('#model input').value === 'my sort model'",
-                             timeout=60_000)
+                             timeout=ANSWER_MS)
     assert p.page.locator("#train_status textarea").input_value() == status
     assert p.page.locator("#loss .js-plotly-plot").is_visible()
     p.tab("Explore")
@@ -240,7 +239,7 @@ def test_train_stop_then_explore_the_new_model(app_page, shots):
 def test_corrupt_upload_shows_error_and_app_keeps_working(app_page, tmp_path):
     p = app_page
     bad = tmp_path / "broken.safetensors"
-    bad.write_bytes(b"\x80\x04\x95" + os.urandom(300))
+    bad.write_bytes(b"\x80\x04\x95" + random.Random(0).randbytes(300))  # the same bytes every run
     p.open_train_tab()
     p.page.locator("#upload input[type=file]").set_input_files(str(bad))
     assert "safetensors" in p.toast_text().lower()
@@ -277,7 +276,8 @@ def test_bad_prompts_get_clear_messages(app_page):
     assert "prompt is empty" in p.toast_text()
     p.close_toasts()
     p.choose("model", "sort digits (built-in)")
-    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value === '503124='")
+    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value === '503124='",
+                             timeout=ANSWER_MS)
     p.set_prompt("0123456789" * 3)  # 30 tokens; the sort model's context is 16
     p.click("step")
     p.wait_tokens(16)
@@ -296,7 +296,7 @@ def test_hostile_text_is_shown_as_text(app_page):
     p.choose("corpus", "text")
     # picking a corpus sets the form to its recipe: wait for it before changing the steps
     p.page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '1000'",
-                             timeout=10_000)
+                             timeout=ANSWER_MS)
     p.page.get_by_role("button", name="Your own text").click()
     text = (ALERT_PROMPT + " the cat sat on the mat. ") * 60
     p.set_slider("steps", 10)  # the form's own answers first, then the text, typed last
@@ -314,8 +314,8 @@ def test_hostile_text_is_shown_as_text(app_page):
     # enlarged: its cells hold a readable label for every other token, the first among them)
     p.choose("head", "head 0")
     p.page.wait_for_function("() => (document.querySelector('#attention .js-plotly-plot')._fullLayout.title.text"
-                             " || '').includes('head 0')", timeout=30_000)
-    p.page.wait_for_selector("#attention .xaxislayer-above text", timeout=60_000)
+                             " || '').includes('head 0')", timeout=ANSWER_MS)
+    p.page.wait_for_selector("#attention .xaxislayer-above text", timeout=ANSWER_MS)
     ticks = p.page.eval_on_selector_all("#attention .xaxislayer-above text", "els => els.map(e => e.textContent)")
     at = p.page.evaluate("() => Array.from(document.querySelector('#attention .js-plotly-plot')._fullLayout.xaxis.tickvals)")
     assert ticks == [tokens[i] for i in at]  # each label the token at its position

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from lab.models import BUILTIN_MODELS, BUILTINS
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS
 from lab.session import encode_prompt
 
-from tests.support.browser import Page, sampling_section
+from tests.support.browser import ANSWER_MS, Page, sampling_section
 from tests.support.explore_page import GRAMMAR, PLOT, open_page, step, wait_picture
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -58,7 +58,8 @@ def test_one_screen_after_a_step(app_server, browser, shots, size):
     try:
         step(p, 13)
         p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?.textContent || '')"
-                                 ".includes('drawn from')", timeout=20_000)
+                                 ".includes('drawn from')", timeout=ANSWER_MS)
+        p.idle()  # the head tools under the text are drawn a moment after the Step, and the page grows
         height = size[1]
         assert p.page.evaluate("() => window.scrollY") == 0
         for sel in ("#tokens", "#probs .js-plotly-plot", "#attention .js-plotly-plot", "#step"):
@@ -79,10 +80,9 @@ def test_phone_shows_one_head_at_full_width_and_moves_between_heads(app_server, 
         assert fig["box"][2] >= 0.8 * 390  # the page's width less its padding
         x = fig["axes"]["xaxis"]
         assert x["length"] >= 0.55 * 390, "the panel itself is wide"
-        first = fig["title"]
-        p.click("next_head")
-        p.page.wait_for_function(f"t => ({PLOT}._fullLayout.title.text || '') !== t", arg=first, timeout=20_000)
-        assert "head 1" in p.figure("attention")["title"]  # the grammar model opens on head 0: ▶ shows head 1
+        assert "head 0" in fig["title"]  # the grammar model opens on head 0
+        p.click("next_head")  # ▶ shows head 1: the figure drawn for it, not any figure other than the first
+        p.page.wait_for_function(f"() => ({PLOT}._fullLayout.title.text || '').includes('head 1')", timeout=ANSWER_MS)
         p.page.screenshot(path=str(shots / "explore-390.png"), full_page=True)
         assert p.console_errors == []
     finally:
@@ -125,7 +125,7 @@ def test_every_builtin_opens_on_its_first_view_with_examples(page, name):
     if name != GRAMMAR:
         p.choose("model", name)
         p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e",
-                                 arg=builtin.examples[0], timeout=20_000)
+                                 arg=builtin.examples[0], timeout=ANSWER_MS)
     caption = p.page.locator("#caption").inner_text()
     assert fv.caption[:40] in caption
     assert p.page.locator("#head input").input_value() == f"head {fv.head}"
@@ -137,20 +137,20 @@ def test_every_builtin_opens_on_its_first_view_with_examples(page, name):
     box = p.page.locator("#examples input")
     box.click()
     menu = p.page.locator(f"[id='{box.get_attribute('aria-controls')}']")  # this menu's own list
-    menu.get_by_role("option").first.wait_for(timeout=20_000)
+    menu.get_by_role("option").first.wait_for(timeout=ANSWER_MS)
     options = menu.get_by_role("option").all_inner_texts()
     shown = [" ".join(o.replace("✓", "").split()) for o in options]  # the selected one carries a check mark
     assert shown == [" ".join(e.replace("\n", " ⏎ ").split()) for e in builtin.examples]  # line breaks shown
     menu.get_by_role("option").nth(1).click()
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e",
-                             arg=builtin.examples[1], timeout=10_000)
+                             arg=builtin.examples[1], timeout=ANSWER_MS)
 
 
 def test_clicking_a_token_links_the_three_views(page, shots):
     p = page
     tokens = step(p, 13)
     # default: the last token is the query
-    p.page.wait_for_selector("#tokens .token.lab-query", timeout=10_000)
+    p.page.wait_for_selector("#tokens .token.lab-query", timeout=ANSWER_MS)
     i = tokens.index("he")
     p.page.locator("#tokens .textfield .token").nth(i).click()
     p.page.wait_for_function("i => document.querySelectorAll('#tokens .textfield .token')[i]"
@@ -173,14 +173,14 @@ def test_clicking_a_token_links_the_three_views(page, shots):
     assert "“he”" in p.page.locator("#shade_note").inner_text()
     # the chart shows what "he" was predicted from (a typed token)
     p.page.wait_for_function("i => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
-                             ".includes('position ' + i)", arg=i, timeout=10_000)
+                             ".includes('position ' + i)", arg=i, timeout=ANSWER_MS)
     assert "Typed" in probs_title(p)
     assert "he  ◀ typed" in probs_labels(p) and not any("chosen" in t for t in probs_labels(p))  # nothing was drawn
     p.page.screenshot(path=str(shots / "explore-linked.png"))  # the README's first picture
     # clicking the generated token shows the distribution it was drawn from
     p.page.locator("#tokens .textfield .token").nth(12).click()
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
-                             ".includes('position 12')", timeout=10_000)
+                             ".includes('position 12')", timeout=ANSWER_MS)
     assert "drawn from" in probs_title(p)
     assert any(t.endswith("◀ chosen") for t in probs_labels(p)) and not any("typed" in t for t in probs_labels(p))
     # hovering a cell names layer, head, query and key
@@ -200,17 +200,17 @@ def test_keys_and_buttons_do_what_they_say(page):
     p.page.keyboard.press("s")
     p.wait_tokens(10)
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
-                             ".includes('position 9')", timeout=10_000)
+                             ".includes('position 9')", timeout=ANSWER_MS)
     p.page.keyboard.press("u")  # Undo brings back the previous step's distribution
     p.wait_tokens(9)
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title?.text || '')"
-                             ".includes('position 8')", timeout=10_000)
+                             ".includes('position 8')", timeout=ANSWER_MS)
     assert "drawn from" in probs_title(p)
     # Generate goes on from this text
     sampling_section(p, True)
     p.set_slider("max_new", 3)
     p.page.wait_for_function("() => document.querySelector('#max_new input[type=number]').value === '3'",
-                             timeout=10_000)
+                             timeout=ANSWER_MS)
     sampling_section(p, False)
     p.page.locator("#caption").click()
     p.page.keyboard.press("g")
@@ -246,7 +246,7 @@ def test_labels_at_64_tokens_and_a_focus_beyond(page):
     # a colour for long texts: log scale
     p.choose("colour", "colour: log scale")
     p.page.wait_for_function(f"() => ({PLOT}._fullLayout.coloraxis.colorbar.title.text || '').includes('log')",
-                             timeout=20_000)
+                             timeout=ANSWER_MS)
     p.choose("head", "all heads")
     p.set_prompt(" ".join(words[:31]))
     tokens = step(p, 32)
@@ -274,11 +274,11 @@ def test_colours_dark_mode_and_presentation(app_server, browser, shots):
         top, bottom = scale[-1][1], scale[0][1]
         assert _reddish(top) and _bluish(bottom), (top, bottom)
         # presentation: tick labels ≥ 16 px
-        p.page.locator("#presentation input").check()
-        p.page.wait_for_function(f"() => {PLOT}._fullLayout.xaxis.tickfont.size >= 16", timeout=20_000)
+        p.large_fonts()
+        p.page.wait_for_function(f"() => {PLOT}._fullLayout.xaxis.tickfont.size >= 16", timeout=ANSWER_MS)
         p.page.screenshot(path=str(shots / "explore-presentation.png"))
         p.tab("Positional encoding")
-        p.page.wait_for_selector("#pe_table g.hm image", timeout=20_000)
+        p.page.wait_for_selector("#pe_table g.hm image", timeout=ANSWER_MS)
         pe_scale = p.page.evaluate("() => { const L = document.querySelector('#pe_table .js-plotly-plot')._fullLayout;"
                                    " return (L.coloraxis && L.coloraxis.colorscale) ||"
                                    " document.querySelector('#pe_table .js-plotly-plot')._fullData[0].colorscale; }")
@@ -312,19 +312,20 @@ def test_figures_drawn_while_hidden_fit_when_shown(page):
     box (colour bar inside); the Explore placeholder is centred after a model switch elsewhere."""
     p = page
     p.tab("Positional encoding")
-    p.page.wait_for_selector("#pe_table g.hm image", timeout=20_000)
+    p.page.wait_for_selector("#pe_table g.hm image", timeout=ANSWER_MS)
     p.tab("Explore")
     p.choose("model", "sort digits (built-in)")
-    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value === '503124='")
+    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value === '503124='",
+                             timeout=ANSWER_MS)
     p.tab("Positional encoding")
     p.page.wait_for_function("() => (document.querySelector('#pe_info')?.innerText || '').includes('sort')",
-                             timeout=20_000)
+                             timeout=ANSWER_MS)
     for elem in ("pe_table", "pe_sim"):
         sizes = ("s => { const gd = document.querySelector(s + ' .js-plotly-plot');"
                  " return [gd._fullLayout.width, gd.parentElement.getBoundingClientRect().width]; }")
         try:  # the figure is laid out again once shown: wait for it (a hang guard), then say what was found
             p.page.wait_for_function(f"s => {{ const [w, box] = ({sizes})(s); return Math.abs(w - box) <= 4; }}",
-                                     arg="#" + elem, timeout=60_000)
+                                     arg="#" + elem, timeout=ANSWER_MS)
         except Exception:  # noqa: BLE001 - the assertion below reports the sizes
             pass
         width, box_w = p.page.evaluate(sizes, "#" + elem)
@@ -357,9 +358,11 @@ def test_a_step_draws_each_figure_once(page):
     p.click("step")
     p.wait_tokens(14)
     p.page.wait_for_function(f"() => {{ const gd = {PLOT}; return gd && gd !== window.__labOldPlot"
-                             " && gd._fullLayout && gd._fullLayout.meta && gd._fullLayout.meta.T === 14; }")
-    p.page.wait_for_function("() => !window.__labOldPlot.isConnected")
-    p.page.evaluate("() => new Promise((done) => requestAnimationFrame(() => setTimeout(done, 150)))")  # any redraw ran
+                             " && gd._fullLayout && gd._fullLayout.meta && gd._fullLayout.meta.T === 14; }",
+                             timeout=ANSWER_MS)
+    p.page.wait_for_function("() => !window.__labOldPlot.isConnected", timeout=ANSWER_MS)
+    p.idle()  # every answer the Step set off is in and applied: a redraw of the old element would have run
+    p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     old = p.page.evaluate("() => { const gd = window.__labOldPlot;"
                           " return [gd.data[0].__labOld === true, gd._fullLayout.meta.T]; }")
     assert old == [True, 13], f"the dropped element was drawn again: {old}"

@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab import probing
-from lab.models import BUILTIN_MODELS, BUILTINS
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS
 
-from tests.support.browser import sampling_section
+from tests.support.browser import ANSWER_MS, sampling_section
 from tests.support.explore_page import step
 from tests.support.heads_page import GREEDY, P, head_tab, local, page, plot_title, text, wait_text, wait_title  # noqa: F401
 
@@ -62,10 +61,10 @@ def test_a_change_is_named_on_the_figure_and_an_old_regeneration_goes(page):
     p.click("regenerate")
     wait_text(p, "#regen", "with L0H1 zeroed")
     p.click("clear_changes")
-    p.page.wait_for_function("() => !(document.querySelector('#regen')?.innerText || '').trim()", timeout=30_000)
+    p.page.wait_for_function("() => !(document.querySelector('#regen')?.innerText || '').trim()", timeout=ANSWER_MS)
     p.page.wait_for_function(
         "() => !(document.querySelector('#attention .js-plotly-plot')?._fullLayout.title.text || '').includes('ablated')",
-        timeout=30_000)
+        timeout=ANSWER_MS)
     wait_text(p, "#caption", CAPTION[:40])  # the model as trained again: the built-in's line holds
     # a regeneration made under one change goes when another change replaces it
     p.page.locator("#ablate_heads label", has_text="L1H0").click()
@@ -74,7 +73,7 @@ def test_a_change_is_named_on_the_figure_and_an_old_regeneration_goes(page):
     wait_text(p, "#regen", "with L1H0 zeroed")
     p.page.locator("#ablate_heads label", has_text="L2H3").click()
     wait_title(p, "attention", "L1H0, L2H3 ablated (zero)")
-    p.page.wait_for_function("() => !(document.querySelector('#regen')?.innerText || '').trim()", timeout=30_000)
+    p.page.wait_for_function("() => !(document.querySelector('#regen')?.innerText || '').trim()", timeout=ANSWER_MS)
     assert p.console_errors == []
 
 
@@ -92,12 +91,12 @@ def test_the_after_bars_follow_the_sampling_sliders_at_once(page):
     p.set_slider("temperature", 1.0)
     step(p, 13)
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullData || []).length >= 2",
-                             timeout=30_000)
+                             timeout=ANSWER_MS)
     model, after = after_bars(p)
     np.testing.assert_allclose(after, np.array(model) / sum(model) * sum(after), rtol=1e-3)  # T = 1: the same shape
     p.set_slider("temperature", 2.0)
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title.text || '')"
-                             ".includes('under new settings')", timeout=30_000)
+                             ".includes('under new settings')", timeout=ANSWER_MS)
     model, after = after_bars(p)
     assert len(p.tokens()) == 13  # nothing was generated
     # temperature 2: each after bar is the model's probability to the power 1/2, renormalised
@@ -105,11 +104,11 @@ def test_the_after_bars_follow_the_sampling_sliders_at_once(page):
     np.testing.assert_allclose(ratio, ratio[0], rtol=1e-3)
     p.set_slider("top_k", 1)
     p.page.wait_for_function("() => { const d = document.querySelector('#probs .js-plotly-plot')._fullData;"
-                             " return Array.from(d[1].x).filter(v => v > 0).length === 1; }", timeout=30_000)
+                             " return Array.from(d[1].x).filter(v => v > 0).length === 1; }", timeout=ANSWER_MS)
     p.set_slider("top_k", 0)
     p.set_slider("temperature", 1.0)  # back to the settings it was drawn with: "drawn from this" again
     p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?._fullLayout.title.text || '')"
-                             ".includes('was drawn from this')", timeout=30_000)
+                             ".includes('was drawn from this')", timeout=ANSWER_MS)
 
 
 def test_examples_keep_their_line_breaks_and_the_menu_names_only_the_prompt(page):
@@ -118,24 +117,25 @@ def test_examples_keep_their_line_breaks_and_the_menu_names_only_the_prompt(page
     examples = BUILTIN_MODELS[name].examples
     p.choose("model", name)
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e", arg=examples[0],
-                             timeout=20_000)
+                             timeout=ANSWER_MS)
     box = p.page.locator("#examples input")
     box.click()
     # this menu's own list (the model menu's may still be closing): the one its input controls
     menu = p.page.locator(f"[id='{box.get_attribute('aria-controls')}']")
-    menu.get_by_role("option").first.wait_for(timeout=20_000)
+    menu.get_by_role("option").first.wait_for(timeout=ANSWER_MS)
     options = [o.replace("✓", "").strip() for o in menu.get_by_role("option").all_inner_texts()]
     assert options == [e.replace("\n", " ⏎ ").strip() for e in examples]  # the line break is shown, not lost
     menu.get_by_role("option").nth(1).click()
     p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e", arg=examples[1],
-                             timeout=10_000)  # sent whole, with its line break
+                             timeout=ANSWER_MS)  # sent whole, with its line break
     p.set_prompt("ROMEO:\nBut soft")
     p.page.locator("#prompt textarea").press("End")  # an input event, as typing gives
     p.page.locator("#prompt textarea").type("!")
-    p.page.wait_for_function("() => document.querySelector('#examples input').value === ''", timeout=10_000)
+    p.page.wait_for_function("() => document.querySelector('#examples input').value === ''", timeout=ANSWER_MS)
     step(p, len(BUILTINS.get(name).tokenizer.encode("ROMEO:\nBut soft!")) + 1)
     p.click("reset")
     p.wait_tokens(0)
+    p.idle()  # the reset's last link names the example the prompt is, if any: read the menu after it
     assert p.page.locator("#examples input").input_value() == ""  # the menu names no example the prompt is not
 
 
@@ -147,10 +147,10 @@ def test_an_unknown_word_points_to_the_vocabulary_which_lists_it(page):
     assert "'zebra'" in toast and "Vocabulary" in toast
     p.close_toasts()
     p.page.get_by_text("Vocabulary", exact=True).click()
-    p.page.wait_for_selector("#vocabulary_list .lab-piece", timeout=10_000)
+    p.page.wait_for_selector("#vocabulary_list .lab-piece", timeout=ANSWER_MS)
     pieces = p.page.eval_on_selector_all("#vocabulary_list .lab-piece", "els => els.map(e => e.textContent)")
     tok = BUILTINS.get(GRAMMAR).tokenizer
     assert pieces == [tok.piece(i) for i in range(tok.vocab_size)] and "zebra" not in pieces
     p.choose("model", "sort digits (built-in)")  # the section follows the model
     p.page.wait_for_function("() => document.querySelectorAll('#vocabulary_list .lab-piece').length === 13",
-                             timeout=20_000)
+                             timeout=ANSWER_MS)

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 from PIL import Image
-from tests.support.browser import VIEWPORT, Page
+from tests.support.browser import ANSWER_MS, VIEWPORT, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -56,7 +56,7 @@ def figure_info(p: Page, elem: str) -> dict:
 def download(p: Page, elem: str, fmt: str):
     button = p.page.locator(f"#{elem} .lab-export button[data-format={fmt}]")
     p.page.locator(f"#{elem} .js-plotly-plot").hover()  # as a person would: the buttons are in plain view
-    with p.page.expect_download(timeout=30_000) as info:
+    with p.page.expect_download(timeout=ANSWER_MS) as info:
         button.click()
     d = info.value
     assert d.failure() is None, d.failure()
@@ -77,8 +77,9 @@ def test_attention_figure_downloads_as_png_and_svg(export_page, app_server, shot
     p.page.wait_for_function(
         "() => { const gd = document.querySelector('#attention .js-plotly-plot');"
         " return gd && gd._fullLayout && gd._fullLayout.meta && gd._fullLayout.meta.T === 13"
-        " && gd.querySelectorAll('g.hm image').length > 0; }", timeout=30_000)
-    p.page.wait_for_selector("#attention .js-plotly-plot > .lab-export button", timeout=10_000)
+        " && gd.querySelectorAll('g.hm image').length > 0; }", timeout=ANSWER_MS)
+    p.page.wait_for_selector("#attention .js-plotly-plot > .lab-export button", timeout=ANSWER_MS)
+    p.idle()  # the head tools drawn under the text can add a scroll bar: the figure is laid out again
     info = figure_info(p, "attention")
     assert info["buttons"] == ["PNG", "SVG"]
     stem = info["filename"] if info["filename"] else slug(info["title"])
@@ -127,8 +128,8 @@ def test_attention_figure_downloads_as_png_and_svg(export_page, app_server, shot
 def test_figures_in_other_tabs_get_buttons_too(export_page, shots):
     p = export_page
     p.tab("Positional encoding")
-    p.page.wait_for_selector("#pe_table g.hm image", timeout=20_000)
-    p.page.wait_for_selector("#pe_table .js-plotly-plot > .lab-export button", timeout=10_000)
+    p.page.wait_for_selector("#pe_table g.hm image", timeout=ANSWER_MS)
+    p.page.wait_for_selector("#pe_table .js-plotly-plot > .lab-export button", timeout=ANSWER_MS)
     info = figure_info(p, "pe_table")
     assert info["buttons"] == ["PNG", "SVG"] and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", info["name"])
     name, svg = download(p, "pe_table", "svg")
@@ -176,8 +177,9 @@ def test_buttons_read_in_dark_mode_and_on_a_phone(app_server, browser, shots):
         p = Page(context, app_server.url)
         p.click("step")
         p.wait_tokens(13)
-        p.page.wait_for_selector("#attention g.hm image", timeout=30_000)
-        p.page.wait_for_selector("#attention .js-plotly-plot > .lab-export button", timeout=10_000)
+        p.page.wait_for_selector("#attention g.hm image", timeout=ANSWER_MS)
+        p.page.wait_for_selector("#attention .js-plotly-plot > .lab-export button", timeout=ANSWER_MS)
+        p.idle()
         light = _button_colours(p, "attention")
         assert _contrast(light["fg"], light["bg"]) >= 4.5, light
         x, y, w, h = light["box"]
@@ -188,7 +190,7 @@ def test_buttons_read_in_dark_mode_and_on_a_phone(app_server, browser, shots):
         loc = p.page.locator("#attention")
         loc.scroll_into_view_if_needed()
         loc.screenshot(path=str(shots / "export-buttons-phone-dark.png"))
-        with p.page.expect_download(timeout=30_000) as info:
+        with p.page.expect_download(timeout=ANSWER_MS) as info:
             p.page.locator("#attention .lab-export button[data-format=png]").tap()
         assert info.value.suggested_filename.endswith(".png")
         with open(info.value.path(), "rb") as f:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from lab.models import DEFAULT_MODEL
+from lab.catalogue.models import DEFAULT_MODEL
 from lab.session import Session
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -28,10 +28,10 @@ def test_a_builtin_film_scrubs_plays_and_explains_its_scores(train_page, shots):
     film = Session().film(DEFAULT_MODEL)
     steps = [f.step for f in film.frames]
     last = f"Step {steps[-1]} of {film.total_steps}"
-    p.page.wait_for_function(f"s => ({TITLE})().includes(s)", arg=last, timeout=30_000)
+    p.page.wait_for_function(f"s => ({TITLE})().includes(s)", arg=last, timeout=ANSWER_MS)
     # scrub to frame 5: the attention, the caption and the markers follow
     p.set_slider("film_frame", 5)
-    p.page.wait_for_function(f"s => ({TITLE})().includes(s)", arg=f"Step {steps[5]} of", timeout=20_000)
+    p.page.wait_for_function(f"s => ({TITLE})().includes(s)", arg=f"Step {steps[5]} of", timeout=ANSWER_MS)
     assert f"step {steps[5]} of {film.total_steps}" in p.page.locator("#film_caption").inner_text()
     marker = p.page.evaluate("() => document.querySelector('#film_loss .js-plotly-plot')._fullLayout.shapes"
                              ".map(s => s.x0)")
@@ -39,7 +39,7 @@ def test_a_builtin_film_scrubs_plays_and_explains_its_scores(train_page, shots):
     # the score menu: induction, with its formula on the figure
     p.choose("film_score", "induction")
     p.page.wait_for_function("() => (document.querySelector('#film_scores .js-plotly-plot')?.textContent || '')"
-                             ".includes('occurred earlier')", timeout=20_000)
+                             ".includes('occurred earlier')", timeout=ANSWER_MS)
     p.page.screenshot(path=str(shots / "film.png"), full_page=True)
     # play: the frames advance on their own; pause: they stop. The player's timer runs on the page's clock,
     # which the test moves (0.7 s of it per tick); a tick is seen as the call it sends
@@ -84,25 +84,25 @@ def test_the_film_opens_where_it_changes_most_and_a_saved_page_leaves_with_its_f
     next one saved is that model's."""
     p = train_page
     p.page.wait_for_function("() => document.querySelector('#film_score input')?.value === 'pronoun → name'",
-                             timeout=30_000)
+                             timeout=ANSWER_MS)
     assert p.page.locator("#film_layer input").input_value() == "layer 1"
     p.click("film_page_btn")
     p.page.wait_for_function("() => document.querySelector('#film_page')?.innerText.includes('grammar_film_L1')",
-                             timeout=60_000)
+                             timeout=ANSWER_MS)
     p.choose("film_model", "copy / induction (built-in)")
     p.page.wait_for_function("() => document.querySelector('#film_score input')?.value === 'copy match'",
-                             timeout=30_000)
+                             timeout=ANSWER_MS)
     assert p.page.locator("#film_layer input").input_value() == "layer 0"  # the copying heads
     p.page.wait_for_function("() => !document.querySelector('#film_page').innerText.includes('.html')",
-                             timeout=30_000)
+                             timeout=ANSWER_MS)
     p.click("film_page_btn")
     p.page.wait_for_function("() => document.querySelector('#film_page')?.innerText.includes('_film_L0')",
-                             timeout=60_000)
+                             timeout=ANSWER_MS)
     shown = p.page.locator("#film_page").inner_text()
     assert "grammar" not in shown and "copy" in shown
     p.choose("film_layer", "layer 1")  # a page is one layer's: it leaves too
     p.page.wait_for_function("() => !document.querySelector('#film_page').innerText.includes('.html')",
-                             timeout=30_000)
+                             timeout=ANSWER_MS)
     assert p.console_errors == []
 
 
@@ -134,13 +134,14 @@ def test_phase_labels_are_apart_in_the_browser(app_server, browser, size):
         else:  # a phone: the tab is in the "More tabs" menu
             p.page.locator("button[aria-label='More tabs']").first.click()
             p.page.locator("button").filter(has_text="Train").last.click()
-        p.page.wait_for_selector("#film_attention .js-plotly-plot", timeout=60_000)
+        p.page.wait_for_selector("#film_attention .js-plotly-plot", timeout=ANSWER_MS)
+        p.idle()  # the tab's film, drawn when it is shown, before another model's is chosen
         for model in ("sort digits (built-in)", "copy / induction (built-in)"):
             p.choose("film_model", model)
             p.page.wait_for_function(  # this model's film is drawn: its task role on the scores, labels on the loss
                 "s => (document.querySelector('#film_scores .js-plotly-plot')?.textContent || '').includes(s)"
                 " && [...document.querySelectorAll('#film_loss g.annotation')].some(g => /L\\d/.test(g.textContent))",
-                arg="sort match" if model.startswith("sort") else "copy match", timeout=30_000)
+                arg="sort match" if model.startswith("sort") else "copy match", timeout=ANSWER_MS)
             got = p.page.evaluate(LABEL_BOXES)
             labels = [b for b in got["labels"] if "L" in b["text"] and "kept" not in b["text"]]
             assert labels and got["lines"], model

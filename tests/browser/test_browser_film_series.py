@@ -10,7 +10,7 @@ import pytest
 
 from model.checkpoint import load_checkpoint
 from model.film_series import main as film_main
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.series import PROBE, build_series, revisions
 from tests.support.server import AppServer
 from ui.film import opening
@@ -37,12 +37,12 @@ def series_server(tmp_path_factory):
 
 def wait_text(p: Page, elem: str, text: str) -> None:
     p.page.wait_for_function("([e, t]) => (document.querySelector('#' + e)?.innerText || '').includes(t)",
-                             arg=[elem, text], timeout=60_000)
+                             arg=[elem, text], timeout=ANSWER_MS)
 
 
 def wait_value(p: Page, elem: str, shown: str) -> None:
     p.page.wait_for_function("([e, v]) => document.querySelector('#' + e + ' input')?.value === v",
-                             arg=[elem, shown], timeout=60_000)
+                             arg=[elem, shown], timeout=ANSWER_MS)
 
 
 def test_a_series_film_opens_in_the_film_viewer(series_server, browser):
@@ -62,7 +62,7 @@ def test_a_series_film_opens_in_the_film_viewer(series_server, browser):
     # uploaded in the Train tab, the same file joins the list and the film viewer follows it
     p.page.locator("#upload input[type=file]").set_input_files(str(path))
     p.page.wait_for_function("() => document.querySelector('#upload_status textarea')?.value.startsWith('Loaded')",
-                             timeout=60_000)
+                             timeout=ANSWER_MS)
     wait_value(p, "film_model", "uploaded: series-film")
     wait_text(p, "film_caption", "Frame 7 of 7: step 120 of 120")
     assert p.console_errors == [] and p.outside == []

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.drawn import EXPORT_COVERS, check_drawn, check_readable, drawn
 from tests.support.explore_page import PLOT
 from tests.support.gpt2_small import HEADS, LAYERS, WIDTH, build_gpt2_small
 from tests.support.heads_page import click_cell, head_tab, wait_text, wait_title
+from tests.support.plot_click import CELL, click_plot
 from tests.support.server import AppServer
 
 pytest.importorskip("transformers")
@@ -29,6 +30,9 @@ PROMPT = "Anna found the key under the mat. She gave it to Tom because he asked 
 A = "When Mary and John went to the store, John gave a drink to"
 B = "When John and Mary went to the store, Mary gave a drink to"
 SETTLE = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+# A first Step of GPT-2 small's sizes reads its 500 MB of weights: on a busy two-core machine that can take
+# minutes. A hang guard, not a speed requirement.
+FIRST_STEP_MS = 300_000
 INSIDE = ["inside_inputs", "inside_qk", "inside_products", "inside_softmax", "inside_values", "inside_heads"]
 
 
@@ -44,16 +48,16 @@ def gpt2_server(tmp_path_factory):
 def open_at(server, browser, width: int, height: int, *, dark: bool = False, large: bool = False,
             phone: bool = False) -> tuple:
     """A page of the app at this size (a phone: a touch screen), on the GPT-2 folder after one Step of PROMPT;
-    (context, page, number of tokens)."""
+    (context, page, number of tokens). The model's own answer (its example prompt among it) is waited for
+    before PROMPT is typed, and the Step's for a text longer than that example, so neither can be mistaken
+    for the other."""
     extra = {"is_mobile": True, "has_touch": True, "device_scale_factor": 1} if phone else {}
     context = browser.new_context(viewport={"width": width, "height": height},
                                   color_scheme="dark" if dark else "light", **extra)
     p = Page(context, server.url + ("?__theme=dark" if dark else ""))
     if large:
-        p.page.locator("#presentation input").check()
-        p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
+        p.large_fonts()
     p.choose("model", MODEL)
-    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value.length > 0", timeout=60_000)
     p.fill_text("prompt", PROMPT)
     p.click("step")
     try:
@@ -62,7 +66,7 @@ def open_at(server, browser, width: int, height: int, *, dark: bool = False, lar
             " const m = gd && gd._fullLayout && gd._fullLayout.meta;"
             " const probs = document.querySelector('#probs .js-plotly-plot');"
             " return n > 20 && m && m.T === n && probs && probs.textContent.includes('position ' + (n - 1)); }",
-            timeout=90_000)
+            timeout=FIRST_STEP_MS)
     except Exception as exc:  # noqa: BLE001 - say what the page shows instead
         shown = p.page.evaluate("() => [document.querySelector('#status textarea')?.value,"
                                 " [...document.querySelectorAll('.toast-body')].map(e => e.innerText)]")
@@ -75,7 +79,7 @@ def wait_view(p: Page, what: str) -> dict:
     p.page.wait_for_function(
         f"s => {{ const gd = {PLOT}; const L = gd && gd._fullLayout; if (!L) return false;"
         " const text = (L.title && L.title.text || '') + (L.annotations || []).map(a => a.text).join(' ');"
-        " return text.includes(s); }", arg=what, timeout=30_000)
+        " return text.includes(s); }", arg=what, timeout=ANSWER_MS)
     p.page.evaluate(SETTLE)
     return p.page.evaluate(f"() => {PLOT}._fullLayout.meta || {{}}")
 
@@ -86,6 +90,7 @@ def choose_view(p: Page, view: str) -> None:
         p.choose("view", view)
     else:
         p.page.locator("#view").get_by_text(view, exact=True).click()
+        p.idle()
 
 
 def shot(p: Page, path, dark_too: bool = True) -> None:
@@ -95,7 +100,7 @@ def shot(p: Page, path, dark_too: bool = True) -> None:
     if dark_too:
         for dark in (True, False):
             p.click("dark")
-            p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=10_000)
+            p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=ANSWER_MS)
             p.page.evaluate(SETTLE)
             if dark:
                 p.page.screenshot(path=f"{path}-dark.png")
@@ -104,19 +109,17 @@ def shot(p: Page, path, dark_too: bool = True) -> None:
 def open_inside(p: Page, query: int, key: int) -> None:
     """Open Inside one cell and click cell (query, key) of the one head shown."""
     p.page.locator("#inside .label-wrap").first.click()
-    p.page.wait_for_selector("#inside_selected", timeout=20_000)
-    p.page.locator("#attention").scroll_into_view_if_needed()
-    xy = p.page.evaluate(
-        """([r, c]) => { const gd = document.querySelector('#attention .js-plotly-plot');
-             const L = gd._fullLayout, box = gd.querySelector('.main-svg').getBoundingClientRect();
-             return [box.x + L.xaxis._offset + L.xaxis.l2p(c), box.y + L.yaxis._offset + L.yaxis.l2p(r)]; }""",
-        [query, key])
-    p.page.mouse.click(*xy)
+    p.page.wait_for_selector("#inside_selected", timeout=ANSWER_MS)
+    # the click counts once the panel's own answer (the selected token's cell) has come: it can no longer land
+    # over the clicked cell's
+    cell = click_plot(p, "attention", CELL, [query, key, 0])
+    assert cell.endswith(f",{query},{key}"), cell
     p.page.wait_for_function(
         "([q, k]) => { const m = document.querySelector('#inside_softmax .js-plotly-plot')?._fullLayout.meta;"
-        " return m && m.query === q && m.key === k; }", arg=[query, key], timeout=60_000)
+        " return m && m.query === q && m.key === k; }", arg=[query, key], timeout=ANSWER_MS)
     p.page.wait_for_function("() => document.querySelector('#inside_inputs .js-plotly-plot')?._fullLayout.meta"
-                             "?.viz === 'inside_vectors'", timeout=30_000)
+                             "?.viz === 'inside_vectors'", timeout=ANSWER_MS)
+    p.idle()  # the six figures come in one answer, the head's matrices (when open) in the next
 
 
 def test_the_attention_views_chart_and_head_tools_draw_at_gpt2_small_sizes(gpt2_server, browser, shots):
@@ -154,7 +157,7 @@ def test_the_attention_views_chart_and_head_tools_draw_at_gpt2_small_sizes(gpt2_
         for tab, elem in (("Head roles", "head_roles"), ("Logit lens", "lens")):
             head_tab(p, tab)
             p.page.wait_for_function(f"() => document.querySelector('#{elem} .js-plotly-plot')?.calcdata?.length",
-                                     timeout=60_000)
+                                     timeout=ANSWER_MS)
             p.page.locator(f"#{elem}").scroll_into_view_if_needed()
             check_drawn(p, f"#{elem}")
             check_readable(p, f"#{elem}")
@@ -163,15 +166,18 @@ def test_the_attention_views_chart_and_head_tools_draw_at_gpt2_small_sizes(gpt2_
         wait_title(p, "effect", "KL")
         check_drawn(p, "#effect")
         check_readable(p, "#effect")
-        p.page.locator("#clear_changes").click()
-        wait_text(p, "#effect_note", "")
+        p.click("clear_changes")  # the effect goes: no note, the chart's message instead of its KL
+        p.page.wait_for_function("() => !(document.querySelector('#effect_note')?.innerText || '').trim()"
+                                 " && !(document.querySelector('#effect .js-plotly-plot')?._fullLayout.title?.text"
+                                 " || '').includes('KL')", timeout=ANSWER_MS)
+        p.idle()
         head_tab(p, "Compare A / B")
         p.fill_text("prompt_a", A)
         p.fill_text("prompt_b", B)
         p.click("compare")
         for elem in ("cmp_diff", "cmp_dist", "cmp_scores"):
             p.page.wait_for_function(f"() => document.querySelector('#{elem} .js-plotly-plot')?.calcdata?.length",
-                                     timeout=60_000)
+                                     timeout=ANSWER_MS)
             check_drawn(p, f"#{elem}")
             check_readable(p, f"#{elem}")
         p.fill_text("patch_answer", "␣Mary")
@@ -183,7 +189,7 @@ def test_the_attention_views_chart_and_head_tools_draw_at_gpt2_small_sizes(gpt2_
         assert sum(t["n"] for t in got["traces"] if t["type"] == "heatmap") >= LAYERS * HEADS
         check_readable(p, "#patch_map")
         shot(p, shots / "gpt2-1366x900-patching", dark_too=False)
-        click_cell(p, "patch_map", 5, 7)
+        assert click_cell(p, "patch_map", 5, 7) == "5,7"
         wait_title(p, "patch_head", "L5H7")
         check_drawn(p, "#patch_head")
         check_readable(p, "#patch_head")
@@ -211,7 +217,7 @@ def test_inside_one_cell_and_the_positional_encoding_draw_at_gpt2_small_sizes(gp
         shot(p, shots / "gpt2-1366x900-inside")
         p.page.locator("#inside_matrices_section .label-wrap").click()
         p.page.wait_for_function("() => document.querySelector('#inside_matrices .js-plotly-plot')"
-                                 "?._fullLayout.meta?.viz === 'inside_matrices'", timeout=30_000)
+                                 "?._fullLayout.meta?.viz === 'inside_matrices'", timeout=ANSWER_MS)
         p.page.locator("#inside_matrices").scroll_into_view_if_needed()
         check_drawn(p, "#inside_matrices")
         check_readable(p, "#inside_matrices")
@@ -220,7 +226,7 @@ def test_inside_one_cell_and_the_positional_encoding_draw_at_gpt2_small_sizes(gp
         p.tab("Positional encoding")
         p.page.wait_for_function("() => [...document.querySelectorAll('#pe_table .js-plotly-plot, "
                                  "#pe_sim .js-plotly-plot')].every(g => g.calcdata && g.calcdata.length)"
-                                 " && document.querySelectorAll('#pe_table .js-plotly-plot').length", timeout=60_000)
+                                 " && document.querySelectorAll('#pe_table .js-plotly-plot').length", timeout=ANSWER_MS)
         for sel in ("#pe_table", "#pe_sim"):
             check_drawn(p, sel)
             check_readable(p, sel)
@@ -299,7 +305,7 @@ def test_on_a_phone_gpt2_figures_read_whole_and_the_buttons_cover_nothing(gpt2_s
         for tab, elem in (("Head roles", "head_roles"), ("Logit lens", "lens")):
             head_tab(p, tab)
             p.page.wait_for_function(f"() => document.querySelector('#{elem} .js-plotly-plot')?.calcdata?.length",
-                                     timeout=60_000)
+                                     timeout=ANSWER_MS)
             p.page.locator(f"#{elem}").scroll_into_view_if_needed()
             check_drawn(p, f"#{elem}")
             check_readable(p, f"#{elem}")

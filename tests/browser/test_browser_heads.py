@@ -8,34 +8,21 @@ from __future__ import annotations
 
 import pytest
 
-from lab import probing
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS
 from tests.support.explore_page import open_page, step, wait_picture
 from tests.support.heads_page import (
     GREEDY, click_cell, greedy, head_tab, local, page, plot_title, text, wait_text, wait_title,  # noqa: F401
 )
+from tests.support.plot_click import PANEL, click_plot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def click_panel(p: Page, head: int) -> None:
-    """A real mouse click inside the attention panel of `head` (the all-heads grid)."""
-    xy = p.page.evaluate(
-        """h => {
-            const gd = document.querySelector('#attention .js-plotly-plot');
-            const L = gd._fullLayout, panel = L.meta.panels.find(q => q.head === h);
-            const xa = L['xaxis' + panel.xaxis.slice(1)], ya = L['yaxis' + panel.yaxis.slice(1)];
-            const box = gd.querySelector('.main-svg').getBoundingClientRect();
-            return [box.x + xa._offset + xa._length * 0.2, box.y + ya._offset + ya._length * 0.9];
-        }""", head)
-    p.page.mouse.click(*xy)
 
 
 def test_head_roles_follow_the_text_and_label_the_heads(page, shots):
     p = page
     step(p, 13)
-    roles = local().head_roles()
+    roles = local().heads.head_roles()
     note = wait_text(p, "#roles_note", "L1H0")
     assert f"L1H0 {roles.label(1, 0)}" in note  # "pronoun → name head: 0.76 ≥ 0.5"
     assert roles.label(1, 0) == "pronoun → name head: 0.76 ≥ 0.5"
@@ -48,7 +35,7 @@ def test_head_roles_follow_the_text_and_label_the_heads(page, shots):
     assert "pronoun → name 0.61" in plot_title(p, "attention")
     # the next Step recomputes the roles on the longer text
     step(p, 14)
-    after = local(2).head_roles()
+    after = local(2).heads.head_roles()
     wait_text(p, "#roles_note", "L2H3" if after.label(2, 3) else "Labelled")
     assert all(f"L{lay}H{h} {after.label(lay, h)}" in text(p, "#roles_note")
                for lay in range(3) for h in range(4) if after.label(lay, h))
@@ -69,14 +56,14 @@ def test_ablate_edit_and_regenerate(page, shots):
     p.tab("Ablate & edit")
     p.page.locator("#ablate_heads label", has_text="L2H3").click()
     s = local()
-    s.set_ablation(["L2H3"], "zero", False)
-    e = s.effect()
+    s.heads.set_ablation(["L2H3"], "zero", False)
+    e = s.heads.effect()
     note = wait_text(p, "#effect_note", "L2H3 zeroed")
     assert f"KL(before ‖ after) = {e.kl_bits:.3f} bits" in note
     assert "KL(before ‖ after)" in wait_title(p, "effect", "KL")
     p.click("regenerate")
     regen = wait_text(p, "#regen", "with L2H3 zeroed")
-    r = s.regenerate(GREEDY, 24)
+    r = s.heads.regenerate(GREEDY, 24)
     assert " ".join(r.normal[:5]) in " ".join(regen.split())
     if r.first_difference is not None:
         assert p.page.locator("#regen .lab-first").count() == 2
@@ -90,26 +77,26 @@ def test_ablate_edit_and_regenerate(page, shots):
     p.page.locator("#edit_key input").click()
     p.page.get_by_role("option", name="0: anna").click()
     note = wait_text(p, "#effect_note", "attends to only “anna”")
-    s.clear_probe()
-    s.set_ablation(["L2H3"], "zero", False)
+    s.heads.clear_probe()
+    s.heads.set_ablation(["L2H3"], "zero", False)
     s.select(11)
-    s.set_edit(1, 0, 11, 0)
-    assert f"{s.effect().kl_bits:.3f} bits" in note
+    s.heads.set_edit(1, 0, 11, 0)
+    assert f"{s.heads.effect().kl_bits:.3f} bits" in note
 
 
 def test_clicking_a_panel_picks_the_head_to_ablate(page):
     p = page
-    p.page.locator("#head").locator("input").click()
-    p.page.get_by_role("option", name="all heads").click()
+    p.choose("head", "all heads")
     step(p, 13)
     p.tab("Ablate & edit")
     p.page.locator("#picking input").check()
-    click_panel(p, 2)
-    layer = p.page.evaluate("() => document.querySelector('#attention .js-plotly-plot')._fullLayout.meta.panels[0].layer")
+    # a click inside head 2's panel (the all-heads grid), once the tab's answer has come: it would undo the pick
+    layer, head = map(int, click_plot(p, "attention", PANEL, 2, record="pick").split(","))
+    assert head == 2
     label = f"L{layer}H2"
     p.page.wait_for_function(
         "l => [...document.querySelectorAll('#ablate_heads label')].some(e => e.innerText.trim() === l"
-        " && e.querySelector('input').checked)", arg=label, timeout=30_000)
+        " && e.querySelector('input').checked)", arg=label, timeout=ANSWER_MS)
     assert f"{label} zeroed" in wait_text(p, "#effect_note", label)
 
 
@@ -139,7 +126,7 @@ def test_head_tools_fit_small_windows(app_server, browser, shots, size):
         wait_text(p, "#roles_note", "L1H0")
         for tab, elem in (("Head roles", "head_roles"), ("Logit lens", "lens"), ("Ablate & edit", "effect")):
             head_tab(p, tab)
-            p.page.locator(f"#{elem}").wait_for(state="visible", timeout=10_000)
+            p.page.locator(f"#{elem}").wait_for(state="visible", timeout=ANSWER_MS)
             p.page.locator(f"#{elem}").scroll_into_view_if_needed()
             b = p.page.evaluate(f"() => document.querySelector('#{elem}').getBoundingClientRect().toJSON()")
             assert b["width"] <= size[0] and b["x"] >= 0, (tab, b)

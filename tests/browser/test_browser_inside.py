@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from lab import inside as lab_inside
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import open_page, step
 from tests.support.heads_page import greedy, local, text, wait_text
+from tests.support.plot_click import CELL, click_plot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -34,7 +35,7 @@ def hover_text(p: Page, xy: list[float]) -> str:
     """What the figure's hover label says over that point."""
     p.page.mouse.move(*xy)
     p.page.wait_for_function("() => (document.querySelector('#attention .hoverlayer')?.textContent || '')"
-                             ".includes('weight')", timeout=20_000)
+                             ".includes('weight')", timeout=ANSWER_MS)
     return p.page.evaluate("() => document.querySelector('#attention .hoverlayer').textContent")
 
 
@@ -46,16 +47,16 @@ def wait_cell(p: Page, query: int, key: int) -> dict:
     """Wait until the panel's softmax row is drawn for (query, key); its layout.meta."""
     p.page.wait_for_function(
         "([q, k]) => { const m = document.querySelector('#inside_softmax .js-plotly-plot')?._fullLayout.meta;"
-        " return m && m.query === q && m.key === k; }", arg=[query, key], timeout=30_000)
+        " return m && m.query === q && m.key === k; }", arg=[query, key], timeout=ANSWER_MS)
     return meta(p, "inside_softmax")
 
 
 def open_on_he_tom(p: Page) -> str:
     """Step, hover the cell ("he", "tom") of layer 1 head 0, click it: the hover's text."""
     step(p, 13)
-    xy = cell_xy(p, "attention", HE, TOM)
-    hovered = hover_text(p, xy)
-    p.page.mouse.click(*xy)
+    p.idle()  # the figure stays as it is now: the hover is read off it, then the same cell clicked
+    hovered = hover_text(p, cell_xy(p, "attention", HE, TOM))
+    assert click_plot(p, "attention", CELL, [HE, TOM, 0]) == f"1,0,{HE},{TOM}"
     wait_cell(p, HE, TOM)
     return hovered
 
@@ -66,7 +67,7 @@ def test_a_click_on_the_pronoun_heads_cell_works_it_through(app_server, browser,
         greedy(p)
         hovered = open_on_he_tom(p)
         s = local()
-        data = lab_inside.cell(s.text, s.probe, 1, 0, HE, TOM)
+        data = lab_inside.cell(s.text, s.heads.settings, 1, 0, HE, TOM)
         # the hover read the weight the panel shows as the outlined share of the row
         assert '"he" (11)' in hovered and '"tom" (9)' in hovered and f"weight {data['weight']:.3f}" in hovered
         soft = wait_cell(p, HE, TOM)
@@ -91,9 +92,8 @@ def test_a_click_on_the_pronoun_heads_cell_works_it_through(app_server, browser,
         # a click on an entry of the head's matrices (QKᵀ masked, row "he", column "found") picks that cell
         p.page.locator("#inside_matrices_section .label-wrap").click()
         p.page.wait_for_function("() => document.querySelector('#inside_matrices .js-plotly-plot')"
-                                 "?._fullLayout.meta?.viz === 'inside_matrices'", timeout=30_000)
-        p.page.locator("#inside_matrices").scroll_into_view_if_needed()
-        p.page.mouse.click(*cell_xy(p, "inside_matrices", HE, 1, panel=5))
+                                 "?._fullLayout.meta?.viz === 'inside_matrices'", timeout=ANSWER_MS)
+        assert click_plot(p, "inside_matrices", CELL, [HE, 1, 5]) == f"1,0,{HE},1"
         wait_cell(p, HE, 1)
         wait_text(p, "#inside_header", "“found” (1)")
         assert p.console_errors == []
@@ -109,7 +109,7 @@ def test_columns_outline_who_looks_at_a_token(app_server, browser):
         p.page.locator("#tokens .token").nth(TOM).click()
         box = "() => { const b = document.querySelector('#attention .lab-outline').getBoundingClientRect();" \
               " return [b.width, b.height]; }"
-        p.page.wait_for_function("() => document.querySelector('#shade_note .lab-dir')", timeout=20_000)
+        p.page.wait_for_function("() => document.querySelector('#shade_note .lab-dir')", timeout=ANSWER_MS)
         w, h = p.page.evaluate(box)
         assert w > 4 * h  # a row
         p.page.locator("#shade_note .lab-dir[data-dir=column]").click()
@@ -125,13 +125,13 @@ def test_columns_outline_who_looks_at_a_token(app_server, browser):
         # the colour menu's value-weighted attention: the caption says so, the hover reads lab.inside's norm
         p.choose("colour", "colour: ‖a·v W_O‖")
         p.page.wait_for_function("() => (document.querySelector('#attention .js-plotly-plot')?._fullLayout.title.text"
-                                 " || '').includes('value-weighted')", timeout=30_000)
+                                 " || '').includes('value-weighted')", timeout=ANSWER_MS)
         wait_text(p, "#caption", "Colours: ‖a·v W_O‖")
         s = local()
-        norm = lab_inside.head(s.text, s.probe, 1, 0)["value_weighted"][HE][TOM]
+        norm = lab_inside.head(s.text, s.heads.settings, 1, 0)["value_weighted"][HE][TOM]
         p.page.mouse.move(*cell_xy(p, "attention", HE, TOM))
         p.page.wait_for_function("() => (document.querySelector('#attention .hoverlayer')?.textContent || '')"
-                                 ".includes('‖a·v W_O‖')", timeout=20_000)
+                                 ".includes('‖a·v W_O‖')", timeout=ANSWER_MS)
         hovered = p.page.evaluate("() => document.querySelector('#attention .hoverlayer').textContent")
         assert f"‖a·v W_O‖ {norm:.3f}" in hovered, (hovered, norm)
         assert p.console_errors == []
@@ -149,13 +149,15 @@ def test_the_panel_fits_the_window(app_server, browser, shots, theme, width, hei
     try:
         greedy(p)
         if large:
-            p.page.locator("#presentation input").check()
+            p.large_fonts()
         step(p, 13)
         p.page.locator("#tokens .token").nth(HE).click()
         p.page.locator("#inside .label-wrap").first.click()
-        p.page.wait_for_selector("#inside_selected", timeout=20_000)
+        p.page.wait_for_selector("#inside_selected", timeout=ANSWER_MS)
+        p.idle()  # the panel's first answer (the token the tools last followed) before the button's
         p.page.locator("#inside_selected").click()
         wait_cell(p, HE, TOM)  # the selected token's row, at the key it gives the largest share
+        p.idle()
         over = p.page.evaluate(
             """w => [...document.querySelectorAll('#inside .js-plotly-plot .main-svg:first-child')]
                 .map(e => e.getBoundingClientRect()).filter(b => b.right > w + 1 || b.left < -1).length""", width)

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import PLOT, open_page
 from tests.support.families import hf_tokenizer, save_reference, sharpen
 from tests.support.heads_page import greedy
+from tests.support.plot_click import click_plot
 from tests.support.server import AppServer
 
 transformers = pytest.importorskip("transformers")
@@ -56,12 +57,18 @@ def attention(ref, ids: list[int]) -> list[np.ndarray]:
         return [a[0].numpy() for a in ref(torch.tensor([ids]), output_attentions=True).attentions]
 
 
+# The centre of the thumbnail of layer 9, head 4 (a plot_click `where` function of the figure and its meta).
+THUMB = """(gd, s) => { const L = gd._fullLayout, c = (s.cells - 1) / 2, stride = s.cells + s.gap;
+  return {x: L.xaxis._offset + L.xaxis.l2p(4 * stride + c), y: L.yaxis._offset + L.yaxis.l2p(9 * stride + c),
+          xaxis: L.xaxis._id, yaxis: L.yaxis._id}; }"""
+
+
 def wait_meta(p: Page, what: dict) -> dict:
     """Wait until the attention figure's layout.meta holds these values; the meta."""
     p.page.wait_for_function(
         f"w => {{ const m = {PLOT}?._fullLayout?.meta;"
         " return m && Object.entries(w).every(([k, v]) => JSON.stringify(m[k]) === JSON.stringify(v)); }",
-        arg=what, timeout=30_000)
+        arg=what, timeout=ANSWER_MS)
     p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     return p.page.evaluate(f"() => {PLOT}._fullLayout.meta")
 
@@ -70,14 +77,13 @@ def stepped(server, browser, width: int, height: int, large: bool = False, query
     """The 12 × 12 model after one greedy Step on PROMPT: (context, page, number of tokens)."""
     context, p = open_page(server, browser, width, height, query=query)
     if large:
-        p.page.locator("#presentation input").check()
-        p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
-    p.choose("model", MODEL)
-    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value.length > 0", timeout=60_000)
+        p.large_fonts()
+    p.choose("model", MODEL)  # its answer (its example prompt among it) before PROMPT is typed
     greedy(p)
     p.fill_text("prompt", PROMPT)
     p.click("step")
-    p.page.wait_for_function(f"() => {PLOT}?._fullLayout?.meta?.T > 0", timeout=60_000)
+    p.page.wait_for_function(f"() => {PLOT}?._fullLayout?.meta?.T > 0", timeout=ANSWER_MS)
+    p.idle()  # the chart and the head tools follow the Step
     return context, p, len(p.tokens())
 
 
@@ -133,13 +139,13 @@ def test_the_lines_are_the_models_weights_in_a_hue_per_head_and_follow_a_clicked
         # hide head 3 in the legend, then click the 8th token: its lines are drawn, head 3 stays hidden
         p.page.locator("#attention .legend .traces").nth(3).click()
         p.page.wait_for_function(f"() => {PLOT}._fullData.filter(t => t.legendgroup === 'h3')"
-                                 ".every(t => t.visible === 'legendonly')", timeout=10_000)
+                                 ".every(t => t.visible === 'legendonly')", timeout=ANSWER_MS)
         p.page.locator("#tokens .textfield .token").nth(7).click()
         wait_meta(p, {"viz": "layer_heads", "query": 7})
         p.page.wait_for_function(f"() => {{ const d = {PLOT}._fullData;"
                                  " return d.filter(t => t.legendgroup === 'h3').every(t => t.visible === 'legendonly')"
                                  " && d.filter(t => t.legendgroup === 'h4').every(t => t.visible === true); }",
-                                 timeout=10_000)
+                                 timeout=ANSWER_MS)
         drawn = p.page.evaluate(DRAWN)
         assert drawn["keys"] == list(range(8))
         np.testing.assert_allclose(np.array(drawn["weights"]).T, weights[:, 7, :8], atol=1e-5)
@@ -148,7 +154,7 @@ def test_the_lines_are_the_models_weights_in_a_hue_per_head_and_follow_a_clicked
             const box = gd.querySelector('.main-svg').getBoundingClientRect();
             return [box.x + L.xaxis._offset + L.xaxis._length, box.y + L.yaxis2._offset + L.yaxis2.l2p(2)]; }}""")
         p.page.mouse.move(*xy)
-        p.page.wait_for_selector("#attention .hoverlayer .hovertext", timeout=10_000)
+        p.page.wait_for_selector("#attention .hoverlayer .hovertext", timeout=ANSWER_MS)
         label = p.page.locator("#attention .hoverlayer .hovertext").first.text_content()
         assert "weight in head" in label and f"{weights[0, 7, 2]:.3f}" in label and "(7)" in label
         assert p.console_errors == []
@@ -175,20 +181,17 @@ def test_a_thumbnail_shows_its_heads_weights_and_a_click_opens_it(lines_server, 
                 assert abs(cells[i, j] - block.max() * 250) <= 0.5 + 1e-3
         p.page.mouse.move(5, 5)
         p.page.screenshot(path=str(shots / "layer-heads-thumbnails-1366x900.png"))
-        xy = p.page.evaluate(f"""s => {{ const gd = {PLOT}, L = gd._fullLayout;
-            const box = gd.querySelector('.main-svg').getBoundingClientRect(), c = (s.cells - 1) / 2;
-            const stride = s.cells + s.gap;
-            return [box.x + L.xaxis._offset + L.xaxis.l2p(4 * stride + c),
-                    box.y + L.yaxis._offset + L.yaxis.l2p(9 * stride + c)]; }}""", meta)
+        xy = p.page.evaluate(f"""s => {{ const gd = {PLOT}, box = gd.querySelector('.main-svg').getBoundingClientRect();
+            const w = ({THUMB})(gd, s); return [box.x + w.x, box.y + w.y]; }}""", meta)
         p.page.mouse.move(*xy)
-        p.page.wait_for_selector("#attention .hoverlayer .hovertext", timeout=10_000)
+        p.page.wait_for_selector("#attention .hoverlayer .hovertext", timeout=ANSWER_MS)
         assert "layer 9, head 4" in p.page.locator("#attention .hoverlayer .hovertext").first.text_content()
-        p.page.mouse.click(*xy)
+        assert click_plot(p, "attention", THUMB, meta, record="pick") == "9,4"
         p.page.wait_for_function("() => document.querySelector('#layer input').value === 'layer 9'"
                                  " && document.querySelector('#head input').value === 'head 4'"
-                                 " && document.querySelector('#view input').value === 'weights'", timeout=30_000)
+                                 " && document.querySelector('#view input').value === 'weights'", timeout=ANSWER_MS)
         p.page.wait_for_function(f"() => ({PLOT}._fullLayout.title.text || '').includes('Layer 9, head 4')",
-                                 timeout=30_000)
+                                 timeout=ANSWER_MS)
         assert p.console_errors == []
     finally:
         context.close()
@@ -240,11 +243,11 @@ def test_both_views_fit_each_screen_light_and_dark(lines_server, browser, shots,
             for dark in (False, True):
                 if dark:
                     p.click("dark")
-                    p.page.wait_for_function("() => document.body.classList.contains('dark')", timeout=10_000)
+                    p.page.wait_for_function("() => document.body.classList.contains('dark')", timeout=ANSWER_MS)
                 p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
                 p.page.screenshot(path=str(shots / f"layer-heads-{what}-{name}-{'dark' if dark else 'light'}.png"))
             p.click("dark")
-            p.page.wait_for_function("() => !document.body.classList.contains('dark')", timeout=10_000)
+            p.page.wait_for_function("() => !document.body.classList.contains('dark')", timeout=ANSWER_MS)
         assert p.console_errors == []
     finally:
         context.close()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from lab.checks import UserError
-from lab.models import BUILTIN_MODELS, BUILTINS
+from lab.catalogue.models import BUILTIN_MODELS, BUILTINS
 from lab.session import Session, encode_prompt
 from model.generate import Sampling
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import FIT, GRAMMAR, PLOT, open_page
 from tests.support.share_page import share_section
 
@@ -34,7 +34,7 @@ def refusal(call) -> str:
 def toast(p: Page) -> str:
     text = " ".join(p.toast_text().split())
     p.close_toasts()
-    p.page.wait_for_selector(".toast-body", state="detached", timeout=20_000)
+    p.page.wait_for_selector(".toast-body", state="detached", timeout=ANSWER_MS)
     return text
 
 
@@ -57,10 +57,10 @@ def test_a_message_with_angle_brackets_shows_whole(app_server, browser):
         assert " ".join(unknown.split()) in toast(p)
         p.choose("model", SORT)
         p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e", arg=prompt,
-                                 timeout=20_000)
+                                 timeout=ANSWER_MS)
         p.click("generate")
         p.page.wait_for_function("() => [...document.querySelectorAll('#tokens .token .text')]"
-                                 ".some(e => e.textContent === '<EOS>')", timeout=30_000)
+                                 ".some(e => e.textContent === '<EOS>')", timeout=ANSWER_MS)
         p.click("step")
         assert " ".join(ended.split()) in toast(p)
         assert p.console_errors == []
@@ -85,28 +85,28 @@ def step_and_measure(p: Page, n_tokens: int, panels: int) -> dict:
         " const probs = document.querySelector('#probs .js-plotly-plot');"
         " return m && m.T === n && m.panels.length === k && probs"
         " && probs.textContent.includes('position ' + (n - 1)); }",
-        arg=[n_tokens, panels], timeout=30_000)
+        arg=[n_tokens, panels], timeout=ANSWER_MS)
+    return measure(p)
+
+
+def measure(p: Page) -> dict:
+    """FIT at the projector's size, once nothing more is on its way (the head tools under the text, drawn a
+    moment after a Step, change the page's height) and the browser has laid the page out."""
+    p.idle()
     p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     return p.page.evaluate(FIT, list(PROJECTOR))
 
 
 def switch_view_and_measure(p: Page, n_tokens: int, layer: str, head: str, panels: int) -> dict:
-    """Choose a layer and head for the text on screen, and measure once the figure shows them. The model's own
-    first view, set by the answer that chose the model, redraws the figure too; should that redraw land after
-    the choice, the choice is made again (the test is about what fits, not about the order of two answers)."""
-    for _ in range(4):
-        p.choose("layer", layer)
-        p.choose("head", head)
-        try:
-            p.page.wait_for_function(
-                f"([n, k]) => {{ const gd = {PLOT}; const m = gd && gd._fullLayout && gd._fullLayout.meta;"
-                " return m && m.T === n && m.panels && m.panels.length === k; }",
-                arg=[n_tokens, panels], timeout=10_000)
-            break
-        except Exception:  # noqa: BLE001 - an earlier redraw landed over the choice: choose again
-            continue
-    p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
-    return p.page.evaluate(FIT, list(PROJECTOR))
+    """Choose a layer and head for the text on screen, and measure once the figure shows them: each choice's
+    answer is waited for (`Page.choose`), so no earlier redraw can land over the figure measured."""
+    p.choose("layer", layer)
+    p.choose("head", head)
+    p.page.wait_for_function(
+        f"([n, k]) => {{ const gd = {PLOT}; const m = gd && gd._fullLayout && gd._fullLayout.meta;"
+        " return m && m.T === n && m.panels && m.panels.length === k; }",
+        arg=[n_tokens, panels], timeout=ANSWER_MS)
+    return measure(p)
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +128,14 @@ def test_every_opening_view_fits_one_projector_screen(app_server, browser, shots
     context, p = open_page(app_server, browser, *PROJECTOR)
     try:
         if large:
-            p.page.locator("#presentation input").check()
-            p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
+            p.large_fonts()
             caption_px = "() => parseFloat(getComputedStyle(document.querySelector('#caption p')).fontSize)"
             assert p.page.evaluate(caption_px) >= 18
         for name in BUILTIN_MODELS:
             if name != GRAMMAR:
                 p.choose("model", name)
                 p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e",
-                                         arg=BUILTIN_MODELS[name].examples[0], timeout=20_000)
+                                         arg=BUILTIN_MODELS[name].examples[0], timeout=ANSWER_MS)
             fit = step_and_measure(p, first_view_size(name), 1)
             assert fit == {"scrolled": 0, "off": [], "clipped": [], "panels": 1}, (name, large, fit)
             if large and name == GRAMMAR:  # the words around the figure are large too
@@ -148,17 +147,17 @@ def test_every_opening_view_fits_one_projector_screen(app_server, browser, shots
         p.tab("Train")
         p.page.locator("#upload input[type=file]").set_input_files(own_model)
         p.page.wait_for_function("() => document.querySelector('#upload_status textarea').value.startsWith('Loaded')",
-                                 timeout=60_000)
+                                 timeout=ANSWER_MS)
         p.tab("Explore")
-        p.page.wait_for_function("() => document.querySelector('#head input').value === 'all heads'", timeout=20_000)
+        p.page.wait_for_function("() => document.querySelector('#head input').value === 'all heads'", timeout=ANSWER_MS)
         n = len(p.page.locator("#prompt textarea").input_value().split()) + 1
         fit = step_and_measure(p, n, 4)
         assert fit == {"scrolled": 0, "off": [], "clipped": [], "panels": 4}, ("own model", large, fit)
         # the longest of them, the grammar built-in's 12-token example, on all heads as well
         p.choose("model", GRAMMAR)
         p.page.wait_for_function("e => document.querySelector('#prompt textarea').value === e",
-                                 arg=BUILTIN_MODELS[GRAMMAR].examples[0], timeout=20_000)
-        p.page.wait_for_function("() => document.querySelector('#head input').value === 'head 0'", timeout=20_000)
+                                 arg=BUILTIN_MODELS[GRAMMAR].examples[0], timeout=ANSWER_MS)
+        p.page.wait_for_function("() => document.querySelector('#head input').value === 'head 0'", timeout=ANSWER_MS)
         n = first_view_size(GRAMMAR)
         step_and_measure(p, n, 1)
         fit = switch_view_and_measure(p, n, "layer 0", "all heads", 4)
@@ -180,14 +179,14 @@ def test_on_a_phone_the_tool_bar_leaves_every_title_readable(app_server, browser
         p.click("step")
         p.wait_tokens(13)
         p.page.wait_for_function("() => (document.querySelector('#probs .js-plotly-plot')?.textContent || '')"
-                                 ".includes('position')", timeout=30_000)
-        p.page.wait_for_selector("#head_roles .js-plotly-plot .gtitle", timeout=60_000)
+                                 ".includes('position')", timeout=ANSWER_MS)
+        p.page.wait_for_selector("#head_roles .js-plotly-plot .gtitle", timeout=ANSWER_MS)
         for fig in ("#attention", "#probs", "#head_roles"):
             gd = p.page.locator(f"{fig} .js-plotly-plot")
             gd.scroll_into_view_if_needed()
             gd.hover(position={"x": 20, "y": 60})  # plotly shows its tool bar while the pointer is on the figure
             p.page.wait_for_function("s => { const m = document.querySelector(s + ' .modebar');"
-                                     " return m && getComputedStyle(m).opacity === '1'; }", arg=fig, timeout=10_000)
+                                     " return m && getComputedStyle(m).opacity === '1'; }", arg=fig, timeout=ANSWER_MS)
             boxes = p.page.evaluate(
                 """s => { const r = e => { const b = e.getBoundingClientRect();
                                            return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
@@ -223,14 +222,14 @@ def test_the_link_has_a_copy_button_that_copies_the_whole_address(app_server, br
         p.click("make_link")
         box = p.page.locator("#share_link_text textarea")
         p.page.wait_for_function("() => document.querySelector('#share_link_text textarea').value.startsWith('http')",
-                                 timeout=20_000)
+                                 timeout=ANSWER_MS)
         link = box.input_value()
         href = p.page.locator("#share_link_a").get_attribute("href")
         assert link == f"{origin}/{href}" and "steps=1" in link
         copy = p.page.locator("#share_link_text button[aria-label='Copy']")
         assert copy.is_visible()
         copy.click()
-        p.page.wait_for_function("l => navigator.clipboard.readText().then(t => t === l)", arg=link, timeout=10_000)
+        p.page.wait_for_function("l => navigator.clipboard.readText().then(t => t === l)", arg=link, timeout=ANSWER_MS)
         # the copied address opens the same text
         q = Page(context, link)
         assert q.wait_tokens(13) == p.tokens()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import FIT, PLOT, open_page
 from tests.support.families import save_reference, sharpen
 from tests.support.heads_page import click_cell, head_tab
@@ -51,7 +51,7 @@ def value(p: Page, elem: str) -> str:
 
 def wait_value(p: Page, elem: str, shown: str) -> None:
     p.page.wait_for_function("([e, v]) => document.querySelector('#' + e + ' input').value === v",
-                             arg=[elem, shown], timeout=30_000)
+                             arg=[elem, shown], timeout=ANSWER_MS)
 
 
 def wait_heads(p: Page, heads: list[int], title: str) -> None:
@@ -59,22 +59,21 @@ def wait_heads(p: Page, heads: list[int], title: str) -> None:
     p.page.wait_for_function(
         f"([hs, s]) => {{ const gd = {PLOT}; const m = gd && gd._fullLayout && gd._fullLayout.meta;"
         " return m && m.panels && JSON.stringify(m.panels.map(q => q.head)) === JSON.stringify(hs)"
-        " && (gd._fullLayout.title.text || '').includes(s); }", arg=[heads, title], timeout=30_000)
+        " && (gd._fullLayout.title.text || '').includes(s); }", arg=[heads, title], timeout=ANSWER_MS)
     p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
 def open_model_and_step(p: Page) -> int:
-    """Choose the 12-head model, press Step, and wait until its attention and chart show the text; the
-    number of tokens."""
+    """Choose the 12-head model (its answer, with its example prompt, waited for), press Step, and wait until its
+    attention and chart show the text; the number of tokens."""
     p.choose("model", MODEL)
-    p.page.wait_for_function("() => document.querySelector('#prompt textarea').value.length > 0", timeout=60_000)
     p.click("step")
     p.page.wait_for_function(
         f"() => {{ const n = document.querySelectorAll('#tokens .textfield .token').length; const gd = {PLOT};"
         " const m = gd && gd._fullLayout && gd._fullLayout.meta;"
         " const probs = document.querySelector('#probs .js-plotly-plot');"
         " return n > 0 && m && m.T === n && probs && probs.textContent.includes('position ' + (n - 1)); }",
-        timeout=60_000)
+        timeout=ANSWER_MS)
     return len(p.tokens())
 
 
@@ -95,7 +94,7 @@ def both_themes(p: Page, path) -> None:
     p.page.screenshot(path=str(path) + "-light.png")
     for dark in (True, False):
         p.click("dark")
-        p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=10_000)
+        p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=ANSWER_MS)
         p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         if dark:
             p.page.screenshot(path=str(path) + "-dark.png")
@@ -110,8 +109,7 @@ def test_a_layer_of_12_heads_pages_through_them_on_one_screen(many_heads_server,
     context, p = open_page(many_heads_server, browser, *size)
     try:
         if large:
-            p.page.locator("#presentation input").check()
-            p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
+            p.large_fonts()
         open_model_and_step(p)
         p.choose("layer", "layer 7")
         p.choose("head", "H0–5")
@@ -145,20 +143,20 @@ def test_the_heads_map_stands_for_144_panels_and_a_cell_shows_its_head(many_head
     try:
         n = open_model_and_step(p)
         p.choose("view", "all layers")
-        p.page.wait_for_function(f"() => ({PLOT}.textContent || '').includes('too many panels')", timeout=30_000)
+        p.page.wait_for_function(f"() => ({PLOT}.textContent || '').includes('too many panels')", timeout=ANSWER_MS)
         head_tab(p, "Head roles")
         p.page.wait_for_function("() => { const m = document.querySelector('#head_roles .js-plotly-plot')"
                                  "?._fullLayout?.meta; return m && m.pick === 'head' && m.layers === 12; }",
-                                 timeout=60_000)
+                                 timeout=ANSWER_MS)
         p.page.locator("#head_roles").scroll_into_view_if_needed()
         p.page.screenshot(path=str(shots / "many-heads-roles-1366x900.png"))
-        click_cell(p, "head_roles", 9, 4)
+        assert click_cell(p, "head_roles", 9, 4) == "9,4"  # once nothing covers the map, counted once
         wait_value(p, "layer", "layer 9")
         wait_value(p, "head", "head 4")
         p.page.wait_for_function(
             f"n => {{ const gd = {PLOT}; const m = gd && gd._fullLayout && gd._fullLayout.meta;"
             " return m && m.T === n && (gd._fullLayout.title.text || '').includes('Layer 9, head 4'); }",
-            arg=n, timeout=30_000)
+            arg=n, timeout=ANSWER_MS)
         assert p.console_errors == []
     finally:
         context.close()
@@ -198,7 +196,7 @@ def test_the_link_to_heads_6_to_11_reopens_on_heads_6_to_11(many_heads_server, b
         wait_heads(p, list(range(6, 12)), "Layer 7 attention weights: heads 6–11 of 12")
         share_section(p)
         p.click("make_link")
-        href = p.page.locator("#share_link_a").get_attribute("href", timeout=30_000)
+        href = p.page.locator("#share_link_a").get_attribute("href", timeout=ANSWER_MS)
         assert "head=6-11" in href and "layer=7" in href and "steps=1" in href, href
         q = Page(context, f"{many_heads_server.url}{href}")
         q.wait_tokens(n)

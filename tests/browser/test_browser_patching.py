@@ -17,7 +17,7 @@ import pytest
 
 from lab import patching
 from lab.session import Session
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import open_page, step, wait_picture
 from tests.support.heads_page import GRAMMAR, click_cell, greedy, plot_title, text, wait_text, wait_title
 
@@ -37,7 +37,7 @@ PATCHING_PART = ["#patching", "#patch_map", "#patch_head", "#patch_run", "#patch
 
 
 def local(what: str = "heads", direction: str = "denoising") -> patching.PatchResult:
-    return patching.run(Session(), GRAMMAR, A, B, "logit_diff", "her", "him", what, direction)
+    return Session().sweeps.run(GRAMMAR, A, B, "logit_diff", "her", "him", what, direction)
 
 
 def open_compare(p: Page) -> None:
@@ -48,8 +48,9 @@ def open_compare(p: Page) -> None:
         tab.click()
     else:  # on a narrow window the tab sits in the "More tabs" menu, which a redraw of the tools may close:
         # open it and choose the tab until the tab shows
-        p.page.wait_for_function(OPEN_FROM_MENU, arg="Compare A / B", polling=500, timeout=60_000)
-    p.page.locator("#patch_run").wait_for(state="visible", timeout=30_000)
+        p.page.wait_for_function(OPEN_FROM_MENU, arg="Compare A / B", polling=500, timeout=ANSWER_MS)
+    p.page.locator("#patch_run").wait_for(state="visible", timeout=ANSWER_MS)
+    p.idle()  # the tab's own answer, before the form is read or used
     p.page.locator("#patch_run").scroll_into_view_if_needed()
 
 
@@ -76,7 +77,7 @@ def both_themes(p: Page, path: str) -> None:
     p.page.screenshot(path=path + "-light.png")
     for dark in (True, False):
         p.click("dark")
-        p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=10_000)
+        p.page.wait_for_function("d => document.body.classList.contains('dark') === d", arg=dark, timeout=ANSWER_MS)
         p.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         if dark:
             p.page.locator("#patch_map").scroll_into_view_if_needed()
@@ -105,7 +106,7 @@ def test_head_sweep_heatmap_summary_and_a_click_opens_the_head(app_server, brows
         p.page.screenshot(path=str(shots / "patching-heads-1366x900.png"))
         # the best cell, clicked with the mouse, opens L1H0
         (best_layer, best_head, share), *_ = r.best(1)
-        click_cell(p, "patch_map", best_layer, best_head)
+        assert click_cell(p, "patch_map", best_layer, best_head) == f"{best_layer},{best_head}"
         wait_title(p, "patch_head", f"L{best_layer}H{best_head}")
         head_fig = p.figure("patch_head")
         assert f"{100 * share:.0f} % restored" in head_fig["title"]
@@ -133,6 +134,7 @@ def test_position_sweep_names_the_tokens_and_refusals_change_nothing(app_server,
         open_compare(p)
         p.choose("patch_what", patching.SWEEPS["attn"])
         p.page.locator("#patch_direction label", has_text="noising: B into A").click()
+        p.idle()
         run_sweep(p, "Noising: B into A")
         r = local("attn", "noising")
         assert r.summary() in wait_text(p, "#patch_note", "makes")
@@ -158,12 +160,11 @@ def test_patching_fits_small_windows(app_server, browser, shots, size, large, sc
     context, p = open_page(app_server, browser, *size, scheme=scheme)
     try:
         if large:
-            p.page.locator("#presentation input").check()
-            p.page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=10_000)
+            p.large_fonts()
         open_compare(p)
         run_sweep(p, "Denoising")
         wait_text(p, "#patch_note", "L1H0 restores")
-        click_cell(p, "patch_map", 1, 0)
+        assert click_cell(p, "patch_map", 1, 0) == "1,0"
         wait_title(p, "patch_head", "L1H0")
         assert outside_width(p, size[0]) == []
         p.page.locator("#patch_map").scroll_into_view_if_needed()

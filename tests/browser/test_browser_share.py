@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import open_page, step, wait_picture
 from tests.support.share_page import share_section
 
@@ -36,7 +36,7 @@ def offline_page(browser, path):
     requests = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(path.as_uri())
-    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=ANSWER_MS)
     return context, page, requests
 
 
@@ -56,7 +56,7 @@ def test_a_link_opens_its_state_and_names_what_it_left_out(app_server, browser, 
         # the page's own link to this view opens the same text
         share_section(p)
         p.click("make_link")
-        href = p.page.locator("#share_link_a").get_attribute("href", timeout=20_000)
+        href = p.page.locator("#share_link_a").get_attribute("href", timeout=ANSWER_MS)
         assert "steps=5" in href and "temperature=0.0" in href and "head=1" in href
         q = Page(context, f"{app_server.url}{href}")
         q.wait_tokens(14)
@@ -71,6 +71,7 @@ def test_a_saved_session_opens_the_same_in_a_fresh_browser(app_server, browser, 
         for n in (13, 14, 15):
             step(p, n)
         p.page.locator("#tokens .token").nth(11).click()
+        p.idle()  # the token's answer first: the file saves the session as it then is
         share_section(p)
         p.click("save_session")
         path = download_from(p, "session_file", tmp_path)
@@ -86,7 +87,7 @@ def test_a_saved_session_opens_the_same_in_a_fresh_browser(app_server, browser, 
         chooser.value.set_files(str(path))
         q.wait_tokens(15)
         assert q.tokens() == tokens
-        q.page.wait_for_function(f"s => ({SHADE})() === s", arg=shade, timeout=30_000)  # the same weights, byte for byte
+        q.page.wait_for_function(f"s => ({SHADE})() === s", arg=shade, timeout=ANSWER_MS)  # the same weights, byte for byte
         assert "3 generated tokens replayed" in q.page.evaluate("() => document.querySelector('#share_note').innerText")
     finally:
         context.close()
@@ -101,7 +102,7 @@ def test_web_pages_of_a_view_and_a_film_open_offline(app_server, browser, tmp_pa
         view = download_from(p, "session_file", tmp_path)
         p.open_train_tab()
         p.page.locator("#film_page_btn").click()
-        film = download_from(p, "film_page", tmp_path, timeout=60_000)
+        film = download_from(p, "film_page", tmp_path, timeout=ANSWER_MS)
     finally:
         context.close()
     assert view.suffix == ".html" and view.name.startswith("grammar_L")
@@ -116,7 +117,7 @@ def test_web_pages_of_a_view_and_a_film_open_offline(app_server, browser, tmp_pa
         assert "step 0:" in page.evaluate("() => document.body.innerText")  # it opens on the first frame
         page.locator("input[type=range]").first.focus()
         page.keyboard.press("End")
-        page.wait_for_function("() => !document.body.innerText.includes('step 0:')", timeout=10_000)
+        page.wait_for_function("() => !document.body.innerText.includes('step 0:')", timeout=ANSWER_MS)
         assert all(u.startswith("file:") for u in requests)
     finally:
         ctx.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support.browser import Page
+from tests.support.browser import ANSWER_MS, Page
 
 
 GRAMMAR = "grammar (built-in)"
@@ -47,7 +47,7 @@ def wait_picture(p: Page, n_tokens: int, contains: str = "") -> dict:
     p.page.wait_for_function(
         f"([n, s]) => {{ const gd = {PLOT}; const m = gd && gd._fullLayout && gd._fullLayout.meta;"
         " return m && m.T === n && (gd._fullLayout.title.text || '').includes(s); }",
-        arg=[n_tokens, contains], timeout=30_000)
+        arg=[n_tokens, contains], timeout=ANSWER_MS)
     return p.figure("attention")
 
 

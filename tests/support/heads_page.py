@@ -6,8 +6,9 @@ import pytest
 
 from lab.session import Session
 from model.generate import Sampling
-from tests.support.browser import Page, sampling_section
+from tests.support.browser import ANSWER_MS, Page, sampling_section
 from tests.support.explore_page import open_page
+from tests.support.plot_click import click_cell  # noqa: F401 - the head tools' tests click overview cells
 
 
 GRAMMAR = "grammar (built-in)"
@@ -25,28 +26,18 @@ def page(app_server, browser):
     context.close()
 
 
-def click_cell(p: Page, elem: str, layer: int, head: int, panel: int = 0) -> None:
-    """A real mouse click on the centre of cell (layer, head) of an overview figure's panel."""
-    xy = p.page.evaluate(
-        """([e, l, h, k]) => {
-            const gd = document.querySelector('#' + e + ' .js-plotly-plot');
-            const L = gd._fullLayout, sfx = k ? String(k + 1) : '';
-            const xa = L['xaxis' + sfx], ya = L['yaxis' + sfx];
-            const box = gd.querySelector('.main-svg').getBoundingClientRect();
-            return [box.x + xa._offset + xa.l2p(h), box.y + ya._offset + ya.l2p(l)];
-        }""", [elem, layer, head, panel])
-    p.page.mouse.click(*xy)
-
-
 def head_tab(p: Page, name: str) -> None:
     """Show one of the head tools' tabs; on a narrow window the last ones sit behind "More tabs"."""
     tab = p.page.locator("#head_tools").get_by_role("tab", name=name)
     if tab.is_visible():
         tab.click()
-        return
-    p.page.locator("#head_tools button[aria-label='More tabs']").click()
-    p.page.locator("#head_tools .overflow-dropdown button, #head_tools .overflow-menu button").filter(
-        has_text=name).first.click()
+    else:
+        p.page.locator("#head_tools button[aria-label='More tabs']").click()
+        p.page.locator("#head_tools .overflow-dropdown button, #head_tools .overflow-menu button").filter(
+            has_text=name).first.click()
+    # the tab's answer draws its figure and sets the heads to ablate from the server's state: an answer of a
+    # click made before it came would be undone by it
+    p.idle()
 
 
 def greedy(p: Page) -> None:
@@ -59,7 +50,7 @@ def text(p: Page, selector: str) -> str:
     return p.page.evaluate("s => document.querySelector(s)?.innerText || ''", selector)
 
 
-def wait_text(p: Page, selector: str, fragment: str, timeout: float = 30_000) -> str:
+def wait_text(p: Page, selector: str, fragment: str, timeout: float = ANSWER_MS) -> str:
     p.page.wait_for_function("([s, f]) => (document.querySelector(s)?.innerText || '').includes(f)",
                              arg=[selector, fragment], timeout=timeout)
     return text(p, selector)
@@ -72,7 +63,7 @@ def plot_title(p: Page, elem: str) -> str:
 def wait_title(p: Page, elem: str, fragment: str) -> str:
     p.page.wait_for_function(
         "([e, f]) => (document.querySelector('#' + e + ' .js-plotly-plot')?._fullLayout.title?.text || '').includes(f)",
-        arg=[elem, fragment], timeout=30_000)
+        arg=[elem, fragment], timeout=ANSWER_MS)
     return plot_title(p, elem)
 
 
