@@ -212,8 +212,8 @@
   let toolsTimer = null;
   lab.toolsSig = "#last"; // the page opens with no text: nothing to ask for until there is one
   const scheduleTools = (sig) => {
+    clearTimeout(toolsTimer); // a refresh still pending for a text since left is dropped, even when back on the followed one
     if (sig === lab.toolsSig) return;
-    clearTimeout(toolsTimer);
     toolsTimer = setTimeout(() => {
       const b = document.querySelector("#refresh_tools");
       if (!b) return;
