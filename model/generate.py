@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .interventions import Intervention
+from .interventions import WHOLE_TEXT_MODES, Intervention
 from .transformer import DecoderLM, KVCache
 
 TEMPERATURE_RANGE = (0.0, 2.0)
@@ -134,7 +134,7 @@ class Decoder:
         iv = self.intervention
         if iv is not None and not isinstance(iv, Intervention):
             raise ValueError(f"intervention must be an Intervention, got {type(iv).__name__}")
-        if iv is not None and iv.mode == "mean" and iv.ablated_heads(self.model.cfg):
+        if iv is not None and iv.mode in WHOLE_TEXT_MODES and iv.ablated_heads(self.model.cfg):
             self.use_cache = False  # a mean over the positions needs the whole text at every step
         self.ids = list(self.ids)  # the decoder appends to its own copy, never to the caller's list
         self.block_size = self.model.cfg.block_size
