@@ -75,8 +75,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)",
            "torch.stack((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), dim=-1)",
            (E + "test_model.py", E + "test_families_llama.py"), "RoPE rotates the other way"),
-    Mutant("softmax_scale", "model/attention.py", "self.score_scale = 1.0 / math.sqrt(self.head_dim) if",
-           "self.score_scale = 1.0 / self.head_dim if", (E + "test_model.py",), "scores divided by d, not sqrt(d)"),
+    Mutant("softmax_scale", "model/attention.py", "self.score_scale = 1.0 / math.sqrt(cfg.query_scale_dim or self.head_dim)",
+           "self.score_scale = 1.0 / (cfg.query_scale_dim or self.head_dim)", (E + "test_model.py",), "scores divided by d, not sqrt(d)"),
     Mutant("sinusoidal_table", "model/transformer.py", "    table[:, 0::2] = torch.sin(angle)",
            "    table[:, 0::2] = torch.cos(angle)", (E + "test_model.py",), "even dimensions get cos, not sin"),
     # ----------------------------------------------------------------- the engine: sampling and decoding

@@ -2,7 +2,7 @@
 
 * grammar: the layer × head sweep (3 × 4 = 12 patched runs) of the grammar model on the minimal pair
   "anna found the key . she gave it to tom because he asked" ⇄ "tom … anna because she asked" (13
-  tokens), metric logit(she) − logit(he), denoising. `prepare` (A and B run once each, recorded) and
+  tokens), metric logit(she) − logit(he), denoising. `prepare_sweep` (A and B run once each, recorded) and
   the sweep, timed together and apart. Target ≤ 0.5 s.
 * gpt2: GPT-2 small's shape with random weights (bench.real_app.build_gpt2: 12 layers × 12 heads,
   d_model 768, 50,257 tokens; nothing downloaded), opened as the app opens a --model folder; two
@@ -59,7 +59,7 @@ def grammar(reps: int) -> None:
 
     entry = BUILTINS.get("grammar (built-in)")
     a, b, x, y = GRAMMAR_PAIR
-    out = timed(lambda: patching.prepare(entry, a, b, "logit_diff", x, y),
+    out = timed(lambda: patching.prepare_sweep(entry, a, b, "logit_diff", x, y),
                 lambda s: patching.sweep(s, "heads", "denoising"), reps)
     met = out["total"]["median"] <= TARGETS_S["grammar_heads"]
     emit("patching_grammar_heads", cells=12, tokens=13, seconds=out, target_s=TARGETS_S["grammar_heads"], met=met,
@@ -106,12 +106,12 @@ def gpt2(reps: int, batch_tokens: list[int]) -> None:
     emit("patching_gpt2_arithmetic", gflop_heads_sweep=round(flops / 1e9, 1), gflop_per_s=round(rate / 1e9, 1),
          floor_s=round(flops / rate, 2), cpu=cpu_model(), threads=torch.get_num_threads())
     for bt in batch_tokens:
-        out = timed(lambda: patching.prepare(entry, a, b, "logit_diff", answer, other),
+        out = timed(lambda: patching.prepare_sweep(entry, a, b, "logit_diff", answer, other),
                     lambda s: patching.sweep(s, "heads", "denoising", batch_tokens=bt), reps)
         met = out["total"]["median"] <= TARGETS_S["gpt2_heads"]
         emit("patching_gpt2_heads", cells=144, tokens=T_GPT2, batch_tokens=bt, seconds=out,
              target_s=TARGETS_S["gpt2_heads"], met=met, cpu=cpu_model(), threads=torch.get_num_threads())
-    out = timed(lambda: patching.prepare(entry, a, b, "logit_diff", answer, other),
+    out = timed(lambda: patching.prepare_sweep(entry, a, b, "logit_diff", answer, other),
                 lambda s: patching.sweep(s, "resid", "denoising"), max(1, reps // 2))
     emit("patching_gpt2_resid", cells=13 * T_GPT2, tokens=T_GPT2, batch_tokens=default, seconds=out,
          cpu=cpu_model(), threads=torch.get_num_threads())

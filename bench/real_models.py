@@ -75,7 +75,10 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def bench_step(name: str, ref, model, T: int, reps: int) -> None:
+def bench_step(name: str, ref, model, T: int, reps: int, bench: str = "real_models.step",
+               target: str = "ratio_step <= 1.0") -> None:
+    """Decoder.step, the engine's forward alone and transformers' forward at context T, interleaved;
+    medians emitted as `bench` (bench/real_families.py reuses this with its own name and targets)."""
     from transformers import DynamicCache
 
     from model.generate import Decoder, Sampling
@@ -106,11 +109,11 @@ def bench_step(name: str, ref, model, T: int, reps: int) -> None:
         step_s.append(timed(decoder.step))
         decoder.undo()  # back to T - 1 tokens (a fresh prefill, not timed)
     med = {k: statistics.median(v) for k, v in (("step", step_s), ("forward", forward_s), ("theirs", theirs_s))}
-    emit("real_models.step", model=name, T=T, reps=reps,
+    emit(bench, model=name, T=T, reps=reps,
          decoder_step_ms=round(med["step"] * 1e3, 2), engine_forward_ms=round(med["forward"] * 1e3, 2),
          transformers_ms=round(med["theirs"] * 1e3, 2),
          ratio_step=round(med["step"] / med["theirs"], 3), ratio_forward=round(med["forward"] / med["theirs"], 3),
-         target="ratio_step <= 1.0")
+         target=target)
 
 
 def bench_generate(name: str, ref, model, reps: int) -> None:

@@ -14,7 +14,7 @@ from .catalogue.models import ModelEntry
 from .checks import UserError, check_choice, check_int, whole_numbers
 from .limits import ATTENTION_VIEWS, COLOUR_MODES
 
-NARROW_PX = 700  # a window narrower than this gets the one-column page (phones)
+ONE_COLUMN_PX = 700  # a window narrower than this gets the one-column page (phones)
 SHORT_PX = 800  # a window lower than this (a projector's 1280×720) hides the page's header line
 HEAD_TOOLS = ("roles", "lens", "ablate", "compare")  # the tabs under the Explore text (ui/heads_tab.py)
 HEAD_PAGE = 6  # a layer with more heads than this shows them a page at a time ("H6–11" in the Head menu)
@@ -52,7 +52,7 @@ class Display:
 
     @property
     def narrow(self) -> bool:
-        return self.width < NARROW_PX
+        return self.width < ONE_COLUMN_PX
 
     @property
     def plot_width(self) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .checks import UserError, check_choice, check_int
 from .downloads import Export, to_csv  # noqa: F401 (Export read from here by the wiring and tests)
+from .limits import ATTENTION_KINDS
 from .shown import shown_attention
 from .heads import ranks
 from .server.files import file_name, model_stem, slug  # noqa: F401 (read from here by the wiring)
@@ -36,7 +37,6 @@ from .server.files import file_name, model_stem, slug  # noqa: F401 (read from h
 if TYPE_CHECKING:
     from .session import Session
 
-KINDS = ("weights", "scores")  # what an attention export holds: the softmax weights or the scores before it
 EXPORT_LENS_TOP = 10
 MAX_TOP = 1000
 NO_TEXT = "Press Step first: there is no text to export yet."
@@ -88,7 +88,7 @@ def attention(session: Session, layer, head, kind="weights") -> Export:
     the change; the file then says so ("drawn", "change") and adds the model's own attention beside
     it (column `unchanged_value`, JSON "unchanged_values")."""
     _need_text(session)
-    kind = check_choice("kind", kind, KINDS)
+    kind = check_choice("kind", kind, ATTENTION_KINDS)
     view = session.check_view(None, layer, "all" if head is None else head, "weights")
     att = session.attention()
     drawn, change = shown_attention(session.text, session.heads.settings)  # the figure's numbers (lab.shown)
@@ -263,7 +263,7 @@ def lens_export(session: Session, index=None, top=EXPORT_LENS_TOP) -> Export:
 # ------------------------------------------------------------------------------ effect
 
 
-def effect(session: Session, index=None) -> Export:
+def effect_export(session: Session, index=None) -> Export:
     """The next-token distribution after window position `index` without and with the session's
     ablation or edit (`lab.heads.effect`), every token, most probable before first."""
     _need_text(session)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from model.generate import Decoder, Sampling, generate
-from model.interventions import ABLATION_MODES, AttentionEdit
+from model.interventions import ABLATION_MODE_WORDS, ABLATION_MODES, AttentionEdit
 from model.attention import LayerCache
 from model.transformer import KVCache, read_out_rows
 
@@ -40,7 +40,7 @@ from .roles import HeadRoles, RolesCache
 from .text import Text, used_rows
 
 __all__ = ["Heads", "Lens", "Effect", "Move", "Regeneration", "lens_readout", "streams_at", "effect", "ranks",
-           "regenerate", "ABLATION_MODES", "LENS_TOP", "MAX_REGENERATE", "head_label"]
+           "regenerate", "ABLATION_MODES", "ABLATION_MODE_WORDS", "LENS_TOP", "MAX_REGENERATE", "head_label"]
 
 TOP_MOVES = 5  # how many of the top candidates a summary follows
 LENS_TOP = 5
@@ -105,7 +105,7 @@ def streams_at(d: Decoder, index: int) -> tuple[list[torch.Tensor], torch.Tensor
         return list(d.streams), d.logits[None]
     with torch.inference_mode():
         if d.use_cache and cache is not None and cache.length == len(d.window):
-            past = KVCache([LayerCache(c.k[:, :, :index], c.v[:, :, :index]) for c in cache.layers])
+            past = cache.upto(index)  # every layer's keys and values (and what else it keeps) before it
             out = model(torch.tensor([[d.window[index]]], device=d.device), cache=past, return_residuals=True,
                         intervention=None if iv is None else iv.within(d.start, index, index + 1))
             return list(out.residuals), out.logits[:, 0]

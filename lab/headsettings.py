@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from model.interventions import AttentionEdit, Intervention
+from model.interventions import ABLATION_MODE_WORDS, AttentionEdit, Intervention
 
 from .catalogue.models import ModelEntry
 from .checks import UserError, check_int, is_int
@@ -27,7 +27,6 @@ from .roles import HeadRoles
 from .text import Text
 
 _HEAD_RE = re.compile(r"^\s*L\s*(\d{1,3})\s*[·.,:/ ]?\s*H\s*(\d{1,3})\s*$", re.IGNORECASE)
-MODE_WORDS = {"zero": "zeroed", "mean": "mean-ablated", "uniform": "made uniform"}
 
 
 def head_label(layer: int, head: int) -> str:
@@ -95,8 +94,8 @@ class ProbeSettings:
         parts = []
         if self.heads or self.keep_only:
             listed = ", ".join(head_label(*h) for h in self.heads) or "no head"
-            parts.append(f"all heads but {listed} {MODE_WORDS[self.mode]}" if self.keep_only
-                         else f"{listed} {MODE_WORDS[self.mode]}")
+            done = ABLATION_MODE_WORDS[self.mode].done
+            parts.append(f"all heads but {listed} {done}" if self.keep_only else f"{listed} {done}")
         if self.edit is not None:
             e = self.edit
 
@@ -170,7 +169,7 @@ def badges(text: Text, settings: ProbeSettings, layer: int, roles: HeadRoles | N
     out = roles.badges(layer) if roles is not None else {}
     for layer_, h in ablated(text, settings):
         if layer_ == layer:
-            out[h] = " · ".join(filter(None, [out.get(h), f"✕ {MODE_WORDS[settings.mode]}"]))
+            out[h] = " · ".join(filter(None, [out.get(h), f"✕ {ABLATION_MODE_WORDS[settings.mode].done}"]))
     e = settings.edit
     if e is not None and e.layer == layer:
         out[e.head] = " · ".join(filter(None, [out.get(e.head), "✎ row edited"]))

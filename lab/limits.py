@@ -3,7 +3,7 @@
 The dropdowns and sliders in app.py, the checks in lab/, the concurrency settings of the
 server and the README's Limits table all read this module (a test holds the README to
 `limits_table()`). Option lists that belong to the engine (positional encodings, norms,
-activations, tokenizers) or to the figures (attention views) are defined there and only
+activations, tokenizers) or to the figures (attention views and kinds) are defined there and only
 re-exported here, so there is still one home for each.
 """
 
@@ -18,11 +18,11 @@ from model.film import FILM_FRAMES, MAX_FILM_FRAMES, MAX_PROBE_TOKENS
 from model.heads import MATCH_FORMULA, ROLES as HEAD_ROLES
 from model.generate import SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
 from model.tokenizers import TOKENIZER_KINDS
-from viz import ATTENTION_VIEWS, COLOUR_MODES, OVERVIEW_MAX_T
+from viz import ATTENTION_KINDS, ATTENTION_VIEWS, COLOUR_MODES, OVERVIEW_MAX_T
 
 __all__ = [
-    "ACTIVATIONS", "ATTENTION_VIEWS", "CHECKPOINT_LIMITS", "COLOUR_MODES", "FILM_FRAMES", "HEAD_ROLES",
-    "MATCH_FORMULA", "MAX_PROBE_TOKENS", "NORMS", "POS_ENCODINGS", "TOKENIZER_KINDS",
+    "ACTIVATIONS", "ATTENTION_KINDS", "ATTENTION_VIEWS", "CHECKPOINT_LIMITS", "COLOUR_MODES", "FILM_FRAMES",
+    "HEAD_ROLES", "MATCH_FORMULA", "MAX_PROBE_TOKENS", "NORMS", "POS_ENCODINGS", "TOKENIZER_KINDS",
     "MAX_PROMPT_CHARS", "MAX_NEW_TOKENS", "MAX_USER_MODELS", "OVERVIEW_MAX_TOKENS",
     "TEMPERATURE_RANGE", "TOP_K_RANGE", "TOP_P_RANGE", "SEED_RANGE", "TRAIN_LIMITS", "TRAIN_CORPORA",
     "TRAIN_MAX_SECONDS", "STOP_WAIT_S", "TEXT_CHARS", "UPLOAD_MAX_MB", "STATE_TTL_S", "SESSION_CAPACITY", "QUEUE_SIZE",

@@ -167,7 +167,7 @@ def _run(entry: ModelEntry, ids: torch.Tensor, patch: Patch | None = None, recor
         return entry.model(ids, patch=patch, record=record, logits="last")
 
 
-def prepare(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=None, other=None) -> PatchSetup:
+def prepare_sweep(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=None, other=None) -> PatchSetup:
     """Check two prompts and a metric, run A and B once each (recording their activations) and
     measure the metric on both; refuses prompts of different lengths or a difference of about 0."""
     ids_a, notes_a = encode_prompt(prompt_a, entry)
@@ -389,7 +389,7 @@ def sweep_flops(entry: ModelEntry, what: str, T: int) -> float:
     and reads out the last position."""
     cfg = entry.model.cfg
     C, hs, F = cfg.d_model, cfg.head_dim, cfg.ff_dim
-    proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + C * C + C * F * (3 if cfg.activation == "swiglu" else 2)
+    proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + cfg.attn_dim * C + C * F * (3 if cfg.gated else 2)
     per_token_block = 2 * proj + 4 * T * cfg.n_heads * hs
     _, _, sites = grid(entry, what, T)
     flops = 0.0

@@ -45,7 +45,7 @@ from .server.sessionstore import SessionStore
 from .server.warm import WARM, release_freed_memory
 from .sweeps import Sweeps
 from .text import Attention, Probabilities, Text, sampling_record, text_bytes
-from .training import Training, TrainingRun, TrainProgress, check_form, new_entry, prepare, run_training
+from .training import Training, TrainingRun, TrainProgress, check_form, new_entry, prepare_run, run_training
 
 __all__ = ["Session", "SESSIONS", "BUSY_WAIT_S", "HEAD_TOOLS", "MAX_LOG", "View", "Display", "Attention",  # read
            "Probabilities", "TrainingRun", "TrainProgress", "encode_prompt", "removed_note"]  # from here too
@@ -393,7 +393,7 @@ class Session:
                           probe=probe)
         try:  # Stop works from here on: while the tokenizer trains, and then for the run itself
             stop = self.training.starting = threading.Event()
-            corpus, mcfg, tcfg = prepare(form, stop)
+            corpus, mcfg, tcfg = prepare_run(form, stop)
         finally:
             self.training.starting = None
         return self._run_training(corpus, form.corpus_name, mcfg, tcfg, stop)

@@ -111,7 +111,7 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
 
 
 @dataclasses.dataclass
-class Opened:
+class OpenedSession:
     """What an opened session restores besides the text itself (the wiring sets its controls)."""
 
     model: str  # its name in the model list
@@ -297,7 +297,7 @@ def _probe(scratch: Session, doc: dict, name: str) -> None:
         raise _bad(f"its head settings do not fit ({str(exc).rstrip('.')})") from None
 
 
-def open_session(session: Session, path) -> Opened:
+def open_session(session: Session, path) -> OpenedSession:
     """Open a session file into `session`: everything is replayed on a scratch session, then taken
     over at once (own model, text, view, head settings). Refused files change nothing."""
     doc = read_session_file(path)
@@ -332,7 +332,7 @@ def open_session(session: Session, path) -> Opened:
         name = session.adopt(scratch, name)
     finally:
         MODEL_BUDGET.release(scratch)
-    return Opened(name, prompt, view, form, notes)
+    return OpenedSession(name, prompt, view, form, notes)
 
 
 def _told(scratch: Session) -> str:

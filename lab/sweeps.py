@@ -41,7 +41,7 @@ class Sweeps:
                 raise UserError("A patching sweep is already running in this session; wait for it or press Stop.")
             stop = self._stop = threading.Event()
         try:
-            setup = patching.prepare(entry, prompt_a, prompt_b, metric, answer, other)
+            setup = patching.prepare_sweep(entry, prompt_a, prompt_b, metric, answer, other)
             T, work = len(setup.ids_a), patching.sweep_flops(entry, what, len(setup.ids_a))
             if work > patching.MAX_SWEEP_GFLOP * 1e9:  # read when it runs: the limit is lab.patching's
                 runs = len(grid(entry, what, T)[2])

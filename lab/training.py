@@ -182,7 +182,7 @@ def check_form(corpus_name, pasted, upload, tokenizer_kind, layers, heads, d_mod
     return TrainForm(corpus_name, tokenizer_kind if own_tokenizer else None, text, sizes, keep_best, probe)
 
 
-def prepare(form: TrainForm, stop: threading.Event) -> tuple[Corpus, object, TrainConfig]:
+def prepare_run(form: TrainForm, stop: threading.Event) -> tuple[Corpus, object, TrainConfig]:
     """The corpus (its tokenizer trained) and the run's configs; `stop` ends the preparation early."""
     try:
         corpus = build_corpus(form.corpus_name, form.tokenizer_kind, seed=form.sizes["seed"], text=form.text,

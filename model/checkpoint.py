@@ -43,7 +43,7 @@ from .transformer import DecoderLM
 
 FORMAT = "decoder-lab/1"
 MAX_FILE_BYTES = 20 * 1024 * 1024
-MAX_HEADER_BYTES = 1024 * 1024
+MAX_CHECKPOINT_HEADER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Limits:
     max_block_size: int = 256
     max_vocab: int = MAX_LOADED_VOCAB  # the tokenizer loader's bound, stated once there
     # the JSON header (a converted pretrained model carries its tokenizer.json there: GPT-2's is 1.4 MB)
-    max_header_bytes: int = MAX_HEADER_BYTES
+    max_header_bytes: int = MAX_CHECKPOINT_HEADER_BYTES
 
     def check(self, cfg: ModelConfig) -> None:
         bounds = {
@@ -193,7 +193,7 @@ def save_checkpoint(path: str | Path, model: DecoderLM, tokenizer: Tokenizer, me
     return path
 
 
-def read_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int]:
+def read_checkpoint_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any], int]:
     """(header, offset of the tensors) of checkpoint bytes (model.st_layout.read_header, the one reader)."""
     if len(data) > limits.max_file_bytes:
         raise ValueError(f"file is {len(data):,} bytes; the limit is {limits.max_file_bytes:,}")
@@ -207,7 +207,7 @@ def parse_checkpoint(data: bytes, limits: Limits = DEFAULT_LIMITS,
     `before_build(cfg)` is called once the config is known to be valid and before any tensor is
     allocated (a server checks its memory budget there); whatever it raises propagates.
     """
-    header, body_start = read_header(data, limits)
+    header, body_start = read_checkpoint_header(data, limits)
     meta_raw = header.pop("__metadata__", None)
     if not isinstance(meta_raw, dict) or meta_raw.get("format") != FORMAT:
         raise ValueError(f"not a Decoder Lab checkpoint (missing '{FORMAT}' metadata)")

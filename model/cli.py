@@ -306,7 +306,8 @@ def generate_parser() -> argparse.ArgumentParser:
         description="Continue a prompt with a saved checkpoint, one token at a time.",
     )
     p.add_argument("--checkpoint", required=True,
-                   help="a .safetensors Decoder Lab checkpoint, a Hugging Face model folder, or a nanoGPT ckpt.pt")
+                   help="a .safetensors Decoder Lab checkpoint, a Hugging Face model folder, a nanoGPT ckpt.pt, "
+                        "or a nanochat checkpoint folder (or its model_<step>.pt)")
     p.add_argument("--meta", help="a nanoGPT run's meta.pkl (character vocabulary); looked for beside ckpt.pt")
     p.add_argument("--tokenizer", help="GPT-2's tokenizer.json for a nanoGPT run on GPT-2's tokens "
                                        "(default: the local Hugging Face cache; nothing is downloaded)")

@@ -16,8 +16,12 @@ from typing import Any
 from .json_bounds import is_whole, short
 
 POS_ENCODINGS = ("sinusoidal", "learned", "rope", "none")
-NORMS = ("pre", "post", "none")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+# "sandwich": a norm before and after each branch, the branch's output normalised before it joins the
+# residual (Gemma 2/3); "post_branch": only that second norm (OLMo 2); both end in a final norm as "pre" does
+NORMS = ("pre", "post", "none", "sandwich", "post_branch")
+# gated ones ("swiglu", "geglu") hold the gate's rows, then the value's; "relu2" is relu(x)² (nanochat)
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu", "relu2")
+GATED = ("swiglu", "geglu")
 MASKS = ("causal", "bidirectional")
 INITS = ("gpt2", "torch")
 # Options the imported families need (model/families); each default is the engine's own behaviour.
@@ -25,6 +29,15 @@ ATTN_SCALES = ("inverse_sqrt", "none")  # scores times 1/sqrt(head_dim) (Vaswani
 GELU_APPROXIMATIONS = ("none", "tanh")  # torch's names: exact erf GELU, or GPT-2's tanh form (`gelu_new`)
 NORM_KINDS = ("layernorm", "rmsnorm")  # RMSNorm (Zhang & Sennrich 2019): no mean, no bias (Llama)
 ROPE_PRECISIONS = ("float64", "float32")  # how RoPE's angles position x frequency are computed
+# q/k normalisation before the rotary step: RMSNorm over each head's hs dimensions (Qwen3, Gemma 3), or
+# over all heads of a position at once (OLMo 2: H*hs for queries, Hkv*hs for keys)
+QK_NORMS = ("none", "head", "whole")
+# rope_scaling, a tuple: () none; ("linear", factor): every inverse frequency divided by factor (Gemma 3's
+# global layers); ("llama3", factor, low_freq_factor, high_freq_factor, original_positions): Llama 3.1's
+# fixed change of the inverse frequencies (long wavelengths slowed by factor, short ones kept, a blend between)
+# ("longrope", attention_factor, f_0, ..., f_{rd/2-1}): Phi-3's LongRoPE within its original context, where
+# it uses its short factors: frequency i divided by f_i, cos and sin multiplied by attention_factor
+ROPE_SCALINGS = {"linear": 1, "llama3": 4, "longrope": None}  # kind: how many numbers follow it (None: 1 + rd/2)
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,32 @@ class ModelConfig:
       (T, T) map per query head, which is what the model multiplies V with.
     * vocab_used: the tokenizer's vocabulary when the embedding has more rows (padding); the
       rows from vocab_used on are never sampled. None means all of vocab_size.
+    * head_size: each head's width when it is not d_model / n_heads (Qwen3: 16 heads x 128 = 2048 for
+      d_model 1024; Gemma); the output projection maps n_heads * head_size back to d_model.
+    * qk_norm: RMSNorm of queries and keys before the rotary step ("head" or "whole", QK_NORMS).
+    * query_scale_dim: the scores are multiplied by 1/sqrt(query_scale_dim) instead of 1/sqrt(head_dim)
+      (Gemma's query_pre_attn_scalar). None: head_dim.
+    * attn_softcap, logit_softcap: c * tanh(x / c) on the scaled scores before the mask, and on the
+      logits (Gemma 2). None: no capping.
+    * embed_scale: the token embedding is multiplied by this before the first block (Gemma: sqrt(d)).
+    * norm_offset: every RMSNorm multiplies by (norm_offset + weight) (Gemma stores weight - 1: offset 1).
+    * rope_scaling: a change of the rotary's inverse frequencies (ROPE_SCALINGS), on the layers that use
+      pe_base. local_rope_base: layers with an attention window rotate with this base instead, unscaled
+      (Gemma 3's local layers); None: they use pe_base too. rope_off_layers: layers that do not rotate
+      at all (SmolLM3's NoPE layers).
+    nanochat's options (Karpathy's nanochat, 2026; each off by default):
+    * norm_weight: False makes every norm (RMSNorm only) parameter-free: x / sqrt(mean(x²) + eps), no weight
+      in the model or its files (nanochat's norms, eps = float32's machine epsilon 2^-23).
+    * embed_norm: a norm of the token embedding before anything else reads it.
+    * smear_width: > 0 adds to each token's (normed) embedding a share of the previous token's:
+      x_t += smear_lambda * sigmoid(x_t[:smear_width] . smear_gate) * x_(t-1), x_(t-1) before its own smear;
+      the first token of a text is left as it is (a cache keeps the embeddings the next step needs).
+    * x0_mix: block l reads resid_lambda_l * x + x0_lambda_l * x0 (x0: the stream after the embedding).
+    * value_embed_layers: layers whose values gain a second embedding of each token, gated per key/value
+      head: v += value_gate_scale * sigmoid(h[:value_gate_width] . ve_gate) * value_embed[token], h the
+      block's normed input.
+    * backout_layer: the stream after this block, times backout_lambda, is taken away before the final norm.
+    * qk_gain: queries and keys times this after the q/k norm (nanochat: 1.2 after a parameter-free norm).
     Tied or untied output head: tie_weights. A gated SiLU MLP (Llama): activation="swiglu".
     """
 
@@ -91,6 +130,25 @@ class ModelConfig:
     norm_bias: bool | None = None
     n_kv_heads: int | None = None
     vocab_used: int | None = None
+    head_size: int | None = None
+    qk_norm: str = "none"
+    query_scale_dim: int | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    embed_scale: float = 1.0
+    norm_offset: float = 0.0
+    rope_scaling: tuple = ()
+    local_rope_base: float | None = None
+    rope_off_layers: tuple[int, ...] = ()
+    norm_weight: bool = True
+    embed_norm: bool = False
+    smear_width: int = 0
+    x0_mix: bool = False
+    value_embed_layers: tuple[int, ...] = ()
+    value_gate_width: int = 0
+    value_gate_scale: float = 1.0
+    backout_layer: int | None = None
+    qk_gain: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
@@ -106,14 +164,16 @@ class ModelConfig:
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("mask", self.mask, MASKS)
         _choice("init", self.init, INITS)
-        if self.d_model % self.n_heads:
+        if self.head_size is not None and (not is_whole(self.head_size) or self.head_size == 0):
+            raise ValueError(f"head_size must be a positive whole number or None, got {short(self.head_size)}")
+        if self.head_size is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({short(self.d_model)}) must be divisible by n_heads ({short(self.n_heads)}); "
                 f"try d_model={short(self.n_heads * max(1, _nearest(self.d_model, self.n_heads)))}"
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
             raise ValueError(
-                f"RoPE rotates pairs of dimensions, so the head size d_model/n_heads must be even "
+                f"RoPE rotates pairs of dimensions, so the head size must be even "
                 f"(it is {self.head_dim}); change d_model or n_heads"
             )
         if self.pos_encoding == "sinusoidal" and self.d_model % 2:
@@ -170,10 +230,111 @@ class ModelConfig:
         if used is not None and (not is_whole(used) or not 0 < used <= self.vocab_size):
             raise ValueError(f"vocab_used must be a whole number from 1 to vocab_size ({self.vocab_size}), "
                              f"got {short(used)}")
+        self._check_newer_options()
+
+    def _check_newer_options(self) -> None:
+        """The options of the 2024-26 families (Qwen, Gemma, OLMo 2, SmolLM3, Llama 3, nanochat)."""
+        _choice("qk_norm", self.qk_norm, QK_NORMS)
+        qsd = self.query_scale_dim
+        if qsd is not None and (not is_whole(qsd) or qsd == 0):
+            raise ValueError(f"query_scale_dim must be a positive whole number or None, got {short(qsd)}")
+        for name in ("attn_softcap", "logit_softcap", "local_rope_base"):
+            value = getattr(self, name)
+            if value is not None and not _real(name, value, "a positive number or None") > 0:
+                raise ValueError(f"{name} must be a positive number or None, got {short(value)}")
+        if self.local_rope_base is not None and not self.local_rope_base > 1.0:
+            raise ValueError(f"local_rope_base must be a number > 1, got {short(self.local_rope_base)}")
+        if not _real("embed_scale", self.embed_scale, "a positive number") > 0:
+            raise ValueError(f"embed_scale must be a positive number, got {short(self.embed_scale)}")
+        if self.norm_offset not in (0.0, 1.0) or isinstance(self.norm_offset, bool):
+            raise ValueError(f"norm_offset must be 0 or 1, got {short(self.norm_offset)}")
+        if self.norm_offset and self.norm_kind != "rmsnorm":
+            raise ValueError("norm_offset applies to RMSNorm only")
+        if not self.attn_out_proj and self.attn_dim != self.d_model:
+            raise ValueError("without an output projection the heads side by side must be d_model wide")
+        if self.norm in ("sandwich", "post_branch") and self.parallel_residual:
+            raise ValueError(f"norm={self.norm!r} cannot be combined with parallel_residual")
+        for name in ("rope_scaling", "rope_off_layers"):
+            if isinstance(getattr(self, name), list):  # a config read from JSON holds lists
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        scaling = self.rope_scaling
+        count = ROPE_SCALINGS.get(scaling[0], -1) if isinstance(scaling, tuple) and scaling else 0
+        if count is None:  # longrope: the attention factor, then one factor per rotated pair
+            count = 1 + self.rope_dim // 2
+        if not isinstance(scaling, tuple) or (scaling and (
+                len(scaling) != 1 + count or not all(_positive(v) for v in scaling[1:]))):
+            raise ValueError(f"rope_scaling must be (), ('linear', factor), ('llama3', factor, low_freq_factor, "
+                             f"high_freq_factor, original_positions) or ('longrope', attention_factor, one factor "
+                             f"per rotated pair) with positive numbers, got {short(scaling)}")
+        if scaling and scaling[0] == "llama3" and not scaling[3] > scaling[2]:
+            raise ValueError("rope_scaling llama3 needs high_freq_factor > low_freq_factor")
+        off = self.rope_off_layers
+        if not isinstance(off, tuple) or any(not is_whole(i) or i >= self.n_layers for i in off) \
+                or len(set(off)) != len(off):
+            raise ValueError(f"rope_off_layers must list distinct layers from 0 to {self.n_layers - 1}, "
+                             f"got {short(off)}")
+        if (scaling or off or self.local_rope_base is not None) and self.pos_encoding != "rope":
+            raise ValueError("rope_scaling, rope_off_layers and local_rope_base apply to pos_encoding='rope' only")
+        self._check_nanochat_options()
+
+    def _check_nanochat_options(self) -> None:
+        """nanochat's options (see the class docstring)."""
+        for name in ("norm_weight", "embed_norm", "x0_mix"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {short(getattr(self, name))}")
+        if not self.norm_weight and (self.norm_kind != "rmsnorm" or self.norm_offset):
+            raise ValueError("norm_weight=false (parameter-free norms) applies to RMSNorm without norm_offset only")
+        if self.embed_norm and self.norm == "none":
+            raise ValueError("embed_norm needs a norm (norm is 'none')")
+        if not is_whole(self.smear_width) or self.smear_width > self.d_model:
+            raise ValueError(f"smear_width must be a whole number from 0 to d_model ({self.d_model}), "
+                             f"got {short(self.smear_width)}")
+        if isinstance(self.value_embed_layers, list):  # a config read from JSON holds a list
+            object.__setattr__(self, "value_embed_layers", tuple(self.value_embed_layers))
+        ve = self.value_embed_layers
+        if not isinstance(ve, tuple) or any(not is_whole(i) or i >= self.n_layers for i in ve) \
+                or len(set(ve)) != len(ve):
+            raise ValueError(f"value_embed_layers must list distinct layers from 0 to {self.n_layers - 1}, "
+                             f"got {short(ve)}")
+        if ve and (not is_whole(self.value_gate_width) or not 0 < self.value_gate_width <= self.d_model):
+            raise ValueError(f"value_gate_width must be a whole number from 1 to d_model ({self.d_model}) when "
+                             f"value_embed_layers are given, got {short(self.value_gate_width)}")
+        if not is_whole(self.value_gate_width):
+            raise ValueError(f"value_gate_width must be a whole number, got {short(self.value_gate_width)}")
+        for name in ("value_gate_scale", "qk_gain"):
+            if not _real(name, getattr(self, name), "a positive number") > 0:
+                raise ValueError(f"{name} must be a positive number, got {short(getattr(self, name))}")
+        b = self.backout_layer
+        if b is not None and (not is_whole(b) or b >= self.n_layers):
+            raise ValueError(f"backout_layer must be a layer from 0 to {self.n_layers - 1} or None, got {short(b)}")
+        if b is not None and not self.has_final_norm:
+            raise ValueError("backout_layer needs a final norm (a pre-norm style)")
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.head_size is None else self.head_size
+
+    @property
+    def attn_dim(self) -> int:
+        """Width of all query heads side by side (n_heads * head_dim; d_model unless head_size says)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (its `up` holds the gate's rows, then the value's)."""
+        return self.activation in GATED
+
+    def rope_base(self, layer: int) -> float | None:
+        """The rotary base layer `layer` turns with; None when it does not rotate."""
+        if self.pos_encoding != "rope" or layer in self.rope_off_layers:
+            return None
+        if self.local_rope_base is not None and self.window(layer):
+            return self.local_rope_base
+        return self.pe_base
+
+    def rope_scaled(self, layer: int) -> tuple:
+        """The frequency change layer `layer`'s rotary uses (() for none: local layers are never scaled)."""
+        return () if self.local_rope_base is not None and self.window(layer) else self.rope_scaling
 
     @property
     def ff_dim(self) -> int:
@@ -190,6 +351,11 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Key/value heads per layer (n_heads unless grouped-query attention)."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether a norm sits between the last block and the output head (every pre-norm style)."""
+        return self.norm in ("pre", "sandwich", "post_branch")
 
     def part_bias(self, part: str) -> bool:
         """Whether `part` (qkv, attn_out, mlp or norm) has a bias: its own field, else `bias`."""
@@ -228,26 +394,42 @@ class ModelConfig:
         qkv_out = (self.n_heads + 2 * self.kv_heads) * self.head_dim
         bq, bo = int(self.part_bias("qkv")), int(self.part_bias("attn_out"))
         b, bn = int(self.part_bias("mlp")), int(self.part_bias("norm"))
-        attn = d * qkv_out + bq * qkv_out + (d * d + bo * d if self.attn_out_proj else 0)
+        a = self.attn_dim
+        attn = d * qkv_out + bq * qkv_out + (a * d + bo * d if self.attn_out_proj else 0)
+        if self.qk_norm == "head" and self.norm_weight:
+            attn += 2 * self.head_dim
+        elif self.qk_norm == "whole" and self.norm_weight:
+            attn += (self.n_heads + self.kv_heads) * self.head_dim
         f = self.ff_dim
         if f == 0:
             ffn = 0
-        elif self.activation == "swiglu":
+        elif self.gated:
             ffn = 2 * (d * f + b * f) + f * d + b * d
         else:
             ffn = d * f + b * f + f * d + b * d
-        norm_params = (d + bn * d) if self.norm != "none" else 0
-        per_layer = attn + ffn + 2 * norm_params
+        bn = bn if self.norm_kind == "layernorm" else 0  # RMSNorm never has a bias
+        norm_params = (d + bn * d) if self.norm != "none" and self.norm_weight else 0
+        norms_per_layer = {"sandwich": 4, "none": 0}.get(self.norm, 2)
+        per_layer = attn + ffn + norms_per_layer * norm_params
         total = v * d + L * per_layer
         if self.pos_encoding == "learned":
             total += self.block_size * d
-        if self.norm == "pre":
+        if self.has_final_norm:
+            total += norm_params
+        if self.embed_norm:
             total += norm_params
         if not self.tie_weights:
             total += v * d
         if self.head_bias:
             total += v
-        return total
+        return total + self._nanochat_params()
+
+    def _nanochat_params(self) -> int:
+        """Parameters of nanochat's options: the smear gate, the per-layer lambdas, value embeddings and
+        their gates, the backout lambda."""
+        n = (self.smear_width + 1 if self.smear_width else 0) + (2 * self.n_layers if self.x0_mix else 0)
+        n += len(self.value_embed_layers) * self.kv_heads * (self.vocab_size * self.head_dim + self.value_gate_width)
+        return n + (1 if self.backout_layer is not None else 0)
 
 
 def _nearest(a: int, b: int) -> int:
@@ -268,6 +450,16 @@ def _real(name: str, value: Any, rule: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{name} must be {rule}, got {short(value)}")
     return number
+
+
+def _positive(value: Any) -> bool:
+    """Whether value is a finite number above 0 (an int or a float, not a bool; no overflow for huge ints)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:
+        return False
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:

@@ -3,7 +3,9 @@
 `open_source(src)` opens, by what `src` is:
 
 * a `.safetensors` file: a Decoder Lab checkpoint (model/checkpoint.py), under LOCAL_LIMITS;
-* a folder: a Hugging Face model folder (model/families: GPT-2, GPT-Neo, GPT-NeoX, Llama);
+* a folder: a Hugging Face model folder (model/families: GPT-2, GPT-Neo, GPT-NeoX, Llama), or a nanochat
+  checkpoint folder of model_<step>.pt files (model/nanochat.py: its largest step);
+* a nanochat model_<step>.pt with its meta_<step>.json beside it: that step (model/nanochat.py);
 * any other file: a nanoGPT `ckpt.pt` (model/nanogpt.py), with its meta.pkl or GPT-2's tokenizer.
 
 These are files the person at the command line chose, so the app's upload limits (sized for
@@ -39,7 +41,7 @@ LOCAL_LIMITS = Limits(max_file_bytes=16 * 1024**3, max_params=MAX_PARAMS, max_la
 
 
 @dataclass
-class Opened:
+class OpenedSource:
     """A model ready to run, its tokenizer, and where it came from (saved as the checkpoint's meta)."""
 
     model: DecoderLM
@@ -47,7 +49,7 @@ class Opened:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str | Path | None = None) -> Opened:
+def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str | Path | None = None) -> OpenedSource:
     """The model at `src` (see the module docstring). meta / tokenizer: a nanoGPT run's meta.pkl or
     GPT-2 tokenizer.json (only for a ckpt.pt). Any problem is a ValueError with one sentence."""
     path = local_path(src)  # a name no file can have is a sentence, not an OSError
@@ -56,24 +58,32 @@ def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str 
         raise ValueError(f"{shortened(src)} does not exist")
     if kind == "other":
         raise ValueError(f"{shortened(src)} is neither a file nor a folder")
-    nanogpt = kind == "file" and path.suffix != ".safetensors"
+    from .nanochat import is_nanochat
+
+    nanochat = is_nanochat(path)
+    nanogpt = kind == "file" and path.suffix != ".safetensors" and not nanochat
     if not nanogpt and (meta is not None or tokenizer is not None):
         raise ValueError("--meta and --tokenizer apply to a nanoGPT ckpt.pt only")
+    if nanochat:
+        from .nanochat import load_nanochat
+
+        run = load_nanochat(path)
+        return OpenedSource(run.model, run.tokenizer, run.meta)
     if kind == "folder":
         from .families import open_folder
 
         model, tok = open_folder(path)
-        return Opened(model, tok, {"source": "Hugging Face folder", "name": path.resolve().name})
+        return OpenedSource(model, tok, {"source": "Hugging Face folder", "name": path.resolve().name})
     if not nanogpt:
         ckpt = load_checkpoint(path, LOCAL_LIMITS)
-        return Opened(ckpt.model, ckpt.tokenizer, ckpt.meta)
+        return OpenedSource(ckpt.model, ckpt.tokenizer, ckpt.meta)
     from .nanogpt import load_nanogpt
 
     run = load_nanogpt(path, meta=meta, tokenizer=tokenizer)
-    return Opened(run.model, run.tokenizer, run.meta)
+    return OpenedSource(run.model, run.tokenizer, run.meta)
 
 
-def check_storable(opened: Opened) -> None:
+def check_storable(opened: OpenedSource) -> None:
     """Refuse, before anything is written, a model whose file the checkpoint loader could not open
     again: its tokenizer must come back from the file's JSON, through the loader's own checks, the
     same tokenizer (a tokenizer.json with a step the checks do not allow is refused here, by name)."""
@@ -90,7 +100,7 @@ def check_storable(opened: Opened) -> None:
                          "was written; python -m model.generate --checkpoint opens the source itself")
 
 
-def upload_refusal(model: DecoderLM, path: Path) -> str | None:
+def predicted_upload_refusal(model: DecoderLM, path: Path) -> str | None:
     """Why the app's upload would refuse the file written at `path`, or None: past the size and
     config bounds, the upload's own loader opens it under the upload limits."""
     size = path.stat().st_size
@@ -115,9 +125,11 @@ def _out_path(text: str) -> Path:
 def convert_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m model.convert",
-        description="Write a model (Decoder Lab file, Hugging Face folder or nanoGPT ckpt.pt) as a Decoder Lab checkpoint.",
+        description="Write a model (Decoder Lab file, Hugging Face folder, nanoGPT ckpt.pt or nanochat checkpoint) "
+                    "as a Decoder Lab checkpoint.",
     )
-    p.add_argument("source", help="a .safetensors Decoder Lab checkpoint, a Hugging Face model folder, or a nanoGPT ckpt.pt")
+    p.add_argument("source", help="a .safetensors Decoder Lab checkpoint, a Hugging Face model folder, a nanoGPT "
+                                  "ckpt.pt, or a nanochat checkpoint folder (or its model_<step>.pt)")
     p.add_argument("--out", required=True, type=_out_path, help="the .safetensors file to write")
     p.add_argument("--meta", help="a nanoGPT run's meta.pkl (character vocabulary); looked for beside ckpt.pt")
     p.add_argument("--tokenizer", help="GPT-2's tokenizer.json for a nanoGPT run on GPT-2's tokens "
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse(parser, str(exc))  # one line, exit status 2
     size = path.stat().st_size
     print(f"wrote {path} ({opened.model.n_params():,} parameters, {size:,} bytes)")
-    refusal = upload_refusal(opened.model, path)
+    refusal = predicted_upload_refusal(opened.model, path)
     if refusal:
         print(f"the app's upload will not take it ({refusal}); python -m model.generate --checkpoint opens it")
     return 0

@@ -1,7 +1,8 @@
 """A film made from a series of checkpoints of one model, instead of recorded while training here.
 
 Some models publish their training as a series of checkpoints (Pythia: hub revisions step0 …
-step143000). Each checkpoint becomes one frame, computed as a training film's frame is: the
+step143000; OLMo 2: stage1-step1000-tokens3B …, then its mid-training's stage2-ingredient1-step1000-…).
+Each checkpoint becomes one frame, computed as a training film's frame is: the
 attention of every head on the probe prompt (`model.train.probe`), so the film's head scores and
 phases (model/film.py) are those of a film recorded while training. A frame's first loss is that
 checkpoint's mean next-token loss on the probe prompt itself, named "loss on the probe" wherever it is
@@ -33,22 +34,52 @@ from .sources import kind_of, local_path, refuse, shortened, shown_name
 HELDOUT_TOKENS = 4096  # the held-out text's first tokens that are scored (a frame must stay cheap on a CPU)
 HELDOUT_BYTES = 256 * 1024  # what is read of the held-out file: far more text than HELDOUT_TOKENS tokens
 _STEP = re.compile(r"(\d+)$")
+# a name that says its step between dashes (OLMo 2's stage1-step1000-tokens3B): the run it belongs to is what
+# comes before "step" ("stage1-", "stage2-ingredient1-"; Pythia's step1000 has none), its stage the number
+# after a leading "stage"
+_NAMED_STEP = re.compile(r"(.*?)(?<![^\W_])step(\d+)(?![^\W_])")
+_STAGE = re.compile(r"stage(\d+)(?![^\W_])")
 _REVISION = re.compile(r"[\w.-]{1,100}")
 
 
+def _step_of(revision: str) -> tuple[str, int, int] | None:
+    """(run, stage, step) of a revision name, or None when it names no step: the number after "step"
+    (OLMo 2's stage1-step1000-tokens3B -> 1000), else the number the name ends with (Pythia's step1000,
+    checkpoint-500); the stage is 0 for a name without one."""
+    named = _NAMED_STEP.match(revision)
+    if named:
+        run, step = named.group(1), int(named.group(2))
+    else:
+        found = _STEP.search(revision)
+        if not found:
+            return None
+        run, step = "", int(found.group(1))
+    stage = _STAGE.match(run)
+    return run, int(stage.group(1)) if stage else 0, step
+
+
 def revision_steps(revisions: list[str]) -> list[int]:
-    """Each revision's step: the number its name ends with (step1000 -> 1000) when every name has one (they
-    must then increase: the revisions are given in training order); otherwise the revisions' places in the
-    series (0, 1, 2, …)."""
-    found = [_STEP.search(r) for r in revisions]
-    steps = [int(m.group(1)) for m in found if m]
-    if len(steps) != len(revisions):
+    """Each revision's step when every name has one (see _step_of); otherwise the revisions' places in the
+    series (0, 1, 2, …). The revisions are given in training order: within one run the steps increase.
+    OLMo 2 counts the steps of each stage from 0 again, so a series that goes on into a later stage (stage 1,
+    then one of stage 2's runs) is in order when its stages increase, and its frames are numbered by place;
+    two runs of one stage (stage 2's ingredients, trained side by side) are not one training and are refused."""
+    found = [_step_of(r) for r in revisions]
+    if any(f is None for f in found):
         return list(range(len(revisions)))
-    for rev, before, step in zip(revisions[1:], steps, steps[1:]):
-        if step <= before:
-            raise ValueError(f"revision {rev} is step {step}, not after step {before}: give the revisions in "
+    for rev, (run0, stage0, step0), (run, stage, step) in zip(revisions[1:], found, found[1:]):
+        if run == run0 and step <= step0:
+            raise ValueError(f"revision {rev} is step {step}, not after step {step0}: give the revisions in "
                              "training order")
-    return steps
+        if run != run0 and stage < stage0:
+            raise ValueError(f"revision {rev} is of stage {stage}, after a revision of stage {stage0}: give the "
+                             "revisions in training order")
+        if run != run0 and stage == stage0:
+            raise ValueError(f"revision {rev} is of another run ({run.rstrip('-_.') or 'none'}) of the same stage as "
+                             f"the revision before it ({run0.rstrip('-_.') or 'none'}): a film follows one training")
+    if len({run for run, _, _ in found}) > 1:
+        return list(range(len(revisions)))
+    return [step for _, _, step in found]
 
 
 def series_folders(src: str, revisions: list[str]) -> list[Path]:
@@ -172,7 +203,8 @@ def film_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a folder holding one Hugging Face model folder per revision, or a hub repo "
                                   "id read from the local Hugging Face cache (nothing is downloaded)")
     p.add_argument("--revisions", required=True,
-                   help="the revisions in training order, separated by commas (step0,step1000,…)")
+                   help="the revisions in training order, separated by commas (Pythia's step0,step1000,…; "
+                        "OLMo 2's stage1-step1000-tokens3B,…)")
     p.add_argument("--probe", required=True, help="the probe prompt (its last 32 tokens are kept)")
     p.add_argument("--heldout", metavar="FILE",
                    help="a UTF-8 text the model did not train on: each frame also shows the loss on its first "
@@ -183,7 +215,7 @@ def film_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .checkpoint import save_checkpoint
-    from .convert import Opened, check_storable, upload_refusal
+    from .convert import OpenedSource, check_storable, predicted_upload_refusal
 
     parser = film_parser()
     args = parser.parse_args(argv)
@@ -198,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         film, model, tok = series_film(folders, revisions, args.probe, heldout)
         meta = {"source": "checkpoint series", "name": Path(args.source).name or args.source,
                 "revisions": revisions, "examples": [args.probe]}
-        check_storable(Opened(model, tok, meta))
+        check_storable(OpenedSource(model, tok, meta))
         path = save_checkpoint(args.out, model, tok, meta, film=film)
     except ValueError as exc:
         refuse(parser, str(exc))  # one line, exit status 2, nothing written
@@ -210,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
              " (give --heldout FILE for a loss on text the film does not look at)"))
     for phase in film.phases()[:5]:
         print(f"  {phase.sentence()}")
-    refusal = upload_refusal(model, path)
+    refusal = predicted_upload_refusal(model, path)
     if refusal:
         print(f"the app's upload will not take it ({refusal})")
     return 0

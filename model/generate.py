@@ -58,32 +58,35 @@ def adjust_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     top-k keeps the k most likely tokens (and any tied with the k-th). top-p then keeps the smallest set of
     most likely tokens whose mass reaches p (of the mass top-k left): a token is kept while the tokens more
     likely than it hold less than p, so at exactly p the set is complete and the next token is left out."""
-    logits = logits.float()
+    logits = logits.float()  # (V,)
+    # temperature 0 is the limit of dividing by ever smaller numbers: all the mass on the top token
+    # (the first one on a tie), so greedy decoding is a one-hot distribution like any other
     if s.temperature == 0:
         out = torch.zeros_like(logits)
         out[int(torch.argmax(logits))] = 1.0
         return out
     # shift by the max first: a tiny temperature must not turn logits into inf - inf = NaN
     probs = torch.softmax((logits.double() - logits.max()) / s.temperature, dim=-1).float()
-    if s.top_k and s.top_k < probs.numel():
-        kth = torch.topk(probs, s.top_k).values[-1]
+    if s.top_k and s.top_k < probs.numel():  # a k of the whole vocabulary or more keeps everything
+        kth = torch.topk(probs, s.top_k).values[-1]  # the k-th largest probability: the bar to clear
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
     if s.top_p < 1.0:
+        # decide in sorted order, then scatter the decisions back to vocabulary order through `order`
         sorted_p, order = torch.sort(probs, descending=True)
         before = torch.cumsum(sorted_p, dim=0) - sorted_p  # mass of strictly more likely tokens
-        keep_sorted = before < s.top_p * sorted_p.sum()
+        keep_sorted = before < s.top_p * sorted_p.sum()  # p of what is left after top-k, not of 1
         keep = torch.zeros_like(keep_sorted)
         keep[order] = keep_sorted
         probs = torch.where(keep, probs, torch.zeros_like(probs))
-    return probs / probs.sum()
+    return probs / probs.sum()  # the kept tokens renormalised to sum to 1
 
 
 def mask_padding(logits: torch.Tensor, vocab_used: int | None) -> torch.Tensor:
     """Logits (..., V) with the padded vocabulary rows (ids >= vocab_used, which no tokenizer
     token stands for; ModelConfig.vocab_used) set to -inf: probability 0, never sampled."""
-    if vocab_used is None or vocab_used >= logits.shape[-1]:
+    if vocab_used is None or vocab_used >= logits.shape[-1]:  # no padding rows: nothing to hide
         return logits
-    out = logits.clone()
+    out = logits.clone()  # the caller's logits stay as the model produced them
     out[..., vocab_used:] = float("-inf")
     return out
 
@@ -372,23 +375,28 @@ def generate(
         raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
     if attention not in GENERATE_ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(GENERATE_ATTENTION)}, got {attention!r}")
+    # a forced token past the last step would be silently dropped, so the mismatch is refused
     if force is not None and len(force) > max_new_tokens:
         raise ValueError(f"{len(force)} forced tokens for {max_new_tokens} steps")
+    # the loop lives in a second function: a generator function's body (its checks too) would only
+    # start at the first next(), so the checks above run eagerly here instead
     return _generate(decoder, max_new_tokens, sampling, attention, force)
 
 
 def _generate(decoder: Decoder, max_new_tokens: int, sampling: Sampling | None, attention: str,
               force: Sequence[int] | None = None) -> Iterator[Step]:
-    was = decoder.capture_attention
+    was = decoder.capture_attention  # restored at the end: the loop borrows the setting, never keeps it
+    # "last" and "none" decode with capture off, the cheaper fused path; "all" records every step
     decoder.capture(attention == "all")
     try:
         for i in range(max_new_tokens):
+            # forced tokens come first; once they run out, the remaining steps sample as usual
             step = decoder.step(sampling, force=None if force is None or i >= len(force) else force[i])
             last = step.eos or i == max_new_tokens - 1
             if last and attention == "last":
                 decoder.capture(True)  # the consumer of the final step sees the final attention
             yield step
-            if step.eos:
+            if step.eos:  # the end-of-sequence token ends the text, even with steps left
                 return
     finally:
         # Also runs when the consumer stops early (generator closed or garbage-collected).

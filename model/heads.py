@@ -29,6 +29,7 @@ import numpy as np
 
 
 def _as_array(attn) -> np.ndarray:
+    # one dtype whatever comes in (lists, float32 copies of tensors): the means are taken in double precision
     a = np.asarray(attn, dtype=np.float64)
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"attention must be (..., T, T), got shape {a.shape}")
@@ -36,6 +37,7 @@ def _as_array(attn) -> np.ndarray:
 
 
 def _nan_result(a: np.ndarray) -> np.ndarray:
+    # one NaN per matrix: (..., T, T) -> (...), the shape a defined score would have had
     return np.full(a.shape[:-2], np.nan)
 
 
@@ -46,6 +48,7 @@ def _diagonal_mean(attn, back: int) -> np.ndarray:
     if T < 2:
         return _nan_result(a)
     i = np.arange(1, T)
+    # paired fancy indexing picks A[i, i - back] for each i at once: (..., T-1), then the mean over queries
     return a[..., i, i - back].mean(axis=-1)
 
 
@@ -72,7 +75,7 @@ def entropy(attn) -> np.ndarray:
     a = _as_array(attn)
     if a.shape[-1] < 2:
         return _nan_result(a)
-    rows = a[..., 1:, :]
+    rows = a[..., 1:, :]  # (..., T-1, T): query 0 left out, as in every score
     logs = np.zeros_like(rows)
     np.log2(rows, out=logs, where=rows > 0)  # 0 · log 0 = 0: masked and unused keys add nothing
     return -np.einsum("...ij,...ij->...i", rows, logs).mean(axis=-1)  # one pass, no temporaries of T × T
@@ -90,6 +93,8 @@ def induction_targets(ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     queries, keys = [], []
     toks = [int(t) for t in ids]
     for i, t in enumerate(toks):
+        # the map lags two behind the query: position i - 1 is recorded only on the next step, so an
+        # immediate repeat ("a a") is not counted, its j + 1 being the query itself
         if i >= 2:
             seen[toks[i - 2]] = i - 2
         j = seen.get(t)
@@ -100,7 +105,8 @@ def induction_targets(ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _mean_at(a: np.ndarray, queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    if len(queries) == 0:
+    """Mean of A[queries[n], keys[n]] over n, for every leading index: (..., T, T) -> (...)."""
+    if len(queries) == 0:  # a mean over nothing is undefined, not 0: the text holds no such query
         return _nan_result(a)
     return a[..., queries, keys].mean(axis=-1)
 
@@ -126,6 +132,7 @@ def task_match(attn, queries: Sequence[int], keys: Sequence[int]) -> np.ndarray:
     if q.shape != k.shape:
         raise ValueError("queries and keys must have the same length")
     T = a.shape[-1]
+    # a key after its query is masked (weight 0), so such a target is a mistake in the caller, not a score
     if len(q) and (q.min() < 0 or q.max() >= T or k.min() < 0 or (k > q).any()):
         raise ValueError("every (query, key) pair must lie in the text with key ≤ query")
     return _mean_at(a, q, k)
@@ -140,8 +147,10 @@ def ideal_keys_sort(tokens: Sequence, sep="=") -> tuple[np.ndarray, np.ndarray]:
     toks = list(tokens)
     if sep not in toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    p = toks.index(sep)
+    p = toks.index(sep)  # the separator's position is also the number of input digits
     order = sorted(range(p), key=lambda j: toks[j])  # stable: equal digits keep input order
+    # the separator predicts answer digit 0, answer digit k predicts digit k + 1: p queries from the separator
+    # on, cut where the text ends (a text still being written has fewer)
     queries = [q for q in range(p, min(len(toks), 2 * p)) if q - p < len(order)]
     return np.asarray(queries, np.int64), np.asarray([order[q - p] for q in queries], np.int64)
 
@@ -155,6 +164,7 @@ def ideal_keys_copy(tokens: Sequence, sep="|") -> tuple[np.ndarray, np.ndarray]:
     if sep not in toks:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     p = toks.index(sep)
+    # query p + k should read input k: the offset between a copied token and its source is p
     queries = list(range(p, min(len(toks), 2 * p)))
     return np.asarray(queries, np.int64), np.asarray([q - p for q in queries], np.int64)
 
@@ -220,9 +230,9 @@ def ideal_keys_pronoun(tokens: Sequence, names: dict[str, str]) -> tuple[np.ndar
     queries, keys = [], []
     for i, t in enumerate(toks):
         gender = PRONOUN_GENDER.get(t)
-        if gender is None:
+        if gender is None:  # not a pronoun: not a query of this task
             continue
-        earlier = [j for j in range(i) if names.get(toks[j]) == gender]
+        earlier = [j for j in range(i) if names.get(toks[j]) == gender]  # names of the same gender before i
         if earlier:
             queries.append(i)
             keys.append(earlier[-1])
@@ -232,13 +242,15 @@ def ideal_keys_pronoun(tokens: Sequence, names: dict[str, str]) -> tuple[np.ndar
 def task_score(task: str, attn, queries: Sequence[int], keys: Sequence[int]) -> np.ndarray:
     """The task's match score per head (`TASK_ROLES`): the mean of A[i, k(i)] over the task's
     queries, or for "grammar" the largest (NaN without a query)."""
+    # sort and copy ask every answer query to read its key, so the mean is fair; in grammar texts the
+    # heads share the pronouns between them, so the one head's best link is the better measure
     if task != "grammar":
         return task_match(attn, queries, keys)
     a = _as_array(attn)
     q, k = np.asarray(queries, np.int64), np.asarray(keys, np.int64)
     if not len(q):
         return _nan_result(a)
-    return a[..., q, k].max(axis=-1).astype(np.float64)
+    return a[..., q, k].max(axis=-1).astype(np.float64)  # (..., n pronouns) -> (...)
 
 
 def task_targets(task: str, tokens: Sequence, names: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -262,6 +274,7 @@ def head_scores(weights_per_layer, ids: Sequence[int]) -> dict[str, np.ndarray]:
 
     weights_per_layer: a list of (H, T, T) arrays (as `Decoder.attention`) or an (L, H, T, T) array.
     """
+    # a list of per-layer (H, T, T) arrays is stacked to (L, H, T, T), so each score runs once over all heads
     a = _as_array(np.stack([np.asarray(w) for w in weights_per_layer]) if isinstance(weights_per_layer, (list, tuple))
                   else weights_per_layer)
     if a.ndim != 4:
@@ -281,16 +294,19 @@ def strongest_role(scores: dict[str, np.ndarray], layer: int, head: int,
     (relative to the threshold), with its score; None when no score reaches its threshold (a score equal to
     its threshold reaches it: the role is played from the threshold on, as `Role.threshold` says).
     roles: the candidates, in the order that breaks ties (default `ROLE_ORDER`)."""
+    # roles without a threshold (entropy) describe a head but are never "played", so they cannot win
     candidates = [ROLES[k] for k in ROLE_ORDER] if roles is None else [r for r in roles if r.threshold is not None]
     best = None
     for role in candidates:
         key = role.key
-        if key not in scores:
+        if key not in scores:  # e.g. a task role asked of scores computed without that task
             continue
         value = float(np.asarray(scores[key])[layer, head])
         thr = role.threshold
         if np.isnan(value) or value < thr:
             continue
+        # compared as a ratio, since thresholds differ by role (0.4 for induction, 0.5 for the others);
+        # strictly greater, so on a tie the earlier role in the order keeps its place
         margin = value / thr
         if best is None or margin > best[2]:
             best = (key, value, margin)
@@ -301,5 +317,6 @@ def role_heads(scores: dict[str, np.ndarray], role: str) -> list[tuple[int, int,
     """The heads that play `role` (score ≥ threshold), as (layer, head, score), strongest first."""
     thr = ROLES[role].threshold
     s = np.asarray(scores[role])
+    # NaN (an undefined score) becomes -1 so it never passes a threshold; nonzero gives the (layer, head) pairs
     found = [(int(li), int(h), float(s[li, h])) for li, h in zip(*np.nonzero(np.nan_to_num(s, nan=-1.0) >= thr))]
     return sorted(found, key=lambda x: -x[2])

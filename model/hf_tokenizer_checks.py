@@ -13,8 +13,11 @@ the app's own BPE, only what the supported families' tokenizers use is accepted:
   tokens holding the ids 0 .. n-1 once each with n within the vocabulary limit, each token at most
   MAX_HF_TOKEN_BYTES bytes, at most as many merges as tokens, each made of vocabulary tokens;
 * normalizer, pre-tokenizer, post-processor and decoder: one of the steps GPT-2, GPT-Neo, Pythia,
-  SmolLM2 and Llama/TinyLlama tokenizers use (table `STEPS`), with their few options checked, or a
-  Sequence of at most MAX_SEQUENCE of them; anything else is refused by its type name.
+  SmolLM2, Llama/TinyLlama, Llama 3, SmolLM3, Qwen2/2.5/3, OLMo 2, Phi-4-mini and Gemma 2/3 tokenizers
+  use (table `STEPS`), with their few options checked, or a Sequence of at most MAX_SEQUENCE of them;
+  anything else is refused by its type name;
+* a `Split` pre-tokenizer: its pattern one of the exact strings those families ship (`SPLIT_REGEXES`,
+  and Gemma's split at a space), never a regular expression of the file's own.
 
 Every refusal is a ValueError with one sentence that names the field.
 """
@@ -31,7 +34,10 @@ from .tokenizer_core import check_keys, check_same, json_type, preview, utf8_len
 # byte it stands for); bounds what one generated token can add to the text.
 MAX_HF_TOKEN_BYTES = 512
 MAX_JSON_CHARS_PER_TOKEN = 400  # GPT-2's tokenizer.json: 1.4 MB for 50,257 tokens, about 28 per token
-MAX_ADDED_TOKENS = 1024  # Pythia adds 25, SmolLM2 17, Llama 3 256
+MAX_ADDED_TOKENS = 8192  # Pythia adds 25, SmolLM2 17, Llama 3 256, Gemma 3 about 6,400 (its control tokens)
+# merges per token of the vocabulary: a byte-level file converted from tiktoken lists every pair that makes a
+# token, several per token (Llama 3: 280,147 merges for 128,256 tokens; Llama 2: 61,249 for 32,000)
+MERGES_PER_TOKEN = 4
 MAX_SEQUENCE = 4  # steps in one Sequence step (TinyLlama's decoder has 4)
 MAX_TEMPLATE = 8  # pieces of a TemplateProcessing template, and its special tokens
 SPACE_MARK = "\u2581"  # SentencePiece's "▁", which stands for a space
@@ -79,9 +85,9 @@ def check_counts(doc: Any, max_vocab: int) -> int:
     limit = min(MAX_ADDED_TOKENS, max_vocab)
     if isinstance(added, list) and len(added) > limit:
         raise ValueError(f"tokenizer.json added_tokens has {len(added):,} entries; the limit is {limit:,}")
-    if isinstance(merges, list) and len(merges) > max(n, 1):
-        raise ValueError(f"tokenizer.json model.merges has {len(merges):,} entries; the limit is the "
-                         f"vocabulary's {n:,} tokens")
+    if isinstance(merges, list) and len(merges) > MERGES_PER_TOKEN * max(n, 1):
+        raise ValueError(f"tokenizer.json model.merges has {len(merges):,} entries; the limit is "
+                         f"{MERGES_PER_TOKEN} per token of the vocabulary's {n:,}")
     return n
 
 
@@ -118,8 +124,9 @@ def _checked_merges(merges: Any, vocab: dict[str, int]) -> None:
     field = "tokenizer.json model.merges"
     if not isinstance(merges, list):
         raise ValueError(f"{field} must be an array, not {json_type(merges)}")
-    if len(merges) > len(vocab):  # each merge makes one token of the vocabulary
-        raise ValueError(f"{field} has {len(merges):,} entries; the limit is the vocabulary's {len(vocab):,} tokens")
+    if len(merges) > MERGES_PER_TOKEN * len(vocab):
+        raise ValueError(f"{field} has {len(merges):,} entries; the limit is {MERGES_PER_TOKEN} per token of "
+                         f"the vocabulary's {len(vocab):,}")
     for i, pair in enumerate(merges):
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
             raise ValueError(f"{field}[{i}] must be an array of two strings")
@@ -237,12 +244,67 @@ def _template_piece(piece: Any, specials: dict, field: str) -> None:
         raise ValueError(f"{field} {kind}.id must be one of {', '.join(allowed) or 'its special tokens'}")
 
 
+# The regular expressions a Split pre-tokenizer may carry, exactly as the families' tokenizer.json
+# files hold them. A file never brings its own: the library runs the expression on every text, and a
+# backtracking one can take minutes. Each of these matches every character of any text, so the
+# "Isolated" behaviour and "Removed" with invert true (the spelling of files converted from tiktoken
+# by older tools: OLMo 2's, Phi-4's) cut a text into the same pieces.
+SPLIT_REGEXES = {
+    # Qwen2, Qwen2.5, Qwen3 (transformers' Qwen2Tokenizer): digits one at a time
+    "Qwen2": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+              r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    # cl100k: Llama 3.x and SmolLM3 (Isolated), OLMo 2 and Phi-4 (Removed, inverted): digits in threes
+    "cl100k": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+               r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    # o200k (GPT-4o's encoding): Phi-4-mini; letters split by case, contractions kept on the word
+    "o200k": (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+              r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+              r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+              r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+              r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    # nanochat (model/nanochat_tokenizer.py, which builds its tokenizer.json): GPT-4's with digits in twos,
+    # possessive quantifiers
+    "nanochat": (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+                 r"""|\s*[\r\n]|\s+(?!\S)|\s+"""),
+}
+SPLIT_SHIPPED = "the Qwen2, cl100k (Llama 3, OLMo 2), o200k (Phi-4-mini), nanochat and Gemma tokenizers"
+SPLIT_CUTS = (("Isolated", False), ("Removed", True))  # (behavior, invert)
+# Gemma 2 and 3: a split at the space, after the normalizer has turned every space into "▁" (so it
+# never cuts; transformers' GemmaTokenizer writes it all the same)
+GEMMA_SPLIT = {"pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+
+
+def _split(step: dict, field: str, n_tokens: int) -> None:
+    """Split: one of the patterns the families ship (SPLIT_REGEXES, GEMMA_SPLIT), cut as they cut."""
+    pattern = step["pattern"]
+    if pattern == GEMMA_SPLIT["pattern"]:
+        for key in ("behavior", "invert"):
+            check_same(step[key], GEMMA_SPLIT[key], f"{field}.{key}")
+        return
+    kind, text = next(iter(pattern.items())) if isinstance(pattern, dict) and len(pattern) == 1 else (None, None)
+    if kind != "Regex" or not isinstance(text, str) or text not in SPLIT_REGEXES.values():
+        if kind in ("Regex", "String") and isinstance(text, str):
+            shown = f"the {'regular expression' if kind == 'Regex' else 'string'} {preview(text)}"
+        else:
+            shown = f"a pattern that is {json_type(pattern)}"
+        raise ValueError(f"tokenizer.json has a pre_tokenizer of type 'Split', which the app does not run with "
+                         f"{shown}: it runs only the exact patterns {SPLIT_SHIPPED} ship")
+    behavior, invert = step["behavior"], step["invert"]
+    if type(invert) is not bool or (behavior, invert) not in SPLIT_CUTS:
+        raise ValueError(f"{field}.behavior is {preview(behavior)} with invert {preview(invert)}; with this "
+                         "pattern the app runs only \"Isolated\" (invert false) or \"Removed\" (invert true)")
+
+
+_split.keys = {"pattern", "behavior", "invert"}
+
+
 BYTE_LEVEL_STEP = _typed(**BYTE_LEVEL)
 # The steps each slot accepts, by type name: those the supported families' tokenizer.json files use.
 STEPS: dict[str, dict[str, Callable]] = {
     "normalizer": {"NFC": _fixed(), "Prepend": _fixed(prepend=SPACE_MARK),
                    "Replace": _fixed(pattern={"String": " "}, content=SPACE_MARK)},
-    "pre_tokenizer": {"ByteLevel": BYTE_LEVEL_STEP, "Digits": _typed(individual_digits=bool), "Metaspace": _metaspace},
+    "pre_tokenizer": {"ByteLevel": BYTE_LEVEL_STEP, "Digits": _typed(individual_digits=bool), "Metaspace": _metaspace,
+                      "Split": _split},
     "post_processor": {"ByteLevel": BYTE_LEVEL_STEP, "TemplateProcessing": _template},
     "decoder": {"ByteLevel": BYTE_LEVEL_STEP, "Metaspace": _metaspace, "ByteFallback": _fixed(), "Fuse": _fixed(),
                 "Strip": _strip, "Replace": _fixed(pattern={"String": SPACE_MARK}, content=" ")},

@@ -1,10 +1,13 @@
 """Inside one attention cell: the arithmetic of scaled dot-product attention with the model's own numbers.
 
 For one layer, head, query token i and key token j this module rebuilds, from the residual stream the
-forward fed into the layer and the layer's own modules (norm, qkv weights, rotary tables, W_O), every
-intermediate number:  x_i -norm-> x̂_i -W_Q-> q_i -rotary-> q_i · k_j -×scale, mask-> s_ij;
-a_i = softmax(s_i) (exp(s_ij - max), their sum, the share a_ij); z_i = Σ_j a_ij v_j -W_O-> the head's
-addition to the residual of token i. `inside_cell` returns a `CellWork`, `inside_head` a `HeadWork`
+forward fed into the layer and the layer's own modules (norm, qkv weights, q/k norms, this layer's rotary
+tables, W_O), every intermediate number:  x_i -norm-> x̂_i -W_Q-> q_i (-q/k norm->) -rotary-> q_i · k_j
+-×scale (-soft-cap), mask-> s_ij; a_i = softmax(s_i) (exp(s_ij - max), their sum, the share a_ij);
+z_i = Σ_j a_ij v_j -W_O-> the head's addition to the residual of token i (-post_norm1-> in a block that
+normalises its branches' outputs) -> the residual after the attention. Steps in brackets exist in some
+models only (ModelConfig.qk_norm, attn_softcap, norm "sandwich" / "post_branch"); each is reported with
+its own numbers where it is present (`CellWork`). `inside_cell` returns a `CellWork`, `inside_head` a `HeadWork`
 (Q, K, V and QKᵀ as matrices), `value_weighted` ‖a_ij · v_j W_O‖ for a layer (Kobayashi et al. 2020).
 They compute in the model's dtype by calling the forward's own code (model/attention.py: the layer's
 `split_heads`, then `attend`, the one written-out attention), and check that the weights they rebuilt
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 
 from .attention import AttentionWork, LayerCache, attend, per_query_head
-from .inside_types import CellWork, HeadWork
+from .inside_types import CellWork, HeadWork, QKNormStep
 from .interventions import Intervention, LayerPlan
 from .transformer import DecoderLM, ForwardOutput, KVCache
 
@@ -114,10 +117,10 @@ def _attend(model: DecoderLM, layer: int, x: torch.Tensor, rows: list[int], kv: 
     cfg = model.cfg
     block = model.blocks[layer]
     with torch.inference_mode():
-        xn = x if cfg.norm == "post" else block.norm1(x)  # a post-norm block's attention reads x itself
+        xn = block.attn_input(x)  # what the attention reads: a post-norm block's reads x itself
         q_raw, k_raw, v_raw = block.attn.split_heads(xn[None])  # a batch of one: (1, H or Hkv, R, hs)
         # each row turns by its own position, which need not be consecutive (a cell's query and key)
-        rope = (model.rope_cos[rows], model.rope_sin[rows]) if cfg.pos_encoding == "rope" else None
+        rope = model.rope_at(layer, rows)
         # with a cache the rows sit anywhere in the text and the cache holds every key (rows=);
         # without one they are the whole text, in order, and are its keys (rows=None: the forward's case)
         work = attend(block.attn, q_raw, k_raw, v_raw, rope, kv, rows=rows if kv is not None else None,
@@ -157,13 +160,8 @@ def _carry(model: DecoderLM, ids: torch.Tensor, rows: list[int], cache: KVCache,
     with torch.inference_mode():
         xs = list(known or [])
         if not xs:
-            x = model.tok_emb(ids[0, rows])  # (R, C): the embedding, then the positions, as the forward adds them
-            where = torch.tensor(rows, device=x.device)
-            if cfg.pos_encoding == "learned":
-                x = x + model.pos_emb(where)
-            elif cfg.pos_encoding == "sinusoidal":
-                x = x + model.pe_table[where]
-            xs.append(x)
+            # (R, C): the embedding, then the positions, as the forward adds them
+            xs.append(model.embed(ids[0, rows], torch.tensor(rows, device=ids.device)))
         for m in range(len(xs) - 1, upto):
             work = _attend(model, m, xs[m], rows, cache.layers[m], None, _given(attention, m, rows))
             xs.append(_block_rest(model.blocks[m], xs[m], work.a.values))
@@ -181,16 +179,9 @@ def layer_inputs(model: DecoderLM, ids, upto: int, cache: KVCache, attention=Non
 
 
 def _block_rest(block, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The rest of a block (as `Block.forward`) after its heads' outputs `values` (H, R, hs) at rows x (R, C)."""
-    y = values.transpose(0, 1).reshape(x.shape)  # heads side by side again: (R, C)
-    a = block.attn.proj(y) if block.attn.proj is not None else y
-    if block.parallel:  # both branches read the same x (GPT-NeoX), so the MLP never sees the attention
-        return (block.ffn(block.norm2(x)) if block.ffn is not None else 0.0) + a + x
-    if block.norm_mode == "post":  # each addition is normalised before the next reads it
-        x = block.norm1(x + a)
-        return block.norm2(x + block.ffn(x)) if block.ffn is not None else x
-    x = x + a  # pre-norm or none: the residual stream itself is never normalised
-    return x + block.ffn(block.norm2(x)) if block.ffn is not None else x
+    """The rest of a block (`Block.rest`) after its heads' outputs `values` (H, R, hs) at rows x (R, C)."""
+    y = values.transpose(0, 1).reshape(x.shape[0], -1)  # heads side by side again: (R, attn_dim)
+    return block.rest(x, block.attn.proj(y) if block.attn.proj is not None else y)
 
 
 def _ablation(plan: LayerPlan | None, head: int) -> str | None:
@@ -265,10 +256,12 @@ def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key
         heads_out, bias = _heads_out(model, layer, a.values[:, i : i + 1])
         heads_out = heads_out[:, 0]  # (H, C)
         attn_out = heads_out.sum(0) + (bias if bias is not None else 0.0)
+        attn_normed = _post_norm(model.blocks[layer], attn_out)
         weighted = a.used[head, i] @ a.v[g]
         dot = float(a.raw[head, i, key])
-        score = float(a.scaled[head, i, key])  # before the mask: a masked key's score is still a number
-    rope = cfg.pos_encoding == "rope"
+        score = float(a.scaled[head, i, key])  # before the cap and the mask: a masked key's score is still a number
+        capped = float(a.capped[head, i, key])
+    rope = model.rope_at(layer, [query, key])  # this layer's (cos, sin) at the two positions, or None
     proj, hs = model.blocks[layer].attn.proj, cfg.head_dim
     w_o = None if proj is None else proj.weight[:, head * hs : (head + 1) * hs]  # the head's columns of W_O
     softmax_row = _np(a.weights[head, i])
@@ -277,19 +270,70 @@ def _cell(model: DecoderLM, work: _Layer, layer: int, head: int, query: int, key
         layer=layer, head=head, query=query, key=key, kv_head=g, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
         head_dim=cfg.head_dim, norm=cfg.norm, norm_kind=cfg.norm_kind, parallel=cfg.parallel_residual,
         x_i=_np(work.x[i]), x_j=_np(work.x[j]), xn_i=_np(work.xn[i]), xn_j=_np(work.xn[j]),
+        q_proj=_np(a.q_proj[head, i]), k_proj=_np(a.k_proj[g, j]), qk_norm=cfg.qk_norm,
+        q_norm=_qk_step(model, layer, "q", a.q_proj[:, i], head), k_norm=_qk_step(model, layer, "k", a.k_proj[:, j], g),
         q_raw=_np(a.q_raw[head, i]), k_raw=_np(a.k_raw[g, j]), q=_np(q), k=_np(k),
-        rotary=rope, rotary_dims=cfg.rope_dim if rope else 0, rotary_fraction=cfg.rope_fraction if rope else 0.0,
-        rope_cos_i=_np(model.rope_cos[query]) if rope else None,
-        rope_sin_i=_np(model.rope_sin[query]) if rope else None,
-        rope_cos_j=_np(model.rope_cos[key]) if rope else None, rope_sin_j=_np(model.rope_sin[key]) if rope else None,
-        products=_np(products), dot=dot, scale=a.scale, scale_kind=cfg.attn_scale, score=score,
+        rotary=rope is not None, rope_base=cfg.rope_base(layer), rope_local=_local_rope(cfg, layer),
+        rope_scaling=cfg.rope_scaled(layer) if rope else (),
+        rotary_dims=cfg.rope_dim if rope else 0, rotary_fraction=cfg.rope_fraction if rope else 0.0,
+        rope_cos_i=_np(rope[0][0]) if rope else None, rope_sin_i=_np(rope[1][0]) if rope else None,
+        rope_cos_j=_np(rope[0][1]) if rope else None, rope_sin_j=_np(rope[1][1]) if rope else None,
+        products=_np(products), dot=dot, scale=a.scale, scale_kind=cfg.attn_scale, scale_dim=_scale_dim(cfg),
+        score=score, softcap=a.softcap, capped=capped,
         allowed=a.allowed[i].cpu().numpy(), masked=not bool(a.allowed[i, key]),
         scores_row=_np(row), row_max=float(row_max), exp_row=_np(exp_row), exp_sum=float(exp_row.sum()),
         softmax_row=softmax_row, weight=float(softmax_row[key]), used_row=used_row, used_weight=float(used_row[key]),
         row_source=_row_source(work.plan, head, query), v=_np(a.v[g]), weighted=_np(weighted),
         ablation=_ablation(work.plan, head), head_value=_np(a.values[head, i]), w_o=_np(w_o),
         head_out=_np(heads_out[head]), out_bias=_np(bias), heads_out=_np(heads_out), attn_out=_np(attn_out),
-        residual_after=_np(work.x[i] + attn_out),
+        attn_normed=_np(attn_normed),
+        residual_after=_np(work.x[i] + (attn_out if attn_normed is None else attn_normed)),
+    )
+
+
+def _post_norm(block, attn_out: torch.Tensor) -> torch.Tensor | None:
+    """The attention's output as it joins the residual stream in a block that normalises each branch's
+    output (`Block.rest`: "sandwich", "post_branch"): post_norm1(attn_out). None in every other block,
+    where attn_out joins it as it is."""
+    if block.norm_mode not in ("sandwich", "post_branch"):
+        return None
+    with torch.inference_mode():
+        return block.post_norm1(attn_out)
+
+
+def _local_rope(cfg, layer: int) -> bool:
+    """Whether layer `layer` rotates with the local layers' own base (Gemma 3's windowed layers)."""
+    return cfg.rope_base(layer) is not None and cfg.local_rope_base is not None and bool(cfg.window(layer))
+
+
+def _scale_dim(cfg) -> int | None:
+    """d in the scale 1/√d: the model's query_scale_dim, else head_dim; None for unscaled scores."""
+    if cfg.attn_scale == "none":
+        return None
+    return cfg.query_scale_dim or cfg.head_dim
+
+
+def _qk_step(model: DecoderLM, layer: int, side: str, proj: torch.Tensor, head: int) -> QKNormStep | None:
+    """The q/k norm of head `head`'s vector worked through (None without a q/k norm). side: "q" or "k";
+    proj (heads, hs): the projections of every head at the position, which a norm over the whole
+    position ("whole", OLMo 2) reads together."""
+    cfg = model.cfg
+    if cfg.qk_norm == "none":
+        return None
+    norm = getattr(model.blocks[layer].attn, f"{side}_norm")
+    hs = cfg.head_dim
+    x = proj.detach().double().cpu()
+    x = x[head] if cfg.qk_norm == "head" else x.reshape(-1)  # what the norm reads: (hs,) or (heads * hs,)
+    at = slice(0, hs) if cfg.qk_norm == "head" else slice(head * hs, (head + 1) * hs)  # this head's dimensions
+    layer_norm = cfg.norm_kind == "layernorm"
+    mean = float(x.mean()) if layer_norm else None
+    centred = x - mean if layer_norm else x
+    weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    return QKNormStep(
+        over=cfg.qk_norm, width=int(x.numel()), kind=cfg.norm_kind, eps=float(norm.eps), mean=mean,
+        rms=float(torch.sqrt((centred * centred).mean() + norm.eps)),
+        weight=None if weight is None else _np(weight[at]), offset=float(getattr(norm, "offset", 0.0)),
+        bias=None if bias is None else _np(bias[at]), gain=float(cfg.qk_gain),
     )
 
 
@@ -332,13 +376,15 @@ def inside_head(model: DecoderLM, ids, layer: int, head: int, intervention: Inte
     g, a, plan = kv_head_of(model, head), work.a, work.plan
     with torch.inference_mode():
         norms, vw = _value_weighted(model, layer, work)
-        scaled = a.scaled[head]  # (T, T), before the mask
+        scaled, capped = a.scaled[head], a.capped[head]  # (T, T), before the mask
     edited = plan.edited_rows(head) if plan is not None else []
     return HeadWork(
         layer=layer, head=head, kv_head=g, scale=a.scale, scale_kind=model.cfg.attn_scale,
-        rotary=model.cfg.pos_encoding == "rope", ablation=_ablation(plan, head), edited_rows=edited,
+        rotary=model.cfg.rope_base(layer) is not None, ablation=_ablation(plan, head), edited_rows=edited,
+        q_proj=_np(a.q_proj[head]), k_proj=_np(a.k_proj[g]),
         q_raw=_np(a.q_raw[head]), k_raw=_np(a.k_raw[g]), q=_np(a.q[head]), k=_np(a.k[g]),
-        v=_np(a.v[g]), raw=_np(a.raw[head]), scaled=_np(scaled), allowed=a.allowed.cpu().numpy(),
+        v=_np(a.v[g]), raw=_np(a.raw[head]), scaled=_np(scaled), softcap=a.softcap, capped=_np(capped),
+        allowed=a.allowed.cpu().numpy(),
         masked=_np(a.scores[head]), weights=_np(a.weights[head]), used=_np(a.used[head]),
         value_norms=_np(norms[head]), value_weighted=_np(vw[head]),
     )

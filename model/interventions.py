@@ -24,14 +24,14 @@ V with (uniform / edited rows included); the scores are the model's own pre-soft
 What each mode does lives here, on the layer's plan (`LayerPlan.apply_to_weights`,
 `LayerPlan.apply_to_outputs`), which the forward and the rebuild of one cell (model/inside.py) both
 call through model/attention.py's `attend`: a new mode is a word in `ABLATION_MODES`, its family
-(`WEIGHT_MODES` or `OUTPUT_MODES`, and `WHOLE_TEXT_MODES` if it needs every position) and its rule in
-one of those two methods. The page's words for the modes are the lab's and the page's.
+(`WEIGHT_MODES` or `OUTPUT_MODES`, and `WHOLE_TEXT_MODES` if it needs every position), its rule in
+one of those two methods, and its words in `ABLATION_MODE_WORDS`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -47,6 +47,19 @@ OUTPUT_MODES = ("zero", "mean")
 WHOLE_TEXT_MODES = ("mean",)
 
 
+class ModeWords(NamedTuple):
+    label: str  # the mode among the page's choices
+    done: str  # what it did to a head, where the page says what is changed ("L1H0 zeroed", "✕ zeroed")
+
+
+# Every mode's words, kept beside its rule so that a new mode is written in this module alone.
+ABLATION_MODE_WORDS = {
+    "zero": ModeWords("zero", "zeroed"),
+    "mean": ModeWords("mean over positions", "mean-ablated"),
+    "uniform": ModeWords("uniform attention", "made uniform"),
+}
+
+
 @dataclass(frozen=True)
 class AttentionEdit:
     """Replace one attention row: head `head` of layer `layer`, query position `query`.
@@ -60,6 +73,7 @@ class AttentionEdit:
     key: int | None = None
 
     def __post_init__(self) -> None:
+        # checked when made, so a bad edit is refused where it is built, not deep inside a forward
         for name in ("layer", "head", "query"):
             value = getattr(self, name)
             if not is_int(value) or value < 0:
@@ -71,6 +85,7 @@ class AttentionEdit:
 
     @property
     def target(self) -> str:
+        """The edit's target in words, as the page and row_source name it."""
         return "uniform" if self.key is None else f"key {self.key}"
 
 
@@ -94,7 +109,7 @@ class LayerPlan:
         allowed (R, Tk): the keys each query may read. The new rows are built once, (H, R, Tk), and
         broadcast over the batch: an intervention is the same for every sequence."""
         weight_heads = self.ablate if self.mode in WEIGHT_MODES else ()
-        if not weight_heads and not self.edits:
+        if not weight_heads and not self.edits:  # an output-mode plan: the rows stay the softmax's, untouched
             return weights
         H, (R, t_key) = weights.shape[-3], allowed.shape
         # 1/(number of allowed keys) on each allowed key: (R, Tk); a causal query at position p has p + 1
@@ -121,11 +136,11 @@ class LayerPlan:
         the heads' values; any other per-query quantity that is linear in them, such as model/inside's
         value-weighted norms, ablates the same way). The mean runs over the R queries of this call,
         which is the whole text: WHOLE_TEXT_MODES are refused on top of a cache."""
-        if self.mode not in OUTPUT_MODES or not self.ablate:
+        if self.mode not in OUTPUT_MODES or not self.ablate:  # weight modes and edits acted before V already
             return out
         mask = torch.zeros(out.shape[-3], 1, 1, dtype=torch.bool, device=out.device)  # (H, 1, 1)
         mask[list(self.ablate)] = True
-        if self.mode == "zero":
+        if self.mode == "zero":  # a 0-d zero broadcasts over (.., H, R, X) without building a zero tensor
             return torch.where(mask, torch.zeros((), dtype=out.dtype, device=out.device), out)
         return torch.where(mask, out.mean(dim=-2, keepdim=True), out)  # mean over this text's positions
 
@@ -136,6 +151,7 @@ class LayerPlan:
     def row_source(self, head: int, row: int) -> str:
         """Where row `row` of `head`'s used weights comes from: "softmax", a weight mode's word (the head's
         rows are replaced: "uniform"), or an edit ("edit: uniform", "edit: key k")."""
+        # validate refuses an edit on an ablated head, so an edited row and a replaced head never overlap
         for h, r, key in self.edits:
             if h == head and r == row:
                 return "edit: uniform" if key is None else f"edit: key {key}"
@@ -167,9 +183,10 @@ class Intervention:
             )
         if not isinstance(self.keep_only, bool):
             raise ValueError(f"keep_only must be true or false, got {short(self.keep_only)}")
+        # a string is iterable, so "0,1" would otherwise be read as pairs of characters
         if isinstance(self.heads, (str, bytes)):
             raise ValueError(f"heads must be a list of (layer, head) pairs, got {short(self.heads)}")
-        try:
+        try:  # lists from JSON, tuples from code: each pair becomes a tuple so pairs can be sorted and hashed
             pairs = [tuple(p) for p in self.heads]
         except TypeError:
             raise ValueError(
@@ -180,6 +197,7 @@ class Intervention:
                 raise ValueError(
                     f"each head must be a (layer, head) pair of non-negative integers, got {short(p)}"
                 )
+        # refused rather than merged: a pair listed twice points to a mistake in whatever built the list
         if len(set(pairs)) != len(pairs):
             raise ValueError("heads lists the same (layer, head) more than once")
         try:
@@ -189,12 +207,14 @@ class Intervention:
         for e in edits:
             if not isinstance(e, AttentionEdit):
                 raise ValueError(f"edits must be AttentionEdit objects, got {short(e)}")
+        # two edits of one row would leave which one wins to the order they were listed in
         seen = set()
         for e in edits:
             where = (e.layer, e.head, e.query)
             if where in seen:
                 raise ValueError(f"two edits for layer {e.layer} head {e.head} query {e.query}; keep one")
             seen.add(where)
+        # frozen dataclass: normalised through object.__setattr__, so equal interventions compare and hash equal
         object.__setattr__(self, "heads", tuple(sorted(pairs)))
         object.__setattr__(self, "edits", edits)
 
@@ -212,7 +232,7 @@ class Intervention:
         """
         kept = []
         for e in self.edits:
-            q, k = e.query - offset, None if e.key is None else e.key - offset
+            q, k = e.query - offset, None if e.key is None else e.key - offset  # text -> window positions
             if start <= q < seq_len and (k is None or k >= 0):
                 kept.append(AttentionEdit(e.layer, e.head, q, k))
         return Intervention(self.heads, self.mode, self.keep_only, kept)
@@ -220,7 +240,7 @@ class Intervention:
     def ablated_heads(self, cfg: ModelConfig) -> frozenset[tuple[int, int]]:
         """The (layer, head) pairs actually ablated, keep_only resolved."""
         listed = set(self.heads)
-        if not self.keep_only:
+        if not self.keep_only:  # the listed heads are the ablated ones
             return frozenset(listed)
         return frozenset(
             (l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if (l, h) not in listed
@@ -234,8 +254,10 @@ class Intervention:
         be allowed by the mask.
         """
         L, H = cfg.n_layers, cfg.n_heads
+        # the listed heads are checked even under keep_only: a head that does not exist is a mistake either way
         for layer, head in self.heads:
             _check_head(layer, head, L, H, "ablated head")
+        # a whole-text mode with no head ablated changes nothing, so only a real ablation is refused on a cache
         if self.mode in WHOLE_TEXT_MODES and start > 0 and self.ablated_heads(cfg):
             raise ValueError(
                 "mean ablation averages over every position of the text, so it cannot run on "
@@ -249,7 +271,7 @@ class Intervention:
                     f"layer {e.layer} head {e.head} is both ablated ({self.mode}) and edited; "
                     "choose one for that head"
                 )
-            if seq_len is None:
+            if seq_len is None:  # without a text only heads can be checked; positions need its length
                 continue
             if not start <= e.query < seq_len:
                 where = f"positions {start}..{seq_len - 1}" if start else f"0..{seq_len - 1}"
@@ -264,7 +286,7 @@ class Intervention:
                         f"attention edit key {e.key} is masked for query {e.query}: under the causal "
                         f"mask a query may only attend to keys 0..{e.query}"
                     )
-                window = cfg.window(e.layer)
+                window = cfg.window(e.layer)  # 0 for a global layer: no lower bound on the key
                 if window and e.key <= e.query - window:
                     raise ValueError(
                         f"attention edit key {e.key} is outside layer {e.layer}'s local window: query "
@@ -278,12 +300,16 @@ class Intervention:
         plans: list[LayerPlan | None] = []
         for layer in range(cfg.n_layers):
             heads = tuple(sorted(h for l, h in ablated if l == layer))
+            # queries become rows of this call (it computes positions start .. seq_len - 1); keys stay as they
+            # are, since this call's keys are every position, the cached ones included
             edits = tuple((e.head, e.query - start, e.key) for e in self.edits if e.layer == layer)
+            # None lets the layer run the plain attention, bit for bit the forward without an intervention
             plans.append(LayerPlan(self.mode, heads, edits) if heads or edits else None)
         return plans
 
 
 def _check_head(layer: int, head: int, n_layers: int, n_heads: int, what: str) -> None:
+    """ValueError naming `what` and the valid range when (layer, head) is not in the model."""
     if not 0 <= layer < n_layers:
         raise ValueError(f"{what}: layer {layer} is out of range; the model has layers 0..{n_layers - 1}")
     if not 0 <= head < n_heads:

@@ -183,12 +183,12 @@ def gpt2_config(args: dict[str, Any], tied: bool) -> dict[str, Any]:
     }
 
 
-def check_size(args: dict[str, Any], tied: bool) -> None:
-    """The bounds a config.json gets (layers, positions, parameters: model.families.common.check_size),
+def check_args_size(args: dict[str, Any], tied: bool) -> None:
+    """The bounds a config.json gets (layers, positions, parameters: model.families.common.check_model_size),
     applied to model_args before a tensor list is made from them."""
     from .families import common, gpt2
 
-    common.check_size(gpt2.model_config(gpt2_config(args, tied)), source="the nanoGPT checkpoint")
+    common.check_model_size(gpt2.model_config(gpt2_config(args, tied)), source="the nanoGPT checkpoint")
 
 
 def gpt2_state(tensors: dict[str, torch.Tensor], args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -242,7 +242,7 @@ def read_checkpoint(path: str | Path, max_bytes: int = MAX_TORCH_FILE_BYTES,
         tensors = load_file(str(Path(tmp) / "tensors.safetensors"))
         plain = json.loads(Path(tmp, "plain.json").read_text())
     args = check_model_args(plain.get("model_args"))
-    check_size(args, tied="lm_head.weight" not in tensors)  # before a list of every layer's tensors is made
+    check_args_size(args, tied="lm_head.weight" not in tensors)  # before a list of every layer's tensors is made
     check_tensors(tensors, args)
     notes = {"source": "nanoGPT", "iter_num": plain.get("iter_num")}
     config = plain.get("config")
@@ -262,13 +262,13 @@ def load_nanogpt(path: str | Path, meta: str | Path | None = None, tokenizer: st
     chars = read_meta(meta) if meta is not None else None  # a bad meta.pkl is refused before the big file
     tensors, args, notes = read_checkpoint(path, **limits)
     config, state = gpt2_state(tensors, args)
-    from .families.gpt2 import from_state  # the GPT-2 importer builds the model
+    from .families.gpt2 import from_gpt2_state  # the GPT-2 importer builds the model
 
     if chars is not None:
         if chars.vocab_size - 1 != args["vocab_size"]:
             raise ValueError(f"meta.pkl has {chars.vocab_size - 1} characters but the model has "
                              f"{args['vocab_size']} vocabulary rows")
-        model = with_unk_row(from_state(config, state))
+        model = with_unk_row(from_gpt2_state(config, state))
         return NanoGPTRun(model, chars, notes)
     if args["vocab_size"] < GPT2_VOCAB:
         raise ValueError(f"this run has a vocabulary of {args['vocab_size']} tokens, not GPT-2's: "
@@ -279,5 +279,5 @@ def load_nanogpt(path: str | Path, meta: str | Path | None = None, tokenizer: st
     tok = HFFileTokenizer.from_folder(gpt2_tokenizer_file(tokenizer).parent, False,
                                       {"bos_token_id": GPT2_VOCAB - 1, "eos_token_id": GPT2_VOCAB - 1},
                                       model_rows=args["vocab_size"])
-    model = from_state(config, state, tokenizer=tok)
+    model = from_gpt2_state(config, state, tokenizer=tok)
     return NanoGPTRun(model, tok, notes)

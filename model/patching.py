@@ -60,7 +60,7 @@ class Activations:
 
     def row(self, b: int) -> "Activations":
         """Batch row `b` alone (batch 1), e.g. one prompt of a batch of two as a patch's source."""
-        def one(t):
+        def one(t):  # a slice, not t[b], keeps the batch axis: (B, ..) -> (1, ..)
             return None if t is None else t[b : b + 1]
         return Activations(tuple(map(one, self.heads)), tuple(map(one, self.attn)), tuple(map(one, self.mlp)),
                            tuple(map(one, self.residuals)))
@@ -81,6 +81,7 @@ class PatchSite:
             raise ValueError(f"patch kind must be one of {', '.join(PATCH_KINDS)}; got {self.kind!r:.40}")
         if not is_int(self.layer) or self.layer < 0:
             raise ValueError(f"patch layer must be a non-negative integer, got {self.layer!r:.40}")
+        # a head is named only by a head site: on any other kind it would be silently meaningless
         if (self.kind == "head") != (self.head is not None):
             raise ValueError("a head patch needs a head; other patches take none")
         if self.head is not None and (not is_int(self.head) or self.head < 0):
@@ -92,6 +93,7 @@ class PatchSite:
                 positions = tuple(self.positions)
             except TypeError:
                 raise ValueError(f"patch positions must be a list of positions, got {self.positions!r:.40}") from None
+            # an empty list would patch nothing while looking like a patch; None is how to say "every position"
             if not positions or not all(is_int(p) and p >= 0 for p in positions):
                 raise ValueError("patch positions must be a non-empty list of non-negative integers")
             object.__setattr__(self, "positions", positions)
@@ -122,25 +124,29 @@ class Patch:
     def validate(self, cfg: ModelConfig, batch: int, seq_len: int) -> None:
         """ValueError unless every site exists in `cfg`, fits `seq_len` positions and `batch` rows,
         and the source was recorded on this model's shapes."""
+        # both recordings are read position by position and row by row, so both must match this forward
         for what, run in (("source", self.source), ("base", self.base)):
-            if run is None:
+            if run is None:  # no base given
                 continue
             B_src, T_src = run.shape
             if T_src != seq_len:
                 raise ValueError(f"the patch's {what} run has {T_src} positions, this forward {seq_len}; "
                                  "patching needs inputs of the same length")
+            # batch 1 broadcasts over every row (one source for a sweep); otherwise row b patches row b
             if B_src not in (1, batch):
                 raise ValueError(f"the patch's {what} run has batch {B_src}; use 1 or this forward's {batch}")
+            # a cheap sign of a recording made on another model: its layer count or its width differs
             if len(run.heads) != cfg.n_layers or run.residuals[0].shape[-1] != cfg.d_model:
                 raise ValueError(f"the patch's {what} run was recorded on a model of another shape")
         for s in self.sites:
+            # the residual stream has one more place than there are blocks: the embedding's output
             top = cfg.n_layers + 1 if s.kind == "resid" else cfg.n_layers
             if s.layer >= top:
                 what = "residual index" if s.kind == "resid" else "layer"
                 raise ValueError(f"patch {what} {s.layer} is out of range 0..{top - 1}")
             if s.head is not None and s.head >= cfg.n_heads:
                 raise ValueError(f"patch head {s.head} is out of range; each layer has heads 0..{cfg.n_heads - 1}")
-            if s.kind == "mlp" and self.source.mlp[s.layer] is None:
+            if s.kind == "mlp" and self.source.mlp[s.layer] is None:  # d_ff=0: the block has attention only
                 raise ValueError(f"layer {s.layer} has no feed-forward (MLP) branch to patch")
             if s.positions is not None and max(s.positions) >= seq_len:
                 raise ValueError(f"patch position {max(s.positions)} is out of range 0..{seq_len - 1}")
@@ -156,16 +162,18 @@ class _Swap:
         self.mask, self.source = mask, source
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # the mask's trailing 1 broadcasts over the feature axis (C or hs), and a batch-1 source over the
+        # rows, so one where() swaps whole vectors where the mask is set and leaves the rest untouched
         return torch.where(self.mask, self.source.to(x.dtype), x)
 
 
 def _mask_for(sites: list[PatchSite], shape: tuple[int, ...], device) -> torch.Tensor:
     """Boolean (B, [H,] T, 1): True where one of `sites` substitutes."""
     mask = torch.zeros(*shape, 1, dtype=torch.bool, device=device)
-    for s in sites:
-        rows = slice(None) if s.row is None else s.row
-        where = slice(None) if s.positions is None else list(s.positions)
-        if s.kind == "head":
+    for s in sites:  # several sites of one kind and layer (e.g. a sweep, one per row) share one mask
+        rows = slice(None) if s.row is None else s.row  # None: every row of the batch
+        where = slice(None) if s.positions is None else list(s.positions)  # None: every position
+        if s.kind == "head":  # the mask has a head axis: (B, H, T, 1)
             mask[rows, s.head, where] = True
         else:
             mask[rows, where] = True
@@ -183,9 +191,9 @@ class LayerTap:
 
     def _pass(self, kind: str, x: torch.Tensor) -> torch.Tensor:
         swap = self.swaps.get(kind)
-        if swap is not None:
+        if swap is not None:  # this activation of this block is patched
             x = swap(x)
-        if self.record:
+        if self.record:  # recorded after the swap: what the rest of the forward actually read
             self.seen[kind] = x
         return x
 
@@ -218,11 +226,12 @@ class Taps:
         swap = self.resid_swaps.get(index)
         if swap is not None:
             x = swap(x)
-        if self.record:
+        if self.record:  # called once per index, in order, so the list's index is the residual index
             self.residuals.append(x)
         return x
 
     def activations(self) -> Activations:
+        # every block has heads and an attention branch; "mlp" is missing where a block has no MLP
         return Activations(tuple(t.seen["head"] for t in self.layers), tuple(t.seen["attn"] for t in self.layers),
                            tuple(t.seen.get("mlp") for t in self.layers), tuple(self.residuals))
 
@@ -237,16 +246,18 @@ def make_taps(cfg: ModelConfig, patch: Patch | None, record: bool, batch: int, s
     if patch is not None and not isinstance(patch, Patch):
         raise ValueError(f"patch must be a Patch, got {type(patch).__name__}")
     patching = patch is not None and not patch.is_empty
-    if not patching and not record:
+    if not patching and not record:  # the forward runs untouched, bit for bit the normal one
         return None
     taps = Taps(cfg.n_layers, record)
-    if not patching:
+    if not patching:  # recording only: taps with no swaps
         return taps
     if start:
         raise ValueError("a patch substitutes activations of a whole text, so it cannot run on top of a "
                          "key/value cache; run the whole text without a cache")
     patch.validate(cfg, batch, seq_len)
     src, B, T = patch.source, batch, seq_len
+    # one swap per (kind, layer) that any site names; n_layers + 1 covers the residual indices too (a block
+    # kind never reaches the last one, since validate refused it)
     for kind in PATCH_KINDS:
         for layer in range(cfg.n_layers + 1):
             sites = [s for s in patch.sites if s.kind == kind and s.layer == layer]
@@ -254,15 +265,15 @@ def make_taps(cfg: ModelConfig, patch: Patch | None, record: bool, batch: int, s
                 continue
             if kind == "resid":
                 taps.resid_swaps[layer] = _Swap(_mask_for(sites, (B, T), device), src.residuals[layer])
-            elif kind == "head":
+            elif kind == "head":  # source (B or 1, H, T, hs): the mask gets a head axis
                 mask = _mask_for(sites, (B, cfg.n_heads, T), device)
                 taps.layers[layer].swaps[kind] = _Swap(mask, src.heads[layer])
-            else:
+            else:  # "attn" or "mlp": (B or 1, T, C), read off the recording by the kind's own name
                 taps.layers[layer].swaps[kind] = _Swap(_mask_for(sites, (B, T), device),
                                                        getattr(src, kind)[layer])
     if plain and not record and patch.base is not None:
         # a site at residual index r or in block l leaves blocks before r (before l) as the base run has them
         taps.skip = min(s.layer for s in patch.sites)
-        if taps.skip:
+        if taps.skip:  # residual index skip is the input of block skip; a (1, T, C) base serves every row
             taps.start = patch.base.residuals[taps.skip].expand(B, -1, -1)
     return taps

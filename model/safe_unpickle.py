@@ -8,12 +8,13 @@ file a person was sent can run code the moment it is opened. Two readers, two de
   Every opcode is checked before anything is loaded (pickletools reads without running), and
   the unpickler that then loads it refuses every class and function by name as well.
 * `load_torch_weights(path, out_dir)` reads a `torch.save` file (nanoGPT's ckpt.pt, which also
-  holds the optimizer state) with `torch.load(weights_only=True)`, and only in a throw-away
+  holds the optimizer state; with layout="state_dict", a file whose top level is itself the weights,
+  as nanochat's model_<step>.pt) with `torch.load(weights_only=True)`, and only in a throw-away
   child process under a memory cap (RLIMIT_AS), a CPU-time cap and a wall-clock limit. The child
   writes the model's tensors as a safetensors file and the small plain values as JSON; the
   parent never unpickles anything and reads back only those two safe formats.
 
-The child is this module run as `python -m model.safe_unpickle SRC OUT_DIR MEMORY_BYTES CPU_S`;
+The child is this module run as `python -m model.safe_unpickle SRC OUT_DIR MEMORY_BYTES CPU_S [LAYOUT]`;
 it prints one JSON line: {"ok": true} or {"error": "<one sentence>"}.
 """
 
@@ -43,6 +44,7 @@ TOO_LARGE = "a number far too large"  # what plain.json holds in place of a whol
 # The child may grow its address space by this much beyond what it holds after importing torch:
 # the file mapped once, the model tensors copied once and written once, plus a margin.
 WORKER_MARGIN_BYTES = 512 * 1024**2
+LAYOUTS = ("nanogpt", "state_dict")  # a dict with the weights under 'model', or the weights themselves
 
 # Opcodes that only build plain containers and scalars. Everything else (GLOBAL, STACK_GLOBAL,
 # REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, buffers) imports, calls or reaches outside; sets
@@ -70,7 +72,12 @@ def load_plain_pickle(data: bytes, what: str = "the file") -> Any:
         raise ValueError(f"{what} is {len(data):,} bytes; at most {MAX_PLAIN_PICKLE_BYTES:,} are read")
     refused = None
     try:
-        for op, arg, _ in pickletools.genops(data):
+        for count, (op, arg, _) in enumerate(pickletools.genops(data)):
+            if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and not (isinstance(arg, int) and 0 <= arg <= count):
+                # a pickler numbers its memo 0, 1, 2, ... as it goes; a far index would make the unpickler
+                # allocate a memo that large (LONG_BINPUT 2**31: gigabytes) before anything is read
+                refused = f"{what} stores a value under memo index {arg} (out of order), so it was not loaded"
+                break
             if op.name not in _PLAIN_OPCODES:
                 named = f" {arg}" if op.name in ("GLOBAL", "INST") and arg else ""
                 refused = (f"{what} holds more than plain dicts, strings and numbers (pickle opcode "
@@ -92,13 +99,18 @@ def load_plain_pickle(data: bytes, what: str = "the file") -> Any:
 
 
 def load_torch_weights(path: str | Path, out_dir: str | Path, max_bytes: int = MAX_TORCH_FILE_BYTES,
-                       timeout_s: float = WORKER_TIMEOUT_S, margin_bytes: int = WORKER_MARGIN_BYTES) -> None:
+                       timeout_s: float = WORKER_TIMEOUT_S, margin_bytes: int = WORKER_MARGIN_BYTES,
+                       layout: str = "nanogpt") -> None:
     """Read the torch.save file at `path` in a child process; it leaves in `out_dir`:
 
     * `tensors.safetensors`: the tensors of the checkpoint's 'model' entry (float32, contiguous;
       the `_orig_mod.` prefix of a torch.compile run removed; nanoGPT's causal-mask buffers
       `*.attn.bias` of 4 dimensions dropped);
     * `plain.json`: the entries 'model_args', 'config' and 'iter_num' (plain values only).
+
+    layout "state_dict" (nanochat's model_<step>.pt): the file's top level must itself be a dict of
+    names to floating-point tensors, every one of them kept (only the `_orig_mod.` prefix removed, as
+    nanochat removes it); plain.json is then empty. Any other top level is refused.
 
     Everything else in the file (the optimizer state) is never copied. Any failure is a
     ValueError with one sentence.
@@ -119,8 +131,10 @@ def load_torch_weights(path: str | Path, out_dir: str | Path, max_bytes: int = M
     root = str(Path(__file__).resolve().parent.parent)  # so that the child imports this same package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cpu_s = max(1, int(timeout_s))
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
     cmd = [sys.executable, "-m", "model.safe_unpickle", str(path.resolve()), str(Path(out_dir).resolve()),
-           str(budget), str(cpu_s)]
+           str(budget), str(cpu_s), layout]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:  # run() has killed the child
@@ -167,7 +181,7 @@ _OUT_OF_MEMORY = "reading it needed more memory than the reader's cap allows, so
 _UNSUPPORTED_GLOBAL = re.compile(r"unsupported (?:global:?\s*)?GLOBAL\s+([\w.]+)", re.IGNORECASE)
 
 
-def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
+def _worker(src: str, out_dir: str, budget: int, cpu_s: int, layout: str = "nanogpt") -> dict[str, Any]:
     """The child's work: cap itself, load with weights_only, keep the model's tensors."""
     import resource
 
@@ -199,14 +213,20 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
         if isinstance(exc, MemoryError) or "allocate memory" in str(exc):  # torch's allocator says it so
             return {"error": _OUT_OF_MEMORY}
         return {"error": "not a PyTorch checkpoint that can be read (truncated, or another format)"}
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
+    if layout == "state_dict":  # the top level is the weights themselves (nanochat's model_<step>.pt)
+        if not isinstance(ckpt, dict) or not all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+            return {"error": "not a nanochat model file: its top level is not a dict of named tensors"}
+        weights = ckpt
+    elif not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
         return {"error": "not a nanoGPT checkpoint: it has no 'model' entry with the weights"}
+    else:
+        weights = ckpt["model"]
     tensors, seen = {}, set()
-    for key, value in ckpt["model"].items():
+    for key, value in weights.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             return {"error": "its 'model' entry holds something other than named tensors"}
         key = key.removeprefix("_orig_mod.")  # a torch.compile run saves its weights under this prefix
-        if key.endswith(".attn.bias") and value.dim() == 4:
+        if layout == "nanogpt" and key.endswith(".attn.bias") and value.dim() == 4:
             continue  # nanoGPT's causal-mask buffer (without flash attention), not a weight
         if not value.is_floating_point():
             return {"error": f"tensor {key} is not floating point"}
@@ -215,7 +235,7 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
             value = value.clone()  # nanoGPT ties lm_head to wte; a safetensors file wants each tensor once
         seen.add(value.data_ptr())
         tensors[key] = value
-    plain = {k: _plain(ckpt.get(k)) for k in ("model_args", "config", "iter_num")}
+    plain = {k: _plain(ckpt.get(k)) for k in ("model_args", "config", "iter_num")} if layout == "nanogpt" else {}
     save_file(tensors, str(Path(out_dir) / "tensors.safetensors"))
     Path(out_dir, "plain.json").write_text(json.dumps(plain))
     return {"ok": True}
@@ -223,8 +243,9 @@ def _worker(src: str, out_dir: str, budget: int, cpu_s: int) -> dict[str, Any]:
 
 def _worker_main(argv: list[str]) -> int:
     src, out_dir, budget, cpu_s = argv[0], argv[1], int(argv[2]), int(argv[3])
+    layout = argv[4] if len(argv) > 4 and argv[4] in LAYOUTS else "nanogpt"
     try:
-        answer = _worker(src, out_dir, budget, cpu_s)
+        answer = _worker(src, out_dir, budget, cpu_s, layout)
     except MemoryError:
         answer = {"error": _OUT_OF_MEMORY}
     except Exception:

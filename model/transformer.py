@@ -16,21 +16,32 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import LayerCache, SelfAttention, rope_angles
+from .attention import LayerCache, SelfAttention, rope_angles, soft_cap
 from .config import ModelConfig
+from .norms import make_norm
 from .interventions import Intervention, LayerPlan
 from .patching import Activations, Patch, make_taps
 
 
 @dataclass
 class KVCache:
-    """Per-layer keys and values of the tokens seen so far; `KVCache([])` is an empty cache."""
+    """Per-layer keys and values of the tokens seen so far; `KVCache([])` is an empty cache.
+
+    embeds (B, T_cached, C): for a model with a smear (ModelConfig.smear_width), each cached token's normed
+    embedding before its smear, which the next token's smear reads; None for every other model. A step
+    of a smear model after a cache without them is refused (`upto` cuts both together)."""
 
     layers: list[LayerCache]
+    embeds: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
         return 0 if not self.layers else self.layers[0].k.shape[2]
+
+    def upto(self, n: int) -> "KVCache":
+        """The cache of the first n tokens (views, nothing copied): what a step at position n reads."""
+        return KVCache([LayerCache(c.k[:, :, :n], c.v[:, :, :n]) for c in self.layers],
+                       None if self.embeds is None else self.embeds[:, :n])
 
 
 @dataclass
@@ -43,7 +54,8 @@ class ForwardOutput:
     cache including this call's tokens, when a cache was passed in (use `KVCache([])` to
     start one). residuals: with return_residuals=True, n_layers + 1 tensors (B, T, C): the
     residual stream after the embedding (index 0) and after block l (index l + 1); read them
-    with `logit_lens`.
+    with `logit_lens`. With a backout_layer (nanochat) the last is after the backout, what the
+    final norm reads, so the lens's last row is the logits.
     """
 
     logits: torch.Tensor
@@ -69,73 +81,101 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, f = cfg.d_model, cfg.ff_dim
-        self.swiglu = cfg.activation == "swiglu"
-        # swiglu: `up` holds the gate's rows, then the value's (Shazeer 2020, as in Llama)
-        self.up = nn.Linear(d, 2 * f if self.swiglu else f, bias=cfg.part_bias("mlp"))
+        self.gated = cfg.gated
+        # gated (swiglu, geglu): `up` holds the gate's rows, then the value's (Shazeer 2020, as in Llama)
+        self.up = nn.Linear(d, 2 * f if self.gated else f, bias=cfg.part_bias("mlp"))
         self.down = nn.Linear(f, d, bias=cfg.part_bias("mlp"))
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU(approximate=cfg.gelu_approximate)
+        self.kind = cfg.activation
+        self.act = nn.GELU(approximate=cfg.gelu_approximate)  # gelu's, and geglu's gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        if self.swiglu:
+        h = self.up(x)  # (B, T, f), or (B, T, 2f): gate then value
+        if self.gated:
             gate, value = h.chunk(2, dim=-1)
-            h = F.silu(gate) * value
+            h = (F.silu(gate) if self.kind == "swiglu" else self.act(gate)) * value
+        elif self.kind == "relu":
+            h = F.relu(h)
+        elif self.kind == "relu2":  # nanochat's squared ReLU
+            h = F.relu(h).square()
         else:
             h = self.act(h)
         return self.down(h)
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019): LayerNorm without the mean or bias."""
-
-    def __init__(self, d_model: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
-
-
-def make_norm(cfg: ModelConfig) -> nn.Module:
-    """The configured normalisation over d_model (LayerNorm or RMSNorm)."""
-    if cfg.norm_kind == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.part_bias("norm"))
-
-
 class Block(nn.Module):
+    """One layer: attention, then the MLP, each a branch added to the residual stream x.
+
+    Where the norms sit (ModelConfig.norm): "pre" normalises what each branch reads (GPT-2, Llama);
+    "post" normalises the stream after each addition (Vaswani et al.); "sandwich" normalises what each
+    branch reads and what it writes (Gemma 2/3); "post_branch" only what it writes (OLMo 2).
+    """
+
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.norm_mode = cfg.norm
         self.parallel = cfg.parallel_residual
-        norm = (lambda: make_norm(cfg)) if cfg.norm != "none" else nn.Identity
-        self.norm1 = norm()
+        self.layer = layer
+        if cfg.x0_mix:  # nanochat: the block reads resid_lambda * x + x0_lambda * x0 (learned scalars)
+            self.resid_lambda = nn.Parameter(torch.ones(1))
+            self.x0_lambda = nn.Parameter(torch.zeros(1))
+        self.x0_mix = cfg.x0_mix
+        ffn = cfg.ff_dim > 0
+        reads = cfg.norm in ("pre", "post", "sandwich")  # norm1/norm2: before a branch (after one, for "post")
+        writes = cfg.norm in ("sandwich", "post_branch")  # post_norm1/2: on a branch's output
+        self.norm1 = make_norm(cfg) if reads else nn.Identity()
         self.attn = SelfAttention(cfg, layer)
-        self.ffn = FeedForward(cfg) if cfg.ff_dim > 0 else None
-        self.norm2 = norm() if self.ffn is not None else nn.Identity()
+        self.ffn = FeedForward(cfg) if ffn else None
+        self.norm2 = make_norm(cfg) if reads and ffn else nn.Identity()
+        if writes:
+            self.post_norm1 = make_norm(cfg)
+            self.post_norm2 = make_norm(cfg) if ffn else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope, past, want_cache, want_attention, plan=None, tap=None):
+    def stream_in(self, x: torch.Tensor, x0: torch.Tensor | None = None) -> torch.Tensor:
+        """The stream the block works on: x itself, or with x0_mix resid_lambda * x + x0_lambda * x0, x0 the
+        stream after the embedding (nanochat). Such a block refuses without x0: a rebuild from the
+        residual stream x alone would not be the model's numbers."""
+        if not self.x0_mix:
+            return x
+        if x0 is None:
+            raise ValueError(f"block {self.layer} reads resid_lambda * x + x0_lambda * x0, a mix of the residual "
+                             "stream with the embedding (nanochat's x0 lambdas), so it cannot be rebuilt from the "
+                             "residual stream alone")
+        return self.resid_lambda * x + self.x0_lambda * x0
+
+    def attn_input(self, x: torch.Tensor, x0: torch.Tensor | None = None) -> torch.Tensor:
+        """What the attention reads from the residual stream x: x itself in a post-norm block (x0: see
+        `stream_in`; its result is what `rest` takes as x)."""
+        return self._reads(self.stream_in(x, x0))
+
+    def _reads(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.norm_mode in ("post", "post_branch") else self.norm1(x)
+
+    def forward(self, x, rope, past, want_cache, want_attention, plan=None, tap=None, x0=None, ve=None):
+        x = self.stream_in(x, x0)
+        a, cache, w, s = self.attn(self._reads(x), rope, past, want_cache, want_attention, plan, tap, ve)
+        return self.rest(x, a, tap), cache, w, s
+
+    def rest(self, x: torch.Tensor, a: torch.Tensor, tap=None) -> torch.Tensor:
+        """The block after its attention: x the residual input, a the attention's output (after the
+        output projection). Returns the residual output, as the forward computes it."""
         # a patched or recorded forward sees each branch's output through its tap (model.patching)
         attn_out, mlp_out = (tap.attn, tap.mlp) if tap is not None else (lambda t: t,) * 2
         if self.parallel:
             # GPT-NeoX's parallel residual: both branches read the same x (Wang & Komatsuzaki's GPT-J)
-            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan, tap)
             m = self.drop(mlp_out(self.ffn(self.norm2(x)))) if self.ffn is not None else 0.0
-            return m + self.drop(attn_out(a)) + x, cache, w, s
-        if self.norm_mode == "post":
-            a, cache, w, s = self.attn(x, rope, past, want_cache, want_attention, plan, tap)
+            return m + self.drop(attn_out(a)) + x
+        if self.norm_mode == "post":  # each addition is normalised before the next reads it
             x = self.norm1(x + self.drop(attn_out(a)))
+            return self.norm2(x + self.drop(mlp_out(self.ffn(x)))) if self.ffn is not None else x
+        if self.norm_mode in ("sandwich", "post_branch"):  # each branch's output normalised, then added
+            x = x + self.drop(attn_out(self.post_norm1(a)))
             if self.ffn is not None:
-                x = self.norm2(x + self.drop(mlp_out(self.ffn(x))))
-        else:  # pre-norm, or no norm at all (Identity)
-            a, cache, w, s = self.attn(self.norm1(x), rope, past, want_cache, want_attention, plan, tap)
-            x = x + self.drop(attn_out(a))
-            if self.ffn is not None:
-                x = x + self.drop(mlp_out(self.ffn(self.norm2(x))))
-        return x, cache, w, s
+                x = x + self.drop(mlp_out(self.post_norm2(self.ffn(self.norm2(x)))))
+            return x
+        # pre-norm, or no norm at all (Identity): the residual stream itself is never normalised
+        x = x + self.drop(attn_out(a))
+        return x + self.drop(mlp_out(self.ffn(self.norm2(x)))) if self.ffn is not None else x
 
 
 class DecoderLM(nn.Module):
@@ -151,13 +191,20 @@ class DecoderLM(nn.Module):
             self.register_buffer(
                 "pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False
             )
-        if cfg.pos_encoding == "rope":
-            angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base, cfg.rope_precision)  # (P, rope_dim/2)
-            self.register_buffer("rope_cos", angles.cos(), persistent=False)
-            self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        self.make_rope_tables()
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
-        self.norm_f = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
+        # nanochat's options (ModelConfig): a norm of the embedding, the smear, value embeddings, the backout
+        self.embed_norm = make_norm(cfg) if cfg.embed_norm else None
+        if cfg.smear_width:
+            self.smear_gate = nn.Linear(cfg.smear_width, 1, bias=False)
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if cfg.value_embed_layers:
+            self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.vocab_size, cfg.kv_heads * cfg.head_dim)
+                                               for i in sorted(cfg.value_embed_layers)})
+        if cfg.backout_layer is not None:
+            self.backout_lambda = nn.Parameter(torch.zeros(1))
+        self.norm_f = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.head_bias)
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
@@ -166,6 +213,78 @@ class DecoderLM(nn.Module):
             for name, p in self.named_parameters():
                 if name.endswith(("attn.proj.weight", "ffn.down.weight")):
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    def make_rope_tables(self) -> None:
+        """The rotary cos/sin tables (block_size, rope_dim/2), computed (also after a load onto the meta
+        device): `rope_cos`/`rope_sin` for the layers turning with pe_base, and `rope_local_cos`/`_sin`
+        for the windowed layers of a model with its own local base (Gemma 3)."""
+        cfg = self.cfg
+        if cfg.pos_encoding != "rope":
+            return
+        tables = [("rope", cfg.pe_base, cfg.rope_scaling)]
+        if cfg.local_rope_base is not None:
+            tables.append(("rope_local", cfg.local_rope_base, ()))
+        for name, base, scaling in tables:
+            angles = rope_angles(cfg.block_size, cfg.rope_dim, base, cfg.rope_precision, scaling)  # (P, rd/2)
+            # LongRoPE also lengthens every rotated q and k by its attention factor: cos and sin carry it
+            gain = float(scaling[1]) if scaling and scaling[0] == "longrope" else 1.0
+            cos, sin = (angles.cos(), angles.sin()) if gain == 1.0 else (angles.cos() * gain, angles.sin() * gain)
+            self.register_buffer(f"{name}_cos", cos, persistent=False)
+            self.register_buffer(f"{name}_sin", sin, persistent=False)
+
+    def rope_at(self, layer: int, positions) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) of layer `layer`'s rotary at `positions` (a slice or a list), each (R, rd/2); None for
+        a layer that does not rotate (no rotary, or one of rope_off_layers)."""
+        if self.cfg.rope_base(layer) is None:
+            return None
+        local = self.cfg.local_rope_base is not None and self.cfg.window(layer)
+        cos, sin = (self.rope_local_cos, self.rope_local_sin) if local else (self.rope_cos, self.rope_sin)
+        return cos[positions], sin[positions]
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The residual stream before the first block: token embeddings (times embed_scale) plus the
+        learned or sinusoidal positions (rotary adds nothing here), normed with embed_norm. ids (.., T),
+        positions (T,) -> (.., T, C). A smear model refuses: each token's stream holds a share of the one
+        before it, which the tokens at `positions` alone do not give (the forward's `smear` adds it)."""
+        if self.cfg.smear_width:
+            raise ValueError("this model adds a share of the previous token's embedding to each token (nanochat's "
+                             "smear), so the stream of chosen positions cannot be rebuilt from their tokens alone")
+        return self._embed(ids, positions)
+
+    def smear(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """nanochat's smear of normed embeddings x (B, T, C): x_t + smear_lambda * sigmoid(x_t[:w] . gate) *
+        x_(t-1), each x_(t-1) as it was before its own smear. prev (B, 1, C): the embedding of the token
+        before x[:, 0] (from a cache); None: x[:, 0] starts the text and is left as it is."""
+        gate = self.smear_lambda * torch.sigmoid(self.smear_gate(x[..., : self.cfg.smear_width]))  # (B, T, 1)
+        if prev is None:
+            return torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
+        return x + gate * torch.cat([prev, x[:, :-1]], dim=1)
+
+    def _stream_start(self, ids: torch.Tensor, start: int, cache: KVCache | None):
+        """(the residual stream after the embedding (B, T, C), the embeddings a smear model's cache keeps)."""
+        x = self.drop(self._embed(ids, torch.arange(start, start + ids.shape[1], device=ids.device)))
+        if not self.cfg.smear_width:
+            return x, None
+        prev = None
+        if start:  # the token before this call's first is in the cache: its embedding before its smear
+            if cache.embeds is None or cache.embeds.shape[1] != start:
+                raise ValueError("this model adds a share of the previous token's embedding to each token "
+                                 "(nanochat's smear), and the cache does not hold its tokens' embeddings "
+                                 "(cut a cache with KVCache.upto)")
+            prev = cache.embeds[:, -1:]
+        embeds = None if cache is None else (torch.cat([cache.embeds, x], dim=1) if start else x)
+        return self.smear(x, prev), embeds
+
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.tok_emb(ids)
+        if self.cfg.embed_scale != 1.0:  # Gemma: sqrt(d_model), rounded to the embedding's dtype first
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        pe = self.cfg.pos_encoding
+        if pe == "learned":
+            x = x + self.pos_emb(positions)
+        elif pe == "sinusoidal":
+            x = x + self.pe_table[positions]  # (T, C) broadcast over the batch
+        return x if self.embed_norm is None else self.embed_norm(x)
 
     @staticmethod
     def _init_gpt2(module: nn.Module) -> None:
@@ -224,21 +343,18 @@ class DecoderLM(nn.Module):
             if not intervention.is_empty:
                 plans = intervention.layer_plans(self.cfg, start + T, start)
 
-        x = self.tok_emb(ids)  # (B, T, C)
-        pe = self.cfg.pos_encoding
-        if pe == "learned":
-            x = x + self.pos_emb(torch.arange(start, start + T, device=ids.device))
-        elif pe == "sinusoidal":
-            x = x + self.pe_table[start : start + T]  # (T, C) broadcast over the batch
-        # RoPE adds nothing here: each attention layer rotates its queries and keys instead
-        rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T]) if pe == "rope" else None
-        x = self.drop(x)
-        # None: nothing patched or recorded; a patch with a `base` skips the blocks it leaves unchanged
+        x, embeds = self._stream_start(ids, start, cache)  # (B, T, C)
+        # RoPE adds nothing to x: each attention layer rotates its queries and keys by its own table
+        # None: nothing patched or recorded; a patch with a `base` skips the blocks it leaves unchanged,
+        # unless later blocks read earlier streams (the x0 mix, the backout): then every block runs
         plain = not (return_attention or return_residuals or cache is not None or any(plans))
         taps = make_taps(self.cfg, patch, record, B, T, ids.device, start, plain)
-        skip = 0 if taps is None else taps.skip
+        cfg = self.cfg
+        skip = 0 if taps is None or cfg.x0_mix or cfg.backout_layer is not None else taps.skip
         if taps is not None:
             x = taps.resid(skip, taps.start if skip else x)
+        x0 = x if cfg.x0_mix else None  # the stream after the embedding, which x0_mix blocks read again
+        last, backout, kept = cfg.n_layers - 1, cfg.backout_layer, None
 
         want_cache = cache is not None
         layers, atts, scs = [], [], []
@@ -247,10 +363,16 @@ class DecoderLM(nn.Module):
             if i < skip:  # the patch changes nothing before block `skip`
                 continue
             past = cache.layers[i] if cache is not None and cache.layers else None
+            rope = self.rope_at(i, slice(start, start + T))
+            ve = self.value_embeds[str(i)](ids) if i in cfg.value_embed_layers else None  # (B, T, Hkv * hs)
             x, layer_cache, w, s = block(x, rope, past, want_cache, return_attention, plans[i],
-                                        None if taps is None else taps.layers[i])
+                                        None if taps is None else taps.layers[i], x0, ve)
+            if i == last and backout is not None:  # the stream after block `backout` taken away: the read-out's
+                x = x - self.backout_lambda * (x if backout == last else kept)
             if taps is not None:
                 x = taps.resid(i + 1, x)
+            if i == backout:
+                kept = x
             residuals.append(x)
             layers.append(layer_cache)
             atts.append(w)
@@ -259,14 +381,15 @@ class DecoderLM(nn.Module):
             logits=self.read_out(x if logits == "all" else x[:, -1:]),  # (B, T, V) or (B, 1, V)
             attentions=tuple(atts) if return_attention else None,
             scores=tuple(scs) if return_attention else None,
-            cache=KVCache(layers) if want_cache else None,
+            cache=KVCache(layers, embeds) if want_cache else None,
             residuals=tuple(residuals) if return_residuals else None,
             activations=taps.activations() if record else None,
         )
 
     def read_out(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm then output head: the model's logits for residual stream x (B, T, C)."""
-        return self.head(self.norm_f(x))
+        """Final norm then output head (then the logits' soft-cap, Gemma 2): the model's logits for
+        residual stream x (B, T, C)."""
+        return soft_cap(self.head(self.norm_f(x)), self.cfg.logit_softcap)
 
     def positional_table(self) -> tuple[str, torch.Tensor | None]:
         """The positional information the model actually uses, for display.
@@ -280,7 +403,8 @@ class DecoderLM(nn.Module):
         if pe == "sinusoidal":
             return pe, self.pe_table.clone()
         if pe == "rope":
-            return pe, rope_angles(self.cfg.block_size, self.cfg.rope_dim, self.cfg.pe_base, self.cfg.rope_precision)
+            cfg = self.cfg
+            return pe, rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base, cfg.rope_precision, cfg.rope_scaling)
         return pe, None
 
 
@@ -293,7 +417,8 @@ def read_out_rows(model: DecoderLM, rows: torch.Tensor) -> torch.Tensor:
     order: within about 1e-6 of `read_out`'s.
     """
     logits = (model.head.weight @ model.norm_f(rows).T).T  # (n, V)
-    return logits if model.head.bias is None else logits + model.head.bias
+    logits = logits if model.head.bias is None else logits + model.head.bias
+    return soft_cap(logits, model.cfg.logit_softcap)
 
 
 def logit_lens(model: DecoderLM, residuals: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:

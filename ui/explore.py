@@ -167,7 +167,7 @@ def head_choices(n_heads: int) -> list[tuple[str, int | str]]:
     return [*((f"H{p[0]}–{p[-1]}", page_value(p)) for p in pages), *((f"head {i}", i) for i in range(n_heads))]
 
 
-def first_view(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, str]:
+def opening_controls(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, str, str]:
     """(layer, head, view, caption) a model opens on: a built-in's chosen head, else layer 0's heads
     (one head on a narrow screen, where a grid of heads is too small to read)."""
     fv = entry.first_view
@@ -294,7 +294,7 @@ def select_model(session, model_name, request: gr.Request = None):
         return (session, *[gr.skip()] * 10)
     entry = session.select_model(model_name)
     cfg = entry.model.cfg
-    layer, head, view, caption = first_view(entry, session.display.narrow)
+    layer, head, view, caption = opening_controls(entry, session.display.narrow)
     examples = list(entry.examples)
     return (session, [], entry.summary, probs_figure(session), message_plot(NO_TEXT),
             gr.update(choices=layer_choices(cfg.n_layers), value=layer),

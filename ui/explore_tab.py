@@ -22,7 +22,7 @@ from lab.text import cut_lines
 
 from .common import RAW, api_example, handler
 from .explore import (
-    NO_PROBS, NO_TEXT, example_choices, first_view, head_choices, layer_choices, generate, lines_from_token,
+    NO_PROBS, NO_TEXT, example_choices, head_choices, layer_choices, generate, lines_from_token, opening_controls,
     redraw_view, resample, reset, select_model, select_token, set_display, shift_head, show_caption, show_vocabulary,
     step, step_picture, undo, vocabulary_html,
 )
@@ -116,7 +116,7 @@ def _lay_out_top(c: SimpleNamespace, first: Session, default) -> None:
 def _lay_out_attention(c: SimpleNamespace, default) -> None:
     """The left column: the caption, the view's controls and the attention, on the model's first view."""
     cfg = default.model.cfg
-    layer0, head0, view0, caption0 = first_view(default, narrow=False)
+    layer0, head0, view0, caption0 = opening_controls(default, narrow=False)
     with gr.Column(scale=7, min_width=300, elem_id="attention_col"):
         c.caption = gr.Markdown(caption0, elem_id="caption")
         with gr.Row(elem_id="view_controls"):

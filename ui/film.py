@@ -41,7 +41,7 @@ def score_choices(names: list[str], film=None) -> list[tuple[str, str]]:
     return [(film.role(n).name if film is not None else ROLES[n].name, n) for n in names]
 
 
-def opening(film) -> tuple[int, str]:
+def film_opening(film) -> tuple[int, str]:
     """(layer, score) a film opens on: those of the head whose score changes most over the film
     (`Film.largest_change`, from its frames); the last layer and previous-token for a film without one."""
     found = film.largest_change() if film is not None and film.frames else None
@@ -143,12 +143,12 @@ def redraw_film(session, model_name, frame, layer, score, request: gr.Request = 
 @handler
 def open_film(session, model_name, request: gr.Request = None):
     """A model was picked for the film: the slider spans its frames and starts at the last; the layer
-    and score are those whose change over the film is largest (`opening`). A model without a film (or
+    and score are those whose change over the film is largest (`film_opening`). A model without a film (or
     with one frame) leaves the controls still: a slider needs two ends (gradio refuses 0 … 0)."""
     film = session.film(model_name)
     n = len(film.frames) if film is not None else 0
     layers = len(film.frames[0].attention) if n else 1
-    layer, score = opening(film)
+    layer, score = film_opening(film)
     return (gr.update(minimum=0, maximum=max(1, n - 1), value=max(0, n - 1), step=1, interactive=n > 1),
             gr.update(choices=[(f"layer {i}", i) for i in range(layers)], value=layer, interactive=n > 0),
             gr.update(choices=score_choices(score_names(film), film), value=score, interactive=n > 0))

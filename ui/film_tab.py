@@ -15,8 +15,8 @@ from lab.session import Session
 
 from .common import RAW
 from .film import (
-    film_choices, follow_model, next_frame, open_film, opening, redraw_film, save_film_page, score_choices, score_names,
-    show_film,
+    film_choices, film_opening, follow_model, next_frame, open_film, redraw_film, save_film_page, score_choices,
+    score_names, show_film,
 )
 
 INTRO = ("### Training film\nWatch attention form while a model learns. Each frame is the attention of every head "
@@ -30,7 +30,7 @@ def build_film_section(ses: gr.State, model_dd: gr.Dropdown, first: Session, tab
     film = first.film(DEFAULT_MODEL)
     n = len(film.frames) if film is not None else 1
     layers = len(film.frames[0].attention) if film is not None and film.frames else 1
-    first_layer, first_score = opening(film)  # where the default model's film changes most
+    first_layer, first_score = film_opening(film)  # where the default model's film changes most
     gr.Markdown(INTRO, elem_id="film_intro")
     with gr.Row(equal_height=True):
         film_model = gr.Dropdown(first.model_names(), value=DEFAULT_MODEL, label="Film of", elem_id="film_model",

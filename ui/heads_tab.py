@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from lab.heads import ABLATION_MODES, MAX_REGENERATE
+from lab.heads import ABLATION_MODE_WORDS, ABLATION_MODES, MAX_REGENERATE
 from lab.session import HEAD_TOOLS
 
 from .common import RAW, api_example, message_plot
@@ -33,7 +33,6 @@ LENS_INTRO = ("The residual stream after each layer, sent through the model's fi
 ABLATE_INTRO = ("Remove heads and see what the next token loses: **zero** drops a head's output, **mean** replaces "
                 "it by its mean over the positions, **uniform** makes it attend equally to every allowed key. "
                 "Or rewrite one attention row: the selected token's, in the head you choose.")
-MODE_LABELS = {"zero": "zero", "mean": "mean over positions", "uniform": "uniform attention"}
 
 
 def build_heads_section(ses: gr.State, ex: dict) -> SimpleNamespace:
@@ -95,7 +94,7 @@ def _lay_out_ablate(h: SimpleNamespace) -> None:
         gr.Markdown(ABLATE_INTRO, elem_classes="lab-intro")
         with gr.Row(equal_height=True):
             h.heads = gr.CheckboxGroup([], label="Heads to ablate", elem_id="ablate_heads", scale=3)
-            h.mode = gr.Radio([(MODE_LABELS[m], m) for m in ABLATION_MODES], value="zero", label="Mode",
+            h.mode = gr.Radio([(ABLATION_MODE_WORDS[m].label, m) for m in ABLATION_MODES], value="zero", label="Mode",
                               elem_id="ablate_mode", scale=2)
             with gr.Column(scale=2, min_width=200):
                 h.keep_only = gr.Checkbox(False, label="keep only these (ablate all the others)",

@@ -72,10 +72,17 @@ def numbers_table(data: dict) -> str:
     """Every single number of the cell, each with its formula, as a Markdown table."""
     f = data["formulas"]
     i, j = data["query"], data["key"]
-    rows = [
+    norm_rows = _norm_rows(data)  # the q/k norm, then the rotary step (inserted below), then the scores
+    rows = norm_rows + [
         ("q_i · k_j", f["dot"], _num(data["dot"])),
         ("scale", f["scale"], _num(data["scale"])),
         ("s_ij", f["score"], _num(data["score"])),
+    ]
+    if "capped" in data:  # the soft-cap, before the mask: the softmax reads the capped score
+        c = data["softcap"]
+        rows.append(("capped s_ij", f["capped"],
+                     f"{c:g} · tanh({_num(data['score'])} / {c:g}) = {_num(data['capped'])}"))
+    rows += [
         ("mask", f["mask"], "allowed" if not data["masked"] else "masked: s_ij = −∞"),
         ("m", f["row_max"], _num(data["row_max"])),
         (f"exp(s_{i},{j} − m)", f["exp_row"], _num(data["exp_row"][j])),
@@ -87,12 +94,48 @@ def numbers_table(data: dict) -> str:
     rows += [
         ("‖z_i‖", f["weighted"], _num(float(np.linalg.norm(data["weighted"])))),
         ("‖o_i^h‖", f["head_out"], _num(float(np.linalg.norm(data["head_out"])))),
-        ("‖x_i + Σ_h o_i^h‖", f["residual_after"], _num(float(np.linalg.norm(data["residual_after"])))),
     ]
+    if "attn_normed" in data:  # a norm on the attention's output: that, not the sum, joins the residual
+        rows.append(("‖post_norm1(a_i)‖", f["attn_normed"], _num(float(np.linalg.norm(data["attn_normed"])))))
+    after = "‖x_i + post_norm1(a_i)‖" if "attn_normed" in data else "‖x_i + Σ_h o_i^h‖"
+    rows.append((after, f["residual_after"], _num(float(np.linalg.norm(data["residual_after"])))))
     if data["rotary"]:
-        rows.insert(0, ("rotary", f["rotary"], f"{data['rotary']['dims']} of {len(data['q'])} dimensions turn"))
+        rows.insert(len(norm_rows), ("rotary", f["rotary"], f"{data['rotary']['dims']} of {len(data['q'])} "
+                                                            f"dimensions turn, base {data['rotary']['base']:g}"))
+    elif data["model_facts"]["rope_off"]:
+        rows.insert(len(norm_rows), ("rotary", f["rotary"], "none in this layer"))
     body = "\n".join(f"| {_cellsafe(a)} | {_cellsafe(b)} | {_cellsafe(c)} |" for a, b, c in rows)
     return "| number | formula | value |\n|---|---|---|\n" + body
+
+
+def _norm_rows(data: dict) -> list[tuple[str, str, str]]:
+    """The q/k norm's numbers (each side's rms, and the normed vector's length), where the model has one."""
+    if "qk_norm" not in data:
+        return []
+    f, rows = data["formulas"], []
+    for side, v, at in (("query", "q", data["query"]), ("key", "k", data["key"])):
+        rows += [(f"rms(p_{at})", f[f"{v}_norm"], _num(data["qk_norm"][side]["rms"])),
+                 (f"‖{v}_{at}‖ after the norm", f[f"{v}_raw"], _num(float(np.linalg.norm(data[f"{v}_raw"]))))]
+    return rows
+
+
+def _qk_rows(data: dict) -> list[tuple[str, list]]:
+    """Figure 2's rows: the projections, and where the model has a q/k norm, its multiplier and the normed
+    vectors (the rotary rows follow)."""
+    i, j = data["query"], data["key"]
+    if "qk_norm" not in data:
+        return [(f"q_{i} = W_Q · x̂_{i}", data["q_raw"]), (f"k_{j} = W_K · x̂_{j}", data["k_raw"])]
+    rows, n = [], data["qk_norm"]
+    for side, v, at, w in (("query", "q", i, "W_Q"), ("key", "k", j, "W_K")):
+        rows.append((f"p_{at} = {w} · x̂_{at} (projection)", data[f"{v}_proj"]))
+        if n[side]["multiplier"] is not None:  # the norm's weight as the model multiplies by it
+            rows.append((f"{'1 + ' if n['offset'] else ''}w_{v} (the norm's weight)", n[side]["multiplier"]))
+        weight = "" if n[side]["multiplier"] is None else f" · ({'1 + ' if n['offset'] else ''}w_{v})"
+        weight += f" + b_{v}" if n[side]["bias"] is not None else ""
+        gain = f" × {n['gain']:g}" if n["gain"] != 1 else ""
+        centred = f"(p_{at} − {n[side]['mean']:.4f})" if n[side]["mean"] is not None else f"p_{at}"  # LayerNorm
+        rows.append((f"{v}_{at} = {centred} / {n[side]['rms']:.4f}{weight}{gain}", data[f"{v}_raw"]))
+    return rows
 
 
 def _rows(pairs) -> list[tuple[str, list[float]]]:
@@ -107,14 +150,17 @@ def cell_figures(data: dict, width: int, presentation: bool) -> list:
         (f"x_{i} (residual in)", data["x_i"]), (f"x̂_{i} (what attention reads)", data["xn_i"]),
         (f"x_{j} (residual in)", data["x_j"]), (f"x̂_{j} (what attention reads)", data["xn_j"])]),
         title=f"1 · The inputs: {f['xn_i']}", subtitle=f"query {_tok(data, i)}, key {_tok(data, j)}", **style)
-    qk = [(f"q_{i} = W_Q · x̂_{i}", data["q_raw"]), (f"k_{j} = W_K · x̂_{j}", data["k_raw"])]
+    qk = _qk_rows(data)
     if data["rotary"]:
         qk += [(f"q_{i} after rotary", data["q"]), (f"k_{j} after rotary", data["k"])]
-    qk_fig = cell_viz.vector_rows(_rows(qk), title="2 · The query and the key" + (": then the rotary step"
-                                                                                 if data["rotary"] else ""),
-                                    subtitle=f["rotary"] if data["rotary"] else f"{f['q_raw']}; {f['k_raw']}", **style)
+    steps = (["the q/k norm"] if "qk_norm" in data else []) + (["the rotary step"] if data["rotary"] else [])
+    said = ([f["q_norm"]] if "qk_norm" in data else []) + \
+        ([f["rotary"]] if data["rotary"] or data["model_facts"]["rope_off"] else [f["q_raw"], f["k_raw"]])
+    qk_fig = cell_viz.vector_rows(_rows(qk), title="2 · The query and the key" + (
+        ": then " + " and ".join(steps) if steps else ""), subtitle="; ".join(said), **style)
     products = cell_viz.dot_products(data["q"], data["k"], products=data["products"], total=data["dot"],
-                                       scale=data["scale"], score=data["score"], **style)
+                                       scale=data["scale"], score=data["score"], softcap=data.get("softcap"),
+                                       capped=data.get("capped"), **style)
     scores = [-np.inf if s is None else s for s in data["scores_row"]]
     used = None if data["used_row"] == data["softmax_row"] else data["used_row"]
     softmax = cell_viz.softmax_row(scores, data["exp_row"], data["softmax_row"], data["tokens"], query=i, key=j,
@@ -223,7 +269,8 @@ def head_matrices(session, layer, head, query, key):
     masked = np.where(np.array(data["allowed"], dtype=bool), as_array("masked"), -np.inf)
     fig = cell_viz.head_matrices(as_array("q"), as_array("k"), as_array("v"), as_array("raw"), as_array("scaled"),
                                    masked, data["tokens"], layer=data["layer"], head=data["head"], query=query,
-                                   key=key, scale=data["scale"], presentation=session.display.presentation,
+                                   key=key, scale=data["scale"], softcap=data.get("softcap"),
+                                   presentation=session.display.presentation,
                                    width_px=_width(session, 1.0))
     name = file_name(model_stem(data["model"]), f"L{data['layer']}H{data['head']}", "matrices")
     return to_plot(viz.with_filename(fig, name))

@@ -131,12 +131,16 @@ def make_link(session, model_name, prompt, temperature, top_k, top_p, seed, laye
             f"{html.escape(note, quote=False)}")
 
 
-NUMBERS = {  # what the numbers download offers: label → the lab.export function's name
+NUMBERS = {  # what the numbers download offers: label → the kind's name in the API
     "attention weights (layer / head shown)": "weights", "attention scores (layer / head shown)": "scores",
     "next-token probabilities (selected token)": "probabilities", "head roles": "head_roles",
     "logit lens (selected token)": "logit_lens", "ablation / edit effect": "effect",
     "loss history (this model)": "loss_history",
 }
+# the lab.export function of each other kind (the attention's and the loss history's take more than the session,
+# so export_numbers spells those calls out)
+EXPORTS = {"probabilities": export.probabilities, "head_roles": export.head_roles, "logit_lens": export.lens_export,
+           "effect": export.effect_export}
 
 
 @handler(rate="export")
@@ -153,7 +157,7 @@ def export_numbers(session, what, fmt, model_name, layer, head, request: gr.Requ
     elif what == "loss_history":
         exp = export.loss_history(session, model_name)
     else:
-        exp = export.lens_export(session) if what == "logit_lens" else getattr(export, what)(session)
+        exp = EXPORTS[what](session)
     data = exp.csv.encode("utf-8-sig") if fmt == "csv" else exp.json_text().encode("utf-8")
     path = session.save_file(exp.name, f".{fmt}", data)
     return str(path)

@@ -36,7 +36,7 @@ from .attention import (
     attention_head,
     attention_overview,
     attention_view,
-    causal_mask,
+    future_mask,
     overview_refusal,
 )
 from ._common import message_figure, probability_text, short_token
@@ -48,6 +48,7 @@ from .layer_heads import LINES_VIEW, head_colours, layer_heads
 from .lens import lens_grid
 from .linking import decode_shade, shade_payload, shading
 from .overview import THUMBNAILS_VIEW, head_thumbnails
+from .panels import ATTENTION_KINDS
 from .payload import (
     Figure, FigureSpec, attention_panels, decode_array, payload_bytes, plot_json, with_filename,
 )
@@ -57,6 +58,7 @@ from .standalone import film_html, standalone_html
 from .training import loss_curve
 
 __all__ = [
+    "ATTENTION_KINDS",
     "ATTENTION_VIEWS",
     "COLOUR_KEY",
     "COLOUR_MODES",
@@ -78,11 +80,11 @@ __all__ = [
     "attention_overview",
     "attention_panels",
     "attention_view",
-    "causal_mask",
     "compare_distributions",
     "decode_array",
     "decode_shade",
     "film_html",
+    "future_mask",
     "head_colours",
     "head_thumbnails",
     "layer_heads",

@@ -235,7 +235,7 @@ MARK_INSET = 0.36  # half-size of that outline, in cells
 DIFF_FLOOR = 0.05  # a B − A colour range is at least ±this, so noise stays pale
 
 
-def check_size(name: str, value: object, least: int) -> None:
+def check_figure_size(name: str, value: object, least: int) -> None:
     """A size in pixels: a whole number ≥ `least` (max_height_px may also be None)."""
     if value is None and name == "max_height_px":
         return
@@ -250,7 +250,7 @@ def check_flag(name: str, value: object) -> None:
 
 def check_width(width_px: int | None) -> None:
     if width_px is not None:
-        check_size("width_px", width_px, 120)
+        check_figure_size("width_px", width_px, 120)
 
 
 def title_text(title: str | None, default: str) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._common import check_size, esc, message_figure
+from ._common import check_figure_size, esc, message_figure
 from .attention_colour import check_colour
 from .layer_heads import LINES_VIEW, layer_heads
 from .overview import THUMBNAILS_VIEW, head_thumbnails
@@ -47,7 +47,7 @@ HEAD_LABEL_LIMIT = 64  # one head: every token labelled up to this length; past 
 GRID_LABEL_LIMIT = 32  # a grid of panels: the same, for each panel
 
 
-def causal_mask(t: int) -> np.ndarray:
+def future_mask(t: int) -> np.ndarray:
     """(t, t) bool mask, True above the diagonal (key after query = future position)."""
     return np.triu(np.ones((t, t), dtype=bool), 1)
 
@@ -77,8 +77,8 @@ def _check_common(colour: str, query: int | None, t: int, width_px: int, max_hei
     check_colour(colour)
     if query is not None:
         _index("query", query, t, "the text has")
-    check_size("width_px", width_px, 120)
-    check_size("max_height_px", max_height_px, 120)
+    check_figure_size("width_px", width_px, 120)
+    check_figure_size("max_height_px", max_height_px, 120)
 
 
 def _check_badges(badges: Mapping[int, str] | None) -> dict[int, str]:
@@ -293,7 +293,7 @@ def attention_view(
     weights, scores: (L, H, T, T) post-softmax weights and pre-softmax scores of every layer (one
     array, or a sequence of L arrays of shape (H, T, T));
     scores may be None unless view == "scores". tokens: the T display strings. head None means
-    all heads of `layer`. causal: mask the future positions (`causal_mask`); masked cells are hatched.
+    all heads of `layer`. causal: mask the future positions (`future_mask`); masked cells are hatched.
 
     * "all layers": `attention_overview` of every layer's weights, or, when T exceeds
       `overview_max_tokens` or the model has more than `OVERVIEW_MAX_PANELS` heads in all, a
@@ -331,23 +331,25 @@ def attention_view(
     # Per-layer (H, T, T) arrays are used as they are: stacking them would copy every layer for
     # a picture of one (only the all-layers overview needs the stack).
     weights = _layers(weights, "weights")
-    t = check_square((len(weights), *weights[0].shape), "weights")
+    t = check_square((len(weights), *weights[0].shape), "weights")  # T, the tokens; each layer is (H, T, T)
     n_layers, n_heads = len(weights), weights[0].shape[0]
     if scores is not None:  # only the "scores" view draws them, but given ones must match the weights
         scores = _layers(scores, "scores")
         if len(scores) != n_layers or any(s.shape != w.shape for s, w in zip(scores, weights)):
             raise ValueError(f"scores have shape {_shape(np.asarray(scores))} but weights have shape "
                              f"{_shape(np.asarray(weights))}")
-    elif view == "scores":
+    elif view == "scores":  # the one view that cannot fall back on the weights
         raise ValueError("view 'scores' needs the attention scores, but scores is None")
     tokens = check_tokens(tokens, t)
     layer = _index("layer", layer, n_layers, "the model has")
-    if head is not None:
+    if head is not None:  # None is a choice (every head of the layer), not an index to check
         head = _index("head", head, n_heads, "each layer has")
+    # bool is refused apart: True is an int to Python and would pass as a limit of 1 token
     if isinstance(overview_max_tokens, bool) or not isinstance(overview_max_tokens, (int, np.integer)) \
             or overview_max_tokens < 1:
         raise ValueError(f"overview_max_tokens must be a positive whole number, got {overview_max_tokens!r}")
-    mask = causal_mask(t) if causal else None  # (T, T) True = a future key; None: nothing hatched
+    mask = future_mask(t) if causal else None  # (T, T) True = a future key; None: nothing hatched
+    # what every matrix view below takes alike, passed on unchanged
     style = {"max_height_px": max_height_px, "presentation": presentation, "query": query,
              "title_prefix": title_prefix}
     badges = _check_badges(badges)
@@ -364,6 +366,7 @@ def attention_view(
         refused = overview_refusal(n_layers, n_heads, t, int(overview_max_tokens))
         if refused is not None:  # too many panels to read: a sentence that says what to open instead
             message = message_figure(refused, presentation=presentation, width_px=width_px)
+            # a film frame's "Step n of m · " still leads, so the reader knows which frame refused
             return message if title_prefix is None else _prefixed(message, str(title_prefix))
         if colour == "value":  # every layer's ‖a·v W_O‖ drawn in place of its weights
             weights = _value_weighted(value_weighted, weights, range(n_layers))
@@ -371,14 +374,15 @@ def attention_view(
                                   max_tokens=int(overview_max_tokens), colour=colour, **style)
     # one layer from here on: a grid of its heads, or one head
     kind = "scores" if view == "scores" else "weights"
-    mats = scores if kind == "scores" else weights
+    mats = scores if kind == "scores" else weights  # L arrays of (H, T, T)
     if colour == "value" and kind == "weights":  # only the layer drawn needs (and is checked for) its norms
         mats = _value_weighted(value_weighted, weights, [layer])
     if kind == "scores":  # signed, unbounded: the row / log / value colourings are defined for weights only
         colour = "linear"
-    if head is None:
+    if head is None:  # the layer's (H, T, T), one panel per head (or per head of `heads`)
         return attention_grid(mats[layer], tokens, layer, kind=kind, mask=mask, width_px=width_px or 1200,
                               colour=colour, badges=badges, heads=heads, **style)
+    # one head's (T, T), drawn narrower by default: a single square needs less width than a grid
     return attention_head(mats[layer][head], tokens, layer, head, kind=kind, mask=mask, width_px=width_px or 720,
                           colour=colour, badge=badges.get(head), **style)
 
@@ -388,6 +392,7 @@ def _value_weighted(value_weighted, weights: list[np.ndarray], layers) -> list[n
     if value_weighted is None or len(value_weighted) != len(weights):
         raise ValueError("colour 'value' needs value_weighted: one (heads, T, T) array per layer")
     out = list(value_weighted)
+    # only the layers drawn are checked and converted: the others may be None (never computed)
     for layer in layers:
         if out[layer] is None or np.shape(out[layer]) != weights[layer].shape:
             raise ValueError(f"value_weighted of layer {layer} must have the weights' shape {_shape(weights[layer])}")

@@ -59,17 +59,19 @@ def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_
     """The shared colour axis; its bar stands right of the panels at paper x = `x`, or, when
     `below` is given, lies under them with its top at paper y = `below` (narrow figures). bar_px: the
     bar's length in px, which sets how many ticks it can label without overlap."""
+    # q holds milli-units (value x 1000, what the heatmaps carry), so bounds are divided back to real units
     if kind == "scores":
+        # scores are signed: a diverging scale symmetric about 0, so white means exactly 0
         vals = q[~masked]
         bound = float(np.abs(vals).max()) / MILLI if vals.size else 1.0
-        bound = bound or 1.0
+        bound = bound or 1.0  # all-zero scores would give an empty range
         lo, hi, scale = -bound, bound, DIVERGING
-    elif colour == "log":
+    elif colour == "log":  # log10 of a weight lies in (-inf, 0]; the floor clips what is too faint to matter
         lo, hi, scale = LOG_FLOOR, 0.0, SEQUENTIAL
-    elif colour == "value":
+    elif colour == "value":  # norms have no natural top, so the largest drawn one sets it (1 when none is)
         vals = q[~masked & np.isfinite(q)]
         lo, hi, scale = 0.0, (float(vals.max()) / MILLI if vals.size else 0.0) or 1.0, SEQUENTIAL
-    else:
+    else:  # weights, plain or divided by their row's max: both lie in [0, 1]
         lo, hi, scale = 0.0, 1.0, SEQUENTIAL
     # a horizontal bar's labels sit side by side: they need their width apart, not their height
     label_px = fonts.colorbar * (1.0 if below is None else 0.6 * max(len(tick_label(v)) for v in (lo, hi, (lo + hi) / 4)))
@@ -90,6 +92,7 @@ def colour_axis(q: np.ndarray, masked: np.ndarray, kind: str, colour: str, show_
             "x": x,
             "xanchor": "left",
             "outlinewidth": 0,
+            # a narrow figure lays the bar flat under the panels: these override the vertical bar's keys
             **({"orientation": "h", "x": 0.0, "y": below, "yanchor": "top", "len": min(1.0, x), "lenmode": "fraction",
                 "title": {"text": value_name(kind, colour), "side": "right", "font": {"size": fonts.axis_title}}}
                if below is not None else {}),

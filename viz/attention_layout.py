@@ -100,15 +100,16 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
     panel_titles: the lines of the panels' titles (True = 1, False = none).
     Margins depend on the label font, which depends on the panel size: iterated to a fixed point,
     then the smaller font / larger stride of the last two rounds is kept so labels never overlap."""
-    nrows = math.ceil(n / ncols)
+    nrows = math.ceil(n / ncols)  # the last row may be partly empty
     title_rows = int(panel_titles)
     least = min_panel(fonts, n, visible)
     raised = False
     hgap = fonts.gap
-    labels = Labels(fonts.tick_max, 1, True)
+    labels = Labels(fonts.tick_max, 1, True)  # start from the largest font, every label, rotated
+    # at most six rounds: a layout that has not settled by then takes the loop's else branch below
     for _ in range(6):
         lab_w = label_em * labels.font
-        xlab_h = lab_w if labels.rotate else labels.font * 1.3
+        xlab_h = lab_w if labels.rotate else labels.font * 1.3  # rotated key labels stand as tall as they are wide
         below = show_scale and width_px < SCALE_BELOW_PX  # a phone: the colour bar goes under the panels
         margin = {
             "l": math.ceil(lab_w + 6 + fonts.axis_title * 1.3 * row_title_lines + 10),
@@ -129,9 +130,9 @@ def grid_geometry(n: int, ncols: int, visible: int, *, fonts: Fonts, label_em: f
             fit = (max_height_px - margin["t"] - margin["b"] - (nrows - 1) * vgap) / nrows
             raised = fit < least and panel > fit
             panel = min(panel, max(fit, least))
-        panel = max(float(_MIN_PANEL_PX), panel)
+        panel = max(float(_MIN_PANEL_PX), panel)  # a floor even when the width cannot give `least`
         new = _labels_for(panel / visible, fonts, label_em)
-        if new == labels:
+        if new == labels:  # the labels the margins were sized for are the ones the panel gets: settled
             break
         last, labels = labels, new
     else:  # no fixed point (the font flips between two sizes): the safer of the last two

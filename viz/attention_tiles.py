@@ -6,7 +6,7 @@ one float32 tile, NaN above the diagonal, for the diagonal block; fully masked t
 B is picked per head from {8, 16, 32, 64, T} by estimated size, and each tile overlaps its
 right/lower neighbour by one cell (same values) so the separately drawn images show no seams.
 Measured sizes and timings: bench/RESULTS.md. Pass the mask
-(``mask=causal_mask(T)``) or NaN/-inf: the model's exact zeros alone count as data, so the whole
+(``mask=future_mask(T)``) or NaN/-inf: the model's exact zeros alone count as data, so the whole
 square grid is sent instead of the tiles.
 """
 
@@ -98,9 +98,10 @@ def heatmap_tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budge
     trace when it fits); when nothing fits, the cheapest by bytes plus a per-trace cost. `name`
     ("layer 1, head 3") becomes each trace's meta, which the shared hovertemplate shows.
     """
-    t = q.shape[0]
+    t = q.shape[0]  # q and masked are (T, T)
     # candidate tilings, largest tiles first; the whole panel (size t) is always one of them
     options = [_runs(masked, b) for b in sorted({b for b in _TILE_SIZES if b < t} | {t}, reverse=True)]
+    # bytes only here (the per-trace cost taken back out); the trace count is weighed separately below
     costs = [sum(_run_cost(q, masked, r) - _TRACE_OVERHEAD for r in runs) for runs in options]
     fitting = [i for i, c in enumerate(costs) if c <= budget]
     if fitting:  # the fewest traces (plotly.js draws each one apart), then the fewest bytes
@@ -110,7 +111,7 @@ def heatmap_tiles(q: np.ndarray, masked: np.ndarray, xref: str, yref: str, budge
     q = np.where(masked, np.nan, q)  # masked cells as gaps, which the hatch shows through
     traces = []
     for run in best:
-        r0, r1, c0, c1 = _extend(masked, run)
+        r0, r1, c0, c1 = _extend(masked, run)  # one cell of overlap hides the seam between tiles
         trace: dict = {"type": "heatmap", "z": encoded_milli(q[r0:r1, c0:c1]), "meta": name}
         # offsets and axes only where they differ from plotly's defaults (0, x, y): less JSON per tile
         if c0:

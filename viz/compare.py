@@ -18,8 +18,8 @@ from ._common import (
     DIFF_FLOOR,
     MILLI,
     PRESENTATION_FONT_PX,
+    check_figure_size,
     check_flag,
-    check_size,
     esc,
     nice_ticks,
     probability_text,
@@ -28,7 +28,7 @@ from ._common import (
     tick_label,
     title_text,
 )
-from .attention import GRID_LABEL_LIMIT, causal_mask
+from .attention import GRID_LABEL_LIMIT, future_mask
 from .panels import check_square, check_tokens, masked_cells, panels_figure
 from .payload import FigureSpec
 from .sampling import ADJ_COLOUR, MAX_HEIGHT_PX, RAW_COLOUR, bar_layout
@@ -67,7 +67,7 @@ def compare_distributions(
     check_flag("presentation", presentation)
     pieces = [str(p) for p in pieces]
     n = len(pieces)
-    arrays = []
+    arrays = []  # both distributions, checked alike: (V,) each, one entry per token piece
     for name, probs in (("before", before), ("after", after)):
         probs = np.asarray(probs, dtype=np.float64)
         if probs.ndim != 1:
@@ -78,6 +78,7 @@ def compare_distributions(
             raise ValueError(f"{name} is empty")
         arrays.append(probs)
     before, after = arrays
+    # a two-letter string has length 2 too, so strings are refused before the length is read
     if isinstance(labels, str) or len(labels) != 2:
         raise ValueError(f"labels must be two names (before, after), got {labels!r}")
     if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
@@ -86,6 +87,7 @@ def compare_distributions(
     font = PRESENTATION_FONT_PX if presentation else 11
     title_font = 20 if presentation else 13
     pitch = max(font * 1.3, 8 * 2 + 6)  # px a row needs: its label's line, or two 8 px bars and a gap
+    # top: the title and the legend's line; bottom: the tick labels and the axis title
     margin = {"t": int(title_font * 1.6 + font * 1.6 + 10), "b": int(font * 1.4 * 2 + 12)}
     rows_fit = max(1, int((MAX_HEIGHT_PX - margin["t"] - margin["b"]) // pitch))
     rank_a, rank_b = _ranks(before), _ranks(after)
@@ -96,7 +98,7 @@ def compare_distributions(
         head_a = [int(i) for i in order_a[:k]]
         seen = set(head_a)
         ids = head_a + [int(i) for i in order_b[:k] if int(i) not in seen]
-        if len(ids) <= rows_fit:
+        if len(ids) <= rows_fit:  # the first (longest) k that fits; when the tops differ the union is longer
             break
     ids = ids[:rows_fit]  # only when even the top 1 of each does not fit (never at 360 px)
     rows = np.arange(len(ids), dtype=np.int32)
@@ -106,15 +108,16 @@ def compare_distributions(
              f"{'+' if after[i] >= before[i] else '−'}{probability_text(abs(after[i] - before[i]))}" for i in ids]
     # the widest "piece  rank→rank" label sets the left margin
     label_em = max(text_width_em(pieces[i][:14]) + text_width_em(f"  {rank_a[i]}→{rank_b[i]}") for i in ids)
-    idx = np.array(ids, dtype=np.int64)
+    idx = np.array(ids, dtype=np.int64)  # vocabulary ids of the rows, top row first
 
     def bars(values: np.ndarray, name: str, colour: str) -> dict:
+        # float32 is plenty for a bar's length, at half float64's bytes in the figure sent to the page
         return {"type": "bar", "orientation": "h", "name": name, "x": values[idx].astype(np.float32), "y": rows,
                 "marker": {"color": colour}, "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>"}
 
     data = [bars(before, name_a, RAW_COLOUR), bars(after, name_b, ADJ_COLOUR)]
     height = min(MAX_HEIGHT_PX, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
-    margin.update(l=int(min(320, max(60, label_em * font + 14))), r=20)
+    margin.update(l=int(min(320, max(60, label_em * font + 14))), r=20)  # room for labels, capped on long pieces
     peak = max(1e-9, float(before[idx].max()), float(after[idx].max()))  # the axis end; never 0
     layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
                         title=title_text(title, f"Next-token probabilities: {name_a} vs {name_b}"),
@@ -158,27 +161,29 @@ def attention_difference(
     diff = np.asarray(diff, dtype=np.float64)
     if diff.ndim != 3:
         raise ValueError(f"diff must be 3-D (heads, T, T), got shape {diff.shape}")
-    t = check_square(diff.shape, "diff")
+    t = check_square(diff.shape, "diff")  # T, the positions both prompts share
     if diff.shape[0] < 1:
         raise ValueError("diff has no heads")
     tokens = check_tokens(tokens, t)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer < 0:
         raise ValueError(f"layer must be a whole number ≥ 0, got {layer!r}")
-    width_px = 1200 if width_px is None else width_px
-    check_size("width_px", width_px, 120)
-    check_size("max_height_px", max_height_px, 120)
+    width_px = 1200 if width_px is None else width_px  # as attention_grid's default: the grids line up
+    check_figure_size("width_px", width_px, 120)
+    check_figure_size("max_height_px", max_height_px, 120)
     notes = dict(panel_notes or {})
     n_heads = diff.shape[0]
+    # a note for a head that is not drawn would be lost without a word, so it is refused
     bad = [h for h in notes if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h < n_heads]
     if bad:
         raise ValueError(f"panel_notes names heads {bad} but there are {n_heads} heads")
     # (H, T, T): the future (when causal) and any non-finite cell, hatched
-    masked = np.broadcast_to(masked_cells(diff, causal_mask(t) if causal else None), diff.shape)
+    masked = np.broadcast_to(masked_cells(diff, future_mask(t) if causal else None), diff.shape)
     vals = np.abs(diff[~masked])
     # one range for every head, symmetric around 0, at least ±DIFF_FLOOR so noise stays pale
     lim = max(float(vals.max()) if vals.size else 0.0, DIFF_FLOOR)
-    titles = [f"head {h}" + (f" · {esc(notes[h])}" if h in notes else "") for h in range(n_heads)]
+    titles = [f"head {h}" + (f" · {esc(notes[h])}" if h in notes else "") for h in range(n_heads)]  # notes are escaped
     default = f"Layer {int(layer)}: attention weights, prompt B − prompt A"
+    # kind="scores" gives the diverging scale and signed values; the labels are corrected below
     fig = panels_figure(
         diff, masked, tokens, ncols=None, panels=[(int(layer), h) for h in range(n_heads)], panel_titles=titles,
         row_titles=None, kind="scores", title=title_text(title, default), width_px=width_px,
@@ -186,6 +191,7 @@ def attention_difference(
     )
     # drawn as scores; from here relabelled as a difference: its range, the bar's title and signed ticks
     # ("+0.4"), the hover's "B − A = +0.410"
+    # shallow copies at each level changed, so the figure panels_figure returned is never edited in place
     layout = dict(fig.layout)
     ticks = nice_ticks(-lim, lim, 5)
     colorbar = dict(layout["coloraxis"]["colorbar"])

@@ -113,7 +113,7 @@ def score_curves(
     """
     steps, scores = _checked_series(steps, scores)
     threshold = _checked_options(height_px, total_steps, threshold)
-    _, n_layers, n_heads = scores.shape
+    _, n_layers, n_heads = scores.shape  # (F frames, L, H)
     steps = steps.astype(np.int64) if np.issubdtype(steps.dtype, np.integer) else steps.astype(np.float64)
     highlight, marker_step, checked_phases = _checked_marks(highlight, marker_step, phases, n_layers, n_heads)
 
@@ -122,7 +122,7 @@ def score_curves(
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
     sub_px = PRESENTATION_FONT_PX if presentation else 11
-    label = esc(name)
+    label = esc(name)  # the score's name goes into HTML (title, hover), so it is escaped once here
     colours = {(li, h): head_colour(li, h, n_heads) for li in range(n_layers) for h in range(n_heads)}
 
     data = _head_lines(steps, scores, highlight, colours, label)
@@ -133,7 +133,7 @@ def score_curves(
     last = float(steps[-1]) if steps.size else 0.0
     x_end = int(total_steps) if total_steps is not None else (steps[-1].item() if steps.size and last > 0 else 1)
     shapes, annotations = _marks(threshold, marker_step, bool(steps.size), tick)
-    sub_lines = _formula_lines(formula, presentation, width_px, sub_px)
+    sub_lines = _formula_lines(formula, presentation, width_px, sub_px)  # wrapped to the width when it is known
     subtitle = "<br>".join(esc(line) for line in sub_lines)
     margin, axis_px = _margins(presentation, title_px, sub_px, len(sub_lines), len(data), tick)
     plot_px = max(40, height_px - margin["t"] - margin["b"])  # the legend's place below the axis is a fraction of it
@@ -158,8 +158,8 @@ def score_curves(
         "showlegend": True,
         "hovermode": "closest",
         "hoverlabel": hover_label(18 if presentation else 12),
-        "uirevision": "scores",
-        "meta": {
+        "uirevision": "scores",  # a redraw for the next frame keeps the reader's zoom and hidden legend entries
+        "meta": {  # heads in the order of the lines (layer by layer): these lists line up with `data`
             "viz": "score_curves",
             "score": name,
             "heads": [[li, h] for li in range(n_layers) for h in range(n_heads)],
@@ -171,7 +171,7 @@ def score_curves(
             "highlight": None if highlight is None else list(highlight),
         },
     }
-    if shapes:
+    if shapes:  # only when there is something to draw: an empty list would travel with every frame
         layout["shapes"] = shapes
     if annotations:
         layout["annotations"] = annotations

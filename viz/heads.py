@@ -48,7 +48,7 @@ from .payload import FigureSpec
 MARKED_COLOUR = "#e4572e"  # the "✕" on an ablated head (the app's one highlight colour)
 NAN_TEXT = "–"
 _SELECT_INSET = 0.47  # half-size of the selected head's outline, in cells (the role mark: MARK_INSET)
-NARROW_PX = 700  # role maps laid out narrower than this wrap to 3 (or, under 480 px, 2) columns
+ROLE_MAPS_WRAP_PX = 700  # role maps laid out narrower than this wrap to 3 (or, under 480 px, 2) columns
 
 
 def _number(value: float, threshold: float | None = None, *, signed: bool = False) -> str:
@@ -133,11 +133,11 @@ def _check_head(name: str, pair: object, n_layers: int, n_heads: int) -> tuple[i
 
 
 def _columns(n: int, n_heads: int, fonts: _MapFonts, width_px: int | None, left: float, cell_em: float) -> int:
-    """Panels per row: all of them when laid out ≥ `NARROW_PX` wide (or width unknown), else 3 (2
+    """Panels per row: all of them when laid out ≥ `ROLE_MAPS_WRAP_PX` wide (or width unknown), else 3 (2
     under 480 px); fewer while a cell would be too narrow for its text (`cell_em` em). Only counts
     that fill the rows evenly are tried (5 panels: 5, 3, 2 or 1 a row, never 4 + 1)."""
     laid = width_px or 1000
-    most = n if width_px is None or width_px >= NARROW_PX else (3 if width_px >= 480 else 2)
+    most = n if width_px is None or width_px >= ROLE_MAPS_WRAP_PX else (3 if width_px >= 480 else 2)
     need = cell_em * fonts.cell + 8
     options = sorted({math.ceil(n / rows) for rows in range(1, n + 1)}, reverse=True)
     for cols in (c for c in options if c <= most):
@@ -167,7 +167,7 @@ def _score_maps(
     legend: the note parts under the title (escaped), wrapped to the width laid out for."""
     fonts = _MAP_PRESENTING if presentation else _MAP_NORMAL
     n = len(panels)
-    left = math.ceil(text_width_em(f"L{n_layers - 1}") * fonts.tick + 14)
+    left = math.ceil(text_width_em(f"L{n_layers - 1}") * fonts.tick + 14)  # the widest layer label, "L11"
     ncols = _columns(n, n_heads, fonts, width_px, left, cell_em)
     nrows = math.ceil(n / ncols)
     laid = width_px or 1000
@@ -177,12 +177,12 @@ def _score_maps(
     title_px = fonts.panel_title * 1.5 + 4  # a panel's title, above it
     panel_h = n_layers * fonts.cell_h
     tick_px = fonts.tick * 1.4 + 8  # head labels under a panel
-    row_h = title_px + panel_h + tick_px
+    row_h = title_px + panel_h + tick_px  # px; positions below are fractions of the plot area (paper units)
     plot_h = nrows * row_h
     plot_w = max(1.0, laid - margin["l"] - margin["r"])
     panel_w = (plot_w - (ncols - 1) * fonts.gap) / ncols
     height = math.ceil(margin["t"] + plot_h + margin["b"])
-    customdata = [[[li, h] for h in range(n_heads)] for li in range(n_layers)]
+    customdata = [[[li, h] for h in range(n_heads)] for li in range(n_layers)]  # (L, H, 2): what a click picks
     numbers = panel_w / n_heads >= cell_em * fonts.cell + 4  # else (12 heads, a phone) colours only; hover: each
     layout: dict = {
         **layout_frame(font_px=fonts.tick, height=height, margin=margin, title=title, title_px=fonts.title,
@@ -198,12 +198,12 @@ def _score_maps(
     data: list[dict] = []
     shapes: list[dict] = []
     annotations: list[dict] = []
-    for k, panel in enumerate(panels):
+    for k, panel in enumerate(panels):  # panels fill the rows left to right, top row first
         row, col = divmod(k, ncols)
         suffix = "" if k == 0 else str(k + 1)  # plotly's axis names: x / y, then x2 / y2, …
         xref, yref = f"x{suffix}", f"y{suffix}"
         x0 = col * (panel_w + fonts.gap) / plot_w
-        x1 = min(1.0, x0 + panel_w / plot_w)
+        x1 = min(1.0, x0 + panel_w / plot_w)  # rounding must not push the last column past the paper
         top = 1 - (row * row_h + title_px) / plot_h
         bottom = top - panel_h / plot_h
         layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = _panel_axes(
@@ -325,7 +325,7 @@ def role_overview(
     cells ≥ threshold have bold text and a bright outline (`MARK_LINES`). Layer 0 is the top row.
     selected: (layer, head) outlined in magenta (`ROW_OUTLINE`) in every panel. marked: heads
     drawn with a "✕" in every panel (e.g. the ablated ones; `marked_label` names them in the hover).
-    width_px: the width laid out for (None: wide); under `NARROW_PX` the panels wrap to 3 or 2 columns.
+    width_px: the width laid out for (None: wide); under `ROLE_MAPS_WRAP_PX` the panels wrap to 3 or 2 columns.
     title: plain text (escaped). presentation: large fonts (tick labels ≥ 16 px), taller cells.
 
     Hover: "layer 1, head 0 · previous-token 0.92 ≥ 0.5: previous-token head", the formula below.
@@ -338,13 +338,13 @@ def role_overview(
     roles, n_layers, n_heads = _check_roles(scores, roles)
     if selected is not None:
         selected = _check_head("selected", selected, n_layers, n_heads)
-    marked_list = sorted({_check_head("marked", p, n_layers, n_heads) for p in marked})
-    marked_set = set(marked_list)
+    marked_list = sorted({_check_head("marked", p, n_layers, n_heads) for p in marked})  # duplicates once
+    marked_set = set(marked_list)  # for the per-cell look-ups in the hover
     panels = []
     for role in roles:
-        z = np.asarray(scores[role.key], dtype=np.float64)
+        z = np.asarray(scores[role.key], dtype=np.float64)  # (L, H)
         thr = None if role.threshold is None else float(role.threshold)
-        name = esc(role.name)
+        name = esc(role.name)  # names and formulas go into HTML text, so escaped once per role
         formula = esc(role.formula)
         finite = z[np.isfinite(z)]
         # a measure without a threshold (entropy in bits) has no natural top: 0 … its largest; a role's score 0 … 1
@@ -376,7 +376,7 @@ def role_overview(
                 hover_row.append(f"{line}<br>{formula}{_mark_hover(li, h, selected, marked_set, marked_label)}")
             text.append(text_row)
             hover.append(hover_row)
-        panel_title = name if thr is None else f"{name} ≥ {thr:g}"
+        panel_title = name if thr is None else f"{name} ≥ {thr:g}"  # the threshold in the title: what "outlined" means
         panels.append(_Panel(role.key, panel_title, z, text=text, hover=hover, zmin=zmin, zmax=zmax, scale=SEQUENTIAL,
                              outlined=outlined, short_title=name))
     legend = []  # a line for each kind of mark this figure draws, none for those it does not
@@ -419,12 +419,12 @@ def score_changes(
     check_width(width_px)
     roles, n_layers, n_heads = _check_roles(scores_a, roles, "scores_a")
     _, layers_b, heads_b = _check_roles(scores_b, roles, "scores_b")
-    if (layers_b, heads_b) != (n_layers, n_heads):
+    if (layers_b, heads_b) != (n_layers, n_heads):  # a difference needs the two prompts on one model
         raise ValueError(f"scores_b are ({layers_b}, {heads_b}) (layers, heads) "
                          f"but scores_a are ({n_layers}, {n_heads})")
     diffs = {r.key: np.asarray(scores_b[r.key], np.float64) - np.asarray(scores_a[r.key], np.float64) for r in roles}
 
-    def bound(keys: list[str]) -> float:
+    def bound(keys: list[str]) -> float:  # the largest finite |change| among these scores, never under DIFF_FLOOR
         vals = np.concatenate([np.abs(diffs[k][np.isfinite(diffs[k])]) for k in keys] or [np.zeros(0)])
         return max(float(vals.max()) if vals.size else 0.0, DIFF_FLOOR)
 
@@ -436,7 +436,7 @@ def score_changes(
         b = np.asarray(scores_b[role.key], np.float64)
         d = diffs[role.key]
         thr = None if role.threshold is None else float(role.threshold)
-        lim = shared if thr is not None else bound([role.key])
+        lim = shared if thr is not None else bound([role.key])  # the colour range: ±lim
         name = esc(role.name)
         text, hover, outlined = [], [], []
         for li in range(n_layers):
@@ -452,7 +452,7 @@ def score_changes(
                     if plays_a != plays_b:
                         outlined.append((li, h))
                         line += f"<br>{'becomes' if plays_b else 'stops being'} a {name} head (threshold {thr:g})"
-                text_row.append(change if math.isfinite(dv) else "")
+                text_row.append(change if math.isfinite(dv) else "")  # undefined: blank, the dash is drawn over it
                 hover_row.append(line)
             text.append(text_row)
             hover.append(hover_row)

@@ -10,8 +10,9 @@ as the Learn tab writes them (q_i, k_j, s_ij, a_ij, ...):
 * `softmax_row`: the whole query row through the softmax, one bar per key, the clicked share outlined;
   keys after the query are masked (s = −∞, so e^s = 0);
 * `head_additions`: what every head of the layer adds to the residual stream of the query token;
-* `head_matrices`: the head as matrices (Q, K, V and QKᵀ raw, scaled and masked), where a click on an
-  entry picks a cell (layout.meta.panels says what each panel's rows and columns are).
+* `head_matrices`: the head as matrices (Q, K, V and QKᵀ raw, scaled and masked: capped first where the
+  model soft-caps its scores), where a click on an entry picks a cell (layout.meta.panels says what each
+  panel's rows and columns are).
 
 Figures are `FigureSpec`s on transparent backgrounds with grey text (viz._common); the outline of
 what is selected is the app's magenta `ROW_OUTLINE`.
@@ -106,7 +107,7 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
     if not rows:
         raise ValueError("vector_rows needs at least one (label, vector) row")
     vecs = [_vector(f"row {label!r}", v) for label, v in rows]
-    n = vecs[0].size
+    n = vecs[0].size  # the dimensions; rows of different lengths could not share the dimension axis
     if any(v.size != n for v in vecs):
         raise ValueError(f"every row must have the same length, got {[v.size for v in vecs]}")
     tick, _ = _fonts(presentation)
@@ -115,6 +116,7 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
     labels = [esc(label).replace("\n", "<br>") for label in texts]
     z = np.stack(vecs)  # (rows, n)
     bound = _bound(z)  # one symmetric range for all rows: one colour is one number in every row
+    # the longest label line sets the left margin (0.6 em a character), capped at `room`
     left = min(int(max(len(part) for label in texts for part in label.split("\n")) * 0.6 * tick) + 12, room)
     cell_h = 34 if presentation else 26
     if any("\n" in label for label in texts):  # a row labelled on two lines: room for both
@@ -122,6 +124,7 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
     # a 1-px gap between columns only where a column is wide enough to keep its colour beside it: GPT-2's 768
     # dimensions in a half-page figure are under 1 px each, and gaps would leave nothing to see
     column_px = ((width_px or 720) - left - 10) / n
+    # (rows, n) hover texts, one per cell: the number is always readable there, even past CELL_TEXT_MAX
     hover = [[f"{esc(rows[r][0])}<br>dimension {d}: {z[r, d]:.4f}" for d in range(n)] for r in range(len(rows))]
     trace = {"type": "heatmap", "z": z, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": -bound, "zmax": bound,
              "colorscale": colorscale(DIVERGING), "showscale": False, "xgap": 1 if column_px >= MIN_GAP_COLUMN_PX else 0,
@@ -135,6 +138,7 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
                      {"l": left, "r": 10, "b": 28 + tick})
     layout["xaxis"] = {"title": {"text": "dimension", "standoff": 2}, "showgrid": False, "zeroline": False,
                        "ticks": "", "range": [-0.5, n - 0.5], "fixedrange": True}
+    # the first row on top, as the rows read in the text; fixedrange: nothing here is worth zooming into
     layout["yaxis"] = {"tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": labels,
                        "autorange": "reversed", "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True}
     return FigureSpec([trace], layout)
@@ -144,21 +148,26 @@ def vector_rows(rows: Sequence[tuple[str, Sequence[float]]], *, title: str, subt
 
 
 def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[float], total: float,
-                 scale: float, score: float, top: int = 12, presentation: bool = False,
-                 width_px: int | None = None) -> FigureSpec:
+                 scale: float, score: float, top: int = 12, softcap: float | None = None,
+                 capped: float | None = None, presentation: bool = False, width_px: int | None = None) -> FigureSpec:
     """The dot product q_i · k_j as its per-dimension products q_i[d]·k_j[d] (given, as the lab
     computed them), largest contribution first; past `top` the rest is one grey bar "other n
-    dimensions". total: their sum; scale: what the sum is multiplied by (1/√d_head, or 1); score:
-    s_ij = total × scale. Bars: red adds, blue takes away; text "q[d] × k[d] = product"."""
+    dimensions". total: their sum; scale: what the sum is multiplied by (1/√d, d the head width or the
+    model's own constant; or 1); score: s_ij = total × scale. softcap c and capped = c · tanh(score / c):
+    the soft-cap of a model that has one (Gemma 2), said after the score (both None without one).
+    Bars: red adds, blue takes away; text "q[d] × k[d] = product"."""
     q, k, p = _vector("q", q), _vector("k", k), _vector("products", products)
     if not q.size == k.size == p.size:
         raise ValueError(f"q, k and products must have one length, got {q.size}, {k.size}, {p.size}")
+    if (softcap is None) != (capped is None) or (softcap is not None and not (
+            math.isfinite(softcap) and softcap > 0 and math.isfinite(capped))):
+        raise ValueError(f"softcap and capped go together, a positive cap and a number, got {softcap!r}, {capped!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a whole number ≥ 1, got {top!r}")
     tick, _ = _fonts(presentation)
     # largest contribution first, whichever its sign; stable: equal ones keep dimension order
     order = np.argsort(-np.abs(p), kind="stable")
-    shown, rest = order[:top], order[top:]
+    shown, rest = order[:top], order[top:]  # dimension indices drawn one by one, and those summed into one bar
     labels = [f"d={d}: {q[d]:.3f} × {k[d]:.3f}" for d in shown]
     values = [float(p[d]) for d in shown]
     text = [f"{p[d]:+.4f}" for d in shown]
@@ -181,14 +190,19 @@ def dot_products(q: Sequence[float], k: Sequence[float], *, products: Sequence[f
     title = f"3 · The dot product: q_i · k_j = Σ_d q_i[d] · k_j[d] = {total:.4f}"
     subtitle = (f"{q.size} products, largest first · score s_ij = (q_i · k_j) × {scale_text} = "
                 f"{total:.4f} × {scale:.4f} = {score:.4f}")
+    if softcap is not None:  # the cap comes before the mask and the softmax: the row's scores are capped ones
+        subtitle += f" · capped: {softcap:g} · tanh({score:.4f} / {softcap:g}) = {capped:.4f}"
     layout = _layout(title, subtitle, bar_h * len(values), presentation, width_px,
-                     {"viz": "inside_products", "order": [int(d) for d in shown], "total": total, "score": score},
+                     {"viz": "inside_products", "order": [int(d) for d in shown], "total": total, "score": score,
+                      "capped": capped},
                      {"l": int(max(len(x) for x in labels) * 0.58 * tick) + 10, "r": 12, "b": 30 + tick})
-    bound = max(abs(v) for v in values) or 1.0
+    bound = max(abs(v) for v in values) or 1.0  # all-zero products would give an empty axis
     # the bars' numbers sit outside their ends: the range leaves each the room it needs within the figure
     plot_px = max(60.0, (width_px or 720) - layout["margin"]["l"] - layout["margin"]["r"])
     text_px = max(len(x) for x in text) * 0.6 * tick + 8
     both = min(values) < 0  # an axis from 0 while nothing takes away, else one symmetric around 0
+    # enlarge the range so the bars use what the numbers leave: one number's room per side that has bars;
+    # never less than 35 % of the plot for the bars, however long the numbers
     reach = bound / max(0.35, 1 - (2 if both else 1) * text_px / plot_px)
     layout["xaxis"] = {"title": {"text": "q_i[d] · k_j[d]", "standoff": 2}, "range": [-reach, reach]
                        if both else [0, reach], "gridcolor": GRID_GREY, "zeroline": True,
@@ -215,7 +229,7 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
     if not s.size == e.size == a.size == len(tokens):
         raise ValueError(f"scores, exps, weights and tokens must have one length, got {s.size}, {e.size}, "
                          f"{a.size}, {len(tokens)}")
-    t = s.size
+    t = s.size  # the keys of the row: every position, masked ones included
     for name, value in (("query", query), ("key", key)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < t:
             raise ValueError(f"{name} {value!r} out of range: the row has {t} keys")
@@ -224,7 +238,7 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
     if shown.size != t:
         raise ValueError(f"used has {shown.size} entries but the row has {t}")
     tick, _ = _fonts(presentation)
-    masked = ~np.isfinite(s)
+    masked = ~np.isfinite(s)  # (T,) bool: the mask wrote −inf there
     names = [f'"{esc(tok)}" ({j})' for j, tok in enumerate(tokens)]
     hover = []
     for j in range(t):
@@ -241,6 +255,7 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
     # no number over a masked key (its "−∞" mark stands there); the clicked key's number is always shown
     text = ["" if masked[j] else f"{shown[j]:.3f}" if every or j == key else "" for j in range(t)]
     width = [3 if j == key else 0 for j in range(t)]  # only the clicked key's bar is outlined
+    # the colour repeats the height on the weights' 0 … 1 scale, as in the attention maps
     bars = {"type": "bar", "x": list(range(t)), "y": [0.0 if masked[j] else float(shown[j]) for j in range(t)],
             "marker": {"color": [float(v) for v in shown], "cmin": 0.0, "cmax": 1.0,
                        "colorscale": SEQUENTIAL, "line": {"color": SELECTED, "width": width}},
@@ -260,12 +275,14 @@ def softmax_row(scores: Sequence[float], exps: Sequence[float], weights: Sequenc
                      {"viz": "inside_softmax", "query": query, "key": key, "shares": [float(v) for v in shown]},
                      {"l": 44 + tick, "r": 10, "b": 16 + int(min(12, max(len(x) for x in tokens)) * 0.6 * tick)})
     layout.update(showlegend=False, bargap=0.2)
+    # a label for every key that fits, the clicked key and the query always among them
     shown_ticks = thinned_ticks(t, (width_px or 720) - layout["margin"]["l"] - layout["margin"]["r"], tick,
                                 keep=(key, query))
     # labels stand upright past 8 keys, where side by side they would run into each other
     layout["xaxis"] = {"tickmode": "array", "tickvals": shown_ticks,
                        "ticktext": [short_token(tokens[j], 10) for j in shown_ticks], "tickangle": -90 if t > 8 else 0,
                        "title": {"text": "key j", "standoff": 2}, "fixedrange": True, "showgrid": False}
+    # past 1: room above a share of 1 for the number written over its bar
     layout["yaxis"] = {"title": {"text": "share a_ij", "standoff": 2}, "range": [0, 1.12], "gridcolor": GRID_GREY,
                        "fixedrange": True}
     return FigureSpec([bars, marks], layout)
@@ -322,16 +339,18 @@ MATRIX_PANELS = (  # (what, title, rows, columns): the order the panels are draw
 
 def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, scaled: np.ndarray,
                   masked: np.ndarray, tokens: Sequence[str], *, layer: int, head: int, query: int, key: int,
-                  scale: float, presentation: bool = False, width_px: int | None = None) -> FigureSpec:
+                  scale: float, softcap: float | None = None, presentation: bool = False,
+                  width_px: int | None = None) -> FigureSpec:
     """The whole head as matrices, six panels: Q, K, V (tokens × head dimensions) and QKᵀ before
     and after scaling and after the mask (T × T; masked entries −inf, hatched). Each panel has its
     own symmetric scale (red positive, blue negative, white zero; hover gives every number). The
     selected cell (query, key) is outlined in the score panels, its query row in Q and key row in K
     and V. layout.meta.panels names each panel's axes and what its rows / columns are, so a click
-    on an entry can select a cell (a Q row picks the query, a K or V row the key)."""
+    on an entry can select a cell (a Q row picks the query, a K or V row the key). softcap: the cap of a
+    model that squashes its scores (c · tanh(s / c)) before the mask; `masked` then holds capped scores."""
     mats = {name: np.asarray(m, dtype=np.float64) for name, m in
             (("Q", q), ("K", k), ("V", v), ("raw", raw), ("scaled", scaled), ("masked", masked))}
-    t = len(tokens)
+    t = len(tokens)  # T; every matrix's rows are the tokens, so their count is checked against it
     for name in ("Q", "K", "V"):
         if mats[name].ndim != 2 or mats[name].shape[0] != t:
             raise ValueError(f"{name} must be (T, d_head) with T = {t} tokens, got shape {mats[name].shape}")
@@ -352,19 +371,20 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
                      "hatched = masked", plot_h, presentation, width_px,
                      {"viz": "inside_matrices", "layer": layer, "head": head, "query": query, "key": key,
                       "panels": []}, {"l": int(tick * 5) + 12, "r": 10, "b": 24, "t": int(tick * 1.8)})
-    layout.update(annotations=[], shapes=[], images=[])
+    layout.update(annotations=[], shapes=[], images=[])  # filled panel by panel below
     labels = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
     rows_shown = thinned_ticks(t, panel_h, tick - 1, keep=(query, key))  # token rows whose labels fit
     data = []
     for n, (what, name, rows, cols) in enumerate(MATRIX_PANELS):
         r, c = divmod(n, ncols)
         sfx = "" if n == 0 else str(n + 1)  # plotly's axis names: x / y, then x2 / y2, …
+        # the panel's box in paper units (0 … 1 of the plot area), top row first
         x0 = c * (1 + gap_x) / ncols
         x1 = x0 + (1 - gap_x * (ncols - 1)) / ncols
         y1 = 1 - r * (panel_h + gap_px) / plot_h
         y0 = y1 - panel_h / plot_h
         z = mats[what]  # (T, d_head) for Q, K, V; (T, T) for the scores
-        data.append(_matrix_trace(z, what, rows, labels, sfx, scale))
+        data.append(_matrix_trace(z, what, rows, labels, sfx, scale, softcap))
         # key columns are categories named by their tokens (hover reads them); only dimensions are numbered
         layout[f"xaxis{sfx}"] = {"domain": [round(x0, 4), round(min(1.0, x1), 4)], "anchor": f"y{sfx}",
                                  "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
@@ -379,8 +399,7 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
                                  "type": "category", "categoryarray": labels,
                                  "ticktext": [short_token(tokens[i], 8) if t <= 24 else i for i in rows_shown],
                                  "tickfont": {"size": tick - 1}, "showticklabels": c == 0}
-        if what == "scaled":  # the factor the scores were multiplied by, written out
-            name = f"Q Kᵀ × {scale:.4f}" + ("" if scale == 1 else f" (1/√{round(1 / scale ** 2)})")
+        name = _panel_title(what, name, scale, softcap)
         layout["annotations"].append({"text": name, "x": round((x0 + x1) / 2, 4), "y": round(y1, 4), "xref": "paper",
                                       "yref": "paper", "yanchor": "bottom", "showarrow": False,
                                       "font": {"size": tick}})
@@ -390,8 +409,8 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
                                      "sizing": "stretch", "layer": "below"})
         # the selected cell: its query's row in Q, its key's row in K and V, the one (query, key) cell in the scores
         row = query if rows == "query" else key
-        span = (key - 0.5, key + 0.5) if cols == "key" else (-0.5, z.shape[1] - 0.5)
-        for line in ROW_OUTLINE:
+        span = (key - 0.5, key + 0.5) if cols == "key" else (-0.5, z.shape[1] - 0.5)  # one cell, or the whole row
+        for line in ROW_OUTLINE:  # magenta over a wider black line, so the outline shows on any cell colour
             layout["shapes"].append({"type": "rect", "xref": f"x{sfx}", "yref": f"y{sfx}", "x0": span[0],
                                      "x1": span[1], "y0": row - 0.5, "y1": row + 0.5, "line": dict(line),
                                      "fillcolor": TRANSPARENT, "layer": "above"})
@@ -400,12 +419,24 @@ def head_matrices(q: np.ndarray, k: np.ndarray, v: np.ndarray, raw: np.ndarray, 
     return FigureSpec(data, layout)
 
 
-def _matrix_trace(z: np.ndarray, what: str, rows: str, labels: list[str], sfx: str, scale: float) -> dict:
+def _panel_title(what: str, name: str, scale: float, softcap: float | None) -> str:
+    """A panel's title: the scale written out on the scaled scores, the cap on the masked ones."""
+    if what == "scaled":  # the factor the scores were multiplied by, written out
+        return f"Q Kᵀ × {scale:.4f}" + ("" if scale == 1 else f" (1/√{round(1 / scale ** 2)})")
+    if what == "masked" and softcap is not None:
+        return f"{softcap:g}·tanh(· / {softcap:g}), then −∞ where masked"
+    return name
+
+
+def _matrix_trace(z: np.ndarray, what: str, rows: str, labels: list[str], sfx: str, scale: float,
+                  softcap: float | None = None) -> dict:
     """One panel's heatmap: symmetric scale around 0, masked entries left blank (the hatch shows). Rows
     (and key columns) are named by their token labels, so the hover reads them without a text per cell."""
     bound = _bound(z)
     formula = {"Q": "q_i[d]", "K": "k_j[d]", "V": "v_j[d]", "raw": "q_i · k_j",
-               "scaled": f"(q_i · k_j) × {scale:.4f}", "masked": "s_ij"}[what]
+               "scaled": f"(q_i · k_j) × {scale:.4f}",
+               "masked": "s_ij" if softcap is None
+               else f"s_ij = {softcap:g}·tanh((q_i · k_j) × {scale:.4f} / {softcap:g})"}[what]
     matrix = what in ("Q", "K", "V")
     where = f"{rows} %{{y}}, dim %{{x}}" if matrix else "query %{y} → key %{x}"
     return {"type": "heatmap", "z": np.where(np.isfinite(z), z, np.nan), "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",

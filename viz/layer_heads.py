@@ -2,7 +2,7 @@
 
 `layer_heads` puts the text twice, queries in a column on the left and keys in a column on the right,
 and draws one line from the query token to each key it attends to, in one colour per head
-(`head_colours`); a line is as opaque as the weight it stands for, to the nearest 1/`LEVELS`. Lines of
+(`head_colours`); a line is as opaque as the weight it stands for, to the nearest 1/`OPACITY_LEVELS`. Lines of
 a weight under `LINE_FLOOR` would be all but invisible and are left out.
 
 * The lines start at one query token: the selected one (`query`), the last by default. A button in
@@ -52,7 +52,7 @@ from .panels import check_square, check_tokens
 from .payload import FigureSpec
 
 LINES_VIEW = "heads as lines"  # the name of this view among viz.ATTENTION_VIEWS
-LEVELS = 10  # a line's opacity is its weight to the nearest 1/LEVELS
+OPACITY_LEVELS = 10  # a line's opacity is its weight to the nearest 1/OPACITY_LEVELS
 LINE_FLOOR = 0.05  # lines of a smaller weight are left out (they would round to opacity 0)
 ALL_LINES = 2000  # "every token" draws at most this many lines, the strongest
 HOVER_NUMBERS = 8192  # the keys' hover carries every head's weight on every key up to this many numbers
@@ -94,9 +94,9 @@ def _rgba(rgb: tuple[int, int, int], alpha: float) -> str:
 
 
 def line_level(weight: np.ndarray) -> np.ndarray:
-    """The opacity level (1..LEVELS) a line of this weight is drawn at (0: not drawn, under LINE_FLOOR)."""
+    """The opacity level (1..OPACITY_LEVELS) a line of this weight is drawn at (0: not drawn, under LINE_FLOOR)."""
     w = np.asarray(weight, dtype=np.float64)
-    return np.where(w >= LINE_FLOOR, np.clip(np.rint(w * LEVELS), 1, LEVELS), 0).astype(np.int64)
+    return np.where(w >= LINE_FLOOR, np.clip(np.rint(w * OPACITY_LEVELS), 1, OPACITY_LEVELS), 0).astype(np.int64)
 
 
 def _check(weights, tokens: Sequence[str], layer, query, head, causal) -> tuple[np.ndarray, list[str], int]:
@@ -155,15 +155,17 @@ def layer_heads(
     """
     w, tokens, t = _check(weights, tokens, layer, query, head, causal)
     check_pixels(width_px, max_height_px)
-    n_heads = w.shape[0]
+    n_heads = w.shape[0]  # w: (H, T, T)
     q = t - 1 if query is None else int(query)
     fonts = PRESENTING_FONTS if presentation else NORMAL_FONTS
     colours = head_colours(n_heads)
 
-    keys = np.arange(q + 1 if causal else t)
+    keys = np.arange(q + 1 if causal else t)  # the keys the query may read: up to itself under the causal mask
     picked = w[:, q, keys]  # (H, keys): the selected token's weights
     allowed = np.tril(np.ones((t, t), dtype=bool)) if causal else np.ones((t, t), dtype=bool)
-    every = np.where(allowed[None], w, 0.0)
+    every = np.where(allowed[None], w, 0.0)  # (H, T, T), 0 on masked cells: for "from every token"
+    # a long text would draw far more lines than a page can take: keep the ALL_LINES strongest by raising the
+    # floor to the weight of the last one kept (ties at that weight may add a few)
     strong = np.sort(every[every >= LINE_FLOOR])
     floor_all = float(strong[-ALL_LINES]) if len(strong) > ALL_LINES else LINE_FLOOR
 
@@ -174,6 +176,8 @@ def layer_heads(
     for h in range(n_heads):  # the legend: one entry per head, the whole group follows it
         data.append({"x": [None], "y": [None], "name": str(h), "legendgroup": f"h{h}", "showlegend": True,
                      "line": {"color": _rgba(colours[h], 1), "width": width + 1}})
+    # both sets of lines are sent: the query's shown (opacity 1), every token's hidden (0), and the two
+    # buttons swap the opacities in the browser without asking the server again
     chosen = _add_lines(data, picked[:, None, :], np.array([q]), keys, colours, bold=width + 1.5, head=head, opacity=1)
     all_idx = _add_lines(data, np.where(every >= floor_all, every, 0), np.arange(t), np.arange(t), colours,
                          bold=None, head=None, opacity=0)
@@ -192,6 +196,7 @@ def layer_heads(
         **({"annotations": [geo["note"]]} if geo["note"] else {}),
         "xaxis": {"range": [0, 1], "visible": False, "fixedrange": True},
         "yaxis": _token_axis(tokens, q, geo, fonts, "left"),
+        # the keys' column: a second axis on the right that pans together with the queries' column
         "yaxis2": {**_token_axis(tokens, q, geo, fonts, "right"), "overlaying": "y", "matches": "y"},
         "showlegend": True,
         "legend": geo["legend"],
@@ -201,7 +206,7 @@ def layer_heads(
         "modebar": {"remove": MODEBAR_REMOVE},
         "updatemenus": [_buttons(geo, fonts, chosen, all_idx)],
         "meta": {"viz": "layer_heads", "pick": "none", "T": t, "layer": int(layer), "query": q,
-                 "heads": n_heads, "levels": LEVELS, "floor": LINE_FLOOR, "floor_all": floor_all,
+                 "heads": n_heads, "levels": OPACITY_LEVELS, "floor": LINE_FLOOR, "floor_all": floor_all,
                  "rows": geo["rows"], "label_px": geo["font"], "query_token": esc(tokens[q]),
                  "colours": ["#%02x%02x%02x" % c for c in colours]},
     }
@@ -222,7 +227,8 @@ def _add_lines(data: list[dict], w: np.ndarray, queries: np.ndarray, keys: np.nd
     opacity level that occurs; head `head` `bold` px wide. Returns the traces' indices in `data`."""
     added = []
     for h in range(w.shape[0]):
-        levels = line_level(w[h])
+        levels = line_level(w[h])  # (queries, keys), 0 where no line is drawn
+        # one trace per level, as a trace has one colour: grouping lines of equal opacity keeps the traces few
         for lev in np.unique(levels[levels > 0]):
             qs, ks = np.nonzero(levels == lev)
             x, y = _segments(queries[qs], keys[ks])
@@ -252,7 +258,7 @@ def _dot(fonts) -> int:
 def _lines(x, y, h: int, level: int, rgb, width: float | None, opacity: float) -> dict:
     """One head's lines of one opacity level (the template makes it a scatter of lines, `width` None: its width)."""
     return {"x": x, "y": y, "legendgroup": f"h{h}", **({} if opacity == 1 else {"opacity": opacity}),
-            "line": {"color": _rgba(rgb, level / LEVELS), **({} if width is None else {"width": width})}}
+            "line": {"color": _rgba(rgb, level / OPACITY_LEVELS), **({} if width is None else {"width": width})}}
 
 
 def _key_hover(picked: np.ndarray, keys: np.ndarray, tokens: list[str], q: int, colours, geo: dict, fonts) -> dict:
@@ -318,10 +324,11 @@ def _geometry(t: int, q: int, tokens: list[str], n_heads: int, fonts, width_px: 
     chars = 12 if width_px >= 480 else 8  # tokens cut shorter on a phone
     standoff = _dot(fonts) // 2 + 3  # the labels clear the query's dot
     least = fonts.tick_min * _LEAST_PITCH
-    font, rows = fonts.tick_max, (0, t - 1)
+    font, rows = fonts.tick_max, (0, t - 1)  # start from the largest labels and every row
     for _ in range(5):  # the label font sets the margins, which set the rows' pitch, which sets the font
         label_w = max(text_width_em(html.unescape(short_token(tok, chars))) for tok in tokens) * font + 14 + standoff
         side = width_px - 2 * label_w - side_w >= MIN_LINES_PX  # a legend column beside, or rows of heads above
+        # a window of rows says so, and how to see the rest; the note takes room in the header
         notes = wrap_parts([f"rows {rows[0]}–{rows[1]} of {t}: drag up or down for the others"], fonts.sub,
                            width_px - 20) if rows != (0, t - 1) else ""
         notes_h = (notes.count("<br>") + 1) * fonts.sub * 1.3 + 4 if notes else 0
@@ -332,16 +339,16 @@ def _geometry(t: int, q: int, tokens: list[str], n_heads: int, fonts, width_px: 
                 avail = max(avail, n_heads * lfont * 1.75 + lfont * 2)
         else:  # what the limit leaves under the header, never under three readable rows
             avail = max(max_height_px - top - _BOTTOM, 3 * least)
-        pitch = min(fonts.tick_max * _LINE_PITCH, avail / t)
+        pitch = min(fonts.tick_max * _LINE_PITCH, avail / t)  # px per row with every row shown
         if pitch < least:  # too many rows for the figure: open on the rows up to the query
             n_rows = max(3, int(avail // least))
             hi = min(t - 1, max(q, n_rows - 1))  # the window ends at the query (from row 0 when it is near the top)
             new_rows = (hi - n_rows + 1, hi)
             pitch = avail / n_rows
-        else:
+        else:  # every row fits at a readable size
             new_rows = (0, t - 1)
         new_font = max(fonts.tick_min, min(fonts.tick_max, math.floor(pitch / _LEAST_PITCH)))
-        if new_font == font and new_rows == rows:
+        if new_font == font and new_rows == rows:  # settled: the margins were sized for this font
             break
         font, rows = new_font, new_rows
     margin = {"l": math.ceil(label_w), "r": math.ceil(label_w + (side_w if side else 0)), "t": top, "b": _BOTTOM}
@@ -352,7 +359,7 @@ def _geometry(t: int, q: int, tokens: list[str], n_heads: int, fonts, width_px: 
     def paper_y(px: float) -> float:  # px from the figure's top → paper y
         return round(1 + (margin["t"] - px) / plot_h, 5)
 
-    left = round(-(margin["l"] - 8) / plot_w, 5)
+    left = round(-(margin["l"] - 8) / plot_w, 5)  # the figure's left edge (8 px in), in paper x: negative
     if side:  # a column right of the right-hand token labels
         legend = {"orientation": "v", "x": round(1 + (label_w + 12) / plot_w, 5), "xanchor": "left", "y": 1,
                   "yanchor": "top"}

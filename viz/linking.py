@@ -19,7 +19,7 @@ import base64
 
 import numpy as np
 
-LEVELS = 255
+SHADE_LEVELS = 255
 
 
 def shade_payload(weights: np.ndarray, layer: int, head: int | None, *, causal: bool = True) -> dict:
@@ -35,14 +35,14 @@ def shade_payload(weights: np.ndarray, layer: int, head: int | None, *, causal: 
         raise ValueError(f"head {head} out of range: the layer has {n_heads} heads")
     w = np.clip(np.nan_to_num(w, nan=0.0), 0.0, 1.0)
     rowmax = w.max(axis=2)  # (H, T)
-    q = np.rint(w / np.where(rowmax > 0, rowmax, 1.0)[:, :, None] * LEVELS).astype(np.uint8)
+    q = np.rint(w / np.where(rowmax > 0, rowmax, 1.0)[:, :, None] * SHADE_LEVELS).astype(np.uint8)
     if causal:
         rows, cols = np.tril_indices(t)
         data = q[:, rows, cols]  # (H, T(T+1)/2), row-major lower triangle
     else:
         data = q.reshape(n_heads, t * t)
     return {"layer": int(layer), "head": None if head is None else int(head), "heads": int(n_heads), "T": int(t),
-            "square": not causal, "levels": LEVELS, "rowmax": np.round(rowmax, 6).tolist(),
+            "square": not causal, "levels": SHADE_LEVELS, "rowmax": np.round(rowmax, 6).tolist(),
             "data": base64.b64encode(data.tobytes()).decode("ascii")}
 
 

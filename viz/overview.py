@@ -49,7 +49,7 @@ _MASKED_COLOUR = "rgba(128,128,128,0.22)"
 _MAX_ASPECT = 2.0  # a thumbnail is at most twice as wide as it is high
 
 
-def colorscale() -> list[list]:
+def thumbnail_colorscale() -> list[list]:
     """Viridis (`SEQUENTIAL`, plotly's own ten colours) over 0..SCALE, light grey for MASKED, nothing
     (transparent) for GAP."""
     stops = [[round(i / (len(_VIRIDIS) - 1) * SCALE / 255, 6), c] for i, c in enumerate(_VIRIDIS)]
@@ -146,19 +146,25 @@ def head_thumbnails(
     _check(tokens, t, selected, n_layers, n_heads)
     check_pixels(width_px, max_height_px)
     fonts = PRESENTING_FONTS if presentation else NORMAL_FONTS
+    # a thumbnail is side × side cells whatever T is: a long text is pooled into blocks of tokens, so the
+    # whole model stays one small image
     side, gap = cells_for(n_layers, n_heads, t)
-    edges = np.linspace(0, t, side + 1).round().astype(np.int64)
-    stride = side + gap
+    edges = np.linspace(0, t, side + 1).round().astype(np.int64)  # S + 1 block boundaries over the T tokens
+    stride = side + gap  # cells from one thumbnail's start to the next
+    # one uint8 image (L·stride − gap, H·stride − gap) drawn as a single heatmap, not L × H traces
     mosaic, means = _mosaic(layers, edges, gap, causal)
 
     geo = _geometry(n_layers, n_heads, pooled_cells=side < t, side=side, t=t, fonts=fonts, width_px=width_px,
                     max_height_px=max_height_px, title_prefix=title_prefix)
-    centres = np.arange(n_heads) * stride + (side - 1) / 2
+    centres = np.arange(n_heads) * stride + (side - 1) / 2  # each head's thumbnail centre, in cells
     rows = np.arange(n_layers) * stride + (side - 1) / 2
+    # the image itself takes no hover: a heatmap's hover would name a cell, not a head
     heat = {"type": "heatmap", "z": mosaic, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": 0, "zmax": 255,
-            "zsmooth": False, "colorscale": colorscale(), "showscale": False, "hoverinfo": "skip"}
+            "zsmooth": False, "colorscale": thumbnail_colorscale(), "showscale": False, "hoverinfo": "skip"}
+    # per head: layer, head and its three mean weights; NaN (a one-token text) becomes null, which JSON can hold
     custom = [[li, h, *[None if not np.isfinite(v) else round(float(v), 3) for v in means[li, h]]]
               for li in range(n_layers) for h in range(n_heads)]
+    # one invisible square marker over each thumbnail carries the hover and the click that opens the head
     picks = {"type": "scatter", "mode": "markers", "x": np.tile(centres, n_layers).astype(np.float32),
              "y": np.repeat(rows, n_heads).astype(np.float32), "customdata": custom, "showlegend": False,
              "hovertemplate": "layer %{customdata[0]}, head %{customdata[1]}<br>mean weight on the previous token "
@@ -166,7 +172,7 @@ def head_thumbnails(
                               "%{customdata[4]:.2f}<br>click to open this head<extra></extra>",
              "marker": {"symbol": "square", "size": max(4, round(geo["thumb"])), "opacity": 0}}
     step_x = max(1, math.ceil(fonts.tick_min * 1.9 / geo["cell_w"]))  # head numbers that do not touch
-    step_y = max(1, math.ceil(fonts.tick_min * 1.4 / geo["cell_h"]))
+    step_y = max(1, math.ceil(fonts.tick_min * 1.4 / geo["cell_h"]))  # and layer numbers likewise
     axis = {"showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True, "tickmode": "array",
             "tickfont": {"size": geo["font"]}}
     layout = {
@@ -180,7 +186,7 @@ def head_thumbnails(
         "yaxis": {**axis, "range": [mosaic.shape[0] - 0.5, -0.5], "tickvals": rows[::step_y].tolist(),
                   "ticktext": [str(li) for li in range(0, n_layers, step_y)]},
         "hovermode": "closest",
-        "hoverdistance": -1,
+        "hoverdistance": -1,  # no cut-off: the nearest thumbnail answers wherever the pointer is, as small as they are
         "modebar": {"remove": ["zoom2d", "pan2d", "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d",
                                "resetScale2d"]},
         "hoverlabel": hover_label(fonts.hover),
@@ -191,6 +197,7 @@ def head_thumbnails(
     }
     if selected is not None:
         layer, head = selected
+        # head None outlines the whole row of the layer; the outline sits in the gap around the thumbnail(s)
         x0, x1 = (-0.5, mosaic.shape[1] - 0.5) if head is None else (head * stride - 0.5, head * stride + side - 0.5)
         y0, y1 = layer * stride - 0.5, layer * stride + side - 0.5
         pad = gap / 2

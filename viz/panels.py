@@ -44,7 +44,7 @@ from .attention_layout import (
 from .attention_tiles import ATTENTION_BUDGET, heatmap_tiles
 from .payload import FigureSpec
 
-KINDS = ("weights", "scores")
+ATTENTION_KINDS = ("weights", "scores")  # what is drawn or exported: the weights, or the scores before the softmax
 KEY_TITLE = "key position (attended to)"  # the key axis's title (shortened where a panel is too small for it)
 
 
@@ -52,7 +52,7 @@ KEY_TITLE = "key position (attended to)"  # the key axis's title (shortened wher
 
 
 def check_kind(kind: str) -> None:
-    if kind not in KINDS:
+    if kind not in ATTENTION_KINDS:
         raise ValueError(f"kind must be 'weights' or 'scores', got {kind!r}")
 
 
@@ -123,10 +123,10 @@ def panels_figure(
     ncols None picks the columns (`pick_columns`). focus: label every position up to this many,
     and past it open on the last `focus` positions (None: always show all). title_prefix (escaped)
     goes before the title; a title wider than the figure is broken into lines (a phone)."""
-    n, t = values.shape[0], values.shape[-1]
+    n, t = values.shape[0], values.shape[-1]  # N panels of (T, T)
     if kind == "scores":
         colour = "linear"  # the colour modes are for weights; scores keep their symmetric scale
-    q = _milli_values(values, masked, kind, colour)
+    q = _milli_values(values, masked, kind, colour)  # (N, T, T) in milli-units: whole numbers travel smaller
     fonts = PRESENTING_FONTS if presentation else NORMAL_FONTS
     visible = t if focus is None else min(t, focus)
     offset = t - visible  # the first position in view
@@ -140,7 +140,7 @@ def panels_figure(
     geo, panel_titles = _laid_out(n, visible, tokens, title, sub_text, panel_titles, ncols, fit)
     margin, labels = geo.margin, geo.labels
     plot_w, plot_h = max(1.0, width_px - margin["l"] - margin["r"]), max(1.0, geo.height - margin["t"] - margin["b"])
-    right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)
+    right_frac = min(1.0, (geo.ncols * geo.panel + (geo.ncols - 1) * geo.hgap) / plot_w)  # the panels' right end
 
     value = value_name(kind, colour)
     hover = f"%{{meta}}<br>query %{{y}} → key %{{x}}<br>{value} {MILLI_FORMAT}<extra></extra>"
@@ -150,7 +150,7 @@ def panels_figure(
     below = width_px < SCALE_BELOW_PX  # a phone: the colour bar lies under the panels
     layout: dict = {
         "template": _template(t, [short_token(tok) for tok in tokens], geo, fonts, hover),
-        "separators": MILLI_SEPARATORS,
+        "separators": MILLI_SEPARATORS,  # with MILLI_FORMAT's padding, 412 milli-units print as "0.412"
         "title": title_layout,
         "font": {**FONT, "size": fonts.axis_title},
         "height": geo.height,
@@ -170,9 +170,9 @@ def panels_figure(
     }
     if hint_aside:
         _hint_under_bar(layout, fonts, plot_h)
-    labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]
+    labels_cat = [f'"{esc(tok)}" ({i})' for i, tok in enumerate(tokens)]  # the position keeps repeated tokens apart
     data: list[dict] = []
-    for k in range(n):
+    for k in range(n):  # each panel gets an equal share of the byte budget: the figure stays bounded
         xref, yref = _add_panel(layout, k, n, geo, plot_wh=(plot_w, plot_h), t=t, offset=offset, labels_cat=labels_cat,
                                 row_titles=row_titles, panel_title=panel_titles[k], any_masked=bool(masked[k].any()),
                                 query=query, key_title=_key_title(geo, fonts))
@@ -331,10 +331,10 @@ def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float
     """Panel k's axes, title, hatch and query-row outline added to `layout`; returns its (xaxis, yaxis) names."""
     plot_w, plot_h = plot_wh
     col_frac, row_frac = geo.panel / plot_w, geo.panel / plot_h
-    row, col = divmod(k, geo.ncols)
-    suffix = "" if k == 0 else str(k + 1)
+    row, col = divmod(k, geo.ncols)  # panels fill rows left to right, the first row on top
+    suffix = "" if k == 0 else str(k + 1)  # plotly's axis names: x / y, then x2 / y2, …
     xref, yref = f"x{suffix}", f"y{suffix}"
-    x0 = col * (geo.panel + geo.hgap) / plot_w
+    x0 = col * (geo.panel + geo.hgap) / plot_w  # the panel's left and top edges, in paper units
     y1 = 1 - row * (geo.panel + geo.vgap) / plot_h
     bottom = row == geo.nrows - 1 or k + geo.ncols >= n  # the last row, or nothing under it in a short last row
     xaxis: dict = {"domain": [round(x0, 5), round(min(1.0, x0 + col_frac), 5)], "anchor": yref}
@@ -345,6 +345,8 @@ def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float
         xaxis["showticklabels"] = True
     if col == 0:
         yaxis["showticklabels"] = True
+    # the first panel's axes hold the categories and the range; the others follow them, so a pan or zoom in
+    # any panel moves all of them together
     if k == 0:
         # (categoryorder defaults to "array" when a categoryarray is given)
         xaxis.update(categoryarray=labels_cat, range=[offset - 0.5, t - 0.5])
@@ -364,7 +366,7 @@ def _add_panel(layout: dict, k: int, n: int, geo: Geometry, plot_wh: tuple[float
                                       "y": round(y1, 5)})
     if any_masked:
         layout["images"].append({"xref": f"{xref} domain", "yref": f"{yref} domain"})
-    if query is not None:
+    if query is not None:  # the selected query's row, outlined across the panel
         for line in ROW_OUTLINE:
             layout["shapes"].append({"xref": xref, "yref": yref, "y0": query - 0.5, "y1": query + 0.5,
                                      "line": dict(line)})

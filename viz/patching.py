@@ -44,14 +44,14 @@ from ._common import (
     wrap_parts,
     wrapped,
 )
-from .attention import GRID_LABEL_LIMIT, causal_mask
+from .attention import GRID_LABEL_LIMIT, future_mask
 from .panels import check_tokens, masked_cells, panels_figure
 from .payload import FigureSpec
 
 MAP_KINDS = ("heads", "positions")  # what a sweep map's rows are (model.patching.PATCH_KINDS: what one patch replaces)
 NOT_RUN = "–"  # a cell the sweep did not reach
 _SELECT_INSET = 0.47
-NARROW_PX = 480  # `head_on_two_prompts` laid out narrower than this puts B under A
+STACK_PROMPTS_PX = 480  # `head_on_two_prompts` laid out narrower than this puts B under A
 
 
 def _percent(value: float) -> str:
@@ -102,15 +102,15 @@ def patching_map(
     share, metric, columns, rows, best, selected = _checked(
         share, kind, columns=columns, rows=rows, metric=metric, ends=ends, best=best, selected=selected,
         presentation=presentation, width_px=width_px)
-    n_rows, n_cols = share.shape
+    n_rows, n_cols = share.shape  # (R, C): layers × heads, or layers × positions
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
     cell_h = max(40 if presentation else 28, 150 / n_rows)  # a map of few layers keeps a readable colour bar
     laid = width_px or 720
-    row_labels = [esc(r) for r in rows]
+    row_labels = [esc(r) for r in rows]  # labels are the caller's text: escaped before they reach the HTML
     left = math.ceil(max(text_width_em(r) for r in rows) * tick + 14)
     right = math.ceil(14 + (18 if presentation else 12) + 6 + 5 * tick + 10)  # colour bar and its labels
-    cell_px = max(1.0, (laid - left - right) / n_cols)
+    cell_px = max(1.0, (laid - left - right) / n_cols)  # a column's width; never 0, it divides below
     show_text = cell_px >= text_width_em("−100%") * tick + 6  # numbers only where the widest fits; hover has them
     col_limit = max(2, min(12, int((cell_px - 4) / (0.6 * tick))))  # a token cut to what its column holds
     # every head is numbered; token columns are thinned until their labels do not overlap
@@ -127,7 +127,7 @@ def patching_map(
     if caution:  # on lines of its own, first: the map below is read through it
         warn = wrapped(f"⚠ {esc(str(caution))}", (laid - 20) / (sub_px * 1.1))  # bold runs wider
         legend = "<br>".join(f"<b>{line}</b>" for line in warn.split("<br>")) + "<br>" + legend
-    x_ticks = tick * 1.4 + 8
+    x_ticks = tick * 1.4 + 8  # the column labels stand above the map (side "top"), inside the top margin
     margin = {"l": left, "r": right, "b": EXPORT_BAR_PX,
               "t": math.ceil(8 + title_px * 1.25 * (title.count("<br>") + 1)
                              + sub_px * (1.6 + 1.3 * (legend.count("<br>") + 1)) + 6 + x_ticks)}
@@ -152,7 +152,7 @@ def patching_map(
                  "best": [list(b) for b in best], "selected": None if selected is None else list(selected),
                  **({"pick": "head", "layers": n_rows, "heads": n_cols} if kind == "heads" else {})},
     }
-    shapes, annotations = _marks(share, best, selected, tick)
+    shapes, annotations = _marks(share, best, selected, tick)  # outlines of best and selected, "–" on cells not run
     if shapes:
         layout["shapes"] = shapes
     if annotations:
@@ -171,6 +171,7 @@ def _checked(share, kind, columns, rows, metric, ends, best, selected, presentat
     if share.ndim != 2 or share.shape[0] < 1 or share.shape[1] < 1:
         raise ValueError(f"share must be 2-D (rows, columns) with at least one of each, got shape {share.shape}")
     n_rows, n_cols = share.shape
+    # NaN is allowed (a cell the sweep did not reach, drawn as a dash); an infinity has no colour to give
     if np.isinf(share).any():
         raise ValueError("share must be finite (NaN marks a cell not computed)")
     if metric is not None:  # each patched run's own metric, which the hover gives beside its share
@@ -186,7 +187,7 @@ def _checked(share, kind, columns, rows, metric, ends, best, selected, presentat
         raise ValueError(f"share has {n_cols} columns but {len(columns)} column labels were given")
     if len(rows) != n_rows:
         raise ValueError(f"share has {n_rows} rows but {len(rows)} row labels were given")
-    if isinstance(ends, str) or len(ends) != 2:
+    if isinstance(ends, str) or len(ends) != 2:  # "BA" has length 2 too: a string is refused before the length
         raise ValueError(f"ends must be two names (share 0, share 1), got {ends!r}")
     best = [_check_cell("best", b, n_rows, n_cols) for b in best]
     selected = None if selected is None else _check_cell("selected", selected, n_rows, n_cols)
@@ -285,7 +286,7 @@ def head_on_two_prompts(
     """One head's attention weights on prompt A and on prompt B, side by side on one scale (0–1).
 
     weights_a, weights_b: (T, T) each, over the same positions; tokens: T labels ("a→b" where the
-    prompts differ). Drawn by viz.panels like the attention grid (rows = queries; under `NARROW_PX`
+    prompts differ). Drawn by viz.panels like the attention grid (rows = queries; under `STACK_PROMPTS_PX`
     wide, B under A); causal: the future
     cells are hatched. Both panels name [layer, head] in layout.meta.panels. Raises ValueError for
     inconsistent shapes.
@@ -306,10 +307,10 @@ def head_on_two_prompts(
     t = arrays[0].shape[0]
     tokens = check_tokens(tokens, t)
     values = np.stack(arrays)  # (2, T, T)
-    masked = np.broadcast_to(masked_cells(values, causal_mask(t) if causal else None), values.shape)
+    masked = np.broadcast_to(masked_cells(values, future_mask(t) if causal else None), values.shape)
     default = f"L{int(layer)}H{int(head)}: attention weights on prompt A and on prompt B"
     return panels_figure(
-        values, masked, tokens, ncols=1 if width_px < NARROW_PX else 2, panels=[(int(layer), int(head))] * 2, panel_titles=["prompt A", "prompt B"],
+        values, masked, tokens, ncols=1 if width_px < STACK_PROMPTS_PX else 2, panels=[(int(layer), int(head))] * 2, panel_titles=["prompt A", "prompt B"],
         row_titles=None, kind="weights", title=title_text(title, default), width_px=width_px,
         max_height_px=max_height_px, focus=GRID_LABEL_LIMIT, presentation=presentation,
     )

@@ -106,7 +106,7 @@ def probabilities(
     """
     n = len(pieces)  # a whole vocabulary (GPT-2: 50,257): only the rows drawn are read
     probs = _check_probs("probs", probs, n)
-    if adjusted is not None:
+    if adjusted is not None:  # without it the chart has one series, the model's own
         adjusted = _check_probs("adjusted", adjusted, n)
     if chosen is not None and not 0 <= int(chosen) < n:
         raise ValueError(f"chosen token id {chosen} is outside the vocabulary of {n} pieces")
@@ -121,13 +121,13 @@ def probabilities(
     legend_em = sum(2.6 + 0.55 * len(name) for name in LEGEND.values())  # swatch, gap and name of each entry
     legend_px = font * 1.6 * (1 if legend_em <= LEGEND_ROOM_EM else 2) if series == 2 else 0
     margin = {"t": int(title_font * 1.6 + legend_px + 10), "b": int(font * 1.4 * 2 + 12)}
-    rows_fit = max(1, int((max_height_px - margin["t"] - margin["b"]) // pitch))
+    rows_fit = max(1, int((max_height_px - margin["t"] - margin["b"]) // pitch))  # what the height limit leaves
     rank_by = adjusted if adjusted is not None else probs  # rows in the order of what is sampled from
     order = [int(i) for i in first_ranked(rank_by, probs, top)]  # ties: by model probability
     if chosen is not None and int(chosen) not in order[:rows_fit]:  # ranked below what fits: it takes the last row
         order = order[: rows_fit - 1] + [int(chosen)]
     order = order[:rows_fit]
-    ids = np.array(order)
+    ids = np.array(order)  # vocabulary ids of the rows, top row first
     rows = np.arange(len(ids), dtype=np.int32)
     is_chosen = ids == (-1 if chosen is None else int(chosen))  # (rows,); -1 is no id: nothing chosen
     shown = {int(i): str(pieces[i]) for i in ids}  # the rows drawn, as strings
@@ -139,12 +139,12 @@ def probabilities(
     label_em = max(text_width_em(shown[i][:16]) + (6.5 if c else 0) for i, c in zip(ids, is_chosen, strict=True))
 
     def bars(values: np.ndarray, name: str, colour: str) -> dict:
-        colours = [CHOSEN_COLOUR if c else colour for c in is_chosen]
+        colours = [CHOSEN_COLOUR if c else colour for c in is_chosen]  # the chosen token stands out in both
         return {
             "type": "bar",
             "orientation": "h",
             "name": name,
-            "x": values[ids].astype(np.float32),
+            "x": values[ids].astype(np.float32),  # only the drawn rows leave the server, not the vocabulary
             "y": rows,
             "marker": {"color": colours},
             "hovertext": hover_names,
@@ -163,10 +163,10 @@ def probabilities(
                   "marker": {"color": colour, "symbol": "square", "size": 10}, "hoverinfo": "skip"}
                  for trace, colour in zip(data[:2], (RAW_COLOUR, ADJ_COLOUR), strict=True)]
     height = min(max_height_px, int(margin["t"] + margin["b"] + pitch * len(ids) + 8))
-    margin.update(l=int(min(300, max(60, label_em * font + 14))), r=20)
+    margin.update(l=int(min(300, max(60, label_em * font + 14))), r=20)  # labels' room, capped for long pieces
     # the axis ends past the longest bar of either series (never at 0: a row of zeros still gets an axis)
     layout = bar_layout(font=font, title_font=title_font, height=height, margin=margin,
-                        title=esc(title) if title else DEFAULT_TITLE, x_title="probability",
+                        title=esc(title) if title else DEFAULT_TITLE, x_title="probability",  # "" also gets the default
                         x_max=max(1e-9, float(rank_by[ids].max()), float(probs[ids].max())), rows=rows.tolist(),
                         ticktext=ticktext, presentation=presentation, legend=adjusted is not None,
                         meta={"viz": "probabilities", "ids": [int(i) for i in ids],

@@ -74,7 +74,7 @@ def phase_labels(phases: Sequence[tuple[float, str]], span: float, char_px: floa
     def px(step: float) -> float:  # a run of one step: every line at the axis start
         return step / span * plot_px if span > 0 else 0.0
 
-    def width(lines: list[str]) -> float:
+    def width(lines: list[str]) -> float:  # px: a label of several lines is as wide as its longest
         return max(len(t) for t in lines) * char_px + LABEL_PAD_PX
 
     clusters: list[dict] = []
@@ -99,6 +99,7 @@ def phase_labels(phases: Sequence[tuple[float, str]], span: float, char_px: floa
     for c in clusters:
         lines = _grouped(c["labels"])
         w = width(lines)
+        # px where a label would start right of the last line, or end left of the first one
         start, end = px(c["steps"][-1]) + LABEL_GAP_PX / 2, px(c["steps"][0]) - LABEL_GAP_PX / 2
         if start + w <= plot_px:  # as a rule: right of its last line, reading on from it
             item = dict(steps=c["steps"], lines=lines, x=c["steps"][-1], side="left", left=start, right=start + w)
@@ -161,18 +162,18 @@ def loss_curve(
     presentation: large fonts (tick labels ≥ 16 px). names: the two lines' names (legend and hover).
     """
     steps, train = _series("train", steps, train)
-    if (val_steps is None) != (val is None):
+    if (val_steps is None) != (val is None):  # steps without losses (or the reverse) cannot be drawn
         raise ValueError("give both val_steps and val, or neither")
-    val_steps, val = _series("validation", val_steps, val)
+    val_steps, val = _series("validation", val_steps, val)  # None becomes an empty series, drawn as nothing
     data = _loss_traces(steps, train, val_steps, val, names)
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, (int, np.integer))
                                     or total_steps < 1):
         raise ValueError(f"total_steps must be a whole number >= 1, got {total_steps!r}")
     marker_step = _check_step("marker_step", marker_step)
     phases = _checked_phases(phase_steps)
-    top, log_y, log_bottom = _loss_range(np.concatenate([train, val]), log_y)
+    top, log_y, log_bottom = _loss_range(np.concatenate([train, val]), log_y)  # one range for both curves
     if isinstance(plot_px, bool) or not isinstance(plot_px, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(plot_px) or plot_px < 50:
+            or not math.isfinite(plot_px) or plot_px < 50:  # it lays out the legend row and the phase labels
         raise ValueError(f"plot_px must be a width in pixels ≥ 50, got {plot_px!r}")
     tick = PRESENTATION_FONT_PX if presentation else 11
     title_px = 20 if presentation else 13
@@ -196,14 +197,14 @@ def loss_curve(
         "legend": {"orientation": "h", "x": 1, "y": 1.0, "xanchor": "right", "yanchor": "bottom",
                    "font": {"size": tick}},
         "showlegend": True,
-        "hovermode": "x",
+        "hovermode": "x",  # one hover for the step under the pointer, naming both curves there
         "hoverlabel": hover_label(18 if presentation else 12),
-        "uirevision": "loss",
+        "uirevision": "loss",  # each new point redraws the figure; the reader's zoom survives it
     }
     if total_steps is not None:  # the whole run from the first step: the curve grows into a still axis
         layout["xaxis"]["range"] = [0, int(total_steps)]
     _legend_row(layout, names, tick, title_px, plot_px)
-    shapes, annotations = _kept_marks(kept_step, label_px)
+    shapes, annotations = _kept_marks(kept_step, label_px)  # empty lists without a kept step
     if phases:  # labels are placed on the axis as drawn: the whole run, else up to the furthest step or phase
         span = float(total_steps) if total_steps is not None else max(
             [float(steps.max()) if steps.size else 0.0, float(val_steps.max()) if val_steps.size else 0.0,
@@ -214,7 +215,7 @@ def loss_curve(
     if marker_step is not None:  # the training film's frame
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": marker_step, "x1": marker_step,
                        "y0": 0, "y1": 1, "line": FRAME_LINE})
-    if shapes:
+    if shapes:  # only set when there is something to draw
         layout["shapes"] = shapes
     if annotations:
         layout["annotations"] = annotations

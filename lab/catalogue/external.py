@@ -1,5 +1,6 @@
 """Pretrained models the person running the app adds to the list (`python app.py --model SRC`, or
-the DECODER_LAB_MODELS environment variable): Hugging Face model folders, nanoGPT ckpt.pt files, Decoder
+the DECODER_LAB_MODELS environment variable): Hugging Face model folders, nanoGPT ckpt.pt files, nanochat
+checkpoint folders (or one model_<step>.pt of one), Decoder
 Lab .safetensors files (what model.convert and model.film write) and Hugging Face repo ids pinned to a revision, read from the local hub cache (nothing is downloaded).
 
 `EXTERNAL` holds them: each is loaded on first use, under a lock, and then shared read-only by every
@@ -41,7 +42,9 @@ _FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "mode
 class Source:
     """Where a model comes from: a local folder or ckpt.pt (path), or a hub repo at a revision."""
 
-    kind: str  # "folder", "nanogpt", "file" (a Decoder Lab .safetensors) or "hub"
+    # "folder", "nanogpt", "nanochat" (a checkpoint folder or model_<step>.pt), "file" (a Decoder Lab
+    # .safetensors) or "hub"
+    kind: str
     path: Path | None = None
     repo: str | None = None
     revision: str | None = None
@@ -56,7 +59,7 @@ class Source:
         """The source as visitors see it (status, refusals, session files): no server path."""
         if self.kind == "hub":
             return self.label
-        if self.kind == "nanogpt":
+        if self.kind == "nanogpt" or (self.kind == "nanochat" and self.path.suffix == ".pt"):
             return f"local file {self.path.parent.name}/{self.path.name}"
         if self.kind == "file":
             return f"local file {self.path.name}"
@@ -70,6 +73,9 @@ class Source:
             return f"{self.repo}@{rev}"
         if self.kind == "nanogpt":
             return f"{self.path.parent.name}/{self.path.name} (nanoGPT)"
+        if self.kind == "nanochat":
+            shown = f"{self.path.parent.name}/{self.path.name}" if self.path.suffix == ".pt" else self.path.name
+            return f"{shown} (nanochat)"
         if self.kind == "file":
             return f"{self.path.stem} (file)"
         return f"{self.path.name} (folder)"
@@ -83,6 +89,10 @@ def parse_source(text: str) -> Source:
     text = text.strip()
     path = local_path(text)  # a name no file can have (3,000 characters, a NUL) is a sentence, not an OSError
     kind = kind_of(path)
+    from model.nanochat import is_nanochat
+
+    if kind is not None and is_nanochat(path):
+        return Source("nanochat", path=path.resolve())
     if kind == "folder":
         return Source("folder", path=path.resolve())
     if path.suffix in (".pt", ".safetensors"):
@@ -128,6 +138,10 @@ def hub_folder(source: Source) -> Path:
 def model_files(source: Source, folder: Path | None) -> list[Path]:
     """The files a model is made of (what its hash covers), in a fixed order. A folder's files are
     read only when none of them is a link out of it (model.sources.check_links): a ValueError."""
+    if source.kind == "nanochat":  # its model file, meta file and tokenizer.pkl (links kept inside: a ValueError)
+        from model.nanochat import locate
+
+        return locate(source.path).all
     if source.kind == "nanogpt":
         meta = source.path.parent / "meta.pkl"
         if not meta.is_file():
@@ -237,7 +251,7 @@ class ExternalModels:
             return self._loaded[name]
 
     def _open(self, name: str, source: Source, folder: Path) -> ModelEntry:
-        from .realmodels import open_source  # the engine's importers load only once a model is used
+        from .realmodels import open_external  # the engine's importers load only once a model is used
 
         try:
             files = model_files(source, folder)
@@ -247,7 +261,7 @@ class ExternalModels:
             raise UserError(f"'{source.shown}' has no model files here.")
         digest = files_hash(files)
         self.record.check(source.label, digest, source.shown)
-        return open_source(name, source, folder, digest)
+        return open_external(name, source, folder, digest)
 
 
 EXTERNAL = ExternalModels()

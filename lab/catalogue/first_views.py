@@ -13,8 +13,8 @@ the caption of its `FirstView` (lab/catalogue/models.py); tests/lab/test_first_v
     python -m lab.catalogue.first_views [--new 16]
     python -m lab.catalogue.first_views --model SRC      # a model added with `python app.py --model SRC`
 
-With --model it prints, for a model of someone else's, what lab.catalogue.realmodels.opening chose its first view
-by: every example's best head per role (and the word-start score of a character model), and the view.
+With --model it prints, for a model of someone else's, what lab.catalogue.realmodels.choose_first_view chose its
+first view by: every example's best head per role (and the word-start score of a character model), and the view.
 
 A tool for whoever edits the captions, not part of the app: nothing imports it.
 """
@@ -123,7 +123,7 @@ def evidence(name: str, prompts: tuple[str, ...], new_tokens: int) -> None:
 
 
 def external(source: str) -> None:
-    """An added model's examples, each role's best head on each, and the view `opening` chose from them."""
+    """An added model's examples, each role's best head on each, and the view `choose_first_view` chose from them."""
     import tempfile
     from pathlib import Path
 

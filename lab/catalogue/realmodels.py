@@ -83,7 +83,7 @@ def licence_of(folder: Path | None, hf_config: dict | None) -> str | None:
 # ------------------------------------------------------------------------------ opening a source
 
 
-def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
+def open_external(name: str, source, folder: Path, digest: str) -> ExternalEntry:
     """The entry of a source whose files were checked (lab.catalogue.external); a bad file is a UserError."""
     from model.families import family_of, open_folder
     from model.families.common import read_config
@@ -94,6 +94,11 @@ def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
         if source.kind == "nanogpt":
             run = load_nanogpt(source.path)
             model, tok, family, hf = run.model, run.tokenizer, "nanoGPT (GPT-2 layout)", None
+        elif source.kind == "nanochat":
+            from model.nanochat import load_nanochat
+
+            run = load_nanochat(source.path)
+            model, tok, family, hf = run.model, run.tokenizer, "nanochat", None
         elif source.kind == "file":
             from model.checkpoint import load_checkpoint
             from model.convert import LOCAL_LIMITS
@@ -115,7 +120,7 @@ def open_source(name: str, source, folder: Path, digest: str) -> ExternalEntry:
     entry = ExternalEntry(name, model, tok, {"source": source.shown, "sha256": digest}, examples=examples,
                           family=family, source=source.shown, sha256=digest, film=film,
                           licence=licence_of(folder if source.kind in ("folder", "hub") else None, hf))
-    entry.first_view, entry.examples = opening(entry)
+    entry.first_view, entry.examples = choose_first_view(entry)
     return entry
 
 
@@ -191,7 +196,7 @@ def best_heads(entry: ModelEntry) -> list[tuple[str, int, int, int, float]]:
     return best
 
 
-def opening(entry: ModelEntry) -> tuple[FirstView | None, tuple[str, ...]]:
+def choose_first_view(entry: ModelEntry) -> tuple[FirstView | None, tuple[str, ...]]:
     """(first view, examples with its example first): the head and example where the model shows something,
     as the built-ins open on one. The rule: of the roles in SHOWN_ROLES, the first that some head reaches
     (its score ≥ the role's threshold) on some example, at its highest score; when no head reaches one, the
@@ -209,11 +214,6 @@ def choose(best: list[tuple[str, int, int, int, float]]) -> tuple[str, int, int,
     (the highest score relative to its threshold)."""
     reached = [b for b in best if b[4] >= SHOWN[b[0]].threshold]
     return reached[0] if reached else max(best, key=lambda b: b[4] / SHOWN[b[0]].threshold)
-
-
-def first_view(entry: ModelEntry) -> FirstView | None:
-    """The view `opening` chooses (for an entry whose examples are in its order)."""
-    return opening(entry)[0]
 
 
 def _caption(role, layer: int, head: int, score: float) -> str:

@@ -7,7 +7,15 @@
     gpt2         GPT-2 (gpt2.py)                         gpt2, distilgpt2
     gpt_neo      GPT-Neo (neo.py)                        roneneldan/TinyStories-*
     gpt_neox     GPT-NeoX (neox.py)                      EleutherAI/pythia-*
-    llama        Llama (llama.py)                        SmolLM2, TinyLlama
+    llama        Llama (llama.py)                        Llama 3.2, SmolLM2, TinyLlama
+    qwen2        Qwen2 (qwen2.py)                        Qwen/Qwen2.5-0.5B
+    qwen3        Qwen3 (qwen3.py)                        Qwen/Qwen3-0.6B
+    smollm3      SmolLM3 (smollm3.py)                    HuggingFaceTB/SmolLM3-3B
+    olmo2        OLMo 2 (olmo2.py)                       allenai/OLMo-2-0425-1B (and its stage revisions)
+    phi3         Phi-3 (phi3.py)                         microsoft/Phi-3-mini-4k-instruct
+    gemma2       Gemma 2 (gemma.py)                      google/gemma-2-2b
+    gemma3_text  Gemma 3 (gemma.py; also gemma3 when     google/gemma-3-270m, google/gemma-3-1b-pt
+                 its folder holds the text model alone)
 
 Any other model_type is refused by name. See common.py for what is checked before loading.
 """
@@ -18,10 +26,11 @@ from pathlib import Path
 
 from ..hf_tokenizer import HFFileTokenizer
 from ..transformer import DecoderLM
-from . import common, gpt2, llama, neo, neox
+from . import common, gemma, gpt2, llama, neo, neox, qwen2, qwen3, smollm3, olmo2, phi3
 from .common import Family
 
-FAMILIES: tuple[Family, ...] = (gpt2.FAMILY, neo.FAMILY, neox.FAMILY, llama.FAMILY)
+FAMILIES: tuple[Family, ...] = (gpt2.FAMILY, neo.FAMILY, neox.FAMILY, llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
+                                smollm3.FAMILY, olmo2.FAMILY, phi3.FAMILY, gemma.GEMMA2, gemma.GEMMA3)
 
 
 def family_of(hf: dict) -> Family:

@@ -43,10 +43,13 @@ MAX_LAYERS = 256
 MAX_POSITIONS = 131_072
 MAX_WHOLE = 2**31 - 1  # no size in a config.json is larger
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few kilobytes
-MAX_HEADER_BYTES = 100_000_000  # a safetensors JSON header: a few hundred bytes per tensor
+MAX_WEIGHTS_HEADER_BYTES = 100_000_000  # a weights file's safetensors JSON header: a few hundred bytes per tensor
 MAX_SHARDS = 1_000
 # safetensors dtypes an importer reads (each converted to float32 for the engine)
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+# transformers' activation names (GPT-2's, GPT-Neo's and GPT-NeoX's configs) -> the engine's GELU form; the
+# importers read "relu" as ReLU, whose GELU form is never used
+HF_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none", "relu": "relu"}
 
 
 class Family:
@@ -99,7 +102,11 @@ def real(hf: dict, key: str, default: Any = None) -> float:
     value = hf.get(key, default)
     if value is None:
         raise ValueError(f"config.json has no {key}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    try:  # a whole number too large for a float overflows in isfinite: refused in words like any other
+        finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite or value <= 0:
         raise ValueError(f"config.json's {key} must be a positive number, got {short(value)}")
     return float(value)
 
@@ -117,25 +124,64 @@ def refuse_unless(condition: bool, sentence: str) -> None:
 
 
 def rope_settings(hf: dict, theta_keys: tuple[str, ...], fraction_keys: tuple[str, ...],
-                  fraction_default: float) -> tuple[float, float]:
+                  fraction_default: float, scalings: tuple[str, ...] | None = None,
+                  theta_default: float = 10000.0) -> tuple:
     """(theta, rotary fraction) from either config.json form: transformers 5's `rope_parameters`
     dict, or the older top-level keys (rope_theta / rotary_emb_base, rotary_pct, rope_scaling).
-    Only the default rotary is implemented: any scaling type is refused by name."""
-    params = hf.get("rope_parameters")
-    if params is not None and not isinstance(params, dict):
-        raise ValueError("config.json's rope_parameters must be an object")
-    params = params or {}
-    scaling = hf.get("rope_scaling")
-    for kind in (params.get("rope_type", "default"), (scaling or {}).get("rope_type", (scaling or {}).get("type"))):
-        if kind not in (None, "default"):
-            raise ValueError(f"RoPE scaling type {short(kind)} is not supported; only the default rotary is")
+
+    scalings: the rope types among the engine's (ModelConfig's ROPE_SCALINGS: "linear", "llama3")
+    that the family's reference applies; given, the result gains a third item, ModelConfig's
+    rope_scaling tuple (() for the default rotary). Every other type (yarn, dynamic, longrope, ...;
+    without `scalings`, every type) is refused by name, and so is a rotary per layer type (a family
+    that has those passes each entry here on its own). theta_default: the family's theta when the
+    file names none (transformers' default_theta: 10,000, SmolLM3's 2,000,000)."""
+    given = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        value = hf.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"config.json's {key} must be an object")
+        if value:
+            given[key] = value
+    nested = [k for k, v in given.get("rope_parameters", {}).items() if isinstance(v, dict)]
+    if nested:
+        raise ValueError(f"config.json's rope_parameters gives layer types their own rotary ({short(nested)}); "
+                         "this family turns every layer by one rotary")
+    accepted = tuple(scalings or ())
+    for params in given.values():
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default" and kind not in accepted:
+            also = "".join(f", {k}" for k in accepted)
+            raise ValueError(f"RoPE scaling type {short(kind)} is not supported; only the default rotary{also} "
+                             f"{'are' if also else 'is'}")
+    if len(given) == 2 and given["rope_parameters"] != given["rope_scaling"]:
+        # transformers would take rope_scaling and drop the other without a word
+        raise ValueError("config.json gives both rope_parameters and rope_scaling, and they differ")
+    where, params = next(iter(given.items()), ("rope_parameters", {}))
+    kind = params.get("rope_type", params.get("type", "default"))
     merged = {**hf, **params}
-    theta = next((real(merged, k) for k in ("rope_theta", *theta_keys) if k in merged), 10000.0)
+    theta = next((real(merged, k) for k in ("rope_theta", *theta_keys) if k in merged), theta_default)
     fraction = next((real(merged, k) for k in ("partial_rotary_factor", *fraction_keys) if k in merged),
                     fraction_default)
     refuse_unless(theta > 1.0, f"config.json's rope theta must be above 1, got {theta}")
     refuse_unless(fraction <= 1.0, f"config.json's rotary fraction must be at most 1, got {fraction}")
-    return theta, fraction
+    if scalings is None:
+        return theta, fraction
+    # each number named as where it sits in the file (rope_scaling.factor), for the refusals
+    named = {f"{where}.{k}": v for k, v in params.items()}
+    if kind == "linear":
+        return theta, fraction, ("linear", real(named, f"{where}.factor"))
+    if kind == "llama3":
+        low, high = real(named, f"{where}.low_freq_factor"), real(named, f"{where}.high_freq_factor")
+        refuse_unless(high > low, f"config.json's {where}.high_freq_factor ({high}) must be above its "
+                                  f"low_freq_factor ({low})")
+        # without its own, transformers takes max_position_embeddings (never a top-level original_...)
+        n0 = whole(named, f"{where}.original_max_position_embeddings") \
+            if f"{where}.original_max_position_embeddings" in named else whole(hf, "max_position_embeddings")
+        top = hf.get("original_max_position_embeddings", n0)
+        refuse_unless(top == n0, f"config.json's original_max_position_embeddings ({short(top)}) differs from the "
+                                 f"one the rotary uses ({n0})")
+        return theta, fraction, ("llama3", real(named, f"{where}.factor"), low, high, n0)
+    return theta, fraction, ()
 
 
 # ------------------------------------------------------------------ safetensors, checked first
@@ -168,13 +214,13 @@ def weight_files(folder: Path) -> list[Path]:
     raise ValueError("the folder has no model.safetensors (or model.safetensors.index.json)")
 
 
-def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def read_tensor_specs(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{name: (dtype, shape)} from a safetensors file's header, without reading any tensor: the one
     reader (model.st_layout.read_header), then the byte layout (every tensor's bytes its own)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
-            header, start = read_st_header(f, size, path.name, MAX_HEADER_BYTES)
+            header, start = read_st_header(f, size, path.name, MAX_WEIGHTS_HEADER_BYTES)
     except OSError:
         raise ValueError(f"{path.name} is not a readable safetensors file") from None
     check_layout(header, size - start, path.name)
@@ -188,7 +234,7 @@ def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[in
 
     where: dict[str, tuple[Path, str]] = {}  # canonical name -> (file, name in the file)
     for path in files:
-        for name, (dtype, shape) in read_header(path).items():
+        for name, (dtype, shape) in read_tensor_specs(path).items():
             canonical = _canonical(name, family)
             if canonical not in expected and canonical.endswith(family.ignored):
                 continue  # a buffer (causal mask, rotary table) that older files carry
@@ -243,7 +289,7 @@ def pairs_from_halves(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: in
     return w.reshape(n_heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
-def check_size(cfg: ModelConfig, max_params: int = MAX_PARAMS, source: str = "config.json") -> None:
+def check_model_size(cfg: ModelConfig, max_params: int = MAX_PARAMS, source: str = "config.json") -> None:
     """The size bounds every importer applies to a model's description (`source`: config.json, a
     nanoGPT run's model_args) before anything is made from it."""
     if cfg.n_layers > MAX_LAYERS:
@@ -273,15 +319,11 @@ def build(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
 
 
 def _rebuild_buffers(model: DecoderLM, cfg: ModelConfig) -> None:
-    from ..attention import rope_angles
     from ..transformer import sinusoidal_table
 
     if cfg.pos_encoding == "sinusoidal":
         model.register_buffer("pe_table", sinusoidal_table(cfg.block_size, cfg.d_model, cfg.pe_base), persistent=False)
-    if cfg.pos_encoding == "rope":
-        angles = rope_angles(cfg.block_size, cfg.rope_dim, cfg.pe_base, cfg.rope_precision)
-        model.register_buffer("rope_cos", angles.cos(), persistent=False)
-        model.register_buffer("rope_sin", angles.sin(), persistent=False)
+    model.make_rope_tables()
 
 
 def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab_used: int | None = None,
@@ -292,7 +334,7 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     cfg = family.model_config(hf)
     if vocab_used is not None and vocab_used < cfg.vocab_size:
         cfg = cfg.replace(vocab_used=vocab_used)
-    check_size(cfg, max_params)
+    check_model_size(cfg, max_params)
     expected = family.expected_shapes(hf, cfg)
     for name, t in tensors.items():
         if name not in expected:
@@ -310,7 +352,7 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
 def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int = MAX_PARAMS):
     """(DecoderLM, HFFileTokenizer) of a folder whose config.json (read as `hf`) is `family`'s."""
     cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
-    check_size(cfg, max_params)
+    check_model_size(cfg, max_params)
     tokenizer = HFFileTokenizer.from_folder(folder, family.adds_bos, hf, model_rows=cfg.vocab_size)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
@@ -322,7 +364,7 @@ def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None 
                  max_params: int = MAX_PARAMS) -> DecoderLM:
     """The model of a folder whose config.json was read as `hf`."""
     cfg = family.model_config(hf)
-    check_size(cfg, max_params)  # before any header is read or tensor allocated
+    check_model_size(cfg, max_params)  # before any header is read or tensor allocated
     files = weight_files(folder)
     expected = family.expected_shapes(hf, cfg)
     tensors = read_tensors(files, family, expected, family.optional)

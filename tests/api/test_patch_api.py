@@ -27,7 +27,7 @@ B = "tom found the key . he gave it to anna because she asked"
 def test_the_numbers_are_the_labs_sweep(app_server, what, direction):
     c = Client(app_server.url, verbose=False)
     got = c.predict(GRAMMAR, A, B, "logit_diff", " she", " he", what, direction, api_name="/patch")
-    setup = patching.prepare(BUILTINS.get(GRAMMAR), A, B, "logit_diff", " she", " he")
+    setup = patching.prepare_sweep(BUILTINS.get(GRAMMAR), A, B, "logit_diff", " she", " he")
     want = patching.sweep(setup, what, direction)
     # the server runs one torch thread, this process may run several: float32 rounding apart
     np.testing.assert_allclose(np.array(got["values"], dtype=float), want.values, atol=1e-4, rtol=0)

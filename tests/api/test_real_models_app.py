@@ -169,8 +169,8 @@ def test_the_list_names_each_model_and_its_summary_says_what_it_is(real, client)
 
 @pytest.mark.parametrize("name", [GPT2, LLAMA])
 def test_first_view_is_where_the_model_shows_most_on_its_examples(real, client, name):
-    """The rule of lab.catalogue.realmodels.opening, with transformers' attention: of induction then previous-token, the
-    first role some head reaches on some example, at its highest score, on that example (it comes first);
+    """The rule of lab.catalogue.realmodels.choose_first_view, with transformers' attention: of induction then
+    previous-token, the first role some head reaches on some example, at its highest score, on that example (it comes first);
     else the head nearest to a role, and a caption that says no head stands out."""
     from lab.catalogue.realmodels import example_prompts
 

@@ -13,7 +13,7 @@ from model.film_series import main as film_main
 from tests.support.browser import ANSWER_MS, Page
 from tests.support.series import PROBE, build_series, revisions
 from tests.support.server import AppServer
-from ui.film import opening
+from ui.film import film_opening
 
 pytest.importorskip("transformers")
 
@@ -48,7 +48,7 @@ def wait_value(p: Page, elem: str, shown: str) -> None:
 def test_a_series_film_opens_in_the_film_viewer(series_server, browser):
     server, path = series_server
     film = load_checkpoint(path).film
-    layer, score = opening(film)
+    layer, score = film_opening(film)
     p = Page(browser.new_context(viewport={"width": 1366, "height": 900}), server.url)
     p.open_train_tab()
     p.choose("film_model", NAME)

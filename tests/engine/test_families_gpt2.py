@@ -64,7 +64,7 @@ def test_from_state_builds_gpt2_from_named_tensors(tmp_path):
     ref, folder = build("gpt2", tmp_path)
     hf_config = ref.config.to_dict()
     tensors = {k: v.clone() for k, v in ref.state_dict().items() if k != "lm_head.weight"}
-    model = gpt2_family.from_state(hf_config, tensors)
+    model = gpt2_family.from_gpt2_state(hf_config, tensors)
     same, _ = open_folder(folder)
     x = torch.tensor([[5, 9, 2, 77, 3]])
     assert torch.equal(model(x).logits, same(x).logits)
@@ -73,7 +73,7 @@ def test_from_state_builds_gpt2_from_named_tensors(tmp_path):
     # a missing tensor is refused with a sentence naming it
     del tensors["transformer.h.1.mlp.c_fc.bias"]
     with pytest.raises(ValueError, match="h.1.mlp.c_fc.bias"):
-        gpt2_family.from_state(hf_config, tensors)
+        gpt2_family.from_gpt2_state(hf_config, tensors)
 
 
 def test_pieces_read_as_text(tmp_path):

@@ -72,8 +72,8 @@ def test_the_good_folder_opens(good):
 @pytest.mark.parametrize("changes, pattern", [
     ({"model_type": "mistral"}, "model_type 'mistral' is not a supported architecture"),
     ({"model_type": None}, "model_type missing is not a supported architecture"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
-     "RoPE scaling type 'linear' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}},
+     "RoPE scaling type 'yarn' is not supported"),
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "RoPE scaling type 'dynamic' is not supported"),
     ({"sliding_window": 4}, "option sliding_window is not supported"),
     ({"hidden_act": "gelu"}, "activation 'gelu' is not supported"),

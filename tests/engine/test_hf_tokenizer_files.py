@@ -167,8 +167,8 @@ ATTACKS = {
     "ids with a gap": (hf_data(edited(model_vocab={**GOOD_DOC["model"]["vocab"], "zz": 4000})),
                        "token ids must run from 0 to"),
     "merge of unknown tokens": (hf_data(edited(model_merges=[["q", "@@"]])), "model.merges[0] uses or makes '@@'"),
-    "more merges than tokens": (hf_data(edited(model_merges=[MERGE] * 400)),
-                                "model.merges has 400 entries; the limit is the vocabulary's"),
+    "more merges than tokens": (hf_data(edited(model_merges=[MERGE] * 4000)),
+                                "model.merges has 4,000 entries; the limit is 4 per token of the vocabulary's"),
     # what the library would run on every text
     "padding": (hf_data(edited(padding={"strategy": {"Fixed": 2_000_000}, "direction": "Right", "pad_id": 0,
                                         "pad_type_id": 0, "pad_token": "</s>", "pad_to_multiple_of": None})),
@@ -200,7 +200,7 @@ ATTACKS = {
     # added tokens
     "added tokens flood": (hf_data(edited(added_tokens=[{**ADDED, "id": 400 + i, "content": f"<x{i}>"}
                                                         for i in range(5000)])),
-                           f"added_tokens has 5,000 entries; the limit is {MAX_ADDED_TOKENS:,}"),
+                           "added_tokens has 5,000 entries; the limit is"),
     "added token elsewhere": (hf_data(edited(added_tokens=[{**ADDED, "id": 5}])), "gives id 5 to '</s>'"),
     "added token option": (hf_data(edited(added_tokens=[{**ADDED, "lstrip": 1}])), "added_tokens[0].lstrip"),
     # the fields beside tokenizer.json
@@ -244,7 +244,7 @@ def test_a_million_merges(parsed):
     one_sentence(str(info.value), f"bytes; the limit is {DEFAULT_LIMITS.max_file_bytes:,}")
     with pytest.raises(ValueError) as info:
         tokenizer_from_dict(hf_data(doc), max_vocab=MAX_PRETRAINED_VOCAB)
-    one_sentence(str(info.value), "model.merges has 1,000,000 entries; the limit is the vocabulary's")
+    one_sentence(str(info.value), "model.merges has 1,000,000 entries; the limit is 4 per token")
     assert parsed == []
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig
-from model.interventions import ABLATION_MODES, AttentionEdit, Intervention
+from model.interventions import ABLATION_MODE_WORDS, ABLATION_MODES, AttentionEdit, Intervention
 from model.transformer import DecoderLM, KVCache, logit_lens
 from tests.support.by_hand import by_hand
 
@@ -146,6 +146,14 @@ def test_uniform_ablation_returns_uniform_rows(mask):
     assert close(w, expected.double().expand_as(w))
     # scores are still the model's own pre-softmax scores
     assert torch.equal(out.scores[1], model(ids, return_attention=True).scores[1])
+
+
+def test_every_ablation_mode_has_its_words_beside_its_rule():
+    # the Mode choice (its label) and the line that says what is changed (its past participle) read this one
+    # table, so a mode is added with its words or the page cannot name it
+    assert list(ABLATION_MODE_WORDS) == list(ABLATION_MODES)
+    labels = [w.label for w in ABLATION_MODE_WORDS.values()]
+    assert all(w.label and w.done for w in ABLATION_MODE_WORDS.values()) and len(set(labels)) == len(labels)
 
 
 @pytest.mark.parametrize("mode", ABLATION_MODES)

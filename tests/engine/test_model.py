@@ -23,7 +23,7 @@ def small(**kw) -> ModelConfig:
     [
         (dict(d_model=30, n_heads=4), "divisible by n_heads"),
         (dict(pos_encoding="alibi"), "pos_encoding must be one of"),
-        (dict(norm="sandwich"), "norm must be one of"),
+        (dict(norm="peri"), "norm must be one of"),
         (dict(activation="tanh"), "activation must be one of"),
         (dict(mask="sliding"), "mask must be one of"),
         (dict(n_layers=0), "n_layers must be a positive integer"),

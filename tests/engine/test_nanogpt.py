@@ -239,3 +239,13 @@ def test_wrong_shapes_missing_tensors_and_nan(tmp_path):
 def test_model_args_checked(args, needle):
     with pytest.raises(ValueError, match=needle):
         check_model_args(args)
+
+
+def test_a_plain_pickle_with_a_far_memo_index_is_refused_before_it_is_read():
+    """LONG_BINPUT 2**31 - 1 would make the unpickler allocate a memo of billions of entries; a pickler
+    numbers its memo in order, so an index past the opcodes read so far is refused by the scan."""
+    far = b"\x80\x02}r\xff\xff\xff\x7f."  # PROTO 2, EMPTY_DICT, LONG_BINPUT 2147483647, STOP
+    with pytest.raises(ValueError, match="memo index 2147483647"):
+        load_plain_pickle(far, "meta.pkl")
+    assert load_plain_pickle(pickle.dumps({"vocab": ["a", "b"] * 40, "n": 2}, protocol=2)) == \
+        {"vocab": ["a", "b"] * 40, "n": 2}

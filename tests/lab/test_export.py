@@ -486,7 +486,7 @@ def test_logit_lens_reads_back_as_the_residual_stream(juliet):
 def test_effect_reads_back_as_two_forwards(grammar):
     grammar.heads.set_ablation(["L1H0"], "zero", False)
     try:
-        e = export.effect(grammar)
+        e = export.effect_export(grammar)
     finally:
         grammar.heads.clear_probe()
     ids = torch.tensor([grammar.decoder.window])
@@ -563,7 +563,7 @@ def test_to_csv_round_trips_awkward_text():
 
 def test_names_are_ascii_stems(own, juliet):
     for e in (export.attention(own, 0, 0), export.probabilities(own), export.head_roles(own),
-              export.lens_export(own), export.effect(own), export.comparison(own, OWN, "ab", "ba")):
+              export.lens_export(own), export.effect_export(own), export.comparison(own, OWN, "ab", "ba")):
         assert STEM.match(e.name), e.name
         assert e.name.startswith("mine-mega-q_")
         assert read_json(e)["model"] == OWN
@@ -601,7 +601,7 @@ REFUSALS = [
     (lambda s: export.probabilities(s, 1.5), "token index"),
     (lambda s: export.lens_export(s, 99), "token position"),
     (lambda s: export.lens_export(s, None, 0), "top must be a whole number between 1 and 1000"),
-    (lambda s: export.effect(s, -1), "token position"),
+    (lambda s: export.effect_export(s, -1), "token position"),
     (lambda s: export.loss_history(s, SHAKESPEARE + "x"), "Unknown model"),
     (lambda s: export.loss_history(s, None), "model must be given by its name"),
     (lambda s: export.comparison(s, SHAKESPEARE, "", "abc"), "prompt is empty"),
@@ -620,7 +620,7 @@ def test_refusals_change_nothing(juliet, call, fragment):
 @pytest.mark.parametrize("call", [
     lambda s: export.attention(s, 0, 0), lambda s: export.attention(s, 0, None, "scores"),
     lambda s: export.probabilities(s), lambda s: export.head_roles(s), lambda s: export.lens_export(s),
-    lambda s: export.effect(s),
+    lambda s: export.effect_export(s),
 ])
 def test_exports_of_the_text_need_a_text(call):
     s = Session()

@@ -65,8 +65,8 @@ def test_every_pair_made_for_a_model_fits_it_and_a_sweep_runs_on_it(models, name
     for p in made:
         check_pair(entry, p)
     first = made[0]
-    result = patching.sweep(patching.prepare(entry, first.a, first.b, "logit_diff", first.answer_a, first.answer_b),
-                            "heads", "denoising")
+    setup = patching.prepare_sweep(entry, first.a, first.b, "logit_diff", first.answer_a, first.answer_b)
+    result = patching.sweep(setup, "heads", "denoising")
     assert result.values.shape == (2 if name != "nanogpt" else 2, 2 if name != "nanogpt" else 4)
     if name == "gpt2-vocab":  # GPT-2's pieces of names: the indirect-object pair, answers with their space
         assert (first.answer_a, first.answer_b) == ("␣Mary", "␣John") and "gave a drink to" in first.a
@@ -120,11 +120,11 @@ def test_the_count_refuses_in_a_sentence(models, template, words, said):
 def test_prompts_of_different_lengths_are_refused_with_a_pair_of_the_models_own(models):
     entry = models["nanogpt"]
     with pytest.raises(UserError) as info:
-        patching.prepare(entry, "the cat sat", "the cats sat", "logit_diff", "a", "o")
+        patching.prepare_sweep(entry, "the cat sat", "the cats sat", "logit_diff", "a", "o")
     said = str(info.value)
     made = pairs.pairs_for(entry)[0]
     assert f"“{made.a}” ⇄ “{made.b}”" in said and GRAMMAR_PAIR[0] not in said and len(said) < 400
     with pytest.raises(UserError) as info:  # the grammar model is offered its own
-        patching.prepare(BUILTINS.get("grammar (built-in)"), "anna found the key . she", "tom found the key", " she",
-                         " he")
+        patching.prepare_sweep(BUILTINS.get("grammar (built-in)"), "anna found the key . she", "tom found the key",
+                               " she", " he")
     assert "“anna found the key .” ⇄ “tom found the key .”" in str(info.value)

@@ -52,7 +52,7 @@ def check_every_cell(entry: ModelEntry, a: str, b: str, answer=None, other=None,
     """Every cell of each sweep, both directions, equals the reference's forward with that slice replaced."""
     if answer is None:
         answer, other = moved_most(entry, a, b)
-    setup = patching.prepare(entry, a, b, metric, answer, other)
+    setup = patching.prepare_sweep(entry, a, b, metric, answer, other)
     m, n = setup.metric, entry.model.cfg.vocab_used or entry.model.cfg.vocab_size
     refs = {name: reference(entry.model, ids) for name, ids in (("a", setup.ids_a), ("b", setup.ids_b))}
     ref_a, ref_b = (metric_of(refs[k][0][-1], m.kind, m.answer, m.other, n) for k in "ab")
@@ -91,7 +91,7 @@ def test_the_methods_endpoints():
     """Nothing patched gives the corrupted run's metric; every head's output in every layer, or the residual
     stream after the last block, gives the clean run's (both prompts end on the same token)."""
     entry = BUILTINS.get(GRAMMAR)
-    setup = patching.prepare(entry, LONG_A, LONG_B, "logit_diff", " she", " he")
+    setup = patching.prepare_sweep(entry, LONG_A, LONG_B, "logit_diff", " she", " he")
     cfg = entry.model.cfg
     for base, source, want in ((setup.ids_b, setup.source_a, setup.clean), (setup.ids_a, setup.source_b, setup.corrupted)):
         ids = torch.tensor([base])
@@ -159,7 +159,7 @@ def test_one_token_answers_on_a_tokenizer_that_puts_bos_first(tmp_path):
     assert len(fox) == len(bear) == 1 and tok.encode(" fox") == [tok.bos_id, *fox]
     assert patching.answer_token(entry, " fox", "first") == fox[0] == patching.answer_token(entry, "␣fox", "first")
     a, b = "the fox met a bear", "the bear met a fox"
-    setup = patching.prepare(entry, a, b, "logit_diff", " fox", " bear")
+    setup = patching.prepare_sweep(entry, a, b, "logit_diff", " fox", " bear")
     assert (setup.metric.answer, setup.metric.other) == (fox[0], bear[0])
     assert setup.ids_a[0] == tok.bos_id  # the prompts keep their BOS
     check_every_cell(entry, a, b, " fox", " bear", whats=("heads",))
@@ -179,12 +179,12 @@ def test_refusals_are_sentences_and_change_nothing():
     }
     for words, (a, b, x, y) in cases.items():
         with pytest.raises(UserError, match=words):
-            patching.prepare(entry, a, b, "logit_diff", x, y)
+            patching.prepare_sweep(entry, a, b, "logit_diff", x, y)
     with pytest.raises(UserError, match="Minimal pair|minimal pair"):
-        patching.prepare(entry, "anna found the key . she", "tom found the key", "logit_diff", " she", " he")
+        patching.prepare_sweep(entry, "anna found the key . she", "tom found the key", "logit_diff", " she", " he")
     with pytest.raises(UserError, match="metric"):
-        patching.prepare(entry, LONG_A, LONG_B, "kl", " she", " he")
-    setup = patching.prepare(entry, LONG_A, LONG_B, "logit_diff", " she", " he")
+        patching.prepare_sweep(entry, LONG_A, LONG_B, "kl", " she", " he")
+    setup = patching.prepare_sweep(entry, LONG_A, LONG_B, "logit_diff", " she", " he")
     for what, direction in (("neurons", "denoising"), ("heads", "sideways")):
         with pytest.raises(UserError):
             patching.sweep(setup, what, direction)
@@ -192,7 +192,7 @@ def test_refusals_are_sentences_and_change_nothing():
     a, b, *_ = PAIRS["article toy (built-in)"]
     x, y = moved_most(toy, a, b)
     with pytest.raises(UserError, match="no MLP"):
-        patching.sweep(patching.prepare(toy, a, b, "logit_diff", x, y), "mlp", "denoising")
+        patching.sweep(patching.prepare_sweep(toy, a, b, "logit_diff", x, y), "mlp", "denoising")
     # a display piece names a token too
     assert patching.answer_token(entry, "she", "first") == patching.answer_token(entry, " she", "first")
 

@@ -45,7 +45,7 @@ def test_the_builtins_minimal_pairs_are_never_called_noise(what):
     entry = BUILTINS.get(GRAMMAR)
     for a, b, x, y in PAIRS:
         for metric in patching.METRICS:
-            setup = patching.prepare(entry, a, b, metric, x, y)
+            setup = patching.prepare_sweep(entry, a, b, metric, x, y)
             for direction in patching.DIRECTIONS:
                 r = patching.sweep(setup, what, direction)
                 assert spread_ratio(r) < 1.2 and not r.small_difference() and not r.wrong_sign()
@@ -54,8 +54,8 @@ def test_the_builtins_minimal_pairs_are_never_called_noise(what):
 
 
 def test_a_random_models_difference_is_called_noise_with_its_numbers(random_run):
-    r = patching.sweep(patching.prepare(random_run, "the fox ran", "the fox run", "logit_diff", " ", "e"), "heads",
-                       "denoising")
+    r = patching.sweep(patching.prepare_sweep(random_run, "the fox ran", "the fox run", "logit_diff", " ", "e"),
+                       "heads", "denoising")
     s, (low, high) = r.setup, r.spread()
     assert s.difference > 0 and spread_ratio(r) > patching.NOISE_RATIO  # 0.445 against a spread of 1.48
     assert r.small_difference() and not r.wrong_sign()
@@ -70,25 +70,25 @@ def test_a_random_models_difference_is_called_noise_with_its_numbers(random_run)
 def test_a_difference_of_the_wrong_sign_is_said_in_the_headline(random_run):
     """The answer tokens name A's answer first: a metric lower on A than on B is the opposite of what they
     imply, whatever the map's shares."""
-    r = patching.sweep(patching.prepare(random_run, "abcab", "abcac", "logit_diff", "c", "a"), "heads", "noising")
+    r = patching.sweep(patching.prepare_sweep(random_run, "abcab", "abcac", "logit_diff", "c", "a"), "heads", "noising")
     assert r.setup.difference < 0 and r.wrong_sign() and not r.small_difference()
     assert f"of the wrong sign ({r.setup.difference:+.3f})" in r.summary()
     [caution] = r.cautions()
     assert caution.startswith("Wrong sign") and f"lower on A ({r.setup.clean:.3f})" in caution
     # both at once: a difference of the wrong sign that single patches also drown
-    both = patching.sweep(patching.prepare(random_run, "hello world", "hello worle", "logit_diff", "a", "e"),
+    both = patching.sweep(patching.prepare_sweep(random_run, "hello world", "hello worle", "logit_diff", "a", "e"),
                           "heads", "denoising")
     assert both.wrong_sign() and both.small_difference() and len(both.cautions()) == 2
     assert both.summary().endswith("of the wrong sign (-0.729) and too small to read (see the warning)")
-    prob = patching.sweep(patching.prepare(random_run, "abcab", "abcac", "prob", "d"), "heads", "denoising")
+    prob = patching.sweep(patching.prepare_sweep(random_run, "abcab", "abcac", "prob", "d"), "heads", "denoising")
     assert prob.setup.difference < 0 and "A gives d a lower probability than B does" in prob.cautions()[0]
 
 
 def test_the_rule_at_its_boundary(random_run):
     """A real sweep's cells rescaled to a spread of exactly 1, against a difference of exactly 1/2 (the ratio
     NOISE_RATIO: not noise) and of the next float below 1/2 (noise); the cells not computed do not count."""
-    r = patching.sweep(patching.prepare(random_run, "the fox ran", "the fox run", "logit_diff", " ", "e"), "heads",
-                       "denoising")
+    r = patching.sweep(patching.prepare_sweep(random_run, "the fox ran", "the fox run", "logit_diff", " ", "e"),
+                       "heads", "denoising")
     m = (r.metric - r.metric.min()) / (r.metric.max() - r.metric.min())
     assert m.max() - m.min() == 1.0 and patching.NOISE_RATIO == 2.0
 

@@ -1,5 +1,5 @@
-"""The head and example a model added with --model opens on (lab/catalogue/realmodels.py `opening`): where the model
-shows something, as the built-ins' first views do, and a caption that says so honestly when no head stands
+"""The head and example a model added with --model opens on (lab/catalogue/realmodels.py `choose_first_view`): where
+the model shows something, as the built-ins' first views do, and a caption that says so honestly when no head stands
 out. On a real character model written as nanoGPT writes one (the built-in Shakespeare model's weights in a
 shakespeare_char run's ckpt.pt and meta.pkl), on a random nanoGPT run, and the rule at its edges.
 """
@@ -88,7 +88,7 @@ def test_the_example_where_a_head_shows_its_role_comes_first():
     model = BUILTINS.get("copy / induction (built-in)")
     examples = ("abcdefgh|", "hcbpadlk|hcbpadl")
     entry = dataclasses.replace(model, builtin=False, first_view=None, examples=examples)
-    fv, ordered = realmodels.opening(entry)
+    fv, ordered = realmodels.choose_first_view(entry)
     assert ordered == examples[::-1]
     table = by_hand(entry, ordered[0])["induction"]
     assert np.nanmax(table) >= 0.4 and (fv.layer, fv.head) == np.unravel_index(np.nanargmax(table), table.shape)

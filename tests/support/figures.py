@@ -6,14 +6,14 @@ import json
 
 import numpy as np
 
-from viz import causal_mask, decode_array, plot_json
+from viz import decode_array, future_mask, plot_json
 
 
 def softmax_attention(h: int, t: int, seed: int = 0, scale: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
     """(weights with exact 0 above the diagonal, scores with -inf there), like the model returns."""
     rng = np.random.default_rng(seed)
     scores = rng.normal(size=(h, t, t)) * scale
-    scores[:, causal_mask(t)] = -np.inf
+    scores[:, future_mask(t)] = -np.inf
     w = np.exp(scores - scores.max(-1, keepdims=True))
     return w / w.sum(-1, keepdims=True), scores
 

@@ -8,6 +8,7 @@ calls, by function number and with lone surrogates in raw HTTP, is tests/api/tes
 from __future__ import annotations
 
 import inspect
+import json
 import re
 
 import gradio as gr
@@ -222,3 +223,13 @@ def test_a_link_a_session_file_or_numbers_for_an_unknown_model_are_refused():
     assert refusal(share.make_link, s, GRAMMAR, ["a prompt"], *form[1:]) == "prompt must be text; got a list."
     assert "Link to this view" in share.make_link(s, GRAMMAR, *form)
     assert share.export_numbers(s, "probabilities", "csv", GRAMMAR, 0, "all").endswith(".csv")
+
+
+def test_every_kind_of_numbers_the_download_offers_is_written():
+    # export_numbers finds each kind's lab.export function by the kind's API name (share.EXPORTS, or a call it
+    # spells out), and the lab's functions are not all named as the kinds are (logit_lens, effect)
+    s = with_text()
+    for what in share.NUMBERS.values():
+        with open(share.export_numbers(s, what, "json", GRAMMAR, 0, "all"), encoding="utf-8") as f:
+            written = json.load(f)["what"]
+        assert written == ("attention" if what in ("weights", "scores") else what), what

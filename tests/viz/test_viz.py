@@ -26,8 +26,8 @@ from viz import (
     attention_overview,
     attention_panels,
     attention_view,
-    causal_mask,
     decode_array,
+    future_mask,
     loss_curve,
     message_figure,
     no_positional_encoding,
@@ -75,13 +75,13 @@ def hover_text(fig, panel: int, i: int, j: int, toks: list[str]) -> str:
 def test_grid_structure_values_and_mask():
     t = 6
     w, _ = softmax_attention(4, t)
-    fig = attention_grid(w, tokens(t), 1, mask=causal_mask(t))
+    fig = attention_grid(w, tokens(t), 1, mask=future_mask(t))
     data, layout = sent(fig)["data"], sent(fig)["layout"]
     assert data and all(tr["type"] == "heatmap" for tr in data)
     assert {tr.get("xaxis", "x") for tr in data} == {"x", "x2", "x3", "x4"}
     seen = attention_panels(fig)
     assert seen.shape == (4, t, t)
-    upper = causal_mask(t)
+    upper = future_mask(t)
     assert np.isnan(seen[:, upper]).all() and np.isfinite(seen[:, ~upper]).all()
     assert np.abs(seen[:, ~upper] - w[:, ~upper]).max() <= STEP
     # shared 0-1 colour scale in milli-units, labelled in weights
@@ -97,7 +97,7 @@ def test_grid_structure_values_and_mask():
 def test_grid_ticks_keep_repeated_tokens_distinct():
     t = 8
     toks = tokens(t)  # "the" three times
-    layout = sent(attention_grid(softmax_attention(2, t)[0], toks, 0, mask=causal_mask(t)))["layout"]
+    layout = sent(attention_grid(softmax_attention(2, t)[0], toks, 0, mask=future_mask(t)))["layout"]
     for ax in (axis(layout, "xaxis"), axis(layout, "yaxis")):
         assert ax["tickvals"] == list(range(t))
         assert ax["ticktext"] == toks
@@ -111,7 +111,7 @@ def test_grid_ticks_keep_repeated_tokens_distinct():
 def test_grid_thins_ticks_only_when_the_panels_are_too_small():
     t = 32
     toks = [f"w{i}" for i in range(t)]
-    small = sent(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t), max_height_px=300))["layout"]
+    small = sent(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=future_mask(t), max_height_px=300))["layout"]
     xaxis = axis(small, "xaxis")
     vals, text = xaxis["tickvals"], xaxis["ticktext"]
     assert 4 <= len(vals) < t and vals[-1] == t - 1  # thinned, and the newest position keeps its label
@@ -124,12 +124,12 @@ def test_hover_text_format():
     w = np.tril(np.ones((t, t)))
     w /= w.sum(1, keepdims=True)
     toks = ["how", "are", "you", "is", "it"]
-    fig = attention_grid(w[None], toks, 0, mask=causal_mask(t))
+    fig = attention_grid(w[None], toks, 0, mask=future_mask(t))
     assert hover_text(fig, 0, 3, 0, toks) == 'layer 0, head 0<br>query "is" (3) → key "how" (0)<br>weight 0.250'
     assert hover_text(fig, 0, 0, 0, toks) == 'layer 0, head 0<br>query "how" (0) → key "how" (0)<br>weight 1.000'
     assert hover_text(fig, 0, 2, 1, toks) == 'layer 0, head 0<br>query "you" (2) → key "are" (1)<br>weight 0.333'
     # every panel names its own layer and head (here heads 2 and 0 of layer 3)
-    fig = attention_grid(np.stack([w, w, w]), toks, 3, heads=[2, 0], mask=causal_mask(t))
+    fig = attention_grid(np.stack([w, w, w]), toks, 3, heads=[2, 0], mask=future_mask(t))
     assert hover_text(fig, 0, 3, 0, toks).startswith("layer 3, head 2<br>")
     assert hover_text(fig, 1, 3, 0, toks).startswith("layer 3, head 0<br>")
 
@@ -139,7 +139,7 @@ def test_scores_mask_from_minus_inf_and_symmetric_scale():
     _, scores = softmax_attention(3, t, seed=1)
     fig = attention_grid(scores, tokens(t), 2, kind="scores")
     seen = attention_panels(fig)
-    upper = causal_mask(t)
+    upper = future_mask(t)
     assert np.isnan(seen[:, upper]).all()
     assert np.abs(seen[:, ~upper] - scores[:, ~upper]).max() <= STEP
     layout = sent(fig)["layout"]
@@ -154,9 +154,9 @@ def test_scores_mask_from_minus_inf_and_symmetric_scale():
 def test_nan_input_and_unmasked_input():
     t = 6
     w, _ = softmax_attention(2, t)
-    nan_w = np.where(causal_mask(t), np.nan, w)
+    nan_w = np.where(future_mask(t), np.nan, w)
     seen = attention_panels(attention_grid(nan_w, tokens(t), 0))
-    assert np.array_equal(np.isnan(seen[0]), causal_mask(t))
+    assert np.array_equal(np.isnan(seen[0]), future_mask(t))
     full = np.full((2, t, t), 1 / t)  # bidirectional: nothing masked
     seen = attention_panels(attention_grid(full, tokens(t), 0))
     assert np.isfinite(seen).all() and np.abs(seen - 1 / t).max() <= STEP
@@ -183,13 +183,13 @@ def test_any_mask_round_trips(t, heads, seed, density, kind):
 def test_head_and_overview():
     t = 6
     w, _ = softmax_attention(3, t)
-    head = attention_head(w[1], tokens(t), 2, 1, mask=causal_mask(t))
+    head = attention_head(w[1], tokens(t), 2, 1, mask=future_mask(t))
     head_layout = sent(head)["layout"]
     assert head_layout["coloraxis"]["showscale"] is True
     assert "head 1" in head_layout["title"]["text"] and "Layer 2" in head_layout["title"]["text"]
     assert np.abs(np.nan_to_num(attention_panels(head)[0]) - w[1]).max() <= STEP
     stack = np.stack([w, w[::-1]])  # (L=2, H=3, T, T)
-    over = attention_overview(stack, tokens(t), mask=causal_mask(t))
+    over = attention_overview(stack, tokens(t), mask=future_mask(t))
     seen = attention_panels(over)
     assert seen.shape == (6, t, t)
     assert np.abs(np.nan_to_num(seen) - stack.reshape(6, t, t)).max() <= STEP
@@ -200,7 +200,7 @@ def test_hostile_tokens_are_escaped():
     t = len(HOSTILE)
     w = np.tril(np.ones((t, t)))
     w /= w.sum(1, keepdims=True)
-    fig = attention_grid(w[None], HOSTILE, 0, mask=causal_mask(t))
+    fig = attention_grid(w[None], HOSTILE, 0, mask=future_mask(t))
     layout = json.loads(plot_json(fig))["layout"]
     strings = all_strings(layout)
     for bad in ("<img", "<b>", "<br>"):
@@ -245,7 +245,7 @@ def test_payload_under_150kb_at_t128():
     t = 128
     w, _ = softmax_attention(4, t, seed=0)
     toks = [f"tok{i % 37}" for i in range(t)]
-    fig = attention_grid(w, toks, 0, mask=causal_mask(t))
+    fig = attention_grid(w, toks, 0, mask=future_mask(t))
     size = payload_bytes(fig)
     assert size <= 150_000, size
     assert payload_bytes(fig, compact=False) > size  # plotly's "/" escaping costs extra
@@ -259,7 +259,7 @@ def test_payload_matches_gradio_serialisation():
     from ui.plots import to_plot
 
     t = 16
-    fig = attention_grid(softmax_attention(4, t)[0], tokens(t), 0, mask=causal_mask(t))
+    fig = attention_grid(softmax_attention(4, t)[0], tokens(t), 0, mask=future_mask(t))
     plain = fig.to_plotly()  # the equivalent validated plotly figure
     assert payload_bytes(fig, compact=False) == len(json.dumps(gr.Plot().postprocess(plain).model_dump()))
     compact = gr.Plot().postprocess(to_plot(fig))
@@ -392,7 +392,7 @@ def test_figure_specs_send_what_plotly_would_send():
     """The fast JSON of every FigureSpec equals plotly's own serialisation of `to_plotly()`."""
     steps = np.arange(1, 301, dtype=np.float32)
     figures = [
-        attention_grid(softmax_attention(4, 12)[0], tokens(12), 0, mask=causal_mask(12)),
+        attention_grid(softmax_attention(4, 12)[0], tokens(12), 0, mask=future_mask(12)),
         loss_curve(steps, 3 / steps, steps[::50], 3.2 / steps[::50]),
         probabilities(tokens(12), np.full(12, 1 / 12, np.float32), adjusted=np.full(12, 1 / 12, np.float32), chosen=4),
     ]
@@ -411,7 +411,7 @@ def test_figure_specs_send_what_plotly_would_send():
 
 def test_figure_spec_is_not_a_plotly_figure():
     """Edits that would be lost are refused, not silently accepted."""
-    fig = attention_grid(softmax_attention(2, 6)[0], tokens(6), 0, mask=causal_mask(6))
+    fig = attention_grid(softmax_attention(2, 6)[0], tokens(6), 0, mask=future_mask(6))
     assert isinstance(fig, FigureSpec) and not isinstance(fig, go.Figure)
     assert not hasattr(fig, "update_layout") and not hasattr(fig, "figure")
     with pytest.raises(AttributeError):
@@ -424,7 +424,7 @@ def test_figure_spec_is_not_a_plotly_figure():
 def test_to_plotly_carries_the_same_data():
     steps = np.arange(0, 500, 5)  # int64: narrowed like plotly.py narrows it
     specs = [
-        attention_grid(softmax_attention(3, 20, seed=4)[0], tokens(20), 1, mask=causal_mask(20)),
+        attention_grid(softmax_attention(3, 20, seed=4)[0], tokens(20), 1, mask=future_mask(20)),
         attention_head(softmax_attention(1, 9)[1][0], tokens(9), 0, 0, kind="scores"),
         probabilities(tokens(9), np.full(9, 1 / 9), chosen=2),
         loss_curve(steps, 5 / (1 + steps), steps[::20], 5.5 / (1 + steps[::20])),
@@ -463,9 +463,9 @@ def test_return_annotations_say_what_comes_back():
     w, s = softmax_attention(2, t)
     stack = np.stack([w, w])
     calls = [
-        (attention_grid, lambda: attention_grid(w, tokens(t), 0, mask=causal_mask(t))),
-        (attention_head, lambda: attention_head(w[0], tokens(t), 0, 0, mask=causal_mask(t))),
-        (attention_overview, lambda: attention_overview(stack, tokens(t), mask=causal_mask(t))),
+        (attention_grid, lambda: attention_grid(w, tokens(t), 0, mask=future_mask(t))),
+        (attention_head, lambda: attention_head(w[0], tokens(t), 0, 0, mask=future_mask(t))),
+        (attention_overview, lambda: attention_overview(stack, tokens(t), mask=future_mask(t))),
         (probabilities, lambda: probabilities(["a", "b"], np.array([0.5, 0.5]))),
         (loss_curve, lambda: loss_curve(np.arange(3), np.ones(3))),
         (positional_table, lambda: positional_table(sinusoidal(4, 4), "sinusoidal")),
@@ -495,9 +495,9 @@ def test_every_public_builder_returns_one_figure_type():
     roles_a, roles_b = {"prev": np.full((2, 2), 0.25)}, {"prev": np.full((2, 2), 0.75)}
     probs = np.full((3, 4), 0.25)
     calls = {
-        "attention_grid": lambda: attention_grid(w, tokens(t), 0, mask=causal_mask(t)),
-        "attention_head": lambda: attention_head(w[0], tokens(t), 0, 0, mask=causal_mask(t)),
-        "attention_overview": lambda: attention_overview(stack, tokens(t), mask=causal_mask(t)),
+        "attention_grid": lambda: attention_grid(w, tokens(t), 0, mask=future_mask(t)),
+        "attention_head": lambda: attention_head(w[0], tokens(t), 0, 0, mask=future_mask(t)),
+        "attention_overview": lambda: attention_overview(stack, tokens(t), mask=future_mask(t)),
         "attention_view": lambda: attention_view(stack, None, tokens(t), layer=0, head=None, view="all layers",
                                                  causal=True, overview_max_tokens=t - 1),
         "attention_difference": lambda: viz.attention_difference(w - w[::-1], tokens(t), layer=0, causal=True),
@@ -556,7 +556,7 @@ def test_attention_view_matches_the_underlying_figure(view, head, causal):
     t, layer = 7, 1
     weights, scores = _stack(t=t)
     toks = tokens(t)
-    mask = causal_mask(t) if causal else None
+    mask = future_mask(t) if causal else None
     if not causal:  # unmasked (bidirectional) inputs: finite everywhere
         scores = np.nan_to_num(scores, neginf=-5.0)
     fig = attention_view(weights, scores, toks, layer=layer, head=head, view=view, causal=causal,
@@ -580,7 +580,7 @@ def test_attention_view_width_and_scores_optional():
     weights, _ = _stack(t=6)
     fig = attention_view(weights, None, tokens(6), layer=0, head=None, view="weights", causal=True,
                          overview_max_tokens=48, width_px=800)
-    assert plot_json(fig) == plot_json(attention_grid(weights[0], tokens(6), 0, mask=causal_mask(6), width_px=800))
+    assert plot_json(fig) == plot_json(attention_grid(weights[0], tokens(6), 0, mask=future_mask(6), width_px=800))
 
 
 def test_attention_view_overview_limit():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import viz
-from viz import attention_view, causal_mask, decode_array, payload_bytes, plot_json, score_curves
+from viz import attention_view, decode_array, future_mask, payload_bytes, plot_json, score_curves
 from viz.film import HEAD_DASHES, PHASE_SYMBOL, THRESHOLD_LINE
 from viz.training import FRAME_LINE, LOG_RATIO, PHASE_LINE
 
@@ -365,7 +365,7 @@ def test_loss_curve_presentation_fonts():
 def _attention(h: int = 2, t: int = 6) -> np.ndarray:
     rng = np.random.default_rng(1)
     s = rng.normal(size=(h, t, t))
-    s[:, causal_mask(t)] = -np.inf
+    s[:, future_mask(t)] = -np.inf
     w = np.exp(s - s.max(-1, keepdims=True))
     return (w / w.sum(-1, keepdims=True))[None]
 

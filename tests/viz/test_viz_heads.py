@@ -23,9 +23,9 @@ from viz import (
     attention_difference,
     attention_panels,
     attention_view,
-    causal_mask,
     compare_distributions,
     decode_array,
+    future_mask,
     lens_grid,
     plot_json,
     role_overview,
@@ -472,11 +472,11 @@ def diff_case(heads: int = 3, t: int = 7, seed: int = 0) -> np.ndarray:
 def test_attention_difference_values_masked_cells_and_symmetric_range():
     t = 7
     diff = diff_case(t=t)
-    diff[:, causal_mask(t)] = 5.0  # junk above the diagonal must neither show nor set the range
+    diff[:, future_mask(t)] = 5.0  # junk above the diagonal must neither show nor set the range
     toks = ["anna", "saw", "tom", ".", "he→she", "said", "<b>"]
     fig = attention_difference(diff, toks, layer=1, causal=True)
     seen = attention_panels(fig)
-    upper = causal_mask(t)
+    upper = future_mask(t)
     assert np.isnan(seen[:, upper]).all()
     assert np.abs(seen[:, ~upper] - diff[:, ~upper]).max() <= STEP
     spec = sent(fig)

@@ -18,7 +18,7 @@ import pytest
 import viz
 from tests.support.figures import sent, softmax_attention
 from viz import decode_array, payload_bytes
-from viz.layer_heads import ALL_LINES, LEVELS, LINE_FLOOR
+from viz.layer_heads import ALL_LINES, OPACITY_LEVELS, LINE_FLOOR
 from viz.overview import GAP, MASKED, SCALE
 
 PAYLOAD_LIMIT = 150_000  # bytes a figure may put on the wire (viz.attention_tiles: the 150 KB target)
@@ -77,10 +77,10 @@ def test_every_line_is_a_weight_drawn_in_its_heads_colour_at_its_opacity():
         for qq, k in segments(tr):
             assert qq == q and (h, k) not in drawn
             drawn[h, k] = alpha
-    expected = {(h, k): round(min(max(round(w[h, q, k] * LEVELS), 1), LEVELS) / LEVELS, 6)
+    expected = {(h, k): round(min(max(round(w[h, q, k] * OPACITY_LEVELS), 1), OPACITY_LEVELS) / OPACITY_LEVELS, 6)
                 for h in range(6) for k in range(q + 1) if w[h, q, k] >= LINE_FLOOR}
     assert {key: round(a, 6) for key, a in drawn.items()} == expected
-    assert all(abs(a - w[h, q, k]) <= 0.5 / LEVELS + 1e-9 for (h, k), a in drawn.items())  # opacity = weight
+    assert all(abs(a - w[h, q, k]) <= 0.5 / OPACITY_LEVELS + 1e-9 for (h, k), a in drawn.items())  # opacity = weight
 
 
 def test_every_token_draws_the_strongest_lines_behind_its_button():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from viz import attention_panels, attention_view, causal_mask
+from viz import attention_panels, attention_view, future_mask
 
 from tests.support.figures import all_strings, axis, sent, softmax_attention
 
@@ -25,7 +25,7 @@ def test_a_page_of_heads_draws_those_heads_and_names_them():
     layout = sent(fig)["layout"]
     assert [p["head"] for p in layout["meta"]["panels"]] == list(range(6, 12))
     assert layout["title"]["text"] == "Layer 1 attention weights: heads 6–11 of 12"
-    seen, upper = attention_panels(fig), causal_mask(t)
+    seen, upper = attention_panels(fig), future_mask(t)
     assert np.abs(seen[:, ~upper] - weights[1, 6:][:, ~upper]).max() <= STEP  # each panel is its own head
     assert "head 6" in all_strings(layout["annotations"]) and "head 0" not in all_strings(layout["annotations"])
     # without a page: every head, and the title as it always was

@@ -26,7 +26,7 @@ from viz import (
     attention_overview,
     attention_panels,
     attention_view,
-    causal_mask,
+    future_mask,
     message_figure,
     no_positional_encoding,
     payload_bytes,
@@ -123,7 +123,7 @@ def test_scores_positive_paint_red_negative_blue_zero_white():
     t = 6
     scores = np.zeros((1, t, t))
     scores[0, 3, 1], scores[0, 4, 2] = 2.0, -2.0
-    lay = layout_of(attention_grid(scores, tokens(t), 0, kind="scores", mask=causal_mask(t)))
+    lay = layout_of(attention_grid(scores, tokens(t), 0, kind="scores", mask=future_mask(t)))
     ca = lay["coloraxis"]
     assert "reversescale" not in ca or ca["reversescale"] is False
     assert ca["colorscale"] == [list(p) for p in DIVERGING]
@@ -145,7 +145,7 @@ def test_positional_figures_use_the_same_diverging_scale(kind):
 
 def test_weights_keep_the_sequential_scale():
     t = 5
-    lay = layout_of(attention_grid(softmax_attention(2, t)[0], tokens(t), 0, mask=causal_mask(t)))
+    lay = layout_of(attention_grid(softmax_attention(2, t)[0], tokens(t), 0, mask=future_mask(t)))
     assert lay["coloraxis"]["colorscale"] == "Viridis"
     assert (lay["coloraxis"]["cmin"], lay["coloraxis"]["cmax"]) == (0, 1000)
 
@@ -154,7 +154,7 @@ def test_weights_keep_the_sequential_scale():
 def test_masked_cells_show_a_hatch_behind_every_panel(build):
     t = 7
     w, s = softmax_attention(3, t)
-    mask = causal_mask(t)
+    mask = future_mask(t)
     fig = {
         "grid": lambda: attention_grid(w, tokens(t), 0, mask=mask),
         "head": lambda: attention_head(w[1], tokens(t), 0, 1, mask=mask),
@@ -215,7 +215,7 @@ def test_single_head_labels_every_token_up_to_64(width_px, every):
     """Every token while its cell holds a readable label; on a narrower figure every other one, still readable."""
     t = 64
     toks = [f"w{i}" for i in range(t)]
-    fig = attention_head(softmax_attention(1, t)[0][0], toks, 0, 0, mask=causal_mask(t), width_px=width_px)
+    fig = attention_head(softmax_attention(1, t)[0][0], toks, 0, 0, mask=future_mask(t), width_px=width_px)
     lay = layout_of(fig)
     assert assert_readable_labels(lay, toks) == every
     assert lay["xaxis"]["range"] == [-0.5, t - 0.5] and lay["yaxis"]["range"] == [t - 0.5, -0.5]
@@ -236,7 +236,7 @@ def test_single_head_at_64_through_attention_view_default_width():
 @pytest.mark.parametrize(("t", "width_px"), [(32, 1000), (32, 1200), (20, 1000), (12, 1000)])
 def test_grid_labels_every_token_up_to_32(t, width_px):
     toks = tokens(t)
-    lay = layout_of(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=causal_mask(t), width_px=width_px))
+    lay = layout_of(attention_grid(softmax_attention(4, t)[0], toks, 0, mask=future_mask(t), width_px=width_px))
     for name in ("xaxis", "yaxis"):
         assert axis(lay, name)["tickvals"] == list(range(t)) and axis(lay, name)["ticktext"] == toks
     assert_labels_fit(lay, width_px, t)
@@ -322,7 +322,7 @@ def test_a_title_wider_than_a_phone_breaks_into_lines_and_keeps_every_word(prefi
 def test_short_text_shows_everything_without_a_focus_note():
     t = 64
     w, _ = softmax_attention(1, t)
-    lay = layout_of(attention_head(w[0], tokens(t), 0, 0, mask=causal_mask(t)))
+    lay = layout_of(attention_head(w[0], tokens(t), 0, 0, mask=future_mask(t)))
     assert lay["meta"]["offset"] == 0 and "showing the last" not in lay["title"]["subtitle"]["text"]
 
 
@@ -350,7 +350,7 @@ def test_row_and_log_colours_match_a_slow_loop(mode):
     t = 40
     w, _ = softmax_attention(3, t, seed=3, scale=4.0)
     w[1, 10, :5] = 0.0  # exact zeros: log floor
-    mask = causal_mask(t)
+    mask = future_mask(t)
     fig = attention_grid(w, tokens(t), 0, mask=mask, colour=mode)
     seen = attention_panels(fig)
     expect = slow_colour(w, mask, mode)
@@ -478,7 +478,7 @@ def test_query_row_outlined_in_every_panel_and_meta_for_the_page():
         heads = [p["head"] for p in lay["meta"]["panels"]]
         assert heads == ([0, 1, 2] if head is None else [2]) and {p["layer"] for p in lay["meta"]["panels"]} == {0}
         assert [p["xaxis"] for p in lay["meta"]["panels"]] == (["x", "x2", "x3"] if head is None else ["x"])
-    unmarked = layout_of(attention_grid(w, tokens(t), 0, mask=causal_mask(t)))
+    unmarked = layout_of(attention_grid(w, tokens(t), 0, mask=future_mask(t)))
     assert "shapes" not in unmarked and unmarked["meta"]["query"] is None
     with pytest.raises(ValueError, match="query 9 out of range"):
         attention_grid(w, tokens(t), 0, query=9)
@@ -523,5 +523,5 @@ def test_payload_stays_within_15_percent_of_before():
     for t, size in before.items():
         w, _ = softmax_attention(4, t, seed=0)
         toks = [f"tok{i % 37}" for i in range(t)]
-        fig = attention_grid(w, toks, 1, mask=causal_mask(t))
+        fig = attention_grid(w, toks, 1, mask=future_mask(t))
         assert payload_bytes(fig) <= size * 1.15, (t, payload_bytes(fig))
