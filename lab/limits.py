@@ -66,6 +66,9 @@ TRAIN_CORPORA = {
 MAX_USER_MODELS = 3  # a person's own (trained or uploaded) models; the oldest goes first
 UPLOAD_MAX_MB = CHECKPOINT_LIMITS.max_file_bytes // 2**20  # the checkpoint loader's own bound
 STATE_TTL_S = float(os.environ.get("DECODER_LAB_STATE_TTL", "1800"))
+# "stored": added models whose files hold bfloat16 or float16 weights keep them so (half of float32's memory:
+# a 1B model in about 2.5 GB), computing as transformers does in that dtype; "float32" (default): exact float32
+WEIGHTS_DTYPE = os.environ.get("DECODER_LAB_WEIGHTS", "float32")
 # gradio's own copies of session state (~135 KB each); lab.server.sessionstore keeps the sessions
 SESSION_CAPACITY = 2000
 QUEUE_SIZE = int(os.environ.get("DECODER_LAB_QUEUE", "32"))

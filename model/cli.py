@@ -323,14 +323,18 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_whole, default=defaults.seed,
                    help="seed of the sampler's own random generator (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object per generated token instead of the text")
+    p.add_argument("--weights", choices=("float32", "stored"), default="float32",
+                   help="a Hugging Face folder's bfloat16/float16 weights: float32 (exact; default) or kept as "
+                        "stored (half the memory, computed as transformers computes in that dtype)")
     return p
 
 
-def open_model(source: str, meta: str | None = None, tokenizer: str | None = None) -> tuple[DecoderLM, Tokenizer]:
+def open_model(source: str, meta: str | None = None, tokenizer: str | None = None,
+               stored: bool = False) -> tuple[DecoderLM, Tokenizer]:
     """The model and tokenizer that --checkpoint names (ValueError says why a file cannot be opened)."""
     from .convert import open_source
 
-    opened = open_source(source, meta, tokenizer)
+    opened = open_source(source, meta, tokenizer, stored)
     return opened.model, opened.tokenizer
 
 
@@ -354,7 +358,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        model, tok = open_model(args.checkpoint, args.meta, args.tokenizer)
+        model, tok = open_model(args.checkpoint, args.meta, args.tokenizer, args.weights == "stored")
         decoder = Decoder(model, prompt_ids(tok, args.prompt), sampling, capture_attention=False,
                           eos_id=tok.eos_id, piece=tok.piece)
     except ValueError as exc:

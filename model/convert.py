@@ -49,7 +49,8 @@ class OpenedSource:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str | Path | None = None) -> OpenedSource:
+def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str | Path | None = None,
+                stored: bool = False) -> OpenedSource:
     """The model at `src` (see the module docstring). meta / tokenizer: a nanoGPT run's meta.pkl or
     GPT-2 tokenizer.json (only for a ckpt.pt). Any problem is a ValueError with one sentence."""
     path = local_path(src)  # a name no file can have is a sentence, not an OSError
@@ -72,7 +73,7 @@ def open_source(src: str | Path, meta: str | Path | None = None, tokenizer: str 
     if kind == "folder":
         from .families import open_folder
 
-        model, tok = open_folder(path)
+        model, tok = open_folder(path, stored=stored)  # stored: 16-bit weights kept as the files hold them
         return OpenedSource(model, tok, {"source": "Hugging Face folder", "name": path.resolve().name})
     if not nanogpt:
         ckpt = load_checkpoint(path, LOCAL_LIMITS)

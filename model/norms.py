@@ -25,12 +25,25 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(width)) if weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # 16-bit weights: normalised in float32, as transformers does
+            return self._from_float32(x)
         variance = x.pow(2).mean(-1, keepdim=True)  # (.., 1): one number per position
         normed = x * torch.rsqrt(variance + self.eps)
         if self.weight is None:
             return normed
         scale = self.weight + self.offset if self.offset else self.weight
         return scale * normed
+
+    def _from_float32(self, x: torch.Tensor) -> torch.Tensor:
+        """A 16-bit x: the norm in float32, rounded back; Llama's kind multiplies its weight after the
+        rounding, Gemma's (1 + w) before it (each as its transformers class does)."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is None:
+            return h.to(x.dtype)
+        if self.offset:
+            return (h * (self.weight.float() + self.offset)).to(x.dtype)
+        return self.weight * h.to(x.dtype)
 
 
 def make_norm(cfg: ModelConfig, width: int | None = None) -> nn.Module:

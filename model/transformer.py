@@ -239,7 +239,8 @@ class DecoderLM(nn.Module):
             return None
         local = self.cfg.local_rope_base is not None and self.cfg.window(layer)
         cos, sin = (self.rope_local_cos, self.rope_local_sin) if local else (self.rope_cos, self.rope_sin)
-        return cos[positions], sin[positions]
+        dtype = self.tok_emb.weight.dtype  # 16-bit weights turn by tables rounded to them, as transformers
+        return cos[positions].to(dtype), sin[positions].to(dtype)
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The residual stream before the first block: token embeddings (times embed_scale) plus the
@@ -379,8 +380,8 @@ class DecoderLM(nn.Module):
             scs.append(s)
         return ForwardOutput(
             logits=self.read_out(x if logits == "all" else x[:, -1:]),  # (B, T, V) or (B, 1, V)
-            attentions=tuple(atts) if return_attention else None,
-            scores=tuple(scs) if return_attention else None,
+            attentions=tuple(a.float() for a in atts) if return_attention else None,  # float32 for readers
+            scores=tuple(s.float() for s in scs) if return_attention else None,
             cache=KVCache(layers, embeds) if want_cache else None,
             residuals=tuple(residuals) if return_residuals else None,
             activations=taps.activations() if record else None,
@@ -389,7 +390,7 @@ class DecoderLM(nn.Module):
     def read_out(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm then output head (then the logits' soft-cap, Gemma 2): the model's logits for
         residual stream x (B, T, C)."""
-        return soft_cap(self.head(self.norm_f(x)), self.cfg.logit_softcap)
+        return soft_cap(self.head(self.norm_f(x)), self.cfg.logit_softcap).float()  # float32 whatever the weights
 
     def positional_table(self) -> tuple[str, torch.Tensor | None]:
         """The positional information the model actually uses, for display.
@@ -418,7 +419,7 @@ def read_out_rows(model: DecoderLM, rows: torch.Tensor) -> torch.Tensor:
     """
     logits = (model.head.weight @ model.norm_f(rows).T).T  # (n, V)
     logits = logits if model.head.bias is None else logits + model.head.bias
-    return soft_cap(logits, model.cfg.logit_softcap)
+    return soft_cap(logits, model.cfg.logit_softcap).float()
 
 
 def logit_lens(model: DecoderLM, residuals: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:

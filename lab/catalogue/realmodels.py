@@ -16,6 +16,7 @@ import torch
 from model.heads import ROLES, Role, head_scores
 
 from ..checks import UserError
+from ..limits import WEIGHTS_DTYPE
 from .models import FirstView, ModelEntry, counted, usable_examples
 
 # Prompts that show something on a real model: a sentence said twice (a model that learned to copy, a
@@ -58,7 +59,14 @@ class ExternalEntry(ModelEntry):
         licence = f", licence {self.licence}" if self.licence else ""
         return (f"{self.name}: {self.family}, {counted(self.model.n_params(), 'parameter')}, "
                 f"{counted(c.n_layers, 'layer')} × {counted(c.n_heads, 'head')}, d_model {c.d_model}, "
-                f"context {c.block_size}, {tokenizer_name(tok)} ({tokens}), source {self.source}{licence}")
+                f"context {c.block_size}, {tokenizer_name(tok)} ({tokens}), weights {weights_word(self.model)}, "
+                f"source {self.source}{licence}")
+
+
+def weights_word(model) -> str:
+    """How the model holds its weights, for the status line: float32, or a 16-bit dtype kept as stored."""
+    dtype = model.tok_emb.weight.dtype
+    return "float32" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} as stored"
 
 
 def tokenizer_name(tok) -> str:
@@ -108,7 +116,7 @@ def open_external(name: str, source, folder: Path, digest: str) -> ExternalEntry
         else:
             hf = read_config(folder)
             family = family_of(hf).name
-            model, tok = open_folder(folder)
+            model, tok = open_folder(folder, stored=WEIGHTS_DTYPE == "stored")
     except ValueError as exc:
         raise UserError(f"'{source.shown}' cannot be opened: {str(exc).rstrip('.')}.") from None
     except OSError:

@@ -44,11 +44,13 @@ def family_of(hf: dict) -> Family:
     raise ValueError(f"model_type {shown} is not a supported architecture (supported: {known})")
 
 
-def open_folder(path: str | Path, expect: Family | None = None,
-                max_params: int = common.MAX_PARAMS) -> tuple[DecoderLM, HFFileTokenizer]:
+def open_folder(path: str | Path, expect: Family | None = None, max_params: int = common.MAX_PARAMS,
+                stored: bool = False) -> tuple[DecoderLM, HFFileTokenizer]:
     """The model and tokenizer of a Hugging Face model folder (config.json, safetensors weights,
-    tokenizer.json). expect: refuse folders of any other family. Bad folders are a ValueError with
-    one sentence; nothing is allocated before the config and the weight headers agree."""
+    tokenizer.json). expect: refuse folders of any other family. stored: keep bfloat16 or float16
+    weights in their own dtype (half the memory of float32), computing as transformers does in it.
+    Bad folders are a ValueError with one sentence; nothing is allocated before the config and the
+    weight headers agree."""
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"{folder.name or path} is not a folder")
@@ -56,7 +58,7 @@ def open_folder(path: str | Path, expect: Family | None = None,
     family = family_of(hf)
     if expect is not None and family is not expect:
         raise ValueError(f"this folder holds a {family.name} model, not a {expect.name} one")
-    return common.open_family_folder(folder, family, hf, max_params)
+    return common.open_family_folder(folder, family, hf, max_params, stored)
 
 
 __all__ = ["FAMILIES", "family_of", "open_folder"]

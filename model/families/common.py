@@ -228,8 +228,9 @@ def read_tensor_specs(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[int, ...]],
-                 optional: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """Every expected tensor as float32, after the headers were checked against `expected`."""
+                 optional: frozenset[str] = frozenset(), stored: bool = False) -> dict[str, torch.Tensor]:
+    """Every expected tensor as float32 (stored: in the dtype the file holds it, float64 made float32),
+    after the headers were checked against `expected`."""
     from safetensors import SafetensorError, safe_open
 
     where: dict[str, tuple[Path, str]] = {}  # canonical name -> (file, name in the file)
@@ -262,7 +263,9 @@ def read_tensors(files: list[Path], family: Family, expected: dict[str, tuple[in
                     if p == path:
                         # a copy of its own: a float32 tensor would otherwise stay a view of the
                         # file's memory map and keep the whole file resident beside the model
-                        tensors[canonical] = f.get_tensor(name).to(torch.float32, copy=True)
+                        t = f.get_tensor(name)
+                        keep = stored and t.dtype in (torch.bfloat16, torch.float16)
+                        tensors[canonical] = t.to(t.dtype if keep else torch.float32, copy=True)
     except (OSError, RuntimeError, ValueError, SafetensorError):  # the layout was checked: a file changed since
         raise ValueError("the safetensors data could not be read (did a file change while it was read?)") from None
     for name, t in tensors.items():
@@ -326,10 +329,18 @@ def _rebuild_buffers(model: DecoderLM, cfg: ModelConfig) -> None:
     model.make_rope_tables()
 
 
+def weights_dtype(tensors: dict[str, torch.Tensor], stored: bool) -> torch.dtype:
+    """The dtype a model keeps its weights in: float32, or with `stored` the one 16-bit dtype every tensor
+    of the file has (bfloat16 halves a model's memory; a file mixing dtypes is read as float32)."""
+    kinds = {t.dtype for t in tensors.values()}
+    return kinds.pop() if stored and len(kinds) == 1 and kinds <= {torch.bfloat16, torch.float16} else torch.float32
+
+
 def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab_used: int | None = None,
-               max_params: int = MAX_PARAMS) -> DecoderLM:
+               max_params: int = MAX_PARAMS, stored: bool = False) -> DecoderLM:
     """A DecoderLM from a family's config.json dict and its tensors (names with or without the
-    family's prefix); every expected tensor but the optional ones must be there."""
+    family's prefix); every expected tensor but the optional ones must be there. stored: keep 16-bit
+    weights in their dtype (`weights_dtype`); the forward then computes as transformers does in it."""
     tensors = {_canonical(k, family): v for k, v in tensors.items()}
     cfg = family.model_config(hf)
     if vocab_used is not None and vocab_used < cfg.vocab_size:
@@ -346,10 +357,11 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     missing = sorted(set(expected) - set(tensors) - family.optional)
     if missing:
         raise ValueError(f"the weights lack the tensor {missing[0]} that this config needs")
-    return build(cfg, family.convert(hf, cfg, {k: v.to(torch.float32) for k, v in tensors.items()}))
+    dtype = weights_dtype(tensors, stored)
+    return build(cfg, family.convert(hf, cfg, {k: v.to(dtype) for k, v in tensors.items()}))
 
 
-def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int = MAX_PARAMS):
+def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int = MAX_PARAMS, stored: bool = False):
     """(DecoderLM, HFFileTokenizer) of a folder whose config.json (read as `hf`) is `family`'s."""
     cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
     check_model_size(cfg, max_params)
@@ -357,16 +369,16 @@ def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int =
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
                          f"{cfg.vocab_size:,} embedding rows; they do not belong together")
-    return open_weights(folder, family, hf, tokenizer.vocab_size, max_params), tokenizer
+    return open_weights(folder, family, hf, tokenizer.vocab_size, max_params, stored), tokenizer
 
 
 def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None = None,
-                 max_params: int = MAX_PARAMS) -> DecoderLM:
+                 max_params: int = MAX_PARAMS, stored: bool = False) -> DecoderLM:
     """The model of a folder whose config.json was read as `hf`."""
     cfg = family.model_config(hf)
     check_model_size(cfg, max_params)  # before any header is read or tensor allocated
     files = weight_files(folder)
     expected = family.expected_shapes(hf, cfg)
-    tensors = read_tensors(files, family, expected, family.optional)
-    return from_state(family, hf, tensors, vocab_used, max_params)
+    tensors = read_tensors(files, family, expected, family.optional, stored)
+    return from_state(family, hf, tensors, vocab_used, max_params, stored)
 
