@@ -23,11 +23,30 @@ SCORE_ROLES = ("previous_token", "first_token", "self_attention", "induction", "
 @dataclass
 class HeadRoles:
     """Every score of every head on one text: scores[key] is (L, H), NaN where a score is undefined
-    on this text (e.g. induction with no repeated token). roles: the scores shown, in order."""
+    on this text (e.g. induction with no repeated token). roles: the scores shown, in order. Scores are
+    per query head; kv_heads: the key/value heads under grouped-query attention (fewer than H: query head
+    h reads key/value head h // (H / kv_heads), which the table and labels name); None without grouping."""
 
     roles: tuple[Role, ...]
     scores: dict[str, np.ndarray]
     tokens: list[str]
+    kv_heads: int | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return self.kv_heads is not None and self.kv_heads < self.shape[1]
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head query head `head` reads (itself without grouping)."""
+        return head // (self.shape[1] // self.kv_heads) if self.grouped else head
+
+    def sharing(self, head: int) -> str:
+        """"key/value head 1, shared by heads 2–3" under grouping ('' without)."""
+        if not self.grouped:
+            return ""
+        group = self.shape[1] // self.kv_heads
+        g = self.kv_head(head)
+        return f"key/value head {g}, shared by heads {g * group}–{g * group + group - 1}"
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -55,13 +74,14 @@ class HeadRoles:
         if found is None:
             return ""
         role, value = found
-        return f"{role.name} head: {value:.2f} ≥ {role.threshold:g}"
+        shared = f" ({self.sharing(head)})" if self.grouped else ""
+        return f"{role.name} head: {value:.2f} ≥ {role.threshold:g}{shared}"
 
     def badges(self, layer: int) -> dict[int, str]:
         return {h: b for h in range(self.shape[1]) if (b := self.badge(layer, h))}
 
     def columns(self) -> list[str]:
-        return ["layer", "head", *(r.key for r in self.roles), "role"]
+        return ["layer", "head", *(["kv_head"] if self.grouped else []), *(r.key for r in self.roles), "role"]
 
     def rows(self, digits: int | None = 4) -> list[list]:
         """The table of `/head_roles`: layer, head, one column per score (rounded to `digits`; None: full
@@ -73,7 +93,8 @@ class HeadRoles:
                 values = [None if np.isnan(v := float(self.scores[r.key][layer, head]))
                           else (v if digits is None else round(v, digits)) for r in self.roles]
                 found = self.strongest(layer, head)
-                out.append([layer, head, *values, "" if found is None else found[0].name])
+                kv = [self.kv_head(head)] if self.grouped else []
+                out.append([layer, head, *kv, *values, "" if found is None else found[0].name])
         return out
 
 
@@ -90,7 +111,7 @@ def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[
     if task:
         q, k = task_targets(task, tokens, GRAMMAR_NAMES)
         scores["match"] = task_score(task, np.stack(weights), q, k)
-    return HeadRoles(roles_for(entry), scores, list(tokens))
+    return HeadRoles(roles_for(entry), scores, list(tokens), entry.model.cfg.kv_heads)
 
 
 class RolesCache:
