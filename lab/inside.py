@@ -20,19 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from model.inside import CellWork, HeadWork, inside_cell, inside_head, layer_inputs, run_forward, value_weighted
+from model.inside import (CellWork, HeadWork, inside_cell, inside_head, layer_inputs, rebuild_refusal, run_forward,
+                          value_weighted)
 from model.interventions import Intervention
 from model.transformer import ForwardOutput
 
-from .checks import check_int
+from .checks import UserError, check_int
 from .downloads import Export, to_csv
 from .headsettings import ProbeSettings, head_label, need_text, position, window_intervention
 from .server.files import file_name, model_stem
 from .text import Text
 
 MEMO_BYTES = 16 * 2**20  # a text's kept forward (residuals and attention) larger than this is not kept
-# everything kept for all texts together: past this the least recently used is dropped (it is only a
-# shortcut, recomputed when asked for again), so many visitors' open panels cannot grow the server
+# all texts' kept forwards together: past this the least recently used (a shortcut, recomputed) is dropped
 MEMO_TOTAL_BYTES = 64 * 2**20
 CSV_COLUMNS = ["quantity", "formula", "index", "token", "value"]
 
@@ -150,7 +150,8 @@ MEMO = _Memo()
 
 def _shape(text: Text) -> tuple[int, int, int]:
     need_text(text)
-    cfg = text.entry.model.cfg
+    if why := rebuild_refusal(cfg := text.entry.model.cfg):  # a model whose cells this view cannot rebuild
+        raise UserError(why)
     return cfg.n_layers, cfg.n_heads, len(text.decoder.window)
 
 

@@ -90,6 +90,20 @@ def _check(model: DecoderLM, T: int, layer, head, query=None, key=None) -> None:
             raise ValueError(f"{name} must be a whole number from 0 to {n - 1}, got {value!r}")
 
 
+def rebuild_refusal(cfg) -> str | None:
+    """Why this view cannot rebuild a model's cells exactly (None when it can): nanochat's blocks read the
+    embedding again (x0 lambdas), mix a gated value embedding into v and smear each token's embedding with
+    the previous one's, which the rebuild from one layer's residual input does not carry."""
+    parts = [what for on, what in ((cfg.x0_mix, "each block's mix of the stream with the embedding (x0 lambdas)"),
+                                   (cfg.value_embed_layers, "the gated value embeddings"),
+                                   (cfg.smear_width, "the smear of the previous token's embedding")) if on]
+    if not parts:
+        return None
+    return ("Inside one cell does not rebuild this model's attention yet: it cannot carry "
+            + " or ".join(parts[:2]) + (", nor " + parts[2] if len(parts) > 2 else "")
+            + "; the attention maps, head roles, lens and patching show its exact numbers")
+
+
 def kv_head_of(model: DecoderLM, head: int) -> int:
     """The key/value head query head `head` reads: h // (H / Hkv) (itself without grouping)."""
     cfg = model.cfg

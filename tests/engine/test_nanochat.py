@@ -336,3 +336,16 @@ def test_hostile_option_values_are_refused_by_name(options, field):
 
     with pytest.raises(ValueError, match=field):
         ModelConfig(**{"vocab_size": 50, "n_layers": 3, "d_model": 32, "norm_kind": "rmsnorm", **options})
+
+
+def test_inside_one_cell_refuses_nanochat_by_name():
+    """Inside one cell rebuilds a layer from its residual input alone; nanochat's blocks also read the
+    embedding (x0 lambdas), its value embeddings and its smear, so the view says so in one sentence."""
+    from model.config import ModelConfig
+    from model.inside import rebuild_refusal
+
+    assert rebuild_refusal(ModelConfig(vocab_size=16)) is None
+    why = rebuild_refusal(ModelConfig(vocab_size=64, n_layers=2, n_heads=2, d_model=32, x0_mix=True,
+                                      value_embed_layers=(1,), value_gate_width=12, smear_width=24,
+                                      pos_encoding="rope", norm_kind="rmsnorm", norm_weight=False, norm_bias=False))
+    assert why and "x0 lambdas" in why and "value embeddings" in why and "smear" in why and "\n" not in why
