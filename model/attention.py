@@ -223,7 +223,8 @@ def attend(attn: "SelfAttention", q_proj: torch.Tensor, k_proj: torch.Tensor, v_
         allowed = torch.ones(R, t_key, dtype=torch.bool, device=q.device)
     # exp(-inf) = 0: masked weights are exactly zero; 16-bit weights take their softmax in float32, as
     # transformers does, and round the result back
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    half = scores.dtype in (torch.bfloat16, torch.float16)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype) if half else torch.softmax(scores, -1)
     # an intervention first replaces rows of weights (uniform heads, edited rows), then what heads pass on
     used = weights if plan is None else plan.apply_to_weights(weights, allowed)
     values = F.dropout(used, dropout, training=True) @ v_all if dropout else used @ v_all  # (.., H, R, hs)

@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(width)) if weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:  # 16-bit weights: normalised in float32, as transformers does
+        if x.dtype in (torch.bfloat16, torch.float16):  # 16-bit weights: normalised in float32, as transformers
             return self._from_float32(x)
         variance = x.pow(2).mean(-1, keepdim=True)  # (.., 1): one number per position
         normed = x * torch.rsqrt(variance + self.eps)

@@ -6,7 +6,11 @@ output and the attention sublayer's output are held to what the engine's own for
 read where the forward passes them on (the input and output of the layer's output projection).
 Covered: the built-ins, every positional encoding, norm placement and kind, GELU kind, unscaled
 attention, a local window, grouped key/value heads, partial rotary, parallel residual, no output
-projection, a bidirectional mask, the imported families, and ablated / edited heads.
+projection, a bidirectional mask, the 2024-26 families' options (heads wider than d / heads, q/k norms per
+head and over the whole projection, RMSNorm times 1 + w, the query_pre_attn_scalar scale, soft-capped
+scores and logits, the embedding's scale, sandwich and post-branch norms, GeGLU and ReLU², a rotary base
+for local layers, linear and llama3 frequency changes, a layer without rotary), the imported families
+(every one of tests/support/family_folders.py), and ablated / edited heads.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from model.generate import Decoder, Sampling
 from model.inside import RebuildMismatch, inside_cell, inside_head, layer_inputs, run_forward, value_weighted
 from model.interventions import AttentionEdit, Intervention
 from model.transformer import DecoderLM
+from tests.support.family_folders import NEWER, family_folder
 from tests.support.inside_ref import reference
 
 ENGINE_TOL = 1e-6  # the head's output against the engine's forward (float32 against float32)
@@ -128,8 +133,9 @@ def vw_ref(model, layer: int, r) -> np.ndarray:
 
 
 def check_head(w, r, head: int) -> None:
-    for name, want in (("q_raw", r.q_raw[head]), ("k_raw", r.k_raw[head]), ("q", r.q[head]), ("k", r.k[head]),
-                       ("v", r.v[head]), ("raw", r.raw[head]), ("scaled", r.raw[head] * r.scale),
+    for name, want in (("q_proj", r.q_proj[head]), ("k_proj", r.k_proj[head]), ("q_raw", r.q_raw[head]),
+                       ("k_raw", r.k_raw[head]), ("q", r.q[head]), ("k", r.k[head]), ("v", r.v[head]),
+                       ("raw", r.raw[head]), ("scaled", r.raw[head] * r.scale), ("capped", r.capped[head]),
                        ("masked", r.scores[head])):
         close(getattr(w, name), want, f"head {head} {name}")
     # a softmax passes its scores' absolute error on to the weights (times at most 1/4): the weights' bound
@@ -144,20 +150,26 @@ def check_head(w, r, head: int) -> None:
 
 def check_cell(c, r, head: int, i: int, j: int) -> None:
     want = {
-        "x_i": r.x[i], "x_j": r.x[j], "xn_i": r.xn[i], "xn_j": r.xn[j], "q_raw": r.q_raw[head, i],
+        "x_i": r.x[i], "x_j": r.x[j], "xn_i": r.xn[i], "xn_j": r.xn[j], "q_proj": r.q_proj[head, i],
+        "k_proj": r.k_proj[head, j], "q_raw": r.q_raw[head, i],
         "k_raw": r.k_raw[head, j], "q": r.q[head, i], "k": r.k[head, j], "products": r.q[head, i] * r.k[head, j],
         "scores_row": r.scores[head, i], "softmax_row": r.weights[head, i], "used_row": r.used[head, i],
         "v": r.v[head], "weighted": r.used[head, i] @ r.v[head], "head_value": r.values[head, i],
         "head_out": r.heads_out[head, i], "heads_out": r.heads_out[:, i], "attn_out": r.attn_out[i],
-        "residual_after": r.x[i] + r.attn_out[i],
+        "residual_after": r.residual_after[i],
     }
+    if r.attn_normed is not None:  # a block that normalises its branches' outputs (sandwich, post_branch)
+        want["attn_normed"] = r.attn_normed[i]
+    else:
+        assert c.attn_normed is None
     for name, value in want.items():
         close(getattr(c, name), value, f"cell ({i}, {j}) of head {head}: {name}")
     s = r.scores[head, i]
     m = s.max()
     e = np.exp(s - m)
     close(c.exp_row, e, "exp row")
-    for name, value in (("dot", r.raw[head, i, j]), ("score", r.raw[head, i, j] * r.scale), ("row_max", m),
+    for name, value in (("dot", r.raw[head, i, j]), ("score", r.raw[head, i, j] * r.scale),
+                        ("capped", r.capped[head, i, j]), ("row_max", m),
                         ("exp_sum", e.sum()), ("weight", r.weights[head, i, j]), ("used_weight", r.used[head, i, j])):
         close(getattr(c, name), value, name)
     assert c.dot == pytest.approx(float(np.sum(c.products)), rel=1e-5, abs=1e-5)  # the sum of the shown products
@@ -213,6 +225,17 @@ CONFIGS = {
     "no_out_proj": dict(attn_out_proj=False, d_ff=0, n_layers=1, n_heads=1, d_model=4, pos_encoding="sinusoidal",
                         norm="none", bias=False),
     "bidirectional": dict(mask="bidirectional"),
+    # the 2024-26 families' options, several to a model (RMSNorm, rotary, no biases as those families)
+    "gemma2_like": dict(pos_encoding="rope", norm="sandwich", norm_kind="rmsnorm", norm_offset=1.0, bias=False,
+                        activation="geglu", gelu_approximate="tanh", embed_scale=4.0, n_heads=4, n_kv_heads=1,
+                        head_size=6, query_scale_dim=10, attn_softcap=3.0, logit_softcap=5.0, attn_window=(3, 0)),
+    "gemma3_like": dict(pos_encoding="rope", norm="sandwich", norm_kind="rmsnorm", norm_offset=1.0, bias=False,
+                        activation="geglu", qk_norm="head", n_heads=4, n_kv_heads=2, head_size=10,
+                        query_scale_dim=12, attn_window=(3, 0), local_rope_base=100.0, rope_scaling=("linear", 4.0)),
+    "olmo2_like": dict(pos_encoding="rope", norm="post_branch", norm_kind="rmsnorm", bias=False, qkv_bias=True,
+                       activation="swiglu", qk_norm="whole", n_heads=4, n_kv_heads=2, head_size=6),
+    "llama3_nope_relu2": dict(pos_encoding="rope", norm_kind="rmsnorm", norm_bias=False, activation="relu2",
+                              pe_base=500000.0, rope_scaling=("llama3", 8.0, 1.0, 4.0, 256), rope_off_layers=(1,)),
 }
 
 
@@ -331,3 +354,19 @@ def test_family_models(name, tmp_path):
     check_model(model, ids, cells_per_head=1)
     check_model(model, ids, Intervention(((1, 1),), "mean", edits=[AttentionEdit(0, 2, len(ids) - 1, 1)]),
                 cells_per_head=1)
+
+
+@pytest.mark.slow  # builds and saves a transformers model per family
+@pytest.mark.parametrize("name", NEWER)
+def test_newer_family_models(name, tmp_path):
+    """The families of issue 39, built by their own tests' builders (tests/support/family_folders.py); the
+    prompt is longer than every local window."""
+    from model.families import open_folder
+
+    model, tok = open_folder(family_folder(name, tmp_path))
+    ids = tok.encode("Once upon a time there was a little fox")
+    assert len(ids) > max(model.cfg.attn_window, default=0) + 2
+    check_model(model, ids, cells_per_head=1)
+    # the edited row keeps a key of every window (the one before the query)
+    edit = AttentionEdit(0, 2, len(ids) - 1, len(ids) - 2)
+    check_model(model, ids, Intervention(((1, 1),), "mean", edits=[edit]), cells_per_head=1)

@@ -21,6 +21,7 @@ from model.generate import Decoder, Sampling, generate
 from model.interventions import AttentionEdit, Intervention
 from model.transformer import DecoderLM, KVCache, read_out_rows
 from tests.support.families import PROMPTS, save_reference, sharpen
+from tests.support.family_folders import NEWER, family_folder
 from tests.support.patch_reference import FAMILIES as PATCH_FAMILIES
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -87,6 +88,10 @@ def test_builtin_models(name):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_models(family, tmp_path):
     import transformers
+    if family in NEWER:  # their own builders keep the logits near the older families' (tied heads, Gemma's scales)
+        model, tok = open_folder(family_folder(family, tmp_path))
+        check_last(model, tok.encode(PROMPTS[2]))
+        return
     config_class, model_class, options = FAMILIES[family]
     cfg = getattr(transformers, config_class)(**{"vocab_size": VOCAB, **options}, bos_token_id=1, eos_token_id=0)
     torch.manual_seed(0)

@@ -35,6 +35,19 @@ CONFIGS = {
     "llama": dict(pos_encoding="rope", norm_kind="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False),
     "neo": dict(attn_window=(3, 0), attn_scale="none"),
     "bidirectional": dict(mask="bidirectional"),
+    # the 2024-26 families' options: four norms per layer with (1 + w), GeGLU, the embedding's scale, heads
+    # narrower or wider than d / heads, the query_pre_attn_scalar scale, soft-caps, q/k norms, a local layer
+    # with its own rotary base, scaled rotary, norms after each branch, llama3 frequencies, a NoPE layer, ReLU²
+    "gemma2": dict(pos_encoding="rope", norm="sandwich", norm_kind="rmsnorm", norm_offset=1.0, bias=False,
+                   activation="geglu", gelu_approximate="tanh", embed_scale=4.0, n_kv_heads=1, head_size=6,
+                   query_scale_dim=10, attn_softcap=3.0, logit_softcap=5.0, attn_window=(3, 0)),
+    "gemma3": dict(pos_encoding="rope", norm="sandwich", norm_kind="rmsnorm", norm_offset=1.0, bias=False,
+                   activation="geglu", qk_norm="head", n_kv_heads=2, head_size=10, query_scale_dim=12,
+                   attn_window=(3, 0), local_rope_base=100.0, rope_scaling=("linear", 4.0)),
+    "olmo2": dict(pos_encoding="rope", norm="post_branch", norm_kind="rmsnorm", bias=False, qkv_bias=True,
+                  activation="swiglu", qk_norm="whole", n_kv_heads=2, head_size=6),
+    "llama3-nope-relu2": dict(pos_encoding="rope", norm_kind="rmsnorm", norm_bias=False, activation="relu2",
+                              pe_base=500000.0, rope_scaling=("llama3", 8.0, 1.0, 4.0, 256), rope_off_layers=(1,)),
 }
 A = [1, 2, 3, 4, 5, 6, 7]
 B = [1, 9, 3, 4, 10, 6, 7]  # differs at positions 1 and 4; same last token
