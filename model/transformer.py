@@ -380,8 +380,8 @@ class DecoderLM(nn.Module):
             scs.append(s)
         return ForwardOutput(
             logits=self.read_out(x if logits == "all" else x[:, -1:]),  # (B, T, V) or (B, 1, V)
-            attentions=tuple(a.float() for a in atts) if return_attention else None,  # float32 for readers
-            scores=tuple(s.float() for s in scs) if return_attention else None,
+            attentions=tuple(map(readable, atts)) if return_attention else None,
+            scores=tuple(map(readable, scs)) if return_attention else None,
             cache=KVCache(layers, embeds) if want_cache else None,
             residuals=tuple(residuals) if return_residuals else None,
             activations=taps.activations() if record else None,
@@ -390,7 +390,7 @@ class DecoderLM(nn.Module):
     def read_out(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm then output head (then the logits' soft-cap, Gemma 2): the model's logits for
         residual stream x (B, T, C)."""
-        return soft_cap(self.head(self.norm_f(x)), self.cfg.logit_softcap).float()  # float32 whatever the weights
+        return readable(soft_cap(self.head(self.norm_f(x)), self.cfg.logit_softcap))
 
     def positional_table(self) -> tuple[str, torch.Tensor | None]:
         """The positional information the model actually uses, for display.
@@ -409,6 +409,12 @@ class DecoderLM(nn.Module):
         return pe, None
 
 
+def readable(t: torch.Tensor) -> torch.Tensor:
+    """What the forward hands its readers: 16-bit numbers (weights kept as stored) as float32, which numpy
+    and every tool read; float32 and float64 as they are."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def read_out_rows(model: DecoderLM, rows: torch.Tensor) -> torch.Tensor:
     """The model's final norm and output head on a few residual streams: rows (n, C) -> logits (n, V).
 
@@ -419,7 +425,7 @@ def read_out_rows(model: DecoderLM, rows: torch.Tensor) -> torch.Tensor:
     """
     logits = (model.head.weight @ model.norm_f(rows).T).T  # (n, V)
     logits = logits if model.head.bias is None else logits + model.head.bias
-    return soft_cap(logits, model.cfg.logit_softcap).float()
+    return readable(soft_cap(logits, model.cfg.logit_softcap))
 
 
 def logit_lens(model: DecoderLM, residuals: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
