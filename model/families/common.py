@@ -292,6 +292,20 @@ def pairs_from_halves(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: in
     return w.reshape(n_heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
+def embedding_and_head(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The engine's embedding, final norm and output head from a Llama-layout file (embed_tokens, norm,
+    lm_head): a tied head must be the embedding itself when the file holds one; an untied one must be there."""
+    state = {"tok_emb.weight": t["embed_tokens.weight"], "norm_f.weight": t["norm.weight"]}
+    if cfg.tie_weights:
+        head = t.get("lm_head.weight")
+        refuse_unless(head is None or torch.equal(head, t["embed_tokens.weight"]),
+                      "config.json ties the output head to the embedding but the weights hold a different lm_head")
+    else:
+        refuse_unless("lm_head.weight" in t, "config.json has an untied output head but the weights lack lm_head.weight")
+        state["head.weight"] = t["lm_head.weight"]
+    return state
+
+
 def check_model_size(cfg: ModelConfig, max_params: int = MAX_PARAMS, source: str = "config.json") -> None:
     """The size bounds every importer applies to a model's description (`source`: config.json, a
     nanoGPT run's model_args) before anything is made from it."""

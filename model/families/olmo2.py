@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import Family, flag, pairs_from_halves, real, refuse_unless, rope_settings, short, whole
+from .common import Family, embedding_and_head, flag, pairs_from_halves, real, refuse_unless, rope_settings, short, whole
 
 
 def model_config(hf: dict) -> ModelConfig:
@@ -105,15 +105,7 @@ def expected_shapes(hf: dict, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def convert(hf: dict, cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     H, Hkv, hs, r = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.rope_dim
-    state = {"tok_emb.weight": t["embed_tokens.weight"], "norm_f.weight": t["norm.weight"]}
-    if cfg.tie_weights:
-        head = t.get("lm_head.weight")
-        refuse_unless(head is None or torch.equal(head, t["embed_tokens.weight"]),
-                      "config.json ties the output head to the embedding but the weights hold a different lm_head")
-    else:
-        refuse_unless("lm_head.weight" in t,
-                      "config.json has an untied output head but the weights lack lm_head.weight")
-        state["head.weight"] = t["lm_head.weight"]
+    state = embedding_and_head(cfg, t)  # tok_emb, norm_f and an untied head (checked against the file)
     for i in range(cfg.n_layers):
         p, b, m = f"layers.{i}.self_attn.", f"blocks.{i}.", f"layers.{i}.mlp."
 
