@@ -292,6 +292,12 @@ def pairs_from_halves(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: in
     return w.reshape(n_heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
+def param_limit(max_params: int, stored: bool) -> int:
+    """The most parameters a model may have: max_params in float32 (8 GB at 2 billion), twice as many kept
+    as stored in a 16-bit dtype (the same 8 GB)."""
+    return 2 * max_params if stored else max_params
+
+
 def embedding_and_head(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The engine's embedding, final norm and output head from a Llama-layout file (embed_tokens, norm,
     lm_head): a tied head must be the embedding itself when the file holds one; an untied one must be there."""
@@ -361,7 +367,7 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     cfg = family.model_config(hf)
     if vocab_used is not None and vocab_used < cfg.vocab_size:
         cfg = cfg.replace(vocab_used=vocab_used)
-    check_model_size(cfg, max_params)
+    check_model_size(cfg, param_limit(max_params, stored))
     expected = family.expected_shapes(hf, cfg)
     for name, t in tensors.items():
         if name not in expected:
@@ -374,6 +380,8 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
     if missing:
         raise ValueError(f"the weights lack the tensor {missing[0]} that this config needs")
     dtype = weights_dtype(tensors, stored)
+    if dtype == torch.float32:
+        check_model_size(cfg, max_params)  # only 16-bit weights kept as stored may be larger
     converted = {k: tensors.pop(k).to(dtype) for k in list(tensors)}
     state = family.convert(hf, cfg, converted)
     del converted  # the pieces convert joined (q, k, v; gate, up) go now, before the model is built
@@ -383,7 +391,7 @@ def from_state(family: Family, hf: dict, tensors: dict[str, torch.Tensor], vocab
 def open_family_folder(folder: Path, family: Family, hf: dict, max_params: int = MAX_PARAMS, stored: bool = False):
     """(DecoderLM, HFFileTokenizer) of a folder whose config.json (read as `hf`) is `family`'s."""
     cfg = family.model_config(hf)  # refuse unsupported options before reading anything else
-    check_model_size(cfg, max_params)
+    check_model_size(cfg, param_limit(max_params, stored))
     tokenizer = HFFileTokenizer.from_folder(folder, family.adds_bos, hf, model_rows=cfg.vocab_size)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer.json has {tokenizer.vocab_size:,} tokens but the model only "
@@ -395,8 +403,14 @@ def open_weights(folder: Path, family: Family, hf: dict, vocab_used: int | None 
                  max_params: int = MAX_PARAMS, stored: bool = False) -> DecoderLM:
     """The model of a folder whose config.json was read as `hf`."""
     cfg = family.model_config(hf)
-    check_model_size(cfg, max_params)  # before any header is read or tensor allocated
+    check_model_size(cfg, param_limit(max_params, stored))  # before any header is read or tensor allocated
     files = weight_files(folder)
+    if cfg.n_params() > max_params:  # larger than float32 allows: only as one 16-bit dtype kept as stored
+        kinds = {dtype for path in files for dtype, _ in read_tensor_specs(path).values()}
+        if len(kinds) != 1 or not kinds <= {"BF16", "F16"}:
+            raise ValueError(f"config.json describes a model of {cfg.n_params():,} parameters; in float32 the limit "
+                             f"is {max_params:,} (a folder of bfloat16 or float16 weights kept as stored may have "
+                             f"up to {param_limit(max_params, True):,})")
     expected = family.expected_shapes(hf, cfg)
     tensors = read_tensors(files, family, expected, family.optional, stored)
     model = from_state(family, hf, tensors, vocab_used, max_params, stored, consume=True)

@@ -117,3 +117,22 @@ def test_the_command_line_keeps_stored_weights_on_request(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "model.generate", "--checkpoint", str(folder), "--prompt", TEXT,
                           "--weights", "int8"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--weights" in bad.stderr
+
+
+def test_kept_as_stored_a_16_bit_folder_may_hold_twice_float32s_parameters(tmp_path):
+    """The size limit is 8 GB of weights: max_params in float32, twice that in a 16-bit dtype kept as stored
+    (checked from config.json and the headers before any tensor is read)."""
+    ref, folder = bf16_folder("llama", tmp_path)
+    n = open_folder(folder)[0].n_params()
+    limit = n * 3 // 4  # between n / 2 and n: too many for float32, few enough for bfloat16
+    with pytest.raises(ValueError, match="parameters; the limit is"):
+        open_folder(folder, max_params=limit)
+    model, _ = open_folder(folder, max_params=limit, stored=True)
+    assert model.tok_emb.weight.dtype == torch.bfloat16
+    ref.float().save_pretrained(tmp_path / "f32")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "f32" / name).write_bytes((folder / name).read_bytes())
+    with pytest.raises(ValueError, match="in float32 the limit is .* kept as stored may have up to"):
+        open_folder(tmp_path / "f32", max_params=limit, stored=True)
+    with pytest.raises(ValueError, match="parameters; the limit is"):
+        open_folder(folder, max_params=n // 3, stored=True)
