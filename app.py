@@ -44,6 +44,7 @@ from ui.patching import bind_patching
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
+from ui.tools import bind_tools_api, mcp_lifespan, quiet_state_warning
 from ui.train import stop_training, train_model, upload_model
 from ui.film_tab import build_film_section
 from ui.train_tab import build_train_tab
@@ -90,6 +91,7 @@ def build_demo() -> gr.Blocks:
         bind_positional_tab(ses, model_dd, pe_tab, pe_outputs)  # last: the API page's order and fn_index numbers
         bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
         bind_patch_api(ses)
+        bind_tools_api(demo)  # the stateless tools, /tool_<name> (and MCP's tools with --mcp)
         bind_inside_section(ses, explore["inside"])  # page-only events: after every endpoint
         bind_patching(ses, explore["heads"])  # page-only events too
         bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count
@@ -98,16 +100,27 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
-def parse_args(argv: list[str] | None = None) -> list:
-    """The models the person running the app adds (--model, then the environment variable)."""
+MCP_ENV_VAR = "DECODER_LAB_MCP"  # "1": serve the stateless tools over MCP too (a Space's variable)
+
+
+def arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python app.py", description="Decoder Lab: step through a small GPT-style model in the browser.",
         epilog=f"{ENV_VAR} adds models too: several SRC separated by '{SEPARATOR}'. Hub models are read from "
-               "the local Hugging Face cache; nothing is downloaded while the app runs.")
+               f"the local Hugging Face cache; nothing is downloaded while the app runs. {MCP_ENV_VAR}=1 is --mcp.")
     parser.add_argument("--model", action="append", default=[], metavar="SRC",
                         help="add a model to the list (repeatable): a Hugging Face model folder, a nanoGPT "
                              "ckpt.pt (its meta.pkl beside it), a Decoder Lab .safetensors file (with its film, "
                              "if it has one), or a hub repo id pinned as owner/name@revision")
+    parser.add_argument("--mcp", action="store_true",
+                        help="also serve the stateless tools as MCP tools at /gradio_api/mcp/ (off by default: "
+                             "a public app would answer agents' calls too; docs/api.md)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> list:
+    """The models the person running the app adds (--model, then the environment variable)."""
+    parser = arg_parser()
     args = parser.parse_args(argv)
     try:
         return sources_from(args.model, os.environ.get(ENV_VAR))
@@ -115,14 +128,22 @@ def parse_args(argv: list[str] | None = None) -> list:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
+def serves_mcp(argv: list[str] | None = None) -> bool | None:
+    """True when asked to serve MCP (--mcp or DECODER_LAB_MCP=1); else None, which leaves it to gradio's own
+    GRADIO_MCP_SERVER (off unless set)."""
+    return True if arg_parser().parse_args(argv).mcp or os.environ.get(MCP_ENV_VAR, "") == "1" else None
+
+
 def main(argv: list[str] | None = None) -> None:
     EXTERNAL.configure(parse_args(argv))  # loaded on first use, not here
+    mcp = serves_mcp(argv)
     map_large_blocks()  # memory that cooled texts free goes back to the system (lab/server/warm.py)
     logging.basicConfig(level=logging.INFO)
     for chatty in ("httpx", "httpcore", "urllib3"):  # one line per request of gradio's own start-up checks
         logging.getLogger(chatty).setLevel(logging.WARNING)
     files.sweep_runs()
     demo = build_demo()
+    quiet_state_warning()  # the MCP server, if any, serves the stateless tools only (ui/tools.py)
     # gradio summarises its last 10,000 calls with pandas after every call, for the monitoring page this
     # app turns off: ~14 ms of CPU each, which one address's flood made every visitor's call pay
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(2**31))
@@ -133,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
                 run_history=False,  # nothing to record (its optional Hub bucket would need the network)
                 css=(ASSETS / "explore.css").read_text(encoding="utf-8"),
                 js=(ASSETS / "explore.js").read_text(encoding="utf-8"), allowed_paths=[str(files.RUNS)],
-                app_kwargs={"middleware": [Middleware(RefuseMalformedCalls, blocks=demo)]})
+                mcp_server=mcp,  # the stateless tools as MCP tools (ui/tools.py); off unless asked for
+                app_kwargs={"middleware": [Middleware(RefuseMalformedCalls, blocks=demo)],
+                            "lifespan": mcp_lifespan(demo)})
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ Four things are decided when a call joins, not when it runs:
 Files sent to gradio's upload route are admitted here too: their bytes come out of the address's
 upload share (`admit_upload`), since gradio keeps them in its cache, outside the disk budget.
 
+Who a call counts against is ui/clients.py's: its address, or for a call gradio's MCP server makes of this
+app (`python app.py --mcp`, ui/tools.py), the address of the MCP request it makes it for.
+
 A call refused when it joins (its address's share or rate spent) is answered after `REFUSAL_PAUSE_S`,
 waited in the event loop: a client that sends again as soon as it is refused costs the server a few
 calls a second, not hundreds (a person sees the sentence a moment later).
@@ -46,41 +49,18 @@ import gradio as gr
 
 from lab.checks import UserError, is_int
 from lab.limits import CLIENT_LONG_CALLS, CLIENT_QUEUE, CLIENT_WORKERS, QUEUE_SIZE
-from lab.server.rates import LIMITER, client_key
+from lab.server.rates import LIMITER
 from lab.session import BUSY_WAIT_S, SESSIONS
+
+from .clients import CHARGED, request_client, request_header, scope_client, without_charge  # noqa: F401 (http.py)
 
 REFUSAL_PAUSE_S = float(os.environ.get("DECODER_LAB_REFUSAL_PAUSE_S", "0.5"))
 REST = float(os.environ.get("DECODER_LAB_REST", "1.0"))  # a back-to-back call's rest, as a share of its run
 REST_MAX_S, ACTIVE_S = 1.0, 10.0  # the longest rest; how recently another address must have called for one
-CHARGED = b"x-decoder-lab-charged"  # what the door charged a call for (its rate, "replay"), comma-separated
-
-
-def _header(scope, name: bytes) -> str | None:
-    for k, v in scope.get("headers", []):
-        if k.lower() == name:
-            return v.decode("latin-1")
-    return None
-
-
-def scope_client(scope) -> str:
-    """The client (lab.server.rates.client_key) a raw ASGI request counts against."""
-    host = (scope.get("client") or (None,))[0]
-    return client_key(host, _header(scope, b"x-forwarded-for"))
-
-
-def without_charge(scope):
-    """The request without a `CHARGED` header of its own: only the door sets it."""
-    headers = scope.get("headers", [])
-    if any(k.lower() == CHARGED for k, _ in headers):
-        scope = dict(scope, headers=[(k, v) for k, v in headers if k.lower() != CHARGED])
-    return scope
 
 
 def _event_client(event) -> str | None:
-    request = getattr(event, "request", None)
-    if request is None or request.client is None:
-        return None
-    return client_key(request.client.host, request.headers.get("x-forwarded-for"))
+    return request_client(getattr(event, "request", None))
 
 
 def _exclusive(fn) -> bool:
@@ -333,7 +313,7 @@ class Door:
     def admit_upload(self, scope) -> tuple[int, str] | None:
         """A file sent to gradio's upload route: its bytes are taken from the address's upload share
         (gradio keeps uploads in its cache, outside the disk budget), or (status, sentence)."""
-        length = _header(scope, b"content-length")
+        length = request_header(scope, b"content-length")
         if length is None or not length.strip().isdigit():
             return 411, "Send the file with its length (a Content-Length header), as browsers do."
         try:

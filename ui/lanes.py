@@ -8,14 +8,14 @@ address's, and only in its own lane. The lanes keep what costs little and is pre
 Undo, a view redrawn) apart from what costs more:
 
 - explore: Step, Undo, Reset, another model, a view redrawn, a token selected, the sampling's bars;
-- generate: Generate, which streams up to 256 tokens;
+- generate: Generate, which streams up to 256 tokens (and the API's stateless generate, ui/tools.py);
 - tools: the head tools, Inside one cell and its matrices, Compare, Regenerate, the lens, the
-  positional encodings (each works through a whole text);
+  positional encodings (each works through a whole text), and the stateless tools that read a prompt;
 - film: the training film's frames;
 - export: files made (session files, numbers, web pages, links);
 - page: a page loaded (a link's steps too: a replay);
 - replay: a session file opened (never behind another address's: up to `CONCURRENCY["replay"]` at once);
-- upload, train, patch: a model uploaded, a training, a patching sweep.
+- upload, train, patch: a model uploaded, a training, a patching sweep (the page's, the API's, the stateless tool's).
 
 app.py calls `assign` once the page is built, before gradio's queue starts; the tab modules' own
 groups are the defaults it replaces.
@@ -27,12 +27,13 @@ from lab.limits import CONCURRENCY
 
 LANES: dict[str, tuple[str, ...]] = {
     "explore": ("step_picture", "step", "undo", "reset", "redraw_view", "select_token", "lines_from_token", "resample",
-                "select_model", "shift_head", "set_display"),
-    "generate": ("generate",),
+                "select_model", "shift_head", "set_display", "tool_models"),
+    "generate": ("generate", "tool_generate"),
     "tools": ("refresh", "show_tool", "ablate", "edit_attention", "clear_settings", "regenerate", "head_roles_table",
               "lens_at", "compare", "inside", "open_patched_head", "pick_head", "model_changed", "open_panel",
               "_matrices_if_open", "selected_token", "pick_cell", "draw_matrices", "colour_caption", "positional",
-              "count_pair_words"),
+              "count_pair_words", "tool_attention", "tool_head_roles", "tool_logit_lens", "tool_ablate",
+              "tool_inside_cell"),
     "film": ("show_film", "redraw_film", "next_frame", "open_film", "follow_model", "film_choices"),
     "export": ("save_session", "make_link", "save_view_page", "export_numbers", "download_cell", "download_patching",
                "save_film_page"),
@@ -40,7 +41,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "replay": ("open_session",),
     "upload": ("upload_model",),
     "train": ("train_model",),
-    "patch": ("patch", "run_patching"),
+    "patch": ("patch", "run_patching", "tool_patch"),
 }
 LANE_OF = {name: lane for lane, names in LANES.items() for name in names}
 

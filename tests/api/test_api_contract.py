@@ -38,7 +38,9 @@ ENDPOINTS = [("step", 4), ("generate", 5), ("undo", 7), ("reset", 9), ("select_m
              ("edit_attention", 53), ("clear_changes", 59), ("regenerate", 62), ("head_roles", 63),
              ("logit_lens", 64), ("compare", 65), ("train", 74), ("stop", 75), ("upload_model", 76), ("film", 78),
              ("export_film_page", 90), ("positional", 93),
-             ("inside", 94), ("patch", 95)]
+             ("inside", 94), ("patch", 95), ("tool_models", 96), ("tool_generate", 97), ("tool_attention", 98),
+             ("tool_head_roles", 99), ("tool_logit_lens", 100), ("tool_ablate", 101), ("tool_inside_cell", 102),
+             ("tool_patch", 103)]
 
 
 @pytest.fixture(scope="module")

@@ -102,7 +102,9 @@ def test_build_demo_builds_without_launching():
     assert public == {"step", "generate", "undo", "reset", "select_model", "positional", "train", "stop",
                       "upload_model", "film", "head_roles", "logit_lens", "ablate", "edit_attention", "regenerate",
                       "clear_changes", "compare", "export_session", "import_session", "link", "export_numbers",
-                      "export_page", "export_film_page", "inside", "patch"}
+                      "export_page", "export_film_page", "inside", "patch", "tool_models", "tool_generate",
+                      "tool_attention", "tool_head_roles", "tool_logit_lens", "tool_ablate", "tool_inside_cell",
+                      "tool_patch"}
 
 
 

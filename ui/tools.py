@@ -1,0 +1,289 @@
+"""The stateless tools (lab/tools.py) on the API as /tool_<name>, and as MCP tools when the app runs with
+`--mcp` (or DECODER_LAB_MCP=1).
+
+Each endpoint is a `gr.api` function whose type hints and docstring are what the API page and an MCP
+client read (gradio builds the JSON schema of its arguments and the tool's description from them). It
+passes its arguments to one function of lab.tools, which works on a throwaway session: no gr.State, so a
+call from a script or an agent acts on exactly what it sends. The calls go through the same door as the
+page's (ui/door.py: the address's share of the queue and of its workers, the rate of Generate and of
+patching sweeps, charged when the call joins), run in the page's lanes (ui/lanes.py) and refuse in one
+sentence (ui/common.py `handler`); the session they make counts against the caller's share of memory.
+
+Gradio's MCP server (gradio/mcp.py) would serve every endpoint of the page as a tool, and the page's act on
+a session an MCP call does not have (gradio warns of that: such a tool gets an empty session every time).
+`mcp_lifespan` fits it at start-up: only these tools, by their plain names; a refusal as its sentence (a
+call refused at the door reaches gradio's MCP server as an HTTP status, a handler's as HTML-escaped text);
+answers as JSON text.
+"""
+
+import contextlib
+import html
+import json
+import warnings
+
+import gradio as gr
+import httpx
+from gradio_client.exceptions import AppError
+
+from lab import tools
+from lab.catalogue.models import DEFAULT_MODEL
+from lab.server.rates import LIMITER
+
+from .clients import request_client
+from .common import api_example, handler
+from .door import charged_at_door
+
+P = "anna found the key . she gave it to tom because he"
+PAIR = ("anna found the key . she gave it to tom because he asked",
+        "tom found the key . he gave it to anna because she asked")
+ENDPOINT_PREFIX = "tool_"  # /tool_generate and so on: the page's own endpoints keep the plain names
+
+
+def _client(request: gr.Request | None, rate: str | None = None) -> str | None:
+    """The caller's client; a `rate` the door did not charge when the call joined is charged here."""
+    client = request_client(request)
+    if rate is not None and rate not in charged_at_door(request):
+        LIMITER.check(client, rate)
+    return client
+
+
+@handler(exclusive=False)
+def tool_models(request: gr.Request = None) -> dict:
+    """The names of the models the other tools may be asked about: the built-ins and those the person running
+    the app added.
+
+    Returns:
+        {"models": [every name, as the page's model list has it], "default": the model the page opens on}.
+    """
+    return tools.models_tool()
+
+
+@handler(exclusive=False, rate="generate")
+def tool_generate(model: str, prompt: str, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, seed: int = 0, request: gr.Request = None) -> dict:
+    """Continue a prompt as the page's Generate does on a new text: the same tokens for the same seed.
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to continue (up to 2000 characters; a prompt longer than the model's context keeps its end).
+        max_new_tokens: how many tokens to generate, 1 to 256; fewer if the model ends the text.
+        temperature: 0 for greedy (always the most probable token), up to 2; 1 samples from the model as it is.
+        top_k: sample only among the k most probable tokens, 0 to 50 (0: no limit).
+        top_p: sample only among the most probable tokens whose shares add up to p, 0.1 to 1 (1: no limit).
+        seed: the sampler's seed, 0 to 2**31-1: the same seed gives the same tokens.
+
+    Returns:
+        {"prompt_tokens", "generated": [{"position", "token_id", "piece", "probability": the model's softmax
+        for the token (0 to 1), "sampled_probability": its share of the distribution it was drawn from, after
+        temperature, top-k and top-p}], "text": the generated text, "ended": whether the model ended it}.
+    """
+    return tools.generate_tool(model, prompt, max_new_tokens, temperature, top_k, top_p, seed,
+                               client=_client(request, "generate"))
+
+
+@handler(exclusive=False)
+def tool_attention(model: str, prompt: str, layer: int, head: int | None = None, request: gr.Request = None) -> dict:
+    """The attention of one head (or of every head of a layer) on a prompt, as the page's Explore figure draws it.
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to read (nothing is generated: the attention is the prompt's own).
+        layer: the layer, from 0.
+        head: the head in that layer, from 0; null for every head of the layer.
+
+    Returns:
+        {"tokens", "heads", "weights": [head][query][key] softmax shares (each row sums to 1), "scores": the
+        same cells' logits before the softmax; null where the causal mask hides a key after its query}.
+    """
+    return tools.attention_tool(model, prompt, layer, head, client=_client(request))
+
+
+@handler(exclusive=False)
+def tool_head_roles(model: str, prompt: str, request: gr.Request = None) -> dict:
+    """Every head's role scores on a prompt (previous token, first token, induction, duplicate token...), as the
+    page's head-role table has them, at full precision.
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to score the heads on (repeated text lets induction heads show).
+
+    Returns:
+        {"columns", "rows": one per head (layer, head, its scores, the role it passes most clearly or ""),
+        "thresholds" and "formulas": by score, "roles": what each score means}.
+    """
+    return tools.head_roles_tool(model, prompt, client=_client(request))
+
+
+@handler(exclusive=False)
+def tool_logit_lens(model: str, prompt: str, position: int | None = None, top: int = tools.LENS_TOP,
+                    request: gr.Request = None) -> dict:
+    """The logit lens: what the model would predict after one token of the prompt if it stopped after each layer.
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to read.
+        position: the token's position in the prompt, from 0; null for the last token.
+        top: how many of the most probable next tokens to list at each stage, 1 to 1000.
+
+    Returns:
+        {"stages": "embedding", "after layer 0", ... (the last stage is the model's own prediction),
+        "columns", "rows": (stage, rank, token_id, piece, probability from 0 to 1)}.
+    """
+    return tools.logit_lens_tool(model, prompt, position, top, client=_client(request))
+
+
+@handler(exclusive=False, rate="generate")
+def tool_ablate(model: str, prompt: str, heads: list[str], mode: str = "zero", keep_only: bool = False,
+                position: int | None = None, tokens: int = tools.CONTINUATION_TOKENS, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, seed: int = 0, request: gr.Request = None) -> dict:
+    """Ablate attention heads on a prompt: the change in the next-token prediction, and where a continuation of
+    the prompt first differs with them ablated (the page's /ablate and /regenerate).
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to read.
+        heads: the heads to ablate, as labels such as "L1H0" (layer 1, head 0).
+        mode: "zero" (the head adds nothing), "mean" (its output averaged over positions) or "uniform" (equal shares).
+        keep_only: true to ablate every head but these.
+        position: the token after which the prediction is compared, from 0; null for the last.
+        tokens: how many tokens each continuation runs, 1 to 64.
+        temperature: the continuations' sampling (0: greedy); both use the same settings and seed.
+        top_k: as for generate.
+        top_p: as for generate.
+        seed: as for generate.
+
+    Returns:
+        {"effect": {"kl_bits": KL(before ‖ after) in bits, "moves": the top candidates' probabilities and ranks
+        before and after}, "regeneration": {"normal", "changed": the two continuations' tokens,
+        "first_difference": the first index where they differ, or null}}.
+    """
+    return tools.ablate_tool(model, prompt, heads, mode, keep_only, position, tokens, temperature, top_k, top_p,
+                             seed, client=_client(request, "generate"))
+
+
+@handler(exclusive=False)
+def tool_inside_cell(model: str, prompt: str, layer: int, head: int, query: int | None = None,
+                     key: int | None = None, request: gr.Request = None) -> dict:
+    """One attention cell of a prompt worked through: every number from the head's input to what it adds to the
+    residual stream, each with its formula (the page's Inside one cell).
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to read.
+        layer: the layer, from 0.
+        head: the head in that layer, from 0.
+        query: the query token's position, from 0; null for the last token.
+        key: the key token's position (at most the query's); null for the key the query gives the largest share.
+
+    Returns:
+        the cell's arithmetic as JSON: the normed input, q, k, their dot product, the scaled score, the
+        softmax share, v and the head's output, each number with the formula that gives it.
+    """
+    return tools.inside_cell_tool(model, prompt, layer, head, query, key, client=_client(request))
+
+
+@handler(exclusive=False, rate="patch")
+def tool_patch(model: str, prompt_a: str, prompt_b: str, answer: str, other: str | None = None, kind: str = "heads",
+               direction: str = "denoising", metric: str = "logit_diff", request: gr.Request = None) -> dict:
+    """Activation patching between two prompts of the same token count: which heads (or layer × position
+    activations) carry the difference between them (the page's /patch).
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt_a: the clean prompt.
+        prompt_b: the corrupted prompt, with as many tokens as prompt_a.
+        answer: the answer token, as text (" she") or as its piece ("␣she").
+        other: the other answer (" he"); null with metric "prob".
+        kind: "heads" (layer × head), or "resid", "attn" or "mlp" (layer × position).
+        direction: "denoising" (B's run with one activation from A) or "noising" (A's run with one from B).
+        metric: "logit_diff" (answer's logit minus other's, at the last position) or "prob" (answer's probability).
+
+    Returns:
+        {"rows", "columns", "values": per cell the share of the A→B difference in the metric that patching it
+        restores or makes (1: all of it), "metric_patched", "metric_a", "metric_b", "summary"}.
+    """
+    return tools.patch_tool(model, prompt_a, prompt_b, answer, other, kind, direction, metric,
+                            client=_client(request, "patch"))
+
+
+ENDPOINTS = {"models": tool_models, "generate": tool_generate, "attention": tool_attention,
+             "head_roles": tool_head_roles, "logit_lens": tool_logit_lens, "ablate": tool_ablate,
+             "inside_cell": tool_inside_cell, "patch": tool_patch}  # the MCP tool's name → its endpoint's function
+# each tool's example call (view_api's examples, which a test calls): the values after model and prompt
+EXAMPLES = {"models": (), "generate": (DEFAULT_MODEL, P, 5, 0.0, 0, 1.0, 0), "attention": (DEFAULT_MODEL, P, 1, 0),
+            "head_roles": (DEFAULT_MODEL, P), "logit_lens": (DEFAULT_MODEL, P, None, 5),
+            "ablate": (DEFAULT_MODEL, P, ["L1H1"], "zero", False, None, 8, 0.0, 0, 1.0, 0),
+            "inside_cell": (DEFAULT_MODEL, P, 1, 0, None, None),
+            "patch": (DEFAULT_MODEL, *PAIR, " she", " he", "heads", "denoising", "logit_diff")}
+
+
+def bind_tools_api(blocks: gr.Blocks) -> None:
+    """The endpoints /tool_<name> (call inside the page's Blocks, after the other endpoints)."""
+    for name, fn in ENDPOINTS.items():
+        gr.api(fn, api_name=ENDPOINT_PREFIX + name)
+        block_fn = next(f for f in blocks.fns.values() if f.api_name == ENDPOINT_PREFIX + name)
+        for component, example in zip(block_fn.inputs, EXAMPLES[name]):
+            api_example(component, example)
+
+
+# ------------------------------------------------------------------------------- the MCP server
+
+
+ERROR_TITLE = "Error: "  # how gradio's MCP server words a handler's refusal when the client asked for progress
+
+
+class ToolRefused(Exception):
+    """A tool call refused, with the sentence an MCP client shows (the MCP server sends str() as the error)."""
+
+
+def _sentence(exc: Exception) -> Exception:
+    """What a refused call raised, as the refusal's plain sentence (anything else as it was)."""
+    if isinstance(exc, httpx.HTTPStatusError):  # refused at the door: its JSON says why
+        try:
+            said = exc.response.json().get("error")
+        except (ValueError, AttributeError):
+            said = None
+        return ToolRefused(said) if isinstance(said, str) and said else exc
+    if isinstance(exc, AppError):  # the handler's sentence, escaped for the page's HTML
+        return ToolRefused(html.unescape(str(exc)))
+    if isinstance(exc, RuntimeError) and str(exc).startswith(ERROR_TITLE):  # the same, on the way with progress
+        return ToolRefused(html.unescape(str(exc)[len(ERROR_TITLE):]))
+    return exc
+
+
+def _as_json(outputs: list) -> list:
+    return [json.dumps(o, ensure_ascii=False) if isinstance(o, (dict, list)) else o for o in outputs]
+
+
+def _plain(execute):
+    """One of the MCP server's ways to run a call: refusals as their sentence, answers as JSON text."""
+    async def run(*args, **kwargs):
+        try:
+            return _as_json(await execute(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - every error is raised again, a refusal as its sentence
+            raise _sentence(exc) from None
+    return run
+
+
+def fit_mcp_server(server) -> None:
+    """Gradio's MCP server (gradio.mcp.GradioMCPServer) serving these tools only, by their plain names."""
+    server.tool_to_endpoint = {server.tool_prefix + name: "/" + ENDPOINT_PREFIX + name for name in ENDPOINTS}
+    server._execute_tool_without_progress = _plain(server._execute_tool_without_progress)
+    server._execute_tool_with_progress = _plain(server._execute_tool_with_progress)
+
+
+def mcp_lifespan(blocks: gr.Blocks):
+    """The app's lifespan (launch's app_kwargs): at start-up, before any request, the MCP server (when
+    there is one) is fitted (`fit_mcp_server`)."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if blocks.mcp_server_obj is not None:
+            fit_mcp_server(blocks.mcp_server_obj)
+        yield
+    return lifespan
+
+
+def quiet_state_warning() -> None:
+    """Gradio warns when it makes an MCP server whose endpoints take a gr.State (the page's do); those are
+    left out of it at start-up (`fit_mcp_server`), so the warning would say what is not so."""
+    warnings.filterwarnings("ignore", message="This MCP server includes a tool that has a gr.State input")
