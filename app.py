@@ -29,6 +29,7 @@ from lab.server import files
 from lab.server.sessionstore import SessionKey
 from lab.server.warm import map_large_blocks
 from lab.session import SESSIONS, Session
+from ui.circuits_tab import bind_circuits_api, bind_circuits_tab, build_circuits_tab
 from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
@@ -77,6 +78,9 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
                 pe_outputs = build_positional_tab()
 
+            with gr.Tab("Circuits", id="circuits"):
+                circuits_ui = build_circuits_tab()  # binds nothing here: its events come after the others
+
             with gr.Tab("Train", id="train") as train_tab:
                 build_train_tab(ses, model_dd)
                 build_film_section(ses, model_dd, first, train_tab)
@@ -92,10 +96,12 @@ def build_demo() -> gr.Blocks:
         bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
         bind_patch_api(ses)
         bind_tools_api(demo)  # the stateless tools, /tool_<name> (and MCP's tools with --mcp)
+        bind_circuits_api(ses)  # /dla, /composition, /circuits, /atp
         bind_inside_section(ses, explore["inside"])  # page-only events: after every endpoint
         bind_patching(ses, explore["heads"])  # page-only events too
         bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count
         bind_token_view(ses, explore["token_view"])  # page-only too: a token clicked, the lines view
+        bind_circuits_tab(ses, circuits_ui, model_dd)  # page-only: the Circuits tab's buttons
     assign_lanes(demo)  # every queued event in its lane of workers (ui/lanes.py; per address: ui/door.py)
     return demo
 

@@ -261,7 +261,8 @@
   const hookPicks = () => {
     // a cell of the patching map opens its head with both prompts (ui/patching.py), through its own button
     for (const [sel, btn, key] of [["#head_roles", "#pick_head", "pick"], ["#cmp_scores", "#pick_head", "pick"],
-      ["#attention", "#pick_head", "pick"], ["#patch_map", "#patch_pick", "patchPick"]]) {
+      ["#attention", "#pick_head", "pick"], ["#patch_map", "#patch_pick", "patchPick"],
+      ["#circuits_dla", "#pick_head", "pick"]]) { // a head's cell of the Circuits tab's DLA map selects it too
       const gd = document.querySelector(`${sel} .js-plotly-plot`);
       if (!gd || gd._labPick || typeof gd.on !== "function") continue;
       gd._labPick = true;

@@ -32,6 +32,7 @@ from .catalogue.models import BUILTINS, BuiltinModels, ModelEntry, encode_prompt
 from .catalogue.ownmodels import OwnModels, entry_bytes, removed_note
 from .catalogue.uploads import checkpoint_data, load_upload, reserved_bytes
 from .checks import UserError, check_int
+from .circuits import Circuits
 from .display import HEAD_TOOLS, Display, View, changed_display, check_view, with_tool
 from .shown import Shown, make_shown
 from .heads import Heads
@@ -66,6 +67,7 @@ class Session:
         # what it will hold, warm or cooled (lab.server.warm)
         self._use_text(Text(lambda nbytes: self._hold(text=nbytes)))
         self.sweeps = Sweeps(self)  # patching: the sweep running, its stop, the last one's result
+        self.circuits = Circuits(self)  # the Circuits view: its last records and its one long job
         self.training = Training()  # the training run, its stop, the last upload's refusal
         # a session file or link just set up this model's text: the model list's change event it causes keeps it
         self.keep_on_select: str | None = None

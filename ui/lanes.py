@@ -15,7 +15,9 @@ Undo, a view redrawn) apart from what costs more:
 - export: files made (session files, numbers, web pages, links);
 - page: a page loaded (a link's steps too: a replay);
 - replay: a session file opened (never behind another address's: up to `CONCURRENCY["replay"]` at once);
-- upload, train, patch: a model uploaded, a training, a patching sweep (the page's, the API's, the stateless tool's).
+- upload, train, patch: a model uploaded, a training, a patching sweep (the page's, the API's, the stateless tool's),
+  and the Circuits tab's long jobs (head composition, attribution patching);
+- tools also has the Circuits tab's direct logit attribution and one head's circuits.
 
 app.py calls `assign` once the page is built, before gradio's queue starts; the tab modules' own
 groups are the defaults it replaces.
@@ -33,15 +35,15 @@ LANES: dict[str, tuple[str, ...]] = {
               "lens_at", "compare", "inside", "open_patched_head", "pick_head", "model_changed", "open_panel",
               "_matrices_if_open", "selected_token", "pick_cell", "draw_matrices", "colour_caption", "positional",
               "count_pair_words", "tool_attention", "tool_head_roles", "tool_logit_lens", "tool_ablate",
-              "tool_inside_cell"),
+              "tool_inside_cell", "dla_api", "show_dla", "circuits_api", "show_circuits", "composition_kind"),
     "film": ("show_film", "redraw_film", "next_frame", "open_film", "follow_model", "film_choices"),
     "export": ("save_session", "make_link", "save_view_page", "export_numbers", "download_cell", "download_patching",
-               "save_film_page"),
+               "save_film_page", "download_circuits"),
     "page": ("page_load",),
     "replay": ("open_session",),
     "upload": ("upload_model",),
     "train": ("train_model",),
-    "patch": ("patch", "run_patching", "tool_patch"),
+    "patch": ("patch", "run_patching", "tool_patch", "composition_api", "run_composition", "atp_api", "run_atp"),
 }
 LANE_OF = {name: lane for lane, names in LANES.items() for name in names}
 

@@ -27,7 +27,7 @@ NAMES = {"model_name": "model", "prompt": "prompt", "temperature": "temperature"
          "top_p": "top-p", "seed": "seed", "layer": "layer", "head": "head", "view": "view",
          "max_new": "max new tokens"}
 NEEDS_TEXT = {"/head_roles", "/logit_lens", "/ablate", "/edit_attention", "/regenerate", "/clear_changes",
-              "/export_numbers", "/export_page", "/inside"}
+              "/export_numbers", "/export_page", "/inside", "/dla", "/circuits"}
 JUNK = [None, [1], {"a": 1}, {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 10**400, -1, "zzz"]
 # The named endpoints in the order the API page lists them, each with the number (fn_index) gradio gives it.
 # Both follow the order in which the page binds its events; a client that calls by number relies on them,
@@ -40,7 +40,7 @@ ENDPOINTS = [("step", 4), ("generate", 5), ("undo", 7), ("reset", 9), ("select_m
              ("export_film_page", 90), ("positional", 93),
              ("inside", 94), ("patch", 95), ("tool_models", 96), ("tool_generate", 97), ("tool_attention", 98),
              ("tool_head_roles", 99), ("tool_logit_lens", 100), ("tool_ablate", 101), ("tool_inside_cell", 102),
-             ("tool_patch", 103)]
+             ("tool_patch", 103), ("dla", 104), ("composition", 105), ("circuits", 106), ("atp", 107)]
 
 
 @pytest.fixture(scope="module")
