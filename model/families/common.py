@@ -292,6 +292,25 @@ def pairs_from_halves(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: in
     return w.reshape(n_heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
+def head_width(hf: dict, d: int, H: int, default: int | None = None) -> int:
+    """Each head's width as transformers reads it: config.json's head_dim when the key is there (the
+    attention is then H * head_dim wide, whatever hidden_size is), else the family's default (Qwen3: 128),
+    else hidden_size / num_attention_heads."""
+    if "head_dim" not in hf and default is not None:
+        width = default
+    elif "head_dim" not in hf:
+        refuse_unless(d % H == 0, f"hidden_size ({d}) must be a multiple of num_attention_heads ({H}) "
+                                  "when config.json gives no head_dim")
+        width = d // H
+    else:
+        refuse_unless(hf["head_dim"] is not None, "config.json's head_dim must be a whole number, got null")
+        width = whole(hf, "head_dim")
+    # the rotary step turns pairs of dimensions: transformers' rotate-half fails on an odd width
+    refuse_unless(width % 2 == 0, f"each head is {width} dimensions wide (head_dim); the rotary step needs "
+                                  "an even width")
+    return width
+
+
 def param_limit(max_params: int, stored: bool) -> int:
     """The most parameters a model may have: max_params in float32 (8 GB at 2 billion), twice as many kept
     as stored in a 16-bit dtype (the same 8 GB)."""

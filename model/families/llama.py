@@ -17,7 +17,8 @@ from typing import Any, Callable
 import torch
 
 from ..config import ModelConfig
-from .common import Family, embedding_and_head, flag, pairs_from_halves, real, refuse_unless, rope_settings, whole, short
+from .common import (Family, embedding_and_head, flag, head_width, pairs_from_halves, real, refuse_unless, rope_settings,
+                     short, whole)
 
 # The rope types transformers' Llama-like models apply as the engine does (a fixed change of the
 # inverse frequencies, the cos/sin unscaled); yarn, dynamic, longrope and the rest are refused.
@@ -48,8 +49,9 @@ def head_size(hf: dict, default: int | None = None) -> int | None:
     Qwen and SmolLM3 attentions read head_dim whenever the file has it; Qwen3's own default is 128."""
     if "head_dim" not in hf and default is None:
         return None
-    hs, d, H = whole(hf, "head_dim", default), whole(hf, "hidden_size"), whole(hf, "num_attention_heads")
-    return None if d % H == 0 and hs == d // H else hs
+    d, H = whole(hf, "hidden_size"), whole(hf, "num_attention_heads")
+    hs = head_width(hf, d, H, default)
+    return None if hs * H == d else hs
 
 
 def attention_windows(hf: dict, name: str, n_layers: int, slides: Callable[[int], bool]) -> tuple[int, ...]:

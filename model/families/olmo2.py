@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
-from .common import Family, embedding_and_head, flag, pairs_from_halves, real, refuse_unless, rope_settings, short, whole
+from .common import (Family, embedding_and_head, flag, head_width, pairs_from_halves, real, refuse_unless, rope_settings,
+                     short, whole)
 
 
 def model_config(hf: dict) -> ModelConfig:
@@ -66,22 +67,6 @@ def model_config(hf: dict) -> ModelConfig:
         tie_weights=flag(hf, "tie_word_embeddings", False),
         init="torch",  # every parameter is overwritten by the file, so the cheap default init will do
     )
-
-
-def head_width(hf: dict, d: int, H: int) -> int:
-    """Each head's width as transformers reads it: config.json's head_dim when the key is there (the
-    attention is then H * head_dim wide, whatever hidden_size is), else hidden_size / num_attention_heads."""
-    if "head_dim" not in hf:
-        refuse_unless(d % H == 0, f"hidden_size ({d}) must be a multiple of num_attention_heads ({H}) "
-                                  "when config.json gives no head_dim")
-        width = d // H
-    else:
-        refuse_unless(hf["head_dim"] is not None, "config.json's head_dim must be a whole number, got null")
-        width = whole(hf, "head_dim")
-    # the rotary step turns pairs of dimensions: transformers' rotate-half fails on an odd width
-    refuse_unless(width % 2 == 0, f"each head is {width} dimensions wide (head_dim); the rotary step needs "
-                                  "an even width")
-    return width
 
 
 def expected_shapes(hf: dict, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -24,8 +24,8 @@ import math
 import torch
 
 from ..config import ModelConfig
-from .common import Family, embedding_and_head, flag, pairs_from_halves, real, refuse_unless, rope_settings, short, whole
-from .olmo2 import head_width
+from .common import (Family, embedding_and_head, flag, head_width, pairs_from_halves, real, refuse_unless, rope_settings,
+                     short, whole)
 
 # transformers' Phi3Config reads the older name su as longrope
 _LONGROPE_NAMES = ("longrope", "su")
