@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import re
+import threading
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,26 @@ from tests.support.server import AppServer
 
 TOOLS = ["models", "generate", "attention", "head_roles", "logit_lens", "ablate", "inside_cell", "patch"]
 SLOW_DOWN = "Slow down: Generate was pressed too often from your address in a short time. Try again in "
+
+
+def in_own_thread(work):
+    """work() in a thread of its own, its result returned and its exception raised here: asyncio.run needs a
+    thread with no event loop running, and a browser test's Playwright (sync API) leaves one running in the
+    thread of whichever test file ran before this one in the same worker."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +82,14 @@ def call(server, name: str, arguments: dict, source: str | None = None, progress
         async with connected(server, source) as session:
             result = await session.call_tool(name, arguments, progress_callback=noted if progress else None)
             return result.isError, result.content[0].text
-    return asyncio.run(go())
+    return in_own_thread(lambda: asyncio.run(go()))
 
 
 def test_the_stateless_tools_are_listed_with_descriptions_and_schemas(server):
     async def go():
         async with connected(server) as session:
             return (await session.list_tools()).tools
-    tools = {t.name: t for t in asyncio.run(go())}
+    tools = {t.name: t for t in in_own_thread(lambda: asyncio.run(go()))}
     assert list(tools) == TOOLS  # the page's endpoints (which act on a session) are not tools
     for tool in tools.values():
         assert tool.description and "Returns:" in tool.description, tool.name
@@ -117,7 +138,7 @@ def test_one_clients_flood_is_held_by_its_addresss_rate(server):
     async def flood():
         async with connected(server, "127.0.0.3") as session:
             return [await session.call_tool("generate", arguments) for _ in range(22)]
-    results = asyncio.run(flood())
+    results = in_own_thread(lambda: asyncio.run(flood()))
     assert [r.isError for r in results] == [False] * 20 + [True] * 2
     for r in results[20:]:
         assert r.content[0].text.startswith(SLOW_DOWN), r.content[0].text
@@ -141,7 +162,7 @@ def test_one_clients_calls_at_once_are_held_by_its_share_of_the_queue(server):
     async def together():
         async with connected(server) as session:
             return await asyncio.gather(*(session.call_tool("attention", arguments) for _ in range(12)))
-    results = asyncio.run(together())
+    results = in_own_thread(lambda: asyncio.run(together()))
     answered = [json.loads(r.content[0].text) for r in results if not r.isError]
     refused = [r.content[0].text for r in results if r.isError]
     assert answered and all(a == want for a in answered) and len(answered) + len(refused) == 12
@@ -154,7 +175,7 @@ def test_the_worked_call_in_the_docs_prints_what_they_say(server):
     code = code.replace('"http://127.0.0.1:7860/gradio_api/mcp/"', repr(server.url + "gradio_api/mcp/"))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "docs/api.md", "exec"), {"__name__": "docs"})
+        in_own_thread(lambda: exec(compile(code, "docs/api.md", "exec"), {"__name__": "docs"}))
     assert f"It prints `{printed.getvalue().strip()}`" in docs
 
 
