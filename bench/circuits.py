@@ -28,7 +28,7 @@ from model.circuits import composition_scores, copying_scores, direct_logit_attr
 from model.config import ModelConfig
 from model.transformer import DecoderLM
 
-TARGETS = {"dla_ms": 5.0, "composition_s": 10.0}
+TARGETS = {"dla_ms": 5.0, "composition_s": 10.0, "composition_draw_ms": 50.0}
 
 
 def gpt2_small() -> DecoderLM:
@@ -97,6 +97,24 @@ def composition(model: DecoderLM) -> None:
          gflop=round(flops / 1e9, 1), target_s=TARGETS["composition_s"],
          met=c.s <= TARGETS["composition_s"], met_cpu=c.cpu <= TARGETS["composition_s"],
          max_error_vs_dense=err, strongest_k=scores.top("k", 1), **common())
+    draw(scores)
+
+
+def draw(scores, reps: int = 10) -> None:
+    """The composition map of the kept scores, as the page draws it after a kind is chosen: the figure and its
+    JSON (what goes to the browser), nothing computed again."""
+    from viz import plot_json
+    from viz.circuits import composition_map
+
+    def one(kind: str) -> str:
+        return plot_json(composition_map(scores.of(kind), kind=kind, top=[tuple(t[:4]) for t in scores.top(kind, 5)],
+                                         width_px=1366, max_height_px=900))
+
+    for kind in ("q", "k", "v"):
+        wall, cpu, spec = timed(lambda: one(kind), reps)
+        emit("circuits_composition_draw", kind=kind, ms=wall, cpu_ms=cpu, json_kb=round(len(spec) / 1024, 1),
+             target_ms=TARGETS["composition_draw_ms"], met=wall["median"] <= TARGETS["composition_draw_ms"],
+             **common())
 
 
 def circuits(model: DecoderLM, ids: torch.Tensor, reps: int) -> None:
