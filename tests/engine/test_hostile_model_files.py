@@ -7,7 +7,7 @@ files the checks of model/hf_tokenizer_checks.py refuse (a padding of 1,000,000,
 1,000,000 tokens for 300 rows, a regex Replace normalizer, a regex Split pre-tokenizer, a WordPiece
 model), a config.json that is a link out of its folder, a zip bomb of a ckpt.pt and three zip
 directories that lie. Each runs through `python -m model.generate --checkpoint`, `python -m
-model.convert` and (folders) `python -m model.film` as a child process: exit status 2, nothing on
+model.convert` and (folders) `python -m model.film` in a child process (one per command, tests/support/cli_batch.py): exit status 2, nothing on
 stdout, exactly one line on stderr (`prog: error: sentence`, no Traceback) holding the case's
 sentence, no file written. The app's registry of --model sources (lab.catalogue.external) refuses each with the
 same sentence when the model is chosen; tests/api/test_hostile_sources_app.py starts the app with
@@ -16,6 +16,7 @@ some of them beside a good model.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,21 +51,24 @@ def sources(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def answers(sources, tmp_path_factory):
-    """Every (case, command) run as a child process, two at a time: (status, stdout, stderr, wrote)."""
+    """Every (case, command) run in a child process, one process per command for all its cases
+    (tests/support/cli_batch.py: each line runs as `python -m command` would, its own stdout and stderr
+    captured), the three commands at once: (status, stdout, stderr, wrote)."""
     tmp = tmp_path_factory.mktemp("out")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp / "empty-cache"),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
-    def run(job):
-        case, command = job
-        out = tmp / f"{case}-{command}.safetensors"
-        source, series = sources[case]
-        done = subprocess.run([sys.executable, "-m", command, *command_line(command, source, series, out)],
+    def run(command):
+        jobs = [job for job in JOBS if job[1] == command]
+        outs = {job: tmp / f"{job[0]}-{command}.safetensors" for job in jobs}
+        lines = [command_line(command, *sources[case], outs[(case, command)]) for case, _ in jobs]
+        done = subprocess.run([sys.executable, "-m", "tests.support.cli_batch", command], input=json.dumps(lines),
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        return job, (done.returncode, done.stdout, done.stderr, out.exists())
+        assert done.returncode == 0, done.stderr
+        return {job: (*answer, outs[job].exists()) for job, answer in zip(jobs, json.loads(done.stdout))}
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, JOBS))
+    with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
+        return {job: answer for part in pool.map(run, COMMANDS) for job, answer in part.items()}
 
 
 def test_the_good_sources_open_through_every_command(sources, tmp_path):
