@@ -2,6 +2,7 @@
 the DECODER_LAB_MODELS environment variable): Hugging Face model folders, nanoGPT ckpt.pt files, nanochat
 checkpoint folders (or one model_<step>.pt of one), Decoder
 Lab .safetensors files (what model.convert and model.film write) and Hugging Face repo ids pinned to a revision, read from the local hub cache (nothing is downloaded).
+When neither names a model, the README's preloaded hub repos found in that cache (lab.catalogue.preloaded).
 
 `EXTERNAL` holds them: each is loaded on first use, under a lock, and then shared read-only by every
 session, like the built-ins. Its files' SHA-256 is recorded on the first load (`HASHES_FILE`) and
@@ -110,8 +111,14 @@ def parse_source(text: str) -> Source:
 
 
 def sources_from(args: list[str] | None, env: str | None) -> list[Source]:
-    """The sources of --model (in order), then those of the environment variable, each once."""
+    """The sources of --model (in order), then those of the environment variable, each once. When neither
+    names one, the README's `preload_from_hub` repos that are in the hub cache (lab.catalogue.preloaded): what
+    a Space's build fetched is what it offers."""
     given = list(args or []) + [s for s in (env or "").split(SEPARATOR) if s.strip()]
+    if not given:
+        from .preloaded import preloaded_sources
+
+        given = preloaded_sources()
     found: list[Source] = []
     for text in given:
         source = parse_source(text)

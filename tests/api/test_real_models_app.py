@@ -137,13 +137,17 @@ def test_help_prints_the_options_and_a_bad_source_is_a_sentence():
     assert bad.returncode == 2 and "needs a pinned revision" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_without_options_the_model_list_is_the_built_ins(monkeypatch):
+def test_without_options_the_model_list_is_the_built_ins(monkeypatch, tmp_path):
     import app
     from lab.catalogue.external import ENV_VAR, EXTERNAL
     from lab.catalogue.models import BUILTIN_MODELS
     from lab.session import Session
 
+    import huggingface_hub.constants
+
     monkeypatch.delenv(ENV_VAR, raising=False)
+    # an empty hub cache: the README's preloaded models are offered only where they are cached
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     assert app.parse_args([]) == [] and EXTERNAL.names == []
     assert Session().model_names() == list(BUILTIN_MODELS)
 

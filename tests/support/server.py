@@ -38,6 +38,9 @@ OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "PYTHONUNBUFFERED": "1",
+    # an empty hub cache: the app offers the README's preloaded hub models found in the cache when it is given
+    # none (lab.catalogue.preloaded), so a machine whose own cache holds them would see other model lists
+    "HF_HUB_CACHE": str(Path(tempfile.gettempdir()) / "decoder-lab-tests-no-hub-cache"),
 }
 # Every client of a test or benchmark comes from 127.0.0.1, where a visitor's rate limits would
 # count them all as one person: scale the limits up unless a caller sets its own (the rate-limit
