@@ -45,7 +45,7 @@ from ui.patching import bind_patching
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
-from ui.tools import bind_tools_api, mcp_lifespan, quiet_state_warning
+from ui.tools import FIRST_TOOLS, bind_tools_api, mcp_lifespan, quiet_state_warning
 from ui.train import stop_training, train_model, upload_model
 from ui.film_tab import build_film_section
 from ui.train_tab import build_train_tab
@@ -95,8 +95,9 @@ def build_demo() -> gr.Blocks:
         bind_positional_tab(ses, model_dd, pe_tab, pe_outputs)  # last: the API page's order and fn_index numbers
         bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
         bind_patch_api(ses)
-        bind_tools_api(demo)  # the stateless tools, /tool_<name> (and MCP's tools with --mcp)
+        bind_tools_api(demo, FIRST_TOOLS)  # the stateless tools, /tool_<name> (and MCP's tools with --mcp)
         bind_circuits_api(ses)  # /dla, /composition, /circuits, /atp
+        bind_tools_api(demo)  # the Circuits view's tools, /tool_dla … /tool_atp: after /atp, so no number moves
         bind_inside_section(ses, explore["inside"])  # page-only events: after every endpoint
         bind_patching(ses, explore["heads"])  # page-only events too
         bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count

@@ -13,9 +13,18 @@ tools take exactly those two verbs to set it up). `generate_tool` is the page's 
 seed given. While a call runs its session holds memory from `client`'s share of the server's budget
 (lab.server.budget), as a person's session does; the rate and queue shares are the wiring's (ui/door.py).
 
+The Circuits view's methods are tools too (`dla_tool`, `composition_tool`, `head_circuits_tool`, `atp_tool`):
+each calls the throwaway session's `circuits` part (lab.circuits), so the server's limits on the long jobs
+(composition's and attribution patching's GFLOP and memory, checked before any work) hold for a tool as for
+the page, and the composition scores come from, and go into, the one cache of the server the page reads
+(lab.circuits_records.COMPOSITION). Each answer holds the page's record's JSON (/dla, /composition,
+/circuits, /atp) with a few plain additions.
+
 Units: probabilities are in [0, 1]; KL divergences in bits; attention weights are softmax shares (a row sums
-to 1); scores are the logits before the softmax (q·k scaled, as the model computes them); positions count
-tokens of the window from 0; layers and heads count from 0 and heads are named as on the page ("L1H0").
+to 1); scores are the logits before the softmax (q·k scaled, as the model computes them); direct logit
+attribution and the OV circuit's entries are in logits; composition and copying scores are ratios without a
+unit (composition 0 to 1, copying -1 to 1); positions count tokens of the window from 0; layers and heads
+count from 0 and heads are named as on the page ("L1H0").
 A refusal is a `UserError` whose text is one sentence, as everywhere in the lab.
 """
 
@@ -24,20 +33,27 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
+
+from model.circuits import CompositionScores
 from model.generate import Sampling
 
 from . import export
 from .catalogue.models import DEFAULT_MODEL
-from .checks import UserError, check_int, check_sampling
+from .checks import UserError, check_choice, check_int, check_sampling
+from .circuits_records import KIND_NAMES, TOP_PAIRS, json_number
 from .export import MAX_TOP
 from .heads import LENS_TOP, head_label
 from .session import Session
 
 __all__ = ["TOOLS", "scratch", "on_prompt", "models_tool", "generate_tool", "attention_tool", "head_roles_tool",
-           "logit_lens_tool", "ablate_tool", "inside_cell_tool", "patch_tool", "CONTINUATION_TOKENS"]
+           "logit_lens_tool", "ablate_tool", "inside_cell_tool", "patch_tool", "dla_tool", "composition_tool",
+           "head_circuits_tool", "atp_tool", "CONTINUATION_TOKENS", "ATP_TOOL_TOP", "MAX_PAIRS"]
 
 PROMPT_STEP = Sampling(temperature=0.0, top_k=0, top_p=1.0, seed=0)  # the Step a prompt's text is set up with
 CONTINUATION_TOKENS = 24  # tokens each continuation of `ablate_tool` runs by default (the page's Regenerate)
+ATP_TOOL_TOP = 5  # cells `atp_tool` re-runs exactly by default (fewer than the page's 10: a call waits for them)
+MAX_PAIRS = 1000  # the most head pairs `composition_tool` lists (top=0 answers the whole matrix instead)
 
 
 @contextlib.contextmanager
@@ -172,6 +188,94 @@ def patch_tool(model: str, prompt_a: str, prompt_b: str, answer, other=None, kin
         return session.sweeps.run(model, prompt_a, prompt_b, metric, answer, other, kind, direction).to_json()
 
 
+# ------------------------------------------------------------------------------- the Circuits view's methods
+
+
+def _blank(value):
+    """An answer box left empty is no answer, as on the page (ui/circuits.py's `_optional`)."""
+    return None if value is None or (isinstance(value, str) and not value.strip()) else value
+
+
+def _ids(session: Session) -> dict:
+    """What a Circuits answer adds to the page's record: the prompt's token ids and the text's notices."""
+    return {"token_ids": list(session.decoder.window), "notices": list(session.notices)}
+
+
+def dla_tool(model: str, prompt: str, position=None, answer=None, other=None, *, client: str | None = None) -> dict:
+    """Direct logit attribution on the prompt (the page's /dla): at window position `position` (None: the last
+    token), how much of logit(answer) − logit(other) each head, each MLP and the embedding write straight into
+    the read-out, in logits (`answer` None: the model's own top prediction there; `other` None: the answer's
+    logit alone). `direct_sum` + `remainder` (the biases and what the final norm's frozen scale leaves) equals
+    `actual`, the value the model reads out; `metric_is` names it."""
+    with on_prompt(model, prompt, client) as session:
+        record = session.circuits.dla(position, _blank(answer), _blank(other))
+        return {**record.to_json(), **_ids(session), "label": record.label, "units": "logits"}
+
+
+def _pairs(record, kind: str, n: int) -> list[dict]:
+    """The `n` strongest pairs of one kind, strongest first: the engine's ranking, of which the page's record
+    lists the first TOP_PAIRS."""
+    scores = CompositionScores(record.q, record.k, record.v, record.folded, record.done, record.total,
+                               record.stopped)
+    return [{"earlier": head_label(a, b), "later": head_label(c, d), "score": s}
+            for a, b, c, d, s in scores.top(kind, n)]
+
+
+def composition_tool(model: str, kind="k", top=TOP_PAIRS, *, client: str | None = None) -> dict:
+    """The model's head composition scores of one `kind` ("q", "k" or "v": what of the later head's queries,
+    keys or values the earlier head writes, ||W_OV W|| / (||W_OV|| ||W||), 0 to 1) and every head's OV copying
+    score (-1 to 1), as the page's /composition has them. `top` > 0: the `top` strongest pairs of heads in
+    different layers, strongest first; `top` 0: the whole matrix instead, scores[earlier layer][earlier head]
+    [later layer][later head] (null where the later layer is not after the earlier one). The scores are a
+    model's, computed once and kept for everyone (`cached`: read from the server's cache), under the page's
+    limits of work and memory."""
+    kind = check_choice("kind", kind, KIND_NAMES)
+    top = check_int("top", top, 0, MAX_PAIRS)
+    with scratch(client) as session:
+        record = session.circuits.composition(model)
+        data = record.to_json()
+        return {"what": data["what"], "model": record.model, "folded": record.folded, "kind": kind,
+                "kind_is": KIND_NAMES[kind], "index_order": data["index_order"],
+                "pairs": _pairs(record, kind, top) if top else [], "scores": None if top else data[kind],
+                "copying": data["copying"], "done": record.done, "total": record.total, "stopped": record.stopped,
+                "cached": record.cached, "summary": data["summary"]}
+
+
+def _spectrum(eigenvalues: np.ndarray) -> dict:
+    """The OV circuit's spectrum in a few numbers (its copying score is sum_real / sum_abs)."""
+    lam = np.asarray(eigenvalues)
+    biggest = int(np.argmax(np.abs(lam))) if lam.size else None
+    return {"count": int(lam.size), "positive_real": int((lam.real > 0).sum()),
+            "sum_real": json_number(lam.real.sum()), "sum_abs": json_number(np.abs(lam).sum()),
+            "largest_abs": None if biggest is None else json_number(abs(lam[biggest])),
+            "largest_real": None if biggest is None else json_number(lam[biggest].real),
+            "largest_imag": None if biggest is None else json_number(lam[biggest].imag)}
+
+
+def head_circuits_tool(model: str, prompt: str, layer, head, *, client: str | None = None) -> dict:
+    """One head's OV and QK circuits on the prompt's tokens (the page's /circuits): the OV circuit's copying
+    score (Σ Re λ / Σ |λ| over its eigenvalues, -1 to 1) and spectrum (`eigenvalues_*`, and `spectrum` in a
+    few numbers), the tokens it writes most (in logits) for each distinct token of the prompt, and the QK
+    circuit's bilinear scores between the prompt's tokens (logits before the softmax, without and with their
+    positions; `qk_allowed`: the keys the mask lets each query read)."""
+    with on_prompt(model, prompt, client) as session:
+        record = session.circuits.circuits(layer, head)
+        return {**record.to_json(), **_ids(session), "spectrum": _spectrum(record.eigenvalues)}
+
+
+def atp_tool(model: str, prompt_a: str, prompt_b: str, answer, other=None, kind="heads", direction="denoising",
+             k=ATP_TOOL_TOP, metric="logit_diff", *, client: str | None = None) -> dict:
+    """Attribution patching beside exact patching (the page's /atp): the first-order estimate of every cell of
+    the patching sweep `kind` from one backward pass, the `k` cells of largest estimate re-run exactly, and the
+    exact sweep of every cell when it is within the server's limit (`exact_mode` "sweep", else "top-k"), each
+    as a change of the metric (logit difference in logits, or probability) and as a share of the A→B
+    difference; `disagree` flags where the estimate is off."""
+    with scratch(client) as session:
+        return session.circuits.atp(model, prompt_a, prompt_b, metric, answer, _blank(other), kind, direction,
+                                    k).to_json()
+
+
 # The tools by the names the MCP server gives them (ui/tools.py serves each as /tool_<name>).
 TOOLS = {"models": models_tool, "generate": generate_tool, "attention": attention_tool, "head_roles": head_roles_tool,
-         "logit_lens": logit_lens_tool, "ablate": ablate_tool, "inside_cell": inside_cell_tool, "patch": patch_tool}
+         "logit_lens": logit_lens_tool, "ablate": ablate_tool, "inside_cell": inside_cell_tool, "patch": patch_tool,
+         "dla": dla_tool, "composition": composition_tool, "head_circuits": head_circuits_tool, "atp": atp_tool}

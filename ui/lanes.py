@@ -35,7 +35,8 @@ LANES: dict[str, tuple[str, ...]] = {
               "lens_at", "compare", "inside", "open_patched_head", "pick_head", "model_changed", "open_panel",
               "_matrices_if_open", "selected_token", "pick_cell", "draw_matrices", "colour_caption", "positional",
               "count_pair_words", "tool_attention", "tool_head_roles", "tool_logit_lens", "tool_ablate",
-              "tool_inside_cell", "dla_api", "show_dla", "circuits_api", "show_circuits", "composition_kind"),
+              "tool_inside_cell", "dla_api", "show_dla", "circuits_api", "show_circuits", "composition_kind",
+              "tool_dla", "tool_head_circuits"),
     "film": ("show_film", "redraw_film", "next_frame", "open_film", "follow_model", "film_choices"),
     "export": ("save_session", "make_link", "save_view_page", "export_numbers", "download_cell", "download_patching",
                "save_film_page", "download_circuits"),
@@ -43,7 +44,8 @@ LANES: dict[str, tuple[str, ...]] = {
     "replay": ("open_session",),
     "upload": ("upload_model",),
     "train": ("train_model",),
-    "patch": ("patch", "run_patching", "tool_patch", "composition_api", "run_composition", "atp_api", "run_atp"),
+    "patch": ("patch", "run_patching", "tool_patch", "composition_api", "run_composition", "atp_api", "run_atp",
+              "tool_composition", "tool_atp"),
 }
 LANE_OF = {name: lane for lane, names in LANES.items() for name in names}
 

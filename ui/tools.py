@@ -7,7 +7,9 @@ passes its arguments to one function of lab.tools, which works on a throwaway se
 call from a script or an agent acts on exactly what it sends. The calls go through the same door as the
 page's (ui/door.py: the address's share of the queue and of its workers, the rate of Generate and of
 patching sweeps, charged when the call joins), run in the page's lanes (ui/lanes.py) and refuse in one
-sentence (ui/common.py `handler`); the session they make counts against the caller's share of memory.
+sentence (ui/common.py `handler`); the session they make counts against the caller's share of memory. The
+Circuits view's tools (dla, composition, head_circuits, atp) run the session's `circuits` part, under the
+page's limits for its long jobs (lab/circuits.py), in the page's lanes for the same work.
 
 Gradio's MCP server (gradio/mcp.py) would serve every endpoint of the page as a tool, and the page's act on
 a session an MCP call does not have (gradio warns of that: such a tool gets an empty session every time).
@@ -206,20 +208,128 @@ def tool_patch(model: str, prompt_a: str, prompt_b: str, answer: str, other: str
                             client=_client(request, "patch"))
 
 
+# ------------------------------------------------------------------------------- the Circuits view's methods
+
+
+@handler(exclusive=False)
+def tool_dla(model: str, prompt: str, position: int | None = None, answer: str | None = None,
+             other: str | None = None, request: gr.Request = None) -> dict:
+    """Direct logit attribution: how much each attention head, each MLP and the embedding write straight into
+    one logit (or a logit difference) after a token of the prompt, in logits (the page's /dla, Circuits tab).
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text to read (nothing is generated).
+        position: the token after which the logit is read, from 0; null for the last token.
+        answer: the answer token, as text (" tom") or as its piece ("␣tom"); null for the model's own top prediction.
+        other: a second token (" anna") to read logit(answer) − logit(other); null for the answer's logit alone.
+
+    Returns:
+        {"heads": [layer][head] each head's direct term in logits, "mlps": [layer] each MLP's (0 for a layer
+        without one), "embedding": the embedding's terms, "direct_sum": all of them added, "remainder": the
+        biases and the rest, "actual": the value the model reads out (direct_sum + remainder = actual),
+        "label" (and "metric_is"): what was read, such as "logit(␣tom) − logit(␣anna)", "top": the largest
+        parts, "units": "logits"}. Direct effects only: what a head changes in later layers is not counted.
+    """
+    return tools.dla_tool(model, prompt, position, answer, other, client=_client(request))
+
+
+@handler(exclusive=False)
+def tool_composition(model: str, kind: str = "k", top: int = 10, request: gr.Request = None) -> dict:
+    """Head composition: how strongly each head writes what a head of a later layer reads with its queries,
+    keys or values, and each head's OV copying score (the page's /composition, Circuits tab). The scores are
+    the model's weights' alone (no prompt), computed once per model and kept on the server.
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        kind: "q", "k" or "v": what of the later head the earlier head writes into (its queries, keys or values).
+        top: how many of the strongest pairs to list, 1 to 1000; 0 for the whole matrix instead.
+
+    Returns:
+        {"pairs": [{"earlier": "L0H1", "later": "L1H2", "score"}] strongest first, "scores": with top 0,
+        [earlier layer][earlier head][later layer][later head] (null where the later layer is not after the
+        earlier one), each ||W_OV W|| / (||W_OV|| ||W||) from 0 to 1, "copying": [layer][head] each head's OV
+        copying score from -1 to 1 (1: it writes the token it reads), "cached": read from the server's cache}.
+    """
+    return tools.composition_tool(model, kind, top, client=_client(request))
+
+
+@handler(exclusive=False)
+def tool_head_circuits(model: str, prompt: str, layer: int, head: int, request: gr.Request = None) -> dict:
+    """One head's OV and QK circuits on a prompt's tokens: what it copies, and which tokens it matches with which
+    (the page's /circuits, Circuits tab).
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt: the text whose tokens the circuits are read on.
+        layer: the layer, from 0.
+        head: the head in that layer, from 0.
+
+    Returns:
+        {"copying": the OV circuit's copying score, Σ Re λ / Σ |λ| over its eigenvalues, -1 to 1, "spectrum":
+        the eigenvalues in a few numbers, "inputs": the prompt's distinct tokens, "top_tokens" and "top_values":
+        the tokens the head writes most for each, in logits, "qk_tokens", "qk_plain" and "qk_positional":
+        [query][key] bilinear scores, logits before the softmax, without and with the tokens' positions,
+        "qk_allowed": the keys the mask lets each query read}.
+    """
+    return tools.head_circuits_tool(model, prompt, layer, head, client=_client(request))
+
+
+@handler(exclusive=False, rate="patch")
+def tool_atp(model: str, prompt_a: str, prompt_b: str, answer: str, other: str | None = None, kind: str = "heads",
+             direction: str = "denoising", k: int = tools.ATP_TOOL_TOP, metric: str = "logit_diff",
+             request: gr.Request = None) -> dict:
+    """Attribution patching beside exact patching: every cell of a patching sweep estimated from one backward
+    pass, the cells of largest estimate re-run exactly, and the whole exact sweep when the server's limit allows
+    it (the page's /atp, Circuits tab).
+
+    Args:
+        model: a model's name, as the models tool lists them.
+        prompt_a: the clean prompt.
+        prompt_b: the corrupted prompt, with as many tokens as prompt_a.
+        answer: the answer token, as text (" she") or as its piece ("␣she").
+        other: the other answer (" he"); null with metric "prob".
+        kind: "heads" (layer × head), or "resid", "attn" or "mlp" (layer × position).
+        direction: "denoising" (B's run with one activation from A) or "noising" (A's run with one from B).
+        k: how many cells of largest estimate to re-run exactly, 1 to 50.
+        metric: "logit_diff" (answer's logit minus other's, at the last position) or "prob" (answer's probability).
+
+    Returns:
+        {"rows", "columns", "estimate": per cell the estimated change of the metric (logits, or probability),
+        "estimate_share" and "exact_share": the estimate's and the exact run's share of the A→B difference,
+        "exact_metric": the exact patched metric (null where not run), "exact_mode": "sweep" (every cell run
+        exactly) or "top-k", "verified": the k re-run cells, "disagree": where the estimate is off}.
+    """
+    return tools.atp_tool(model, prompt_a, prompt_b, answer, other, kind, direction, k, metric,
+                          client=_client(request, "patch"))
+
+
 ENDPOINTS = {"models": tool_models, "generate": tool_generate, "attention": tool_attention,
              "head_roles": tool_head_roles, "logit_lens": tool_logit_lens, "ablate": tool_ablate,
-             "inside_cell": tool_inside_cell, "patch": tool_patch}  # the MCP tool's name → its endpoint's function
+             "inside_cell": tool_inside_cell, "patch": tool_patch, "dla": tool_dla, "composition": tool_composition,
+             "head_circuits": tool_head_circuits, "atp": tool_atp}  # the MCP tool's name → its endpoint's function
 # each tool's example call (view_api's examples, which a test calls): the values after model and prompt
 EXAMPLES = {"models": (), "generate": (DEFAULT_MODEL, P, 5, 0.0, 0, 1.0, 0), "attention": (DEFAULT_MODEL, P, 1, 0),
             "head_roles": (DEFAULT_MODEL, P), "logit_lens": (DEFAULT_MODEL, P, None, 5),
             "ablate": (DEFAULT_MODEL, P, ["L1H1"], "zero", False, None, 8, 0.0, 0, 1.0, 0),
             "inside_cell": (DEFAULT_MODEL, P, 1, 0, None, None),
-            "patch": (DEFAULT_MODEL, *PAIR, " she", " he", "heads", "denoising", "logit_diff")}
+            "patch": (DEFAULT_MODEL, *PAIR, " she", " he", "heads", "denoising", "logit_diff"),
+            "dla": (DEFAULT_MODEL, P, None, " tom", " anna"), "composition": (DEFAULT_MODEL, "k", 10),
+            "head_circuits": (DEFAULT_MODEL, P, 1, 2),
+            "atp": (DEFAULT_MODEL, *PAIR, " she", " he", "heads", "denoising", 5, "logit_diff")}
+# The Circuits view's tools are bound after the page's Circuits endpoints (app.py): every endpoint bound before
+# them keeps its place, and so its number (fn_index), on the API page (tests/api/test_api_contract.py).
+CIRCUIT_TOOLS = ("dla", "composition", "head_circuits", "atp")
+FIRST_TOOLS = tuple(name for name in ENDPOINTS if name not in CIRCUIT_TOOLS)
 
 
-def bind_tools_api(blocks: gr.Blocks) -> None:
-    """The endpoints /tool_<name> (call inside the page's Blocks, after the other endpoints)."""
+def bind_tools_api(blocks: gr.Blocks, names=None) -> None:
+    """The endpoints /tool_<name> of `names` (None: every tool not bound yet), in ENDPOINTS' order (call inside
+    the page's Blocks, after the other endpoints: `FIRST_TOOLS` before the Circuits endpoints, the rest after)."""
+    bound = {f.api_name for f in blocks.fns.values()}
     for name, fn in ENDPOINTS.items():
+        if (names is not None and name not in names) or ENDPOINT_PREFIX + name in bound:
+            continue
         gr.api(fn, api_name=ENDPOINT_PREFIX + name)
         block_fn = next(f for f in blocks.fns.values() if f.api_name == ENDPOINT_PREFIX + name)
         for component, example in zip(block_fn.inputs, EXAMPLES[name]):
@@ -267,7 +377,9 @@ def _plain(execute):
 
 def fit_mcp_server(server) -> None:
     """Gradio's MCP server (gradio.mcp.GradioMCPServer) serving these tools only, by their plain names."""
-    server.tool_to_endpoint = {server.tool_prefix + name: "/" + ENDPOINT_PREFIX + name for name in ENDPOINTS}
+    bound = {f.api_name for f in server.blocks.fns.values()}
+    server.tool_to_endpoint = {server.tool_prefix + name: "/" + ENDPOINT_PREFIX + name for name in ENDPOINTS
+                               if ENDPOINT_PREFIX + name in bound}
     server._execute_tool_without_progress = _plain(server._execute_tool_without_progress)
     server._execute_tool_with_progress = _plain(server._execute_tool_with_progress)
 

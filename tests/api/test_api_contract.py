@@ -40,7 +40,8 @@ ENDPOINTS = [("step", 4), ("generate", 5), ("undo", 7), ("reset", 9), ("select_m
              ("export_film_page", 90), ("positional", 93),
              ("inside", 94), ("patch", 95), ("tool_models", 96), ("tool_generate", 97), ("tool_attention", 98),
              ("tool_head_roles", 99), ("tool_logit_lens", 100), ("tool_ablate", 101), ("tool_inside_cell", 102),
-             ("tool_patch", 103), ("dla", 104), ("composition", 105), ("circuits", 106), ("atp", 107)]
+             ("tool_patch", 103), ("dla", 104), ("composition", 105), ("circuits", 106), ("atp", 107),
+             ("tool_dla", 108), ("tool_composition", 109), ("tool_head_circuits", 110), ("tool_atp", 111)]
 
 
 @pytest.fixture(scope="module")

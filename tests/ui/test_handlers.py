@@ -104,7 +104,8 @@ def test_build_demo_builds_without_launching():
                       "clear_changes", "compare", "export_session", "import_session", "link", "export_numbers",
                       "export_page", "export_film_page", "inside", "patch", "tool_models", "tool_generate",
                       "tool_attention", "tool_head_roles", "tool_logit_lens", "tool_ablate", "tool_inside_cell",
-                      "tool_patch", "dla", "composition", "circuits", "atp"}
+                      "tool_patch", "dla", "composition", "circuits", "atp", "tool_dla", "tool_composition",
+                      "tool_head_circuits", "tool_atp"}
 
 
 
