@@ -29,6 +29,7 @@ from lab.server import files
 from lab.server.sessionstore import SessionKey
 from lab.server.warm import map_large_blocks
 from lab.session import SESSIONS, Session
+from ui.circuits_reopen import bind_reopen
 from ui.circuits_tab import bind_circuits_api, bind_circuits_tab, build_circuits_tab
 from ui.common import LATEX, RAW
 from ui.explore import (
@@ -45,7 +46,8 @@ from ui.patching import bind_patching
 from ui.positional import positional
 from ui.positional_tab import bind_positional_tab, build_positional_tab
 from ui.share import page_load
-from ui.tools import FIRST_TOOLS, bind_tools_api, mcp_lifespan, quiet_state_warning
+from ui.mcp import mcp_lifespan, quiet_state_warning
+from ui.tools import FIRST_TOOLS, bind_tools_api
 from ui.train import stop_training, train_model, upload_model
 from ui.film_tab import build_film_section
 from ui.train_tab import build_train_tab
@@ -70,28 +72,30 @@ def build_demo() -> gr.Blocks:
         ses = gr.State(SessionKey(SESSIONS), time_to_live=STATE_TTL_S, delete_callback=SessionKey.close)
         gr.Markdown("**Decoder Lab**: a small GPT-style transformer you can step through, one token at a time.",
                     elem_id="header")
-        with gr.Tabs():
-            with gr.Tab("Explore", id="explore"):
+        # a link's `tab` and a session file select a tab by these ids (lab.links.TABS)
+        with gr.Tabs(elem_id="tabs") as tabs:
+            with gr.Tab("Explore", id="explore") as explore_tab:
                 explore = build_explore_tab(ses, first)
                 model_dd = explore["model"]
 
             with gr.Tab("Positional encoding", id="positional") as pe_tab:
                 pe_outputs = build_positional_tab()
 
-            with gr.Tab("Circuits", id="circuits"):
+            with gr.Tab("Circuits", id="circuits") as circuits_tab:
                 circuits_ui = build_circuits_tab()  # binds nothing here: its events come after the others
 
             with gr.Tab("Train", id="train") as train_tab:
                 build_train_tab(ses, model_dd)
                 build_film_section(ses, model_dd, first, train_tab)
 
-            with gr.Tab("Learn", id="learn"):
+            with gr.Tab("Learn", id="learn") as learn_tab:
                 gr.Markdown(LEARN_PATH.read_text(encoding="utf-8"), latex_delimiters=LATEX)
 
         # The page tells the server its window size once, so that figures are laid out for it.
         # Then a link's parameters (?model=…&prompt=…&steps=…) set the page up (ui/share.py).
-        demo.load(page_load, explore["display_inputs"], explore["state_outputs"], api_name=False,
-                  js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }", **RAW)
+        loaded = demo.load(page_load, explore["display_inputs"], explore["state_outputs"], api_name=False,
+                           js="(...args) => { args[3] = `${window.innerWidth}x${window.innerHeight}`; return args; }",
+                           **RAW)
         bind_positional_tab(ses, model_dd, pe_tab, pe_outputs)  # last: the API page's order and fn_index numbers
         bind_inside_api(ses)  # endpoints added since go after it, so the earlier ones keep their numbers
         bind_patch_api(ses)
@@ -103,6 +107,10 @@ def build_demo() -> gr.Blocks:
         bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count
         bind_token_view(ses, explore["token_view"])  # page-only too: a token clicked, the lines view
         bind_circuits_tab(ses, circuits_ui, model_dd)  # page-only: the Circuits tab's buttons
+        # page-only: a link's load and an opened file reopen the Circuits tab, in events chained after theirs
+        bind_reopen(demo, ses, circuits_ui, tabs, {"explore": explore_tab, "positional": pe_tab,
+                                                   "circuits": circuits_tab, "train": train_tab, "learn": learn_tab},
+                    loaded)
     assign_lanes(demo)  # every queued event in its lane of workers (ui/lanes.py; per address: ui/door.py)
     return demo
 
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     files.sweep_runs()
     demo = build_demo()
-    quiet_state_warning()  # the MCP server, if any, serves the stateless tools only (ui/tools.py)
+    quiet_state_warning()  # the MCP server, if any, serves the stateless tools only (ui/mcp.py)
     # gradio summarises its last 10,000 calls with pandas after every call, for the monitoring page this
     # app turns off: ~14 ms of CPU each, which one address's flood made every visitor's call pay
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(2**31))

@@ -5,7 +5,9 @@ What a file holds: the model (a built-in by name and the SHA-256 of its shipped 
 model's whole checkpoint: weights, tokenizer and film), the prompt and seed, every action that
 made the text (Step, Generate, Undo, each with its sampling settings and the tokens it produced),
 the view (layer, head or page of heads, view, colour mode, large fonts, selected token, head tool), the head
-settings (ablated heads, mode, edited row) and the sampling settings of the form.
+settings (ablated heads, mode, edited row), the sampling settings of the form and, once the person has used
+the Circuits tab, what it shows ("circuits", lab.links.CircuitsView: the DLA answer tokens, the composition
+kind, the head opened, the attribution patching form; files without it, saved before, open as they did).
 
 Opening one replays the actions with the engine's own code (`Session.step` / `Session.generate` /
 `Session.undo`, each token forced to the recorded one: the sampler still advances as it did), so
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from model.generate import Sampling
 
+from . import links
 from .catalogue.models import ModelEntry, encode_prompt
 from .catalogue.uploads import checkpoint_data
 from .checks import UserError, check_choice, check_sampling, is_int, quoted
@@ -100,6 +103,9 @@ def export_session(session: Session, model_name, prompt, sampling: Sampling, vie
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "seed": sampling.seed},
     }
+    circuits = links.circuits_view(session, entry.name)
+    if circuits is not None:
+        doc["circuits"] = links.circuits_doc(circuits)
     data = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if len(data) > MAX_FILE_BYTES:
         raise UserError(f"This session would be {len(data) / 2**20:.1f} MB, over the {UPLOAD_MAX_MB} MB limit "
@@ -119,6 +125,7 @@ class OpenedSession:
     view: View
     sampling: Sampling
     notes: list[str]
+    circuits: links.CircuitsView | None = None  # what the Circuits tab shows (None: the file says nothing of it)
 
 
 def _bad(reason: str) -> UserError:
@@ -328,11 +335,22 @@ def open_session(session: Session, path) -> OpenedSession:
                 raise _bad(f"its prompt cannot be typed here ({str(exc).rstrip('.')})") from None
         view = _view(scratch, doc, name)
         _probe(scratch, doc, name)
+        circuits = _circuits(scratch, doc, name)
         notes = [f"Opened a session of '{name}': {_told(scratch)}.", *notes]
         name = session.adopt(scratch, name)
     finally:
         MODEL_BUDGET.release(scratch)
-    return OpenedSession(name, prompt, view, form, notes)
+    return OpenedSession(name, prompt, view, form, notes, circuits)
+
+
+def _circuits(scratch: Session, doc: dict, name: str) -> links.CircuitsView | None:
+    value = doc.get("circuits")
+    if value is None:
+        return None
+    try:
+        return links.read_circuits_doc(value, scratch.entry_for(name))
+    except (UserError, ValueError) as exc:
+        raise _bad(f"its circuits settings do not fit ({str(exc).rstrip('.')})") from None
 
 
 def _told(scratch: Session) -> str:

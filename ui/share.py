@@ -1,12 +1,15 @@
 """Save & share (Explore tab): session files, links, the numbers of a view and standalone pages.
 
 A session file or a link sets the whole Explore page at once (`explore_state`): model, prompt,
-text, figures, view and sampling controls, with a notice of anything left out.
+text, figures, view and sampling controls, with a notice of anything left out. What it says of the
+Circuits tab is drawn in the same call (ui/circuits_reopen.py) and shown by the event chained after it,
+so the outputs of /import_session stay Explore's.
 """
 
 from __future__ import annotations
 
 import html
+from urllib.parse import parse_qs
 
 import gradio as gr
 
@@ -18,6 +21,7 @@ from lab.limits import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from lab.server.rates import charge, replay_cost
 from lab.session import Session, View
 
+from .circuits_reopen import reopened
 from .common import file_path, handler, known_model
 from .door import charged_at_door
 from .explore import (
@@ -71,7 +75,9 @@ def open_session(session, upload, request: gr.Request = None):
     before any of it runs)."""
     path = file_path(upload, ".json")
     opened = sessionfile.open_session(session, path)
-    return explore_state(session, opened.model, opened.prompt, opened.view, opened.sampling, opened.notes)
+    state = explore_state(session, opened.model, opened.prompt, opened.view, opened.sampling, opened.notes)
+    reopened(session, opened.model, opened.circuits)  # the Circuits tab, for the event chained after this one
+    return state
 
 
 def link_steps(params: dict) -> int:
@@ -112,8 +118,10 @@ def open_link(session: Session, params: dict, paid: bool = False):
             charge(session, "replay", cost)
         session.reset()
         links.open_link(session, link)
-    return explore_state(session, link.model, link.prompt, link.view, link.sampling,
-                         link.notes or ["Opened from a link."])
+    state = explore_state(session, link.model, link.prompt, link.view, link.sampling,
+                          link.notes or ["Opened from a link."])
+    reopened(session, link.model, link.circuits, link.notes)  # the Circuits tab, for the event chained after the load
+    return state
 
 
 @handler
@@ -126,9 +134,11 @@ def make_link(session, model_name, prompt, temperature, top_k, top_p, seed, laye
     sampling = check_sampling(temperature, top_k, top_p, seed)
     v = session.check_view(model_name if session.model_name is None else None, layer, head, view)
     query, note = links.link_query(session, model_name, prompt, sampling, v)
+    given = set(parse_qs(query, keep_blank_values=True))
+    circuits = " and what the Circuits tab shows" if given & set(links.CIRCUIT_PARAMS) else ""
     return (f'<a id="share_link_a" href="?{html.escape(query)}" target="_blank">Link to this view</a> '
-            f"(copy it from the box below; it opens the app on this model, prompt, seed, steps and view). "
-            f"{html.escape(note, quote=False)}")
+            f"(copy it from the box below; it opens the app on this model, prompt, seed, steps and view"
+            f"{circuits}). {html.escape(note, quote=False)}")
 
 
 NUMBERS = {  # what the numbers download offers: label → the kind's name in the API
