@@ -326,6 +326,16 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=("float32", "stored"), default="float32",
                    help="a Hugging Face folder's bfloat16/float16 weights: float32 (exact; default) or kept as "
                         "stored (half the memory, computed as transformers computes in that dtype)")
+    p.add_argument("--backend", choices=("own", "nnsight"), default="own",
+                   help="what runs the model: own = Decoder Lab's engine (default); nnsight = transformers' own code "
+                        "through nnsight (requirements-scale.txt), for a Hugging Face folder too large for the own "
+                        "engine (one forward of the whole text per new token)")
+    p.add_argument("--device-map", metavar="MAP",
+                   help="with --backend nnsight: transformers' device_map, e.g. auto to spread the model over the "
+                        "GPUs and the CPU (needs the accelerate package)")
+    p.add_argument("--remote", action="store_true",
+                   help="with --backend nnsight: run on NDIF; --checkpoint is a Hub repo id NDIF hosts, the key is "
+                        "read from the environment variable NDIF_API_KEY (NDIF_HOST names another host)")
     return p
 
 
@@ -358,13 +368,19 @@ def generate_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        model, tok = open_model(args.checkpoint, args.meta, args.tokenizer, args.weights == "stored")
-        decoder = Decoder(model, prompt_ids(tok, args.prompt), sampling, capture_attention=False,
-                          eos_id=tok.eos_id, piece=tok.piece)
+        if args.backend == "nnsight":
+            steps, tok = _nnsight_steps(args, sampling)
+        else:
+            if args.device_map is not None or args.remote:
+                raise ValueError("--device-map and --remote choose where nnsight runs the model: add --backend nnsight")
+            model, tok = open_model(args.checkpoint, args.meta, args.tokenizer, args.weights == "stored")
+            decoder = Decoder(model, prompt_ids(tok, args.prompt), sampling, capture_attention=False,
+                              eos_id=tok.eos_id, piece=tok.piece)
+            steps = generate(decoder, args.max_new_tokens, attention="none")
     except ValueError as exc:
         refuse(parser, str(exc))  # one line, exit status 2
     new: list[int] = []
-    for step in generate(decoder, args.max_new_tokens, attention="none"):
+    for step in _refusing(parser, steps):
         new.append(step.token_id)
         if args.json:
             record = {
@@ -380,3 +396,28 @@ def generate_main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(tok.decode(new))
     return 0
+
+
+def _nnsight_steps(args, sampling: Sampling):
+    """--backend nnsight: the steps of model.backend's generation loop on model.nnsight_backend (imported only
+    now: nnsight and transformers load with it), and the folder's tokenizer."""
+    if args.meta or args.tokenizer:
+        raise ValueError("--meta and --tokenizer are for nanoGPT checkpoints; the nnsight backend reads the "
+                         "folder's tokenizer.json")
+    if args.remote and args.weights == "stored":
+        raise ValueError("--weights is for a model run on this machine; NDIF holds the weights as it keeps them")
+    from .backend import generate_steps
+    from .nnsight_backend import open_nnsight
+
+    backend = open_nnsight(args.checkpoint, args.device_map, args.remote, args.weights)
+    tok = backend.tokenizer
+    ids = prompt_ids(tok, args.prompt)
+    return generate_steps(backend, ids, args.max_new_tokens, sampling, tok.eos_id, tok.piece), tok
+
+
+def _refusing(parser: argparse.ArgumentParser, steps):
+    """The steps, with a refusal met while generating (NDIF refusing a request) said in one line, exit status 2."""
+    try:
+        yield from steps
+    except ValueError as exc:
+        refuse(parser, str(exc))
