@@ -106,7 +106,7 @@ def build_demo() -> gr.Blocks:
         bind_patching(ses, explore["heads"])  # page-only events too
         bind_pair_helper(ses, explore["heads"])  # page-only: which words keep the token count
         bind_token_view(ses, explore["token_view"])  # page-only too: a token clicked, the lines view
-        bind_circuits_tab(ses, circuits_ui, model_dd)  # page-only: the Circuits tab's buttons
+        bind_circuits_tab(ses, circuits_ui, model_dd, explore["inside"])  # page-only: its buttons; DLA → Inside too
         # page-only: a link's load and an opened file reopen the Circuits tab, in events chained after theirs
         bind_reopen(demo, ses, circuits_ui, tabs, {"explore": explore_tab, "positional": pe_tab,
                                                    "circuits": circuits_tab, "train": train_tab, "learn": learn_tab},

@@ -258,23 +258,39 @@
     const panel = meta && meta.panels && meta.panels.find((p) => p.xaxis === xa && p.yaxis === ya);
     return panel ? `${panel.layer},${panel.head}` : null;
   };
+  // Each button's event reads its value from `lab` when it is sent.
+  const press = (sel, key, value) => { const b = document.querySelector(sel); if (b) { lab[key] = value; b.click(); } };
+  const picks = (btn, key) => (gd, ev) => { const pick = pickFrom(gd, ev); if (pick) press(btn, key, pick); };
+  // The Circuits tab's maps (ui/circuits_tab.py): a head's cell of the DLA map selects that head in Explore and
+  // opens it in Inside one cell (#circuits_dla_pick); a cell of a composition map ([layer, head, later layer, head])
+  // or a pair of its list selects the later head in Explore and opens the earlier one's circuits here.
+  const openPair = (kind, q) => {
+    if (!/^[qkv]$/.test(kind) || q.length !== 4 || !q.every(Number.isInteger) || q[0] >= q[2]) return;
+    press("#pick_head", "pick", `${q[2]},${q[3]}`);
+    press("#circuits_pair_pick", "circuitsPair", `${kind},${q.join(",")}`);
+  };
+  const headClick = (gd, ev) => { const pick = pickFrom(gd, ev); // an MLP's cell names no head
+    if (pick) { press("#pick_head", "pick", pick); press("#circuits_dla_pick", "circuitsHead", pick); } };
+  const pairClick = (gd, ev) => { const pt = ev && ev.points && ev.points[0], cd = pt && pt.customdata;
+    if (cd && cd.length === 4 && Number.isFinite(pt.z)) openPair(gd._fullLayout.meta.kind, Array.from(cd, Number)); };
   const hookPicks = () => {
     // a cell of the patching map opens its head with both prompts (ui/patching.py), through its own button
-    for (const [sel, btn, key] of [["#head_roles", "#pick_head", "pick"], ["#cmp_scores", "#pick_head", "pick"],
-      ["#attention", "#pick_head", "pick"], ["#patch_map", "#patch_pick", "patchPick"],
-      ["#circuits_dla", "#pick_head", "pick"]]) { // a head's cell of the Circuits tab's DLA map selects it too
+    const head = picks("#pick_head", "pick");
+    for (const [sel, onClick] of [["#head_roles", head], ["#cmp_scores", head], ["#attention", head],
+      ["#patch_map", picks("#patch_pick", "patchPick")],
+      ["#circuits_dla", headClick], ["#circuits_composition", pairClick]]) {
       const gd = document.querySelector(`${sel} .js-plotly-plot`);
       if (!gd || gd._labPick || typeof gd.on !== "function") continue;
       gd._labPick = true;
-      gd.on("plotly_click", (ev) => {
-        const pick = pickFrom(gd, ev);
-        const button = document.querySelector(btn);
-        if (!pick || !button) return;
-        lab[key] = pick;
-        button.click();
-      });
+      gd.on("plotly_click", (ev) => onClick(gd, ev));
     }
   };
+  document.addEventListener("click", (e) => { // a pair of the strongest-pairs list: "L0H1 → L1H2: 0.412"
+    const item = e.target.closest && e.target.closest("#circuits_pairs li");
+    const m = item && /L(\d+)H(\d+)\s*→\s*L(\d+)H(\d+)/.exec(item.textContent || "");
+    const kind = m && /Strongest ([QKV])-composition/.exec(document.querySelector("#circuits_pairs").textContent);
+    if (kind) openPair(kind[1].toLowerCase(), m.slice(1, 5).map(Number));
+  });
   lab.hookPicks = hookPicks;
   // The lines view (viz/layer_heads.py) is drawn again for each token clicked: the heads its legend hid
   // stay hidden while the layer and its number of heads stay the same (each head's traces carry

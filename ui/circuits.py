@@ -7,6 +7,10 @@ Each method has two handlers: the API's (`dla_api`, `composition_api`, `circuits
 `run_composition`, `show_circuits`, `run_atp`), which draws it. The two long
 jobs (composition, attribution patching) stream their progress as the patching sweep does (ui/patching.py), and
 Stop ends them after their current step. The layout and the events are ui/circuits_tab.py's.
+
+The maps link to the other views: a head's cell of the DLA map (`open_dla_head`, `inside_for_head`) opens that
+head in Explore and in its "Inside one cell" panel at the selected token; a cell of a composition map or a pair
+of its list (`open_pair`) opens the reading head in Explore and the writing head's circuits here.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 import gradio as gr
 import numpy as np
 
-from lab.checks import UserError, check_choice
+from lab.checks import UserError, check_choice, whole_numbers
 from lab.circuits_records import DIRECT_ONLY, KIND_NAMES
 from lab.export import model_stem
 from viz.circuits import composition_map, dla_map
@@ -26,16 +30,19 @@ from viz.circuits_heads import ov_spectrum, ov_table, qk_map
 
 from .common import handler, message_plot, named
 from .heads import width_for
+from .inside import draw_cell, head_matrices, no_text
 from .plots import to_plot
 
 NO_DLA = "Step a text in Explore, select a token, then press Attribute."
 NO_COMPOSITION = "Press Compute: the scores are the model's, computed once and kept."
 NO_HEAD_CIRCUITS = "Choose a layer and a head, then press Open."
 NO_ATP = "Choose the answer tokens and press Run attribution patching."
+OPEN_PAIR_HINT = "Click a pair to open both heads, as a cell of the map does."
 PROGRESS_EVERY_S = 0.25  # a progress is sent to the page at most this often (the steps between are not drawn)
 FORMATS = ("csv", "json")
 # the page's width each figure is laid out for (ui/circuits_tab.py's columns): the scatter beside the two maps
 SCATTER_SHARE = 0.33
+COMPOSITION_SHARE = 0.75  # the map beside the strongest pairs (3 : 1)
 QK_SHARE = 0.6  # the QK map alone on its row, square cells: the whole width would make them too large
 
 
@@ -62,14 +69,14 @@ def _md(text: str) -> str:
 # ------------------------------------------------------------------------------ direct logit attribution
 
 
-def dla_figure(session, r):
-    """The DLA heatmap of record `r`, MLP cells blank where a layer has none."""
+def dla_figure(session, r, selected: tuple[int, int] | None = None):
+    """The DLA heatmap of record `r` (`selected`: a head outlined), MLP cells blank where a layer has none."""
     L = r.heads.shape[0]
     mlps = np.full(L, np.nan)
     for layer in r.mlp_layers:
         mlps[layer] = r.mlps[layer]
     fig = dla_map(r.heads, mlps, embedding=r.embedding, remainder=r.remainder, actual=r.actual, label=r.label,
-                  presentation=session.display.presentation, width_px=width_for(session))
+                  selected=selected, presentation=session.display.presentation, width_px=width_for(session))
     return to_plot(named(fig, model_stem(r.model), "dla", f"pos{r.position}"))
 
 
@@ -98,10 +105,11 @@ def show_dla(session, answer=None, other=None, request: gr.Request = None):
 # ------------------------------------------------------------------------------ head composition
 
 
-def composition_figure(session, r, kind: str):
+def composition_figure(session, r, kind: str, selected: tuple[int, int, int, int] | None = None):
     kind = check_choice("kind", kind, KIND_NAMES)
     fig = composition_map(r.of(kind), kind=kind, top=[(*p.earlier, *p.later) for p in r.top.get(kind, [])],
-                          presentation=session.display.presentation, width_px=width_for(session),
+                          selected=selected, presentation=session.display.presentation,
+                          width_px=width_for(session, COMPOSITION_SHARE),
                           max_height_px=session.display.screen_height)
     return to_plot(named(fig, model_stem(r.model), "composition", kind))
 
@@ -112,7 +120,8 @@ def pairs_list(r, kind: str) -> str:
     if not pairs:
         return "No pairs: this model has one layer, or the scores were stopped before any."
     lines = [f"{i}. {_md(p.name)}: {p.score:.3f}" for i, p in enumerate(pairs, 1)]
-    return f"**Strongest {kind.upper()}-composition pairs** ({_md(KIND_NAMES[kind])})\n\n" + "\n".join(lines)
+    return (f"**Strongest {kind.upper()}-composition pairs** ({_md(KIND_NAMES[kind])})\n\n" + "\n".join(lines)
+            + f"\n\n{OPEN_PAIR_HINT}")
 
 
 def composition_note(r) -> str:
@@ -232,6 +241,82 @@ def run_atp(session, model_name, prompt_a, prompt_b, metric, answer, other, what
             last = time.perf_counter()
             yield (job_progress_html(p.done, p.total, f"{p.phase}: {p.done} / {p.total}"), gr.skip(), gr.skip(),
                    gr.skip())
+
+
+# ------------------------------------------------------------------------------ links to the other views
+
+
+def _head_pick(pick, shape: tuple[int, int]) -> tuple[int, int]:
+    """A DLA cell's "layer,head" (assets/explore.js), checked against the map's model."""
+    parts = whole_numbers(pick, ",", 2)
+    if parts is None or not (0 <= parts[0] < shape[0] and 0 <= parts[1] < shape[1]):
+        raise UserError("Click a head's cell of the direct logit attribution map to open that head.")
+    return parts[0], parts[1]
+
+
+@handler(exclusive=False)
+def open_dla_head(session, pick, request: gr.Request = None):
+    """A head's cell of the DLA map was clicked ("layer,head"; the page also selects it in Explore): the map
+    with that head outlined and a line saying where it opened."""
+    r = session.circuits.last.get("dla")
+    if r is None:
+        raise UserError(NO_DLA)
+    layer, head = _head_pick(pick, r.heads.shape)
+    note = (f"**L{layer}H{head}** is open in Explore (its attention) and in Explore's Inside one cell (how it "
+            f"weighs the selected token's keys); it adds {r.heads[layer, head]:+.3f} to {_md(r.label)} directly.")
+    return dla_figure(session, r, (layer, head)), note
+
+
+@handler(exclusive=False)
+def inside_for_head(session, pick, matrices_open=False, request: gr.Request = None):
+    """Explore's Inside one cell panel, opened on the clicked DLA head at the selected token (at the key that
+    token gives the largest share), and the head's matrices when their section is open (`matrices_open`)."""
+    r = session.circuits.last.get("dla")
+    if r is None:
+        raise UserError(NO_DLA)
+    layer, head = _head_pick(pick, r.heads.shape)
+    if not isinstance(matrices_open, bool):
+        raise UserError("Whether the matrices are open must be true or false.")
+    if not session.inside.has_text:  # the text went since the map was drawn
+        return (gr.skip(), *no_text(), gr.skip())
+    drawn = draw_cell(session, layer, head, None, None)
+    matrices = head_matrices(session, *drawn[-4:]) if matrices_open else gr.skip()
+    return (gr.update(open=True), *drawn, matrices)
+
+
+def _pair_pick(pair, r) -> tuple[str, tuple[int, int, int, int]]:
+    """A composition cell's "kind,layer,head,layer,head" (earlier head first), checked against the record."""
+    kind, _, rest = pair.partition(",") if isinstance(pair, str) else ("", "", "")
+    parts = whole_numbers(rest, ",", 4)
+    L, H = r.shape
+    if (kind not in KIND_NAMES or parts is None or not all(0 <= p < n for p, n in zip(parts, (L, H, L, H)))
+            or parts[0] >= parts[2]):
+        raise UserError("Click a cell of the composition map (an earlier head and a head of a later layer) to "
+                        "open that pair.")
+    return kind, tuple(parts)
+
+
+@handler(exclusive=False)
+def open_pair(session, pair, request: gr.Request = None):
+    """A cell of a composition map or a pair of its list was clicked ("kind,layer,head,layer,head"; the page
+    also selects the later head in Explore): the earlier head in the layer and head boxes with its circuits
+    drawn, the pair outlined on the map, and a line naming the pair."""
+    r = session.circuits.last.get("composition")
+    if r is None:
+        raise UserError(NO_COMPOSITION)
+    kind, (l0, h0, l1, h1) = _pair_pick(pair, r)
+    score = float(r.of(kind)[l0, h0, l1, h1])
+    writer, reader = f"L{l0}H{h0}", f"L{l1}H{h1}"
+    shown = "not computed (stopped)" if np.isnan(score) else f"{score:.3f}"
+    note = (f"**{writer} → {reader}**, {kind.upper()}-composition {shown}: {reader} (reads) is open in Explore, "
+            f"{writer} (writes) in One head's circuits below.")
+    if not session.inside.has_text or session.model_name != r.model:  # the text's model draws a head's circuits
+        why = f"Step a text on {r.model} in Explore to draw {writer}'s circuits."
+        drawn = (_md(why), message_plot(why), message_plot(""), message_plot(""))
+    else:
+        c = session.circuits.circuits(l0, h0)
+        drawn = ("  \n".join([f"**{_md(c.summary())}**", *(_md(n) for n in c.notes)]), *circuits_figures(session, c))
+    return (l0, h0, note, composition_figure(session, r, kind, (l0, h0, l1, h1)), *drawn)
 
 
 # ------------------------------------------------------------------------------ Stop and downloads

@@ -9,8 +9,12 @@ Each section's numbers download as CSV or JSON (the lab's exports).
 `bind_circuits_api` after the other endpoints (/dla, /composition, /circuits, /atp come after them, so the
 earlier endpoints keep their numbers) and `bind_circuits_tab` with the other page-only events.
 
-A click on a head's cell of the DLA map selects that head in Explore: the map's cells carry [layer, head]
-as the head-role overview's do, and assets/explore.js sends them to the same hidden #pick_head button.
+The maps are linked with the rest of the page through assets/explore.js and hidden buttons, as the head-role
+overview is. A head's cell of the DLA map carries [layer, head]: the page selects that head in Explore (the
+hidden #pick_head) and presses #circuits_dla_pick, which outlines it and opens Explore's Inside one cell on it at
+the selected token. A cell of a composition map carries [layer, head, layer, head] (a pair of the strongest-pairs
+list is read from its text): the later head goes to #pick_head, the pair to #circuits_pair_pick, which puts the
+earlier head in One head's circuits, draws them and names the pair.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from lab.limits import CONCURRENCY
 
 from .circuits import (
     NO_ATP, NO_COMPOSITION, NO_DLA, NO_HEAD_CIRCUITS, atp_api, circuits_api, composition_api, composition_kind,
-    dla_api, download_circuits, job_progress_html, run_atp, run_composition, show_circuits, show_dla, stop_circuits,
+    dla_api, download_circuits, inside_for_head, job_progress_html, open_dla_head, open_pair, run_atp,
+    run_composition, show_circuits, show_dla, stop_circuits,
 )
 from .common import RAW, api_example, message_plot
 from .patching import DIRECTION_LABELS, METRIC_LABELS
@@ -40,6 +45,12 @@ PROMPT_A = "anna found the key . she gave it to tom because he asked"
 PROMPT_B = "tom found the key . he gave it to anna because she asked"
 ANSWERS = ("her", "him")  # what tells the two prompts' continuations apart (ui/patching.py PAIR_ANSWERS)
 KIND_LABELS = {"q": "Q", "k": "K", "v": "V"}
+DLA_CLICK = ("Red adds to the answer, blue takes away. **Click a head's cell** to open that head in Explore and in "
+             "its Inside one cell panel, at the selected token.")
+COMPOSITION_CLICK = ("**Click a cell** (or a pair of the list) to open both heads: the later head, which reads, "
+                     "in Explore; the earlier head, which writes, in One head's circuits below.")
+# what the page reads a clicked cell from (assets/explore.js puts it in window.decoderLab)
+READ_PICK = "(...a) => { a[1] = window.decoderLab ? window.decoderLab.{key} : ''; return a; }"
 
 
 def _progress_row(prefix: str, label: str, c: SimpleNamespace) -> None:
@@ -65,13 +76,17 @@ def build_circuits_tab() -> SimpleNamespace:
             c.dla_other = gr.Textbox("", label="minus the logit of (blank: none)", elem_id="circuits_dla_other", **box)
             c.dla_run = gr.Button("Attribute", variant="primary", elem_id="circuits_dla_run", scale=0, min_width=140)
         c.dla_note = gr.Markdown("", elem_id="circuits_dla_note")
+        gr.Markdown(DLA_CLICK, elem_id="circuits_dla_hint")
         c.dla_plot = gr.Plot(message_plot(NO_DLA), show_label=False, elem_id="circuits_dla")
+        c.dla_link = gr.Markdown("", elem_id="circuits_dla_link")
     with gr.Column(elem_id="circuits_composition_section"), gr.Group():
         gr.Markdown("### Head composition")
         c.kind = gr.Radio([(label, k) for k, label in KIND_LABELS.items()], value="k", label="Kind",
                           elem_id="circuits_kind")
         _progress_row("composition", "Compute", c)
         c.composition_note = gr.Markdown("", elem_id="circuits_composition_note")
+        gr.Markdown(COMPOSITION_CLICK, elem_id="circuits_composition_hint")
+        c.pair_note = gr.Markdown("", elem_id="circuits_pair_note")
         with gr.Row():
             with gr.Column(scale=3, min_width=300):
                 c.composition_plot = gr.Plot(message_plot(NO_COMPOSITION), show_label=False,
@@ -85,9 +100,11 @@ def build_circuits_tab() -> SimpleNamespace:
             c.head = gr.Number(0, label="Head", precision=0, elem_id="circuits_head", min_width=90)
             c.head_run = gr.Button("Open", variant="primary", elem_id="circuits_head_run", scale=0, min_width=120)
         c.head_note = gr.Markdown("", elem_id="circuits_head_note")
-        with gr.Row():
-            c.ov_plot = gr.Plot(message_plot(NO_HEAD_CIRCUITS), show_label=False, elem_id="circuits_ov")
-            c.spectrum_plot = gr.Plot(message_plot(""), show_label=False, elem_id="circuits_spectrum")
+        with gr.Row():  # side by side, one under the other on a phone
+            with gr.Column(min_width=300):
+                c.ov_plot = gr.Plot(message_plot(NO_HEAD_CIRCUITS), show_label=False, elem_id="circuits_ov")
+            with gr.Column(min_width=300):
+                c.spectrum_plot = gr.Plot(message_plot(""), show_label=False, elem_id="circuits_spectrum")
         c.qk_plot = gr.Plot(message_plot(""), show_label=False, elem_id="circuits_qk")
     with gr.Column(elem_id="circuits_atp_section"), gr.Group():
         gr.Markdown("### Attribution patching beside exact patching")
@@ -118,6 +135,10 @@ def build_circuits_tab() -> SimpleNamespace:
         c.fmt = gr.Radio(["csv", "json"], value="csv", label="As", elem_id="circuits_fmt", scale=1, min_width=120)
         c.download = gr.Button("Download", elem_id="circuits_download", scale=0, min_width=120)
         c.file = gr.File(label="Numbers", elem_id="circuits_file", interactive=False, height=90, scale=2)
+    # what a click on a map sends (assets/explore.js fills window.decoderLab, then presses the button)
+    c.pick_value = gr.Textbox(visible=False)
+    c.dla_pick = gr.Button("pick", elem_id="circuits_dla_pick", elem_classes="lab-hidden")
+    c.pair_pick = gr.Button("pick pair", elem_id="circuits_pair_pick", elem_classes="lab-hidden")
     return c
 
 
@@ -144,10 +165,24 @@ def bind_circuits_api(ses: gr.State) -> None:
                                        concurrency_limit=CONCURRENCY[lanes[name]], concurrency_id=lanes[name], **RAW)
 
 
-def bind_circuits_tab(ses: gr.State, c: SimpleNamespace, model_dd) -> None:
+def bind_circuits_tab(ses: gr.State, c: SimpleNamespace, model_dd, inside: SimpleNamespace | None = None) -> None:
     """The tab's page-only events (no API names; call after every endpoint). `model_dd`: Explore's model menu,
-    the model composition and attribution patching read."""
+    the model composition and attribution patching read. `inside`: Explore's Inside one cell panel
+    (ui/inside_tab.build_inside_section's namespace), which a click on a DLA head opens on that head; without
+    it the click only selects the head in Explore."""
     quiet = dict(api_name=False, show_progress="hidden", **RAW)
+    read_head = READ_PICK.replace("{key}", "circuitsHead")
+    c.dla_pick.click(open_dla_head, [ses, c.pick_value], [c.dla_plot, c.dla_link], js=read_head, **quiet)
+    if inside is not None:  # a second listener of the same click: the panel is drawn beside the map
+        c.dla_pick.click(inside_for_head, [ses, c.pick_value, inside.matrices_open],
+                         [inside.panel, inside.header, inside.table, *inside.plots, inside.layer, inside.head,
+                          inside.query, inside.key, inside.matrices], js=read_head, **quiet)
+    c.pair_pick.click(open_pair, [ses, c.pick_value],
+                      [c.layer, c.head, c.pair_note, c.composition_plot, c.head_note, c.ov_plot, c.spectrum_plot,
+                       c.qk_plot], js=READ_PICK.replace("{key}", "circuitsPair"), **quiet)
+    # a new map: the line about a head or a pair opened from the last one goes (on the page, no round trip)
+    for run, line in ((c.dla_run, c.dla_link), (c.composition_run, c.pair_note)):
+        run.click(None, None, line, js="() => ''", queue=False, api_name=False)
     c.dla_run.click(show_dla, [ses, c.dla_answer, c.dla_other], [c.dla_plot, c.dla_note], **quiet)
     c.composition_run.click(run_composition, [ses, model_dd, c.kind],
                             [c.composition_progress, c.composition_note, c.composition_plot, c.pairs], **quiet)

@@ -36,7 +36,7 @@ LANES: dict[str, tuple[str, ...]] = {
               "_matrices_if_open", "selected_token", "pick_cell", "draw_matrices", "colour_caption", "positional",
               "count_pair_words", "tool_attention", "tool_head_roles", "tool_logit_lens", "tool_ablate",
               "tool_inside_cell", "dla_api", "show_dla", "circuits_api", "show_circuits", "composition_kind",
-              "tool_dla", "tool_head_circuits"),
+              "tool_dla", "tool_head_circuits", "open_dla_head", "inside_for_head", "open_pair"),
     "film": ("show_film", "redraw_film", "next_frame", "open_film", "follow_model", "film_choices"),
     "export": ("save_session", "make_link", "save_view_page", "export_numbers", "download_cell", "download_patching",
                "save_film_page", "download_circuits"),

@@ -8,8 +8,10 @@
   difference are written under the title. Head cells carry [layer, head] (``layout.meta.pick == "head"``).
 * `composition_map`: one kind of composition score (Q, K or V) between every earlier head (rows) and every
   head of a later layer (columns), the layers blocked by lines, on `SEQUENTIAL` from 0; the strongest pairs
-  outlined. A cell's head pair is named by its row and column (``layout.meta``: "pick" "pair", "heads"):
-  row i is head i % H of layer i // H, column j head j % H of layer 1 + j // H.
+  outlined. Each cell carries its pair [earlier layer, head, later layer, head] as customdata (``layout.meta``
+  "pick" "pair"): row i is head i % H of layer i // H, column j head j % H of layer 1 + j // H. Too narrow for
+  a cell per pair (a phone, many heads), it maps pairs of layers instead, each cell the strongest pair of heads
+  between them (``layout.meta.blocks``), which is what its customdata names.
 
 Every caller string is escaped; backgrounds are transparent and text mid grey (viz._common);
 presentation=True gives tick labels of at least `PRESENTATION_FONT_PX`.
@@ -31,6 +33,7 @@ from ._common import (
 from .payload import FigureSpec
 
 SELECT_INSET = 0.47
+MIN_PAIR_CELL_PX = 3.0  # a composition map's pair cell narrower than this (a phone): it maps pairs of layers
 DLA_MLP_GAP_PX = 16  # between the heads and the MLP column
 
 
@@ -150,8 +153,8 @@ def dla_map(heads, mlps, *, embedding: Mapping[str, float], remainder: float, ac
     digits = digits_for(lim)
     numbers = cell_w >= text_width_em("−0." + "0" * digits) * fonts.tick + 6
     head_text = [[signed(v, digits) if numbers and np.isfinite(v) else "" for v in row] for row in heads]
-    head_hover = [[f"L{li}H{h}: {signed(heads[li, h], 4)} to {esc(label)} directly" for h in range(H)]
-                  for li in range(L)]
+    head_hover = [[f"L{li}H{h}: {signed(heads[li, h], 4)} to {esc(label)} directly<br>click: open in Explore"
+                   for h in range(H)] for li in range(L)]
     mlp_hover = [[f"MLP of layer {li}: " + (f"{signed(v, 4)} to {esc(label)} directly" if np.isfinite(v)
                                               else "this layer has no MLP")] for li, v in enumerate(mlps)]
     common = {"type": "heatmap", "zmin": -lim, "zmax": lim, "colorscale": colorscale(DIVERGING), "xgap": 2,
@@ -210,6 +213,31 @@ def composition_matrix(scores: np.ndarray) -> np.ndarray:
     return scores[: L - 1, :, 1:, :].reshape((L - 1) * H, (L - 1) * H)
 
 
+def pair_indices(L: int, H: int) -> np.ndarray:
+    """Each cell's [earlier layer, earlier head, later layer, later head] ((L − 1)·H, (L − 1)·H, 4): what a
+    click on the cell opens (sent as a typed array, a few bytes a cell)."""
+    n = (L - 1) * H
+    rows, cols = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    return np.stack([rows // H, rows % H, 1 + cols // H, cols % H], axis=-1)
+
+
+def layer_blocks(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(L, H, L, H) scores as the strongest pair between each two layers: its score ((L − 1), (L − 1): rows the
+    layers 0..L−2, columns 1..L−1; NaN where the later layer is not after the earlier one or nothing was
+    computed) and the pair, [layer, head, layer, head] ((L − 1), (L − 1), 4; head 0 where the cell is blank)."""
+    L = scores.shape[0]
+    best = np.full((L - 1, L - 1), np.nan)
+    where = np.zeros((L - 1, L - 1, 4), dtype=np.int64)
+    for a in range(L - 1):
+        for b in range(1, L):
+            where[a, b - 1] = (a, 0, b, 0)
+            block = scores[a, :, b, :]
+            if b > a and np.isfinite(block).any():
+                i, j = np.unravel_index(np.nanargmax(block), block.shape)
+                best[a, b - 1], where[a, b - 1] = block[i, j], (a, i, b, j)
+    return best, where
+
+
 def composition_map(scores, *, kind: str, top: Sequence[tuple[int, int, int, int]] = (),
                     selected: tuple[int, int, int, int] | None = None, title: str | None = None,
                     presentation: bool = False, width_px: int | None = None,
@@ -218,7 +246,9 @@ def composition_map(scores, *, kind: str, top: Sequence[tuple[int, int, int, int
 
     scores: (L, H, L, H), NaN where the later layer is not after the earlier one (or not computed); kind:
     "q", "k" or "v". top: (earlier layer, head, later layer, head) pairs outlined; selected: one outlined in
-    magenta. max_height_px: the tallest the figure may be (the map shrinks to fit)."""
+    magenta. max_height_px: the tallest the figure may be (the map shrinks to fit). Where a pair's cell would
+    be narrower than `MIN_PAIR_CELL_PX` (many heads on a phone), each cell is a pair of layers instead, showing
+    the strongest pair of heads between them (``layout.meta.blocks``); a click opens that pair."""
     fonts = fonts_for(presentation)
     check_width(width_px)
     if max_height_px is not None and (isinstance(max_height_px, bool) or not isinstance(max_height_px, int)
@@ -235,64 +265,108 @@ def composition_map(scores, *, kind: str, top: Sequence[tuple[int, int, int, int
                               presentation=presentation, width_px=width_px)
     top = [check_pair("top", p, (L, H, L, H)) for p in top]
     selected = None if selected is None else check_pair("selected", selected, (L, H, L, H))
-    z = composition_matrix(scores)
-    n = z.shape[0]
     laid = width_px or 720
-    every = H <= 4 and n <= 24  # few heads: each one labelled; else the layers, at their blocks' middles
-    labels = [f"L{li}H{h}" if every else f"L{li}" for li in range(L) for h in range(H)]
-    left = math.ceil(max(text_width_em(s) for s in labels) * fonts.tick + 14 + fonts.tick * 1.8)  # and the title
     right = math.ceil(14 + (18 if presentation else 12) + 6 + 4 * fonts.tick + 10)
-    side = max(60.0, laid - left - right)
-    if max_height_px is not None:
-        side = max(60.0, min(side, max_height_px - 200))
+
+    def side_for(labels: list[str]) -> tuple[int, float]:
+        left = math.ceil(max(text_width_em(t) for t in labels) * fonts.tick + 14 + fonts.tick * 1.8)  # and title
+        side = max(60.0, laid - left - right)
+        if max_height_px is not None:
+            side = max(60.0, min(side, max_height_px - 200))
+        return left, side
+
+    n = (L - 1) * H
+    every = H <= 4 and n <= 24  # few heads: each one labelled; else the layers, at their blocks' middles
+    left, side = side_for([f"L{li}H{h}" if every else f"L{li}" for li in range(L) for h in range(H)])
+    blocks = L > 2 and side / n < MIN_PAIR_CELL_PX
+    if blocks:
+        left, side = side_for([f"L{li}" for li in range(L)])
+    z, row_names, col_names, shown, where, parts = _pair_grid(scores, kind, blocks)
+    n = z.shape[0]
     finite = z[np.isfinite(z)]
     hi = float(finite.max()) if finite.size else 1.0
     hi = hi or 1.0
     ticks = nice_ticks(0.0, hi, 5)
-    row_names = [f"L{i // H}H{i % H}" for i in range(n)]
-    col_names = [f"L{1 + j // H}H{j % H}" for j in range(n)]
     trace = {"type": "heatmap", "z": z.astype(np.float32), "x": col_names, "y": row_names, "zmin": 0.0, "zmax": hi,
-             "colorscale": colorscale(SEQUENTIAL), "hoverongaps": False,
-             "hovertemplate": "%{y} → %{x}<br>" + COMPOSITION_NAMES[kind] + " %{z:.3f}<extra></extra>",
+             "colorscale": colorscale(SEQUENTIAL), "hoverongaps": False, **shown,
              "colorbar": {"title": {"text": "score", "side": "right", "font": {"size": fonts.tick}},
                           "tickmode": "array", "tickvals": ticks.tolist(), "ticktext": [tick_label(v) for v in ticks],
                           "tickfont": {"size": fonts.tick}, "thickness": 18 if presentation else 12,
                           "outlinewidth": 0, "len": 1.0}}
-    parts = [f"the earlier head (row) writes {COMPOSITION_READS[kind]} (column)",
-             "‖W_OV·W‖ / (‖W_OV‖·‖W‖); blank = not a later layer", "outlined = strongest pairs"]
     default = f"{COMPOSITION_NAMES[kind]} between heads of different layers"
     layout = head_frame(title_text(title, default), parts, fonts, laid, side, left, right,
                         top_extra=fonts.tick * 2.9 + 12)  # the later heads' labels, and the axis's title above
-    layout.update({"xaxis": _block_axis(col_names, L, H, 1, every, fonts, side, top=True),
-                   "yaxis": _block_axis(row_names, L, H, 0, every, fonts, side, top=False),
-                   "uirevision": f"composition_{kind}",
+    if blocks:
+        axes = (_layer_axis(col_names, fonts, side, top=True), _layer_axis(row_names, fonts, side, top=False))
+    else:
+        axes = (_block_axis(col_names, L, H, 1, every, fonts, side, top=True),
+                _block_axis(row_names, L, H, 0, every, fonts, side, top=False))
+    layout.update({"xaxis": axes[0], "yaxis": axes[1], "uirevision": f"composition_{kind}",
                    "meta": {"viz": "composition_map", "kind": kind, "pick": "pair", "layers": L, "heads": H,
-                            "top": [list(p) for p in top], "selected": None if selected is None else list(selected)}})
-    shapes = [_block_line(b * H - 0.5, n, vertical) for b in range(1, L - 1) for vertical in (True, False)]
+                            "blocks": blocks, "top": [list(p) for p in top],
+                            "selected": None if selected is None else list(selected)}})
+    shapes = [] if blocks else [_block_line(b * H - 0.5, n, vertical) for b in range(1, L - 1)
+                                for vertical in (True, False)]
     cell = side / n
-    for p in top:
-        shapes += outline(p[0] * H + p[1], (p[2] - 1) * H + p[3], MARK_LINES, max(MARK_INSET, 1.5 / max(cell, 1)))
+    for r, c in dict.fromkeys(where(p) for p in top):  # in block mode two top pairs can share a cell
+        shapes += outline(r, c, MARK_LINES, max(MARK_INSET, 1.5 / max(cell, 1)))
     if selected is not None:
-        s = selected
-        shapes += outline(s[0] * H + s[1], (s[2] - 1) * H + s[3], ROW_OUTLINE, max(SELECT_INSET, 2.5 / max(cell, 1)))
+        shapes += outline(*where(selected), ROW_OUTLINE, max(SELECT_INSET, 2.5 / max(cell, 1)))
     layout["shapes"] = shapes
     return FigureSpec([trace], layout)
+
+
+def _pair_grid(scores: np.ndarray, kind: str, blocks: bool) -> tuple:
+    """A composition map's cells: (z, row names, column names, the trace's customdata and hover keys, a pair's
+    (row, column), the legend's parts), a cell per pair of heads or, with `blocks`, per pair of layers."""
+    L, H = scores.shape[:2]
+    if not blocks:
+        n = (L - 1) * H
+        shown = {"customdata": pair_indices(L, H),
+                 "hovertemplate": "%{y} → %{x}<br>" + COMPOSITION_NAMES[kind] + " %{z:.3f}<br>click: open both heads"
+                                  "<extra></extra>"}
+        parts = [f"the earlier head (row) writes {COMPOSITION_READS[kind]} (column)",
+                 "‖W_OV·W‖ / (‖W_OV‖·‖W‖); blank = not a later layer", "outlined = strongest pairs"]
+        return (composition_matrix(scores), [f"L{i // H}H{i % H}" for i in range(n)],
+                [f"L{1 + j // H}H{j % H}" for j in range(n)], shown,
+                lambda p: (p[0] * H + p[1], (p[2] - 1) * H + p[3]), parts)
+    z, pairs = layer_blocks(scores)
+    n = L - 1
+    hover = [[f"L{a}H{pairs[a, c, 1]} → L{c + 1}H{pairs[a, c, 3]}, the strongest pair of L{a} → L{c + 1}<br>"
+              f"{COMPOSITION_NAMES[kind]} {z[a, c]:.3f}<br>click: open both heads" for c in range(n)] for a in range(n)]
+    shown = {"customdata": pairs, "hovertext": hover, "hovertemplate": "%{hovertext}<extra></extra>", "xgap": 1,
+             "ygap": 1}
+    parts = [f"each cell: the strongest of the {H} × {H} head pairs of two layers (too narrow here for a cell per "
+             "pair)", f"the earlier layer's head (row) writes {COMPOSITION_READS[kind]} (column)",
+             "‖W_OV·W‖ / (‖W_OV‖·‖W‖)", "outlined = strongest pairs"]
+    return (z, [f"L{a}" for a in range(n)], [f"L{b}" for b in range(1, L)], shown, lambda p: (p[0], p[2] - 1),
+            parts)
+
+
+def _layer_axis(names: list[str], fonts: CircuitFonts, side: float, top: bool) -> dict:
+    """A composition map's axis in block mode: one category per layer, labelled as often as they fit."""
+    step = tick_step(len(names), side, fonts.tick * (3.2 if top else 1.4))
+    return _category_axis(len(names), names[::step], names[::step], fonts, top, "layer")
 
 
 def _block_axis(names: list[str], L: int, H: int, first: int, every: bool, fonts: CircuitFonts, side: float,
                 top: bool) -> dict:
     """A composition map's axis: heads as categories, labelled one by one or by layer at each block's middle."""
-    n = len(names)
     if every:
-        vals, text = list(names), names
-    else:  # a category axis takes its ticks by name: each block's middle head
-        step = tick_step(L - 1, side, fonts.tick * (3.2 if top else 1.4))
-        blocks = range(0, L - 1, step)
-        vals, text = [names[b * H + H // 2] for b in blocks], [f"L{b + first}" for b in blocks]
+        return _category_axis(len(names), list(names), names, fonts, top, "head")
+    # a category axis takes its ticks by name: each block's middle head
+    step = tick_step(L - 1, side, fonts.tick * (3.2 if top else 1.4))
+    blocks = range(0, L - 1, step)
+    return _category_axis(len(names), [names[b * H + H // 2] for b in blocks], [f"L{b + first}" for b in blocks],
+                          fonts, top, "head")
+
+
+def _category_axis(n: int, vals: list[str], text: list[str], fonts: CircuitFonts, top: bool, what: str) -> dict:
+    """The later (top, x) or earlier (y, square cells) axis of a composition map, `n` categories."""
     axis = {"type": "category", "range": [-0.5, n - 0.5] if top else [n - 0.5, -0.5], "tickmode": "array",
             "tickvals": vals, "ticktext": text, "tickfont": {"size": fonts.tick}, "showgrid": False,
             "zeroline": False, "ticks": "", "fixedrange": True,
-            "title": {"text": "later head" if top else "earlier head", "font": {"size": fonts.tick}}}
+            "title": {"text": f"later {what}" if top else f"earlier {what}", "font": {"size": fonts.tick}}}
     if top:
         axis.update(side="top", constrain="domain")
     else:

@@ -105,8 +105,12 @@ def ov_spectrum(eigenvalues, *, copying: float, layer: int, head: int, title: st
     layout = head_frame(title_text(title, default), parts, fonts, laid, side, 60, max(20.0, laid - 60 - side))
     axis = {"range": [-reach, reach], "zeroline": True, "zerolinecolor": "rgba(128,128,128,0.6)", "showgrid": False,
             "tickfont": {"size": fonts.tick}, "fixedrange": True}
-    layout.update({"xaxis": {**axis, "title": {"text": "Re λ", "font": {"size": fonts.tick}}},
-                   "yaxis": {**axis, "title": {"text": "Im λ", "font": {"size": fonts.tick}}, "scaleanchor": "x"},
+    # the axis titles a few px from their tick labels (plotly measures those), with room for the x axis's below
+    layout["margin"]["b"] += math.ceil(fonts.tick * 2.9 + 10)
+    layout["height"] += math.ceil(fonts.tick * 2.9 + 10)
+    layout.update({"xaxis": {**axis, "title": {"text": "Re λ", "font": {"size": fonts.tick}, "standoff": 4}},
+                   "yaxis": {**axis, "title": {"text": "Im λ", "font": {"size": fonts.tick}, "standoff": 4},
+                             "scaleanchor": "x"},
                    "showlegend": False, "uirevision": "ov_spectrum",
                    "meta": {"viz": "ov_spectrum", "layer": int(layer), "head": int(head), "copying": float(copying)}})
     return FigureSpec([trace], layout)

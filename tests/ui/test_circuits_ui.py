@@ -113,6 +113,38 @@ def test_atp_streams_to_the_scatter_and_the_maps(session):
     assert abs(r.metric_a - r.metric_b) > 1  # the pair tells her from him
 
 
+def test_a_dla_head_clicked_is_outlined_and_opens_inside_one_cell_at_the_selected_token(session):
+    ui.show_dla(session, "tom", "anna")
+    plot, note = ui.open_dla_head(session, "1,2")
+    r = session.circuits.last["dla"]
+    assert spec(plot)["layout"]["meta"]["selected"] == [1, 2]
+    assert "L1H2" in note and "Inside one cell" in note and f"{r.heads[1, 2]:+.3f}" in note
+    panel, header, table, *rest = ui.inside_for_head(session, "1,2", True)
+    *figures, layer, head, query, key, matrices = rest
+    want = session.inside.cell(1, 2)  # the selected token's row, at the key it gives the largest share
+    assert panel == gr.update(open=True) and "Layer 1, head 2" in header and len(figures) == 6
+    assert (layer, head, query, key) == (1, 2, want["query"], want["key"]) == (1, 2, r.position, want["key"])
+    m = spec(matrices)["layout"]["meta"]  # the matrices section is open: the head's matrices, the cell outlined
+    assert (m["viz"], m["layer"], m["head"], m["query"], m["key"]) == ("inside_matrices", 1, 2, query, key)
+    assert ui.inside_for_head(session, "1,2")[-1] == gr.skip()  # closed: not drawn
+    one_sentence_refusal(lambda: ui.open_dla_head(session, "9,0"), "Click a head's cell")
+    one_sentence_refusal(lambda: ui.inside_for_head(session, "1"), "Click a head's cell")
+
+
+def test_a_composition_pair_clicked_opens_the_writing_heads_circuits_and_names_the_pair(session):
+    list(ui.run_composition(session, GRAMMAR, "k"))
+    r = session.circuits.last["composition"]
+    assert ui.OPEN_PAIR_HINT in ui.pairs_list(r, "k")
+    layer, head, note, plot, head_note, ov, spectrum, qk = ui.open_pair(session, "k,0,1,1,2")
+    assert (layer, head) == (0, 1) and "L0H1 → L1H2" in note and f"{r.k[0, 1, 1, 2]:.3f}" in note
+    assert spec(plot)["layout"]["meta"]["selected"] == [0, 1, 1, 2]
+    assert (session.circuits.last["circuits"].layer, session.circuits.last["circuits"].head) == (0, 1)
+    assert all(spec(f)["layout"]["title"]["text"].startswith("L0H1:") for f in (ov, spectrum, qk))
+    for bad in ("k,1,0,0,1", "k,1,0,1,0", "x,0,1,1,2", "k,0,1,1", "k,0,1,3,9", None):
+        one_sentence_refusal(lambda bad=bad: ui.open_pair(session, bad), "Click a cell of the composition map")
+    assert session.circuits.last["circuits"].head == 1  # a refusal opened nothing
+
+
 def test_downloads_hold_the_last_records(session):
     ui.show_dla(session, "tom", "anna")
     path = ui.download_circuits(session, "dla", "json")

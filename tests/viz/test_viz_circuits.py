@@ -129,6 +129,47 @@ def test_the_composition_maps_draw_the_records_scores(records):
         outlined = [s for s in spec["layout"]["shapes"] if s.get("type") == "rect" and s["line"] == MARK_LINES[1]]
         assert len(outlined) == min(3, len(r.top[kind]))
         assert spec["layout"]["meta"]["pick"] == "pair" and spec["layout"]["meta"]["heads"] == H
+        assert spec["layout"]["meta"]["blocks"] is False
+        pairs = decode_array(trace["customdata"]).astype(np.int64)  # what a click on each cell opens (int8 sent)
+        assert pairs.shape == want.shape + (4,)
+        assert pairs[e * H + h, (later - 1) * H + h2].tolist() == [e, h, later, h2]
+        rows, cols = np.indices(want.shape)
+        np.testing.assert_array_equal(pairs[..., 0] * H + pairs[..., 1], rows)
+        np.testing.assert_array_equal((pairs[..., 2] - 1) * H + pairs[..., 3], cols)
+
+
+def test_a_map_too_narrow_for_a_cell_per_pair_shows_each_pair_of_layers_strongest_pair(records):
+    """On a phone a 12 × 12 model's 132 × 132 pairs would be 1.4 px cells: the map has a cell per pair of layers
+    instead, the strongest of its 144 head pairs (checked here against the scores cell by cell), which a click
+    opens; the grammar model's 8 × 8 pairs keep a cell each."""
+    r, (L, H) = records["composition"], records["shape"]
+    best = r.top["k"][0]
+    pair = best.earlier + best.later
+    spec = sent(composition_map(r.of("k"), kind="k", top=[pair], selected=pair, width_px=390))
+    (trace,) = spec["data"]
+    meta = spec["layout"]["meta"]
+    if L < 12:
+        assert meta["blocks"] is False and z_of(trace).shape == ((L - 1) * H,) * 2
+        return
+    assert meta["blocks"] is True
+    z, pairs = z_of(trace), decode_array(trace["customdata"])
+    assert z.shape == (L - 1, L - 1) and pairs.shape == (L - 1, L - 1, 4)
+    scores = r.of("k")
+    for a in range(L - 1):
+        for b in range(1, L):
+            if b <= a:
+                assert np.isnan(z[a, b - 1])
+                continue
+            block = scores[a, :, b, :]
+            assert z[a, b - 1] == np.float32(np.nanmax(block))
+            la, ha, lb, hb = pairs[a, b - 1].tolist()
+            assert (la, lb) == (a, b) and scores[a, ha, b, hb] == np.nanmax(block)
+    assert pairs[best.earlier[0], best.later[0] - 1].tolist() == list(pair)  # the strongest pair's own cell
+    shapes = spec["layout"]["shapes"]
+    at = (best.earlier[0], best.later[0] - 1)
+    assert {(s["y0"] + s["y1"]) / 2 for s in shapes} == {at[0]} and {(s["x0"] + s["x1"]) / 2 for s in shapes} == {at[1]}
+    assert [s["line"] for s in shapes[-len(ROW_OUTLINE):]] == [dict(line) for line in ROW_OUTLINE]
+    assert trace["x"][0] == "L1" and trace["y"][-1] == f"L{L - 2}"
 
 
 def test_the_head_circuit_figures_draw_the_records_numbers(records):
