@@ -63,8 +63,10 @@ class AppServer:
     `start_seconds` is the time from launching the process to the first HTTP 200.
     """
 
-    def __init__(self, extra_env: dict[str, str] | None = None, tmp: Path | None = None, args: list[str] = ()):
+    def __init__(self, extra_env: dict[str, str] | None = None, tmp: Path | None = None, args: list[str] = (),
+                 app: Path = APP):
         self.args = list(args)  # command-line options of app.py (e.g. --model SRC)
+        self.app = Path(app)  # another checkout's app.py for a benchmark's before/after (bench/startup.py)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.env = {**os.environ, **LOCAL_ENV, **OFFLINE_ENV, "GRADIO_SERVER_PORT": str(self.port), **(extra_env or {})}
@@ -80,8 +82,8 @@ class AppServer:
         """Launch the app and wait (polling every `poll` s) until its page answers HTTP 200."""
         self.log = open(self.log_path, "wb")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, str(APP), *self.args], cwd=ROOT, env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen([sys.executable, str(self.app), *self.args], cwd=self.app.parent, env=self.env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         while True:
             try:
                 with urllib.request.urlopen(self.url, timeout=2) as r:
