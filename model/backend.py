@@ -39,7 +39,7 @@ from .config import ModelConfig
 from .generate import Sampling, Step, adjust_probs, mask_padding
 from .interventions import Intervention
 from .json_bounds import is_int, short
-from .patching import Patch, PatchSite
+from .patching import Patch, PatchSite, check_site_range
 from .transformer import DecoderLM, readable
 
 LOGITS = ("all", "last")
@@ -209,14 +209,7 @@ def check_patch(cfg: ModelConfig, ids: tuple[int, ...], source_ids: tuple[int, .
             raise ValueError("patch sites must be PatchSite objects")
         if s.row is not None:
             raise ValueError("a patch site of the contract names no batch row: each site is its own run")
-        top = cfg.n_layers + 1 if s.kind == "resid" else cfg.n_layers
-        if s.layer >= top:
-            what = "residual index" if s.kind == "resid" else "layer"
-            raise ValueError(f"patch {what} {s.layer} is out of range 0..{top - 1}")
-        if s.head is not None and s.head >= cfg.n_heads:
-            raise ValueError(f"patch head {s.head} is out of range; each layer has heads 0..{cfg.n_heads - 1}")
-        if s.kind == "mlp" and cfg.ff_dim == 0:
-            raise ValueError(f"layer {s.layer} has no feed-forward (MLP) branch to patch")
+        check_site_range(cfg, s, has_mlp=cfg.ff_dim != 0)
         if s.positions is not None and max(s.positions) >= T:
             raise ValueError(f"patch position {max(s.positions)} is out of range 0..{T - 1}")
 

@@ -43,6 +43,20 @@ from .json_bounds import is_int
 PATCH_KINDS = ("head", "resid", "attn", "mlp")
 
 
+def check_site_range(cfg, s, has_mlp: bool = True) -> None:
+    """A ValueError when patch site `s` names a layer, residual index or head the model `cfg` lacks, or an MLP
+    its block does not have (`has_mlp` False: d_ff=0, the block has attention only)."""
+    # the residual stream has one more place than there are blocks: the embedding's output
+    top = cfg.n_layers + 1 if s.kind == "resid" else cfg.n_layers
+    if s.layer >= top:
+        what = "residual index" if s.kind == "resid" else "layer"
+        raise ValueError(f"patch {what} {s.layer} is out of range 0..{top - 1}")
+    if s.head is not None and s.head >= cfg.n_heads:
+        raise ValueError(f"patch head {s.head} is out of range; each layer has heads 0..{cfg.n_heads - 1}")
+    if s.kind == "mlp" and not has_mlp:
+        raise ValueError(f"layer {s.layer} has no feed-forward (MLP) branch to patch")
+
+
 @dataclass(frozen=True)
 class Activations:
     """One forward's activations, recorded with `record=True` (fields: see the module docstring)."""
@@ -139,15 +153,7 @@ class Patch:
             if len(run.heads) != cfg.n_layers or run.residuals[0].shape[-1] != cfg.d_model:
                 raise ValueError(f"the patch's {what} run was recorded on a model of another shape")
         for s in self.sites:
-            # the residual stream has one more place than there are blocks: the embedding's output
-            top = cfg.n_layers + 1 if s.kind == "resid" else cfg.n_layers
-            if s.layer >= top:
-                what = "residual index" if s.kind == "resid" else "layer"
-                raise ValueError(f"patch {what} {s.layer} is out of range 0..{top - 1}")
-            if s.head is not None and s.head >= cfg.n_heads:
-                raise ValueError(f"patch head {s.head} is out of range; each layer has heads 0..{cfg.n_heads - 1}")
-            if s.kind == "mlp" and self.source.mlp[s.layer] is None:  # d_ff=0: the block has attention only
-                raise ValueError(f"layer {s.layer} has no feed-forward (MLP) branch to patch")
+            check_site_range(cfg, s, has_mlp=s.kind != "mlp" or self.source.mlp[s.layer] is not None)
             if s.positions is not None and max(s.positions) >= seq_len:
                 raise ValueError(f"patch position {max(s.positions)} is out of range 0..{seq_len - 1}")
             if s.row is not None and s.row >= batch:
