@@ -207,25 +207,24 @@ def test_the_generation_loop_samples_as_the_decoder_does(pair, folders):
                 close(torch.from_numpy(mine.probs), torch.from_numpy(theirs.probs), "probabilities")
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "model.generate", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama3"])
 def test_the_cli_prints_the_same_tokens_with_either_backend(folders, family):
     common = ["--checkpoint", str(folders[family]), "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "5"]
-    runs = {b: run_cli(*common, "--backend", b, "--json") for b in ("own", "nnsight")}
-    for done in runs.values():
-        assert done.returncode == 0, done.stderr
-    own, theirs = ([json.loads(line) for line in runs[b].stdout.splitlines()] for b in ("own", "nnsight"))
+    lines = [[*common, "--backend", b, *extra] for extra in (["--json"], []) for b in ("own", "nnsight")]
+    # the four command lines in one child process, each run as `python -m model.generate` would be
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    batch = subprocess.run([sys.executable, "-m", "tests.support.cli_batch", "model.generate"],
+                           input=json.dumps(lines), capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert batch.returncode == 0, batch.stderr
+    answers = json.loads(batch.stdout)
+    for status, _, err in answers:
+        assert status == 0, err
+    own, theirs = ([json.loads(line) for line in out.splitlines()] for _, out, _ in answers[:2])
     assert [r["token_id"] for r in theirs] == [r["token_id"] for r in own] and len(own) == 5
     assert [r["text"] for r in theirs] == [r["text"] for r in own]
     assert max(abs(a["prob"] - b["prob"]) for a, b in zip(own, theirs)) <= TOL
     assert {tuple(r) for r in theirs} == {tuple(r) for r in own}  # the same fields, in the same order
-    texts = [run_cli(*common, "--backend", b) for b in ("own", "nnsight")]
-    assert texts[0].returncode == texts[1].returncode == 0 and texts[0].stdout == texts[1].stdout
+    assert answers[2][1] == answers[3][1] and answers[2][1]  # the plain text, the same from both
 
 
 def test_the_cli_refuses_unknown_combinations_in_one_line(folders, capsys):
