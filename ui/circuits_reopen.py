@@ -4,7 +4,10 @@ A link (`?tab=circuits&answer=…`, lab.links) or an opened session file (lab.se
 Circuits tab shows (lab.links.CircuitsView). `reopened` draws it inside the call that opens the link (the page
 load) or the file (/import_session), in their lanes, and keeps the tab's values for the event `bind_reopen`
 chains after each of them, which sets the tab's controls and figures and selects the tab. So the outputs of
-/import_session stay Explore's, as its callers know them.
+/import_session stay Explore's, as its callers know them. After a page load that event runs only when the
+page's address carries one of the link's Circuits parameters (`REOPEN_JS` presses its hidden button): run at
+every load, an event with these outputs made every later click of the page slower (a Step's picture 87 → 180
+ms, bench/RESULTS.md).
 
 What is drawn is what costs little: direct logit attribution at the selected token (else the last) and one
 head's OV and QK circuits, through ui/circuits.py's own handlers; the composition map only when the model's
@@ -19,6 +22,7 @@ when Run is pressed. These bookkeeping events only store checked values; they an
 from __future__ import annotations
 
 import html
+import json
 from types import SimpleNamespace
 
 import gradio as gr
@@ -37,6 +41,10 @@ from .common import RAW, handler, log, message_plot
 # the Circuits tab's components the chained event sets, by their names in build_circuits_tab's namespace
 FIELDS = ("dla_answer", "dla_other", "dla_plot", "dla_note", "kind", "composition_note", "composition_plot", "pairs",
           "layer", "head", "head_note", "ov_plot", "spectrum_plot", "qk_plot", *links.ATP_FORM)
+# after the page's load: the reopening's hidden button is pressed only for an address with a Circuits parameter
+REOPEN_JS = ("() => { const q = new URLSearchParams(window.location.search); "
+             f"if ({json.dumps(list(links.CIRCUIT_PARAMS))}.some((k) => q.has(k))) "
+             "document.querySelector('#circuits_reopen')?.click(); }")
 NOT_CACHED = ("The composition scores of this model are not computed yet: press Compute (about 10 s at most, "
               "once per model).")
 FAULT = "This part could not be drawn again; press its button."
@@ -164,7 +172,9 @@ def bind_reopen(demo: gr.Blocks, ses: gr.State, c: SimpleNamespace, tabs: gr.Tab
     after every endpoint, inside the page's Blocks."""
     quiet = dict(api_name=False, queue=False, show_progress="hidden", **RAW)
     outputs = [tabs, *(getattr(c, name) for name in FIELDS)]
-    loaded.then(reopen_circuits, ses, outputs, **quiet)
+    reopen = gr.Button("reopen", elem_id="circuits_reopen", elem_classes="lab-hidden")
+    reopen.click(reopen_circuits, ses, outputs, **quiet)
+    loaded.then(None, js=REOPEN_JS, api_name=False, queue=False, show_progress="hidden")
     _after(demo, "import_session").success(reopen_circuits, ses, outputs, **quiet)
     for tab_id, tab in tab_items.items():
         if tab_id != "explore":  # Explore changes nothing kept: the tab before it is the one that counts

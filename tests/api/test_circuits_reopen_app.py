@@ -140,7 +140,11 @@ def test_the_app_s_link_reopens_the_circuits_tab_on_load(app_server):
         done = listener.wait("process_completed")
         assert done["success"], str(done)[:300]
         assert "Opened from a link." in json.dumps(done["output"]["data"][-1])
-        reopen = chained(cfg, load)
+        # after the load the page presses the reopening's hidden button, for an address with a Circuits parameter
+        # only (a page event in the browser, no server call: tests/browser/test_browser_circuits_link.py)
+        after_load = next(d for d in cfg["dependencies"] if d["trigger_after"] == load)
+        assert not after_load["backend_fn"] and "#circuits_reopen" in after_load["js"] and "answer" in after_load["js"]
+        reopen = on(cfg, component(cfg, "circuits_reopen"), "click")
         got = named(cfg, reopen, call(url, session_hash, Call(reopen, [None]))[0])
         # the DLA drawn is at the link's last token, after its Steps: the same numbers as the first client's
         b = Client(url, verbose=False)
