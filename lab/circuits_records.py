@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
 import torch
 
-from model.circuits import (KINDS, CompositionScores, composition_scores, copying_scores,
+from model.circuits import (KINDS, CompositionScores, DirectLogitAttribution, composition_scores, copying_scores,
                             direct_logit_attribution)
 
 from .catalogue.models import ModelEntry
@@ -84,32 +84,18 @@ def _versions(model) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------ direct logit attribution
 
 
-@dataclass
-class DLARecord:
-    """Direct logit attribution at one window position (model.circuits.direct_logit_attribution's terms):
-    heads (L, H), mlps (L,) (0 for a block without one), embedding {"token", "position"} or {"embedding"},
-    biases (the remainder's named pieces) and cap (the soft-cap's share); direct_sum + remainder equals actual,
-    the logit (difference) the model reads out there. answer / other: token ids (other None: one logit)."""
+@dataclass(frozen=True, kw_only=True)
+class DLARecord(DirectLogitAttribution):
+    """Direct logit attribution at one window position: the engine's terms (model.circuits_dla's
+    DirectLogitAttribution: heads (L, H), mlps (L,), embedding, biases, cap; direct_sum + remainder equals actual,
+    the logit (difference) the model reads out there; answer / other: token ids, other None: one logit) and what
+    the person's view names them by: the model, the window's tokens, the pieces of the answers."""
 
     model: str
     tokens: list[str]
     text_offset: int
-    position: int
-    answer: int
-    other: int | None
     answer_piece: str
     other_piece: str | None
-    heads: np.ndarray
-    mlps: np.ndarray
-    mlp_layers: tuple[int, ...]
-    embedding: dict[str, float]
-    biases: dict[str, float]
-    cap: float
-    direct_sum: float
-    remainder: float
-    uncapped: float
-    actual: float
-    scale: float
     default_answer: bool = False  # the answer was the model's own top prediction there
 
     @property
@@ -247,10 +233,9 @@ def dla(text: Text, index=None, answer=None, other=None) -> DLARecord:
     except ValueError as exc:
         raise engine_refusal(exc) from None
     pieces = entry.pieces
-    return DLARecord(entry.name, [pieces[i] for i in window], int(text.decoder.start), t, a, b, pieces[a],
-                     None if b is None else pieces[b], d.heads, d.mlps, d.mlp_layers, dict(d.embedding),
-                     dict(d.biases), d.cap, d.direct_sum, d.remainder, d.uncapped, d.actual, d.scale,
-                     default_answer=answer is None or answer == "")
+    return DLARecord(**{f.name: getattr(d, f.name) for f in fields(d)}, model=entry.name,
+                     tokens=[pieces[i] for i in window], text_offset=int(text.decoder.start), answer_piece=pieces[a],
+                     other_piece=None if b is None else pieces[b], default_answer=answer is None or answer == "")
 
 
 DLA_COLUMNS = ["part", "layer", "head", "value"]
