@@ -22,21 +22,8 @@ from lab.circuits_atp import verify_flops
 from lab.circuits_records import COMPOSITION, TOP_PAIRS
 from lab.server.budget import MODEL_BUDGET
 from lab.session import SESSIONS, Session
-from model.generate import Sampling
 
-GRAMMAR = "grammar (built-in)"
-P = "anna found the key . she gave it to tom because he"
-A = "anna found the key . she gave it to tom because he asked"
-B = "tom found the key . he gave it to anna because she asked"
-GREEDY = Sampling(temperature=0.0, top_k=0, top_p=1.0, seed=0)
-
-
-def page_text(model: str, prompt: str) -> Session:
-    """A person's session as the page leaves it after Step then Undo: the prompt alone."""
-    session = Session()
-    session.step(model, prompt, GREEDY)
-    session.undo()
-    return session
+from tests.lab.test_tools import GRAMMAR, A, B, P, page_text  # the same prompts and the page's Step then Undo
 
 
 def held_now() -> int:
