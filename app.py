@@ -19,7 +19,7 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from lab.catalogue.external import ENV_VAR, EXTERNAL, SEPARATOR, sources_from
+from lab.catalogue.external import BACKENDS, ENV_VAR, EXTERNAL, SEPARATOR, sources_from
 from lab.catalogue.models import DEFAULT_MODEL
 from lab.limits import (
     QUEUE_SIZE,
@@ -127,6 +127,16 @@ def arg_parser() -> argparse.ArgumentParser:
                         help="add a model to the list (repeatable): a Hugging Face model folder, a nanoGPT "
                              "ckpt.pt (its meta.pkl beside it), a Decoder Lab .safetensors file (with its film, "
                              "if it has one), or a hub repo id pinned as owner/name@revision")
+    parser.add_argument("--backend", choices=BACKENDS, default="own",
+                        help="what runs the --model sources: the own engine (default: every tool, exact, for "
+                             "models up to about 1B parameters) or nnsight (a Hugging Face model, local or on "
+                             "NDIF: the Explore tools only, a forward per action; docs/models.md)")
+    parser.add_argument("--device-map", metavar="MAP", default=None,
+                        help="with --backend nnsight: spread the model over this machine's GPUs and CPU "
+                             "(transformers' device_map, e.g. auto; needs accelerate)")
+    parser.add_argument("--remote", action="store_true",
+                        help="with --backend nnsight: run the --model repo ids (owner/name) on NDIF, with the key "
+                             "in the environment variable NDIF_API_KEY (never logged or shown)")
     parser.add_argument("--mcp", action="store_true",
                         help="also serve the stateless tools as MCP tools at /gradio_api/mcp/ (off by default: "
                              "a public app would answer agents' calls too; docs/api.md)")
@@ -138,7 +148,8 @@ def parse_args(argv: list[str] | None = None) -> list:
     parser = arg_parser()
     args = parser.parse_args(argv)
     try:
-        return sources_from(args.model, os.environ.get(ENV_VAR))
+        return sources_from(args.model, os.environ.get(ENV_VAR), backend=args.backend, device_map=args.device_map,
+                            remote=args.remote)
     except ValueError as exc:  # a source no model can be read from: one line, exit status 2
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 

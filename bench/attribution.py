@@ -35,9 +35,10 @@ import torch
 from bench.common import emit, parser, summary
 from bench.real_app import Clock
 from bench.real_models import cpu_model
-from model.attribution import AnswerMetric, atp_batches, atp_grid_sites, attribution_steps, exact_patched_metrics, \
+from model.attribution import AnswerMetric, atp_grid_sites, attribution_steps, exact_patched_metrics, \
     verify_top
 from model.config import ModelConfig
+from model.patching import sweep_chunks
 from model.transformer import DecoderLM
 
 TARGET_S = 2.0
@@ -100,7 +101,7 @@ def exact_head_pos_extrapolated(model, att, rows: int) -> dict:
     """The exact head × position sweep's time from one timed batch per layer (see the module docstring)."""
     cfg, T = model.cfg, len(att.ids_a)
     sites = atp_grid_sites(cfg, "head_pos", T)
-    batches = atp_batches(sites, rows)
+    batches = list(sweep_chunks(sites, rows))
     ids = torch.tensor([list(att.base_ids)])
     per_layer, total_wall, total_cpu, flops = [], 0.0, 0.0, 0.0
     for layer in range(cfg.n_layers):

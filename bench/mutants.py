@@ -131,8 +131,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("patch_substitution", "model/patching.py", "return torch.where(self.mask, self.source.to(x.dtype), x)",
            "return torch.where(self.mask, x, self.source.to(x.dtype))", (E + "test_patching.py",),
            "a patch replaces every activation but the chosen one"),
-    Mutant("patching_direction", "lab/patching.py", 'setup.source_a) if direction == "denoising"',
-           'setup.source_a) if direction == "noising"', (L + "test_patching_lab.py",),
+    Mutant("patching_direction", "lab/patching.py", '(setup.ids_b, setup.ids_a) if direction == "denoising"',
+           '(setup.ids_b, setup.ids_a) if direction == "noising"', (L + "test_patching_lab.py",),
            "denoising runs A with B's activations (noising's run)"),
     # ----------------------------------------------------------------- checkpoints, tokenizers, training, film
     Mutant("checkpoint_shape_check", "model/checkpoint.py", "        if info.get(\"shape\") != list(shape):",

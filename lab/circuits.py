@@ -129,8 +129,11 @@ class Circuits:
         if model_name is None:
             if self._owner.entry is None:
                 raise UserError("Choose a model first: the composition scores are a model's.")
-            return self._owner.entry
-        return self._owner.entry_for(model_name)
+            entry = self._owner.entry
+        else:
+            entry = self._owner.entry_for(model_name)
+        entry.require("circuits")  # every method here reads the own engine's weights
+        return entry
 
     # ------------------------------------------------------------------------ the verbs
 
@@ -140,6 +143,7 @@ class Circuits:
         prediction there; other None: the answer's logit alone)."""
         text = self._owner.text
         need_text(text)
+        text.entry.require("circuits")
         with self._borrow(dla_bytes(text.entry, len(text.decoder.window)), "Direct logit attribution"):
             record = dla(text, index, answer, other)
         self.last["dla"] = record
@@ -159,7 +163,7 @@ class Circuits:
             yield CircuitsProgress("done", 1, 1, record)
             return
         flops, nbytes = composition_flops(entry), composition_bytes(entry)
-        cfg = entry.model.cfg
+        cfg = entry.cfg
         if flops > MAX_COMPOSITION_GFLOP * 1e9 or nbytes > MAX_COMPOSITION_BYTES:
             raise UserError(f"The composition scores of this model ({cfg.n_layers} layers × {cfg.n_heads} heads, "
                             f"d_model {cfg.d_model}) take about {flops / 1e9:,.0f} GFLOP and "
@@ -188,7 +192,8 @@ class Circuits:
         need_text(text)
         if not isinstance(fold, bool):
             raise UserError("fold must be true or false.")
-        entry, cfg = text.entry, text.entry.model.cfg
+        entry, cfg = text.entry, text.entry.cfg
+        entry.require("circuits")
         n = min(MAX_OV_INPUTS, len(set(text.decoder.window)))
         if circuit_flops(entry, n) > MAX_CIRCUIT_GFLOP * 1e9:
             raise UserError(f"One head's OV circuit on this model takes about {circuit_flops(entry, n) / 1e9:,.0f} "
@@ -206,7 +211,7 @@ class Circuits:
         """Attribution patching of the A/B pair beside the exact sweep of `what` (lab.patching's sweeps and
         directions), and its top `k` cells re-run exactly: progress after each step, the AtPRecord last (one
         long job per session, Stop ends it). Everything is checked before the first forward."""
-        entry = self._owner.entry_for(model_name)
+        entry = self._entry(model_name)
         what = check_choice("what to patch", what, SWEEPS)
         patching.grid(entry, what, 1)  # a sweep the model cannot run (no MLP) is refused first
         direction = check_choice("direction", direction, DIRECTIONS)

@@ -23,7 +23,8 @@ from typing import Iterator
 import numpy as np
 
 from model.attribution import (ATP_ABS_SHARE, ATP_REL_TOL, FAILURE_REASONS, AnswerMetric, Attribution,
-                               AttributionCheck, atp_batches, attribution_steps, verify_steps)
+                               AttributionCheck, attribution_steps, verify_steps)
+from model.patching import sweep_chunks
 
 from . import patching
 from .catalogue.models import ModelEntry
@@ -147,7 +148,7 @@ def atp_bytes(entry: ModelEntry, T: int) -> int:
     """Memory while it runs (float32), an estimate from the shapes: the base forward's graph and its
     gradients (per layer and token: the branches, q/k/v, the MLP's hidden layer and the attention rows),
     the source run's recording, and the exact sweep's own (lab.patching.sweep_bytes)."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     per_token_layer = 12 * cfg.d_model + 3 * max(cfg.ff_dim, 1) + 3 * cfg.n_heads * T + 4 * cfg.attn_dim
     return 4 * 3 * T * cfg.n_layers * per_token_layer + patching.sweep_bytes(entry, T)
 
@@ -157,8 +158,8 @@ def verify_flops(entry: ModelEntry, what: str, T: int, k: int) -> float:
     per cell re-run), each priced as a batch that runs every block (lab.patching.sweep_flops prices a batch by
     the blocks from its layer on), so never more than the whole sweep."""
     sites = patching.grid(entry, what, T)[2]
-    sizes = sorted((e - s for s, e in atp_batches(sites, max(1, patching.BATCH_TOKENS // T))), reverse=True)
-    cfg = entry.model.cfg
+    sizes = sorted((e - s for s, e in sweep_chunks(sites, max(1, patching.BATCH_TOKENS // T))), reverse=True)
+    cfg = entry.cfg
     C, hs, F = cfg.d_model, cfg.head_dim, cfg.ff_dim
     proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + cfg.attn_dim * C + C * F * (3 if cfg.gated else 2)
     per_row = T * cfg.n_layers * (2 * proj + 4 * T * cfg.n_heads * hs) + 2 * C * cfg.vocab_size

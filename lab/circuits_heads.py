@@ -76,7 +76,7 @@ class HeadCircuits:
 def circuit_flops(entry: ModelEntry, n_inputs: int) -> float:
     """Operations of one head's OV circuit (two passes of hs × C over the used vocabulary, then each input's
     row over it); the QK circuit on ≤ MAX_QK_TOKENS tokens is small beside it."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     vocab = cfg.vocab_used or cfg.vocab_size
     return 2 * vocab * cfg.d_model * (2 * cfg.head_dim + n_inputs)
 
@@ -95,7 +95,7 @@ def head_circuits(text: Text, layer, head, top_k=OV_TOP, fold: bool = True) -> H
     """One head's OV and QK circuits (model.circuits.ov_circuit, qk_circuit) on the text's tokens."""
     need_text(text)
     entry = text.entry
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     layer = check_int("layer", layer, 0, cfg.n_layers - 1)
     head = check_int("head", head, 0, cfg.n_heads - 1)
     top_k = check_int("top tokens", top_k, 1, MAX_OV_TOP)

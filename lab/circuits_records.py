@@ -146,7 +146,7 @@ class DLARecord(DirectLogitAttribution):
 def dla_bytes(entry: ModelEntry, T: int) -> int:
     """Memory of the recorded forward direct logit attribution reads (float32): every head's output, each
     branch and the residual stream at every position, and one position's logits."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     per_token = cfg.n_layers * (cfg.n_heads * cfg.head_dim + 3 * cfg.d_model) + cfg.d_model
     return 4 * (T * per_token + cfg.vocab_size)
 
@@ -212,7 +212,7 @@ def dla(text: Text, index=None, answer=None, other=None) -> DLARecord:
     prediction there; other None for the answer's logit alone. Checks everything before the forward."""
     need_text(text)
     entry = text.entry
-    if entry.model.cfg.norm == "post":
+    if entry.cfg.norm == "post":
         raise UserError(POST_NORM)
     t = position(text, index)
     a = None if answer is None or answer == "" else answer_token(entry, answer, "first")
@@ -341,7 +341,7 @@ def composition_flops(entry: ModelEntry) -> float:
     """Floating-point operations of the composition scores (model.circuits.composition_scores: one
     (H·k × C) @ (C × 3·H·k) product per pair of layers, k = min(hs, C), and each layer's QR factors) and of
     every head's copying score (W_Uᵀ W_E over the used vocabulary once, then W_O G W_V per head)."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     L, H, C, hs = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.head_dim
     k = min(hs, C)
     pairs = L * (L - 1) / 2 * 2 * (H * k) * C * (3 * H * k)
@@ -354,7 +354,7 @@ def composition_flops(entry: ModelEntry) -> float:
 def composition_bytes(entry: ModelEntry) -> int:
     """Memory while the scores are computed (float64): every layer's small factors (kept until the last
     layer is done), one layer's weights, the three (L, H, L, H) results, W_Uᵀ W_E and a vocabulary chunk."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     L, H, C, hs = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.head_dim
     k = min(hs, C)
     return 8 * (L * H * 4 * k * C + 4 * H * hs * C + 3 * (L * H) ** 2 + C * C + 2 * 4096 * C)
@@ -428,7 +428,7 @@ def compute_composition(entry: ModelEntry, fold: bool, progress: Callable[[str, 
                         stop: threading.Event) -> CompositionRecord:
     """The scores of the engine (composition, then copying: progress(phase, done, total) after each layer),
     kept in `COMPOSITION` when complete. Runs unchecked: the part checks the budget and claims the model."""
-    model, L = entry.model, entry.model.cfg.n_layers
+    model, L = entry.model, entry.cfg.n_layers
     try:
         scores = composition_scores(model, fold, lambda d, t: progress("composition", d, 2 * t), stop)
         copying = np.full((L, model.cfg.n_heads), np.nan)

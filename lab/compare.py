@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .catalogue.models import ModelEntry, encode_prompt
-from .headsettings import forward, kl_bits
+from .headsettings import forward, kl_bits, per_layer
 from .roles import HeadRoles, compute_head_roles
 from .text import used_rows
 
@@ -75,11 +75,11 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
     ids_a, notes_a = encode_prompt(prompt_a, entry)
     ids_b, notes_b = encode_prompt(prompt_b, entry)
     tok = entry.tokenizer
-    outs = [forward(entry, ids, attention=True) for ids in (ids_a, ids_b)]
-    weights = [[w[0].float().numpy() for w in o.attentions] for o in outs]
+    outs = [forward(entry, ids, attention=True, logits="last") for ids in (ids_a, ids_b)]
+    weights = [per_layer(entry, o.attention) for o in outs]
     tokens = [[tok.piece(i) for i in ids] for ids in (ids_a, ids_b)]
     n = min(len(ids_a), len(ids_b))
-    causal = entry.model.cfg.mask == "causal"
+    causal = entry.cfg.mask == "causal"
     notes = [f"Prompt A: {m}" for m in notes_a] + [f"Prompt B: {m}" for m in notes_b]
     if len(ids_a) != len(ids_b):
         notes.append(f"The prompts have {len(ids_a)} and {len(ids_b)} tokens: positions are compared one by one "
@@ -90,7 +90,7 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
                      "them; the difference includes that.")
     diff = [wb[:, :n, :n] - wa[:, :n, :n] for wa, wb in zip(*weights)]
     roles = [compute_head_roles(entry, ids, w, t) for ids, w, t in zip((ids_a, ids_b), weights, tokens)]
-    probs = [torch.softmax(used_rows(o.logits[0, -1].double(), entry), -1).numpy() for o in outs]
+    probs = [torch.softmax(used_rows(o.logits[-1].double(), entry), -1).numpy() for o in outs]
     return Comparison(tokens_a=tokens[0], tokens_b=tokens[1], common=n, diff=diff, roles_a=roles[0], roles_b=roles[1],
                       probs_a=probs[0], probs_b=probs[1], pieces=list(entry.pieces), notes=notes, causal=causal,
                       weights_a=weights[0], weights_b=weights[1])

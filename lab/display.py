@@ -104,7 +104,7 @@ def check_head(head, n_heads: int) -> tuple[int | None, tuple[int, ...] | None]:
 
 def check_view(entry: ModelEntry, layer, head, view) -> View:
     """The view settings checked against this model ("all" heads = None, a page of heads in `heads`)."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     layer = check_int("layer", layer, 0, cfg.n_layers - 1)
     head, page = check_head(head, cfg.n_heads)
     return View(layer, head, check_choice("view", view, ATTENTION_VIEWS), page)

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from model.backend_decoder import make_decoder
 from model.generate import Decoder, Sampling, generate
 from model.interventions import ABLATION_MODE_WORDS, ABLATION_MODES, AttentionEdit
 from model.attention import LayerCache
@@ -77,6 +78,7 @@ def lens_readout(text: Text, index=None) -> Lens:
     """What the model would predict after `index` (default: the selected token) if it stopped after
     each layer: the residual stream through the final norm and the output head (read_out_rows)."""
     need_text(text)
+    text.entry.require("lens")
     index = position(text, index)
     d, entry = text.decoder, text.entry
     streams, own = streams_at(d, index)
@@ -169,8 +171,8 @@ def effect(text: Text, settings: ProbeSettings, index=None) -> Effect:
     index = position(text, index)
     d, entry = text.decoder, text.entry
     iv = window_intervention(text, settings)
-    before = used_rows(forward(entry, d.window).logits[0, index].double(), entry)
-    after = before if iv is None else used_rows(forward(entry, d.window, iv).logits[0, index].double(), entry)
+    before = used_rows(forward(entry, d.window).logits[index].double(), entry)
+    after = before if iv is None else used_rows(forward(entry, d.window, iv).logits[index].double(), entry)
     log_p, log_q = torch.log_softmax(before, -1).numpy(), torch.log_softmax(after, -1).numpy()
     p, q = torch.softmax(before, -1).numpy(), torch.softmax(after, -1).numpy()
     rp, rq = ranks(p), ranks(q)
@@ -208,8 +210,8 @@ def regenerate(text: Text, settings: ProbeSettings, sampling: Sampling, n) -> Re
     d, entry = text.decoder, text.entry
     texts = []
     for intervention in (None, iv):
-        dec = Decoder(entry.model, list(d.ids), sampling, eos_id=entry.tokenizer.eos_id, piece=entry.tokenizer.piece,
-                      capture_attention=False, intervention=intervention)
+        dec = make_decoder(entry.backend, list(d.ids), sampling, eos_id=entry.tokenizer.eos_id,
+                           piece=entry.tokenizer.piece, capture_attention=False, intervention=intervention)
         texts.append([s.piece for s in generate(dec, n, sampling, attention="none")])
     normal, changed = texts
     first = next((i for i, (a, b) in enumerate(zip(normal, changed)) if a != b), None)
@@ -299,7 +301,7 @@ class Heads:
         text = self.text
         if text.entry is None:
             raise UserError("Press Step first: ablation works on the text in the Explore tab.")
-        cfg = text.entry.model.cfg
+        cfg = text.entry.cfg
         chosen = parse_heads(heads, cfg.n_layers, cfg.n_heads)
         mode = check_choice("ablation mode", mode, ABLATION_MODES)
         if not isinstance(keep_only, bool):
@@ -321,7 +323,7 @@ class Heads:
         """The settings with `set_edit`'s row, checked against the text (nothing changes here)."""
         text, settings = self.text, self.settings
         need_text(text)
-        d, cfg = text.decoder, text.entry.model.cfg
+        d, cfg = text.decoder, text.entry.cfg
         if key is None or key == "off":
             return ProbeSettings(settings.heads, settings.mode, settings.keep_only, None)
         layer = check_int("layer", layer, 0, cfg.n_layers - 1)
@@ -367,7 +369,7 @@ class Heads:
         was set (the tools then say so, as they did before the file was saved)."""
         text, settings = self.text, self.settings
         need_text(text)
-        d, cfg = text.decoder, text.entry.model.cfg
+        d, cfg = text.decoder, text.entry.cfg
         layer = check_int("layer", layer, 0, cfg.n_layers - 1)
         head = check_int("head", head, 0, cfg.n_heads - 1)
         query = check_int("query position", query, 0, len(d.ids) - 1)
@@ -415,12 +417,12 @@ class Heads:
         """Every head of the text's model as the page names it ("L1H0"); none before the first Step."""
         if self.text.entry is None:
             return []
-        cfg = self.text.entry.model.cfg
+        cfg = self.text.entry.cfg
         return [head_label(layer, h) for layer in range(cfg.n_layers) for h in range(cfg.n_heads)]
 
     def shape(self) -> tuple[int, int]:
         """(layers, heads) of the text's model."""
-        cfg = self.text.entry.model.cfg
+        cfg = self.text.entry.cfg
         return cfg.n_layers, cfg.n_heads
 
     def parse_heads(self, value) -> tuple[tuple[int, int], ...]:
@@ -450,7 +452,7 @@ class Heads:
         if q is None:
             return out
         n = len(self.text.decoder.window)
-        limit = q if self.text.entry.model.cfg.mask == "causal" else n - 1
+        limit = q if self.text.entry.cfg.mask == "causal" else n - 1
         tokens = [p for p, _ in self.text.tokens()]
         return out + [(f"{j}: {tokens[j]}", str(j)) for j in range(limit + 1)]
 

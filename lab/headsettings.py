@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from model.backend import ForwardRequest, ForwardResult
 from model.interventions import ABLATION_MODE_WORDS, AttentionEdit, Intervention
 
 from .catalogue.models import ModelEntry
@@ -111,10 +112,17 @@ class ProbeSettings:
 
 
 def forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention | None = None,
-             residuals: bool = False, attention: bool = False):
-    with torch.inference_mode():
-        return entry.model(torch.tensor([list(ids)]), return_attention=attention, intervention=intervention,
-                           return_residuals=residuals)
+            attention: bool = False, logits: str = "all") -> ForwardResult:
+    """One forward of `ids` through the entry's backend (model.backend's contract), with `intervention`:
+    the logits of every position (or the "last"), and with `attention` every head's weights and scores."""
+    return entry.backend.forward(ForwardRequest(tuple(ids), attention="all" if attention else (), scores=attention,
+                                                intervention=intervention, logits=logits))
+
+
+def per_layer(entry: ModelEntry, heads: dict) -> list[np.ndarray]:
+    """A forward's {(layer, head): (T, T)} tensors as one (H, T, T) float32 array per layer."""
+    cfg = entry.cfg
+    return [torch.stack([heads[layer, h] for h in range(cfg.n_heads)]).float().numpy() for layer in range(cfg.n_layers)]
 
 
 def window_intervention(text: Text, settings: ProbeSettings) -> Intervention | None:
@@ -128,7 +136,7 @@ def window_intervention(text: Text, settings: ProbeSettings) -> Intervention | N
         raise UserError("The edited attention row is no longer in the text shown; set the edit again.")
     iv = iv.within(d.start, 0, len(d.window))
     try:
-        iv.validate(text.entry.model.cfg, len(d.window))
+        iv.validate(text.entry.cfg, len(d.window))
     except ValueError as exc:
         raise UserError(f"These settings cannot run: {exc}.") from None
     return iv
@@ -160,7 +168,7 @@ def ablated(text: Text, settings: ProbeSettings) -> list[tuple[int, int]]:
     """The heads the settings ablate on the text's model (keep-only resolved), sorted."""
     if not settings.active or text.entry is None:
         return []
-    return sorted(settings.intervention().ablated_heads(text.entry.model.cfg))
+    return sorted(settings.intervention().ablated_heads(text.entry.cfg))
 
 
 def badges(text: Text, settings: ProbeSettings, layer: int, roles: HeadRoles | None) -> dict[int, str]:
@@ -186,5 +194,5 @@ def changed_attention(text: Text, settings: ProbeSettings) -> tuple[list[np.ndar
         iv = window_intervention(text, settings)
     except UserError:
         return None
-    out = forward(text.entry, text.decoder.window, iv, attention=True)
-    return [a[0].float().numpy() for a in out.attentions], [s[0].float().numpy() for s in out.scores]
+    out = forward(text.entry, text.decoder.window, iv, attention=True, logits="last")
+    return per_layer(text.entry, out.attention), per_layer(text.entry, out.scores)

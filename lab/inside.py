@@ -1,13 +1,12 @@
 """Inside one attention cell, for one person's text: model.inside's numbers as plain lists, each with
 its formula, ready for the figures, the API's /inside and a numbers download (CSV / JSON).
 
-The numbers come from one forward over the text's window, with the head tools' settings (heads
-ablated, a row edited: lab.headsettings) applied, so what is shown is what the model computed for the
-text as the other tools see it. That forward is kept for the text while the window and settings
-stay (`_Memo`): opening another cell of the same text reruns one layer, not the model.
+The numbers come from one forward over the text's window, with the head tools' settings (heads ablated, a row
+edited: lab.headsettings) applied, so what is shown is what the model computed for the text as the other tools
+see it. That forward is kept while the window and settings stay (`_Memo`): another cell reruns one layer.
 
-Positions are window positions (0 = the first token shown), as everywhere on the page. Masked
-scores (-inf) are None in the lists (JSON has no infinity) and empty cells in the CSV.
+Positions are window positions (0 = the first token shown). Masked scores (-inf) are None in the lists
+(JSON has no infinity) and empty cells in the CSV. The view runs the own engine's modules.
 """
 
 from __future__ import annotations
@@ -150,7 +149,8 @@ MEMO = _Memo()
 
 def _shape(text: Text) -> tuple[int, int, int]:
     need_text(text)
-    if why := rebuild_refusal(cfg := text.entry.model.cfg):  # a model whose cells this view cannot rebuild
+    text.entry.require("inside")  # the rebuild calls the own engine's layer modules
+    if why := rebuild_refusal(cfg := text.entry.cfg):  # a model whose cells this view cannot rebuild
         raise UserError(why)
     return cfg.n_layers, cfg.n_heads, len(text.decoder.window)
 
@@ -163,7 +163,7 @@ def _layer_head(text: Text, layer, head) -> tuple[int, int]:
 def _facts(text: Text, layer: int) -> dict:
     """What kind of attention this layer computes (the view names each step after these). Rotary facts
     are this layer's: a layer may turn with a local base, or not at all (rope_off)."""
-    cfg = text.entry.model.cfg
+    cfg = text.entry.cfg
     attn = text.entry.model.blocks[layer].attn
     base = cfg.rope_base(layer)
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
@@ -334,7 +334,7 @@ def _source(text: Text, iv: Intervention | None, layer: int, rows_only: bool = F
     computed: every position's layer inputs carried up once and kept; rows_only: unless they are kept
     already, only the rows asked for are carried, which is what a first cell costs), or, under the head
     tools' settings or when the decoder holds no cache, a forward over the window with them (kept)."""
-    d, cfg = text.decoder, text.entry.model.cfg
+    d, cfg = text.decoder, text.entry.cfg
     cache = getattr(d, "cache", None)
     if iv is None and cache is not None and cache.length == len(d.window) and len(d.attention) == cfg.n_layers:
         return {"cache": cache, "attention": d.attention, "inputs": MEMO.inputs(text, layer, carry=not rows_only)}
@@ -449,7 +449,7 @@ def head(text: Text, settings: ProbeSettings, layer, head) -> dict:
     data.update({"kv_head": w.kv_head, "scale": w.scale, "model_facts": _facts(text, layer),
                  "active": {**changes, "ablation": w.ablation, "edited_rows": w.edited_rows},
                  "allowed": w.allowed.tolist()})
-    extra = (("q_proj", "k_proj") if text.entry.model.cfg.qk_norm != "none" else ()) + \
+    extra = (("q_proj", "k_proj") if text.entry.cfg.qk_norm != "none" else ()) + \
         (("capped",) if w.softcap is not None else ())
     for name in ("q_raw", "k_raw", "q", "k", "v", "raw", "scaled", "masked", "weights", "used", "value_norms",
                  "value_weighted") + extra:

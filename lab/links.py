@@ -77,7 +77,7 @@ def read_link(session: Session, params: dict) -> Link:
             return default
 
     model = take("model", lambda v: session.entry_for(v).name, DEFAULT_MODEL)
-    cfg = session.entry_for(model).model.cfg
+    cfg = session.entry_for(model).cfg
 
     def prompt_check(v):
         if not isinstance(v, str) or not v.strip() or len(v) > MAX_PROMPT_CHARS:
@@ -269,7 +269,7 @@ def _read_circuits(params: dict, take, entry: ModelEntry, ignored: list[str]) ->
     when the link opens the Circuits tab or gives an answer."""
     if not any(k in params for k in CIRCUIT_PARAMS):
         return None
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     tab = take("tab", lambda v: check_choice("tab", v, TABS), None)
     answer = take("answer", lambda v: check_answer(entry, v, "first"), None)
     other = take("other", lambda v: check_answer(entry, v, "second"), None)
@@ -360,7 +360,7 @@ def read_circuits_doc(value, entry: ModelEntry) -> CircuitsView:
     """A session file's "circuits" object, every value checked (UserError: the first that does not fit)."""
     if not isinstance(value, dict):
         raise UserError("they are not an object")
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     tab, kind, dla, head, atp = (value.get(k) for k in ("tab", "kind", "dla", "head", "atp"))
     if tab is not None:
         check_choice("tab", tab, TABS)

@@ -88,13 +88,13 @@ def answer_ids(entry: ModelEntry, text: str) -> list[int] | None:
 def answer_id(entry: ModelEntry, text: str) -> int | None:
     """The one token `text` is when it continues a prompt, or None when it is not one."""
     ids = answer_ids(entry, text)
-    used = entry.model.cfg.vocab_used or entry.model.cfg.vocab_size
+    used = entry.cfg.vocab_used or entry.cfg.vocab_size
     return ids[0] if ids is not None and len(ids) == 1 and ids[0] < used else None
 
 
 def _pair(entry: ModelEntry, template: Template) -> Pair | None:
     """The template's first pair that fits this model (see the module's docstring), or None."""
-    block = entry.model.cfg.block_size
+    block = entry.cfg.block_size
     usable = []  # (word, its prompt, tokens, answer id)
     for word, answer in template.fills:
         prompt = template.text.format(word)

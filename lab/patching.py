@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from model.hf_tokenizer import HFFileTokenizer
-from model.patching import Activations, Patch, PatchSite
+from model.backend import PATCH_BATCH_TOKENS, ForwardRequest, sweep_chunks
+from model.patching import PatchSite
 
 from .catalogue.models import ModelEntry, encode_prompt
 from .checks import UserError, check_choice, quoted
@@ -64,7 +65,7 @@ MIN_DIFFERENCE = {"logit_diff": 1e-3, "prob": 1e-4}  # |m_A − m_B| below this:
 NOISE_RATIO = 2.0
 # a session's sweep at most: GPT-2 small's layer × head sweep of 16 tokens is 224 GFLOP (bench/RESULTS.md, 10 s)
 MAX_SWEEP_GFLOP = 600
-BATCH_TOKENS = 512  # patched runs per batch × tokens: the batch a sweep runs at once (bench/patching.py)
+BATCH_TOKENS = PATCH_BATCH_TOKENS  # patched runs per batch × tokens: a sweep's batch (bench/patching.py)
 CSV_COLUMNS = ["sweep", "direction", "row", "layer", "head", "position", "token_a", "token_b", "metric_patched", "share"]
 
 
@@ -111,7 +112,7 @@ def answer_token(entry: ModelEntry, value, which: str) -> int:
     if not enc.unknown and len(enc.ids) == 1:
         return enc.ids[0]
     pieces = {p: i for i, p in enumerate(entry.pieces)}
-    if value in pieces and pieces[value] < (entry.model.cfg.vocab_used or entry.model.cfg.vocab_size):
+    if value in pieces and pieces[value] < (entry.cfg.vocab_used or entry.cfg.vocab_size):
         return pieces[value]
     raise UserError(f"The {which} answer {quoted(value, 30)} is {len(enc.ids)} tokens for this model; the metric "
                     "needs a single token (a whole word for a word-level model, one character for a "
@@ -140,8 +141,6 @@ class PatchSetup:
     metric: Metric
     clean: float  # m_A
     corrupted: float  # m_B
-    source_a: Activations | None = field(repr=False)  # the recorded runs (None in a session's kept result)
-    source_b: Activations | None = field(repr=False)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -161,10 +160,9 @@ class PatchSetup:
         return [a if a == b else f"{a}→{b}" for a, b in zip(self.tokens_a, self.tokens_b)]
 
 
-def _run(entry: ModelEntry, ids: torch.Tensor, patch: Patch | None = None, record: bool = False):
-    """The model's forward over `ids` (B, T), reading out only the last position (all the metric needs)."""
-    with torch.inference_mode():
-        return entry.model(ids, patch=patch, record=record, logits="last")
+def _last_logits(entry: ModelEntry, ids: list[int]) -> torch.Tensor:
+    """The last position's logits (1, V) of the entry's backend's forward over `ids` (all the metric needs)."""
+    return entry.backend.forward(ForwardRequest(tuple(ids), logits="last")).logits[-1:]
 
 
 def prepare_sweep(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=None, other=None) -> PatchSetup:
@@ -181,8 +179,7 @@ def prepare_sweep(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", an
             f"of as many tokens (Compare A / B lists pairs made for this model{such}; its “Which words keep the "
             "token count” finds more).")
     m = make_metric(entry, metric, answer, other)
-    runs = [_run(entry, torch.tensor([ids]), record=True) for ids in (ids_a, ids_b)]
-    clean, corrupted = (float(m.of(r.logits[:, -1], entry)[0]) for r in runs)
+    clean, corrupted = (float(m.of(_last_logits(entry, ids), entry)[0]) for ids in (ids_a, ids_b))
     if abs(clean - corrupted) < MIN_DIFFERENCE[m.kind]:
         made = pairs_for(entry)
         such = f" such as “{made[0].a}” ⇄ “{made[0].b}”" if made else ""
@@ -191,13 +188,12 @@ def prepare_sweep(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", an
             f"restore. Choose prompts whose answer changes (a minimal pair{such}) or answer tokens whose scores "
             "the change moves.")
     notes = [f"Prompt A: {n}" for n in notes_a] + [f"Prompt B: {n}" for n in notes_b]
-    return PatchSetup(entry=entry, ids_a=ids_a, ids_b=ids_b, metric=m, clean=clean, corrupted=corrupted,
-                      source_a=runs[0].activations, source_b=runs[1].activations, notes=notes)
+    return PatchSetup(entry=entry, ids_a=ids_a, ids_b=ids_b, metric=m, clean=clean, corrupted=corrupted, notes=notes)
 
 
 def grid(entry: ModelEntry, what: str, n_positions: int) -> tuple[list[str], list[str], list[PatchSite]]:
     """Row labels, column labels and one site per cell (row-major) of a sweep."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     L, H, T = cfg.n_layers, cfg.n_heads, n_positions
     if what == "heads":
         sites = [PatchSite("head", l, head=h) for l in range(L) for h in range(H)]
@@ -320,18 +316,6 @@ class PatchProgress:
     result: PatchResult | None = None
 
 
-def _batches(sites: list[PatchSite], per_batch: int) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each batch: at most `per_batch` sites of one layer (a batch runs from its
-    layer on: the blocks before it are the base run's, model.patching's `base`)."""
-    start = 0
-    while start < len(sites):
-        stop = start + 1
-        while stop < len(sites) and stop - start < per_batch and sites[stop].layer == sites[start].layer:
-            stop += 1
-        yield start, stop
-        start = stop
-
-
 def sweep_steps(setup: PatchSetup, what, direction, stop: threading.Event | None = None,
                 batch_tokens: int | None = None) -> Iterator[PatchProgress]:
     """Run a sweep a batch at a time, yielding progress after each batch and the result at the end
@@ -341,22 +325,21 @@ def sweep_steps(setup: PatchSetup, what, direction, stop: threading.Event | None
     entry = setup.entry
     T = len(setup.ids_a)
     rows, cols, sites = grid(entry, what, T)
-    # the patched run's input, its own recording (blocks before a batch's first site are not run again) and the source
-    base, own, source = ((setup.ids_b, setup.source_b, setup.source_a) if direction == "denoising"
-                         else (setup.ids_a, setup.source_a, setup.source_b))
-    per_batch = max(1, (batch_tokens or BATCH_TOKENS) // T)
+    # the patched run's input and the run its activations come from; the backend runs the sweep a chunk at a
+    # time (the own engine: a batch of one layer's sites, run from that layer on), so Stop ends it between two
+    base, source = (setup.ids_b, setup.ids_a) if direction == "denoising" else (setup.ids_a, setup.ids_b)
     out = np.full(len(sites), np.nan)
     done, stopped = 0, False
-    for start, stop_at in _batches(sites, per_batch):
+    chunks = entry.backend.patch_steps(base, source, sites, batch_tokens=batch_tokens or BATCH_TOKENS)
+    while True:
         if stop is not None and stop.is_set():
             stopped = True
             break
-        chunk = sites[start:stop_at]
-        batch = [PatchSite(s.kind, s.layer, s.head, s.positions, row=j) for j, s in enumerate(chunk)]
-        ids = torch.tensor([base]).expand(len(chunk), T)
-        logits = _run(entry, ids, Patch(source, batch, base=own)).logits[:, -1]
-        out[start:stop_at] = setup.metric.of(logits, entry)
-        done += len(chunk)
+        logits = next(chunks, None)
+        if logits is None:
+            break
+        out[done:done + len(logits)] = setup.metric.of(logits, entry)
+        done += len(logits)
         if done < len(sites):
             yield PatchProgress(done, len(sites))
     metric = out.reshape(len(rows), len(cols))
@@ -387,13 +370,13 @@ def sweep_flops(entry: ModelEntry, what: str, T: int) -> float:
     """Floating-point operations of a sweep as `sweep_steps` batches it: each batch runs its rows through
     the blocks from its layer on (2 per multiply-add of the projections, feed-forward and attention)
     and reads out the last position."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     C, hs, F = cfg.d_model, cfg.head_dim, cfg.ff_dim
     proj = C * (cfg.n_heads + 2 * cfg.kv_heads) * hs + cfg.attn_dim * C + C * F * (3 if cfg.gated else 2)
     per_token_block = 2 * proj + 4 * T * cfg.n_heads * hs
     _, _, sites = grid(entry, what, T)
     flops = 0.0
-    for start, stop in _batches(sites, max(1, BATCH_TOKENS // T)):
+    for start, stop in sweep_chunks(tuple(sites), max(1, BATCH_TOKENS // T)):
         rows, first = stop - start, sites[start].layer
         flops += rows * (T * (cfg.n_layers - first) * per_token_block + 2 * C * cfg.vocab_size)
     return flops
@@ -402,7 +385,7 @@ def sweep_flops(entry: ModelEntry, what: str, T: int) -> float:
 def sweep_bytes(entry: ModelEntry, T: int) -> int:
     """Memory a sweep holds while it runs (float32): the two recorded runs, and one batch's
     activations (residual, q/k/v, feed-forward, the last position's logits)."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     per_batch = max(1, BATCH_TOKENS // T)
     recorded = 2 * (cfg.n_layers * 3 + 1) * T * cfg.d_model
     batch = per_batch * T * (8 * cfg.d_model + 2 * max(cfg.ff_dim, 1)) + per_batch * cfg.vocab_size

@@ -111,7 +111,7 @@ def compute_head_roles(entry: ModelEntry, ids: Sequence[int], weights: Sequence[
     if task:
         q, k = task_targets(task, tokens, GRAMMAR_NAMES)
         scores["match"] = task_score(task, np.stack(weights), q, k)
-    return HeadRoles(roles_for(entry), scores, list(tokens), entry.model.cfg.kv_heads)
+    return HeadRoles(roles_for(entry), scores, list(tokens), entry.cfg.kv_heads)
 
 
 class RolesCache:

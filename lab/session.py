@@ -336,6 +336,7 @@ class Session:
     def positional(self, model_name) -> tuple[ModelEntry, str, np.ndarray | None]:
         """The positional table a model really uses: (entry, kind, (positions, dims) float32 or None)."""
         entry = self.entry_for(model_name)
+        entry.require("positions")
         kind, table = entry.model.positional_table()
         return entry, kind, None if table is None else table.numpy().astype(np.float32)
 

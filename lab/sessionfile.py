@@ -220,8 +220,8 @@ def model_work(entry: ModelEntry, prompt) -> ModelWork | None:
         prompt_tokens = len(encode_prompt(prompt, entry)[0])
     except UserError:
         return None
-    params = sum(p.numel() for p in entry.model.parameters())
-    return ModelWork(params, entry.model.cfg.block_size, prompt_tokens)
+    params = entry.n_params()
+    return ModelWork(params, entry.cfg.block_size, prompt_tokens)
 
 
 def _replay(scratch: Session, name: str, prompt: str, seed: int, actions: list, payer: Session) -> None:

@@ -113,6 +113,7 @@ def make_shown(text: Text, settings: headsettings.ProbeSettings, *, display: Dis
 
 def drawn_value_weighted(text: Text, settings: headsettings.ProbeSettings, view: View) -> list:
     """‖a_ij · v_j W_O‖ of the layers the view draws (every layer for "all layers"), None for the others."""
+    text.entry.require("value")
     model, window = text.entry.model, text.decoder.window
     iv = headsettings.window_intervention(text, settings)  # the head tools' change, as the attention drawn
     forward = run_forward(model, window, iv)

@@ -7,7 +7,6 @@ person, and keeps what one person's page needs between calls.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Callable, Iterator
 
@@ -53,10 +52,8 @@ class Sweeps:
             try:
                 with MODEL_BUDGET.borrow(owner, nbytes):
                     for p in patching.sweep_steps(setup, what, direction, stop):
-                        if p.result is not None:  # the recorded runs are the sweep's memory: a kept result drops them
-                            p.result.setup = dataclasses.replace(setup, source_a=None, source_b=None)
-                            if keep:
-                                self.last = p.result
+                        if p.result is not None and keep:
+                            self.last = p.result
                         yield p
             except UserError as exc:  # only the budget refuses past the checks above
                 raise UserError(f"A patching sweep on this model needs {nbytes / 2**20:,.1f} MB of memory while it "

@@ -24,6 +24,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from model.backend import ForwardRequest
+from model.backend_decoder import make_decoder
 from model.generate import Decoder, Sampling, Step, adjust_probs, mask_padding, rows_held
 from viz import probability_text
 
@@ -51,7 +53,7 @@ def cut_lines(status) -> list[str]:
 def used_rows(logits: torch.Tensor, entry: ModelEntry) -> torch.Tensor:
     """Logits (..., V) without the padded vocabulary rows (ModelConfig.vocab_used): no token stands for
     them, so no distribution the lab shows or samples has them (model.generate.mask_padding)."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     return logits[..., : cfg.vocab_used or cfg.vocab_size]
 
 
@@ -103,7 +105,7 @@ def text_bytes(entry: ModelEntry, tokens: int) -> int:
 
     GPT-2 small (12 layers × 12 heads, d_model 768) at T = 64: 10.1 MB of attention and scores (room
     for 96 rows), 4.5 MB of cache (MB = 2**20 bytes, as the budget's sentences count)."""
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     window = min(tokens, cfg.block_size)
     t = rows_held(window, cfg.block_size)
     cache = 2 * cfg.n_layers * cfg.kv_heads * window * cfg.head_dim * 4  # keys and values (B, Hkv, T, hs)
@@ -147,7 +149,8 @@ class Text:
     def start(self, entry: ModelEntry, prompt: str, ids: list[int], notices: list[str], sampling: Sampling) -> None:
         """A new text from the prompt's ids (encode_prompt)."""
         self.clear()
-        self.decoder = Decoder(entry.model, ids, sampling, eos_id=entry.tokenizer.eos_id, piece=entry.tokenizer.piece)
+        self.decoder = make_decoder(entry.backend, ids, sampling, eos_id=entry.tokenizer.eos_id,
+                                    piece=entry.tokenizer.piece)
         self.entry, self.prompt, self.notices = entry, prompt, notices
 
     def continues(self, entry: ModelEntry, prompt, sampling: Sampling) -> bool:
@@ -254,9 +257,8 @@ class Text:
         d = self.decoder
         pos = d.prompt_len + j
         context = d.ids[max(0, pos - d.block_size) : pos]
-        with torch.inference_mode():
-            logits = self.entry.model(torch.tensor([context], device=d.device)).logits[0, -1]
-        logits = mask_padding(logits.float().cpu(), self.entry.model.cfg.vocab_used)
+        logits = next_logits(self.entry, context)
+        logits = mask_padding(logits.float().cpu(), self.entry.cfg.vocab_used)
         s = dataclasses.replace(s, probs=torch.softmax(logits, dim=-1).numpy(),
                                 adjusted=adjust_probs(logits, s.sampling or d.sampling).numpy())
         self._drawn[j] = s
@@ -287,7 +289,7 @@ class Text:
             return None
         d = self._warm()
         return Attention(d.attention, d.scores, [p for p, _ in self.tokens()],
-                         causal=self.entry.model.cfg.mask == "causal")
+                         causal=self.entry.cfg.mask == "causal")
 
     def probabilities(self, index=None, sampling: Sampling | None = None) -> Probabilities | None:
         """The distribution the token at window position `index` (default: the last) was drawn from;
@@ -317,8 +319,7 @@ class Text:
         if pos == 0:
             return None
         context = d.ids[max(0, pos - d.block_size):pos]
-        with torch.inference_mode():
-            logits = self.entry.model(torch.tensor([context], device=d.device)).logits[0, -1]
+        logits = next_logits(self.entry, context)
         probs = torch.softmax(used_rows(logits.float(), self.entry), dim=-1).numpy()
         return Probabilities(pieces, probs, None, d.ids[pos], index=index, typed=True)
 
@@ -331,6 +332,8 @@ class Text:
         lines = list(told) + list(self.notices)
         lines.append(f"{len(d.window)} tokens in view ({len(d.ids) - d.prompt_len} generated). "
                      f"Model: {self.entry.summary}")
+        if not self.entry.own:  # a forward elsewhere costs what it costs there: say so, with the last one's time
+            lines.append(cost_line(self.entry, getattr(d, "seconds", 0.0)))
         s = self.last_step
         if s is not None:
             lines.append(f"Last token: {s.piece!r} (sampled with probability {probability_text(s.adjusted[s.token_id])}).")
@@ -339,3 +342,15 @@ class Text:
             if s.eos:
                 lines.append("The model produced <EOS>: end of sequence.")
         return "\n".join(lines)
+
+
+def cost_line(entry: ModelEntry, seconds: float) -> str:
+    """What the Explore tools cost on a model another backend runs (model.backend), for the status."""
+    return (f"Each Step, Generate token, ablation or edit runs the whole text once on {entry.backend.where()} "
+            f"(the last took {seconds:.2f} s); a patching sweep runs it once per cell. One action per person runs "
+            "at a time.")
+
+
+def next_logits(entry: ModelEntry, context: list[int]) -> torch.Tensor:
+    """The logits (V,) the model gives the token after `context`, run by the entry's backend."""
+    return entry.backend.forward(ForwardRequest(tuple(context), logits="last")).logits[-1]

@@ -65,7 +65,7 @@ import torch
 from .attention import soft_cap
 from .config import ModelConfig
 from .json_bounds import is_int
-from .patching import Activations, Patch, PatchSite
+from .patching import Activations, Patch, PatchSite, sweep_chunks
 from .transformer import DecoderLM, ForwardOutput
 
 ATP_METRICS = {"logit_diff": "logit difference of two answer tokens", "prob": "probability of one answer token"}
@@ -138,19 +138,6 @@ def atp_grid_sites(cfg: ModelConfig, kind: str, n_positions: int) -> list[PatchS
     if kind in ("attn", "mlp"):
         return [PatchSite(kind, l, positions=(t,)) for l in range(L) for t in range(T)]
     raise ValueError(f"grid must be one of {', '.join(ATP_GRIDS)}; got {kind!r:.40}")
-
-
-def atp_batches(sites: Sequence[PatchSite], rows: int) -> list[tuple[int, int]]:
-    """(start, stop) of each batch a sweep over `sites` runs: at most `rows` consecutive sites of one layer
-    (a batch starts at its layer: the blocks before it are the base run's), as lab/patching.py batches."""
-    out, start = [], 0
-    while start < len(sites):
-        stop = start + 1
-        while stop < len(sites) and stop - start < rows and sites[stop].layer == sites[start].layer:
-            stop += 1
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 @dataclass
@@ -460,7 +447,7 @@ def verify_steps(model: DecoderLM, attribution: Attribution, grid: str = "head_p
     T = len(attribution.ids_a)
     shape, sites = _grid_shape(cfg, grid, T), atp_grid_sites(cfg, grid, T)
     wanted = [int(np.ravel_multi_index(i, shape)) for i in attribution.top(grid, k)]
-    batches = [(s, e) for s, e in atp_batches(sites, batch_rows) if any(s <= f < e for f in wanted)]
+    batches = [(s, e) for s, e in sweep_chunks(sites, batch_rows) if any(s <= f < e for f in wanted)]
     ids = torch.tensor([list(attribution.base_ids)], device=model.head.weight.device)
     patched: dict[int, float] = {}
     stopped = False

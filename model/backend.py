@@ -4,9 +4,12 @@ the interventions it must apply, written once so that a second runtime can stand
 Every Explore tool reads a few things from a forward of one text, and changes a few things in it:
 
 * read: the attention probabilities of chosen heads (or all), each (T, T), the rows that multiplied the
-  values; each head's output before the output projection (the per-head z, (H, T, head_dim) per layer,
-  after any change of this forward); the residual stream after the embedding and after each block
-  (n_layers + 1 of (T, C)); the final logits ((T, V), or the last position's (1, V));
+  values, and on request the same heads' pre-softmax scores (T, T) as the own engine's forward returns them
+  (scaled, after any soft-cap, -inf where the mask hides a key; an edited row or a uniform head changes the
+  weights after the softmax, so its scores are the model's own); each head's output before the output
+  projection (the per-head z, (H, T, head_dim) per layer, after any change of this forward); the residual
+  stream after the embedding and after each block (n_layers + 1 of (T, C)); the final logits ((T, V), or
+  the last position's (1, V));
 * change: zero, mean (over this text's positions) or uniform-attention ablation of heads, and one
   attention row replaced, all as the own engine's `Intervention` and `AttentionEdit` say
   (model/interventions.py); a head's output times a factor (`HeadScale`); and activations of another
@@ -14,10 +17,13 @@ Every Explore tool reads a few things from a forward of one text, and changes a 
   "resid", "head", "attn" or "mlp", model/patching.py).
 
 `ForwardRequest` asks for all of it at once, `ForwardResult` holds the answer (on the CPU, float32 or the
-model's wider dtype), and `Backend.patch_cells` runs a sweep: one patched run per site, the last
-position's logits of each. `check_request` holds both backends to the same refusals, in the engine's
-words, before anything runs. `generate_steps` continues a text through any backend, sampling exactly as
-`model.generate.Decoder.step` does (same settings, same generator), one forward per token.
+model's wider dtype), and `Backend.patch_steps` runs a sweep: one patched run per site, the last
+position's logits of each, handed back a chunk of sites at a time (`PATCH_BATCH_TOKENS` patched tokens), so
+that a caller can show progress and stop between chunks; `Backend.patch_cells` is the whole sweep at once.
+`check_request` (and `check_sweep` for a sweep) holds both backends to the same refusals, in the engine's
+words, before anything runs. A text continues through any backend with model/backend_decoder.py's
+`make_decoder`: the own engine's cached `Decoder`, or a `BackendDecoder` that samples as it does (it is one)
+from a forward of the whole window per token.
 
 Two backends implement it: `OwnBackend` here, on the own engine (DecoderLM), by calling the forward with
 its own arguments (nothing is computed twice in another way), and `model.nnsight_backend.NnsightBackend`,
@@ -36,16 +42,17 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 import torch
 
 from .config import ModelConfig
-from .generate import Sampling, Step, adjust_probs, mask_padding
 from .interventions import Intervention
 from .json_bounds import is_int, short
-from .patching import Patch, PatchSite, check_site_range
+from .patching import Patch, PatchSite, check_site_range, sweep_chunks
 from .transformer import DecoderLM, readable
 
 LOGITS = ("all", "last")
 # The tools a backend may offer beyond the contract; `Backend.refusal` says why one is not offered.
 BACKEND_TOOLS = ("train", "film", "inside")
-PATCH_BATCH = 32  # patched runs the own engine puts in one batched forward of a sweep
+# patched runs × tokens in one chunk of a sweep (lab/patching.py's BATCH_TOKENS): the own engine's batched forward,
+# one nnsight session (one NDIF request)
+PATCH_BATCH_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,8 @@ class ForwardRequest:
     """One forward of one text (`ids`) and what it must read and change (see the module docstring).
 
     attention: "all", or the (layer, head) pairs whose probabilities to return (none by default).
-    logits: "all" positions or the "last" one."""
+    logits: "all" positions or the "last" one. scores: also return the pre-softmax scores of the heads
+    `attention` names (so it needs some: a request for scores of no head is refused)."""
 
     ids: tuple[int, ...]
     attention: str | tuple[tuple[int, int], ...] = ()
@@ -95,6 +103,7 @@ class ForwardRequest:
     intervention: Intervention | None = None
     scales: tuple[HeadScale, ...] = ()
     patch: PatchRequest | None = None
+    scores: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ids", _token_ids(self.ids, "the text"))
@@ -116,6 +125,10 @@ class ForwardRequest:
         object.__setattr__(self, "scales", scales)
         if self.patch is not None and not isinstance(self.patch, PatchRequest):
             raise ValueError("patch must be a PatchRequest")
+        if not isinstance(self.scores, bool):
+            raise ValueError(f"scores must be true or false, got {short(self.scores)}")
+        if self.scores and not self.attention:
+            raise ValueError('scores are returned for the heads attention names; name some, or "all"')
 
     def heads_wanted(self, cfg: ModelConfig) -> tuple[tuple[int, int], ...]:
         """The (layer, head) pairs whose attention the forward returns, "all" resolved."""
@@ -128,12 +141,14 @@ class ForwardRequest:
 class ForwardResult:
     """What a forward hands back (one text, no batch dimension; on the CPU).
 
-    attention: {(layer, head): (T, T)} for the heads asked for; head_outputs: per layer (H, T, head_dim), or
-    None; residuals: n_layers + 1 of (T, C) (index 0 after the embedding, l + 1 after block l), or None;
-    seconds: how long the call took, to show what an action costs where the model runs."""
+    attention: {(layer, head): (T, T)} for the heads asked for; scores: {(layer, head): (T, T)}, the same
+    heads' pre-softmax scores with -inf where the mask hides a key, when asked for (else empty); head_outputs:
+    per layer (H, T, head_dim), or None; residuals: n_layers + 1 of (T, C) (index 0 after the embedding, l + 1
+    after block l), or None; seconds: how long the call took, to show what an action costs where the model runs."""
 
     logits: torch.Tensor
     attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    scores: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     head_outputs: tuple[torch.Tensor, ...] | None = None
     residuals: tuple[torch.Tensor, ...] | None = None
     seconds: float = 0.0
@@ -153,9 +168,16 @@ class Backend(Protocol):
     def forward(self, request: ForwardRequest) -> ForwardResult:
         """One forward of request.ids with its reads and changes (ValueError names what is refused)."""
 
+    def patch_steps(self, ids: Iterable[int], source_ids: Iterable[int], sites: Iterable[PatchSite],
+                    batch_tokens: int | None = None) -> Iterator[torch.Tensor]:
+        """The sweep of `patch_cells` a chunk at a time: the last position's logits (n_chunk, V) of consecutive
+        chunks of `sites`, in order, each chunk at most max(1, batch_tokens // len(ids)) sites (batch_tokens:
+        PATCH_BATCH_TOKENS by default). Everything is checked when it is called, before the first chunk runs
+        (ValueError); the chunks run as they are asked for, so a caller may stop between two."""
+
     def patch_cells(self, ids: Iterable[int], source_ids: Iterable[int], sites: Iterable[PatchSite]) -> torch.Tensor:
         """One run of `ids` per site, with that site's activation from the run of `source_ids`:
-        the last position's logits of each, (n_sites, V)."""
+        the last position's logits of each, (n_sites, V): every chunk of `patch_steps` joined."""
 
     def refusal(self, tool: str) -> str | None:
         """Why this backend does not offer `tool` (one of BACKEND_TOOLS), or None when it does."""
@@ -214,6 +236,23 @@ def check_patch(cfg: ModelConfig, ids: tuple[int, ...], source_ids: tuple[int, .
             raise ValueError(f"patch position {max(s.positions)} is out of range 0..{T - 1}")
 
 
+def check_sweep(cfg: ModelConfig, ids, source_ids, sites, batch_tokens: int | None
+                ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[PatchSite, ...], int]:
+    """A sweep's arguments read and checked (ValueError), and the most sites one chunk of it holds."""
+    ids, source_ids = _token_ids(ids, "the text"), _token_ids(source_ids, "the patch's source")
+    if isinstance(sites, (str, bytes)):
+        raise ValueError("patch sites must be PatchSite objects")
+    try:
+        sites = tuple(sites)
+    except TypeError:
+        raise ValueError("patch sites must be PatchSite objects") from None
+    if batch_tokens is not None and (not is_int(batch_tokens) or batch_tokens < 1):
+        raise ValueError(f"batch_tokens must be a whole number >= 1, got {short(batch_tokens)}")
+    _check_ids(cfg, ids, "the text")
+    check_patch(cfg, ids, source_ids, sites)
+    return ids, source_ids, sites, max(1, (batch_tokens or PATCH_BATCH_TOKENS) // len(ids))
+
+
 def _check_ids(cfg: ModelConfig, ids: tuple[int, ...], what: str) -> None:
     if len(ids) > cfg.block_size:
         raise ValueError(f"{what} has {len(ids)} tokens; the model reads at most {cfg.block_size}")
@@ -230,8 +269,10 @@ def _check_head(cfg: ModelConfig, layer: int, head: int, what: str) -> None:
 
 class OwnBackend:
     """The contract on the own engine: each request is the arguments of `DecoderLM.forward` (return_attention,
-    return_residuals, record, intervention, patch, logits). A head scale is a patch of the head's own output
-    times its factor, recorded layer by layer (a scale in layer l changes what every later layer computes)."""
+    return_residuals, record, intervention, patch, logits; the scores are the forward's own `scores`). A
+    sweep runs a chunk of sites as one batched forward, one batch row per site, as lab/patching.py's sweeps
+    do. A head scale is a patch of the head's own output times its factor, recorded layer by layer (a scale in
+    layer l changes what every later layer computes)."""
 
     name = "own"
 
@@ -270,6 +311,7 @@ class OwnBackend:
         return ForwardResult(
             logits=readable(out.logits[0]).cpu(),
             attention={(l, h): readable(out.attentions[l][0, h]).cpu() for l, h in heads},
+            scores={(l, h): readable(out.scores[l][0, h]).cpu() for l, h in heads} if request.scores else {},
             head_outputs=tuple(readable(t[0]).cpu() for t in out.activations.heads) if request.head_outputs else None,
             residuals=tuple(readable(r[0]).cpu() for r in out.residuals) if request.residuals else None,
             seconds=time.perf_counter() - started)
@@ -292,47 +334,30 @@ class OwnBackend:
             patch = Patch(replace(run, heads=tuple(heads)), tuple(sites))
         return patch
 
-    def patch_cells(self, ids, source_ids, sites) -> torch.Tensor:
-        ids, source_ids, sites = _token_ids(ids, "the text"), _token_ids(source_ids, "the patch's source"), tuple(sites)
-        check_patch(self.cfg, ids, source_ids, sites)
+    def patch_steps(self, ids, source_ids, sites, batch_tokens: int | None = None) -> Iterator[torch.Tensor]:
+        ids, source_ids, sites, per_chunk = check_sweep(self.cfg, ids, source_ids, sites, batch_tokens)
+        return self._sweep(ids, source_ids, sites, per_chunk) if sites else iter(())
+
+    def _sweep(self, ids, source_ids, sites, per_chunk: int) -> Iterator[torch.Tensor]:
+        """The chunks of a checked sweep: the source and the plain run recorded once, then one batched forward
+        per chunk (sites of one layer: a chunk's forward starts at that layer, the blocks before it the plain
+        run's, model.patching's `base`)."""
         x = self._ids(ids)
-        rows = []
         with torch.inference_mode():
             source = self.model(self._ids(source_ids), record=True, logits="last").activations
             base = self.model(x, record=True, logits="last").activations
-            for start in range(0, len(sites), PATCH_BATCH):
-                chunk = sites[start : start + PATCH_BATCH]
-                # one batch row per site, as the lab's sweeps run them (model.patching's `row`)
-                batch = tuple(replace(s, row=i) for i, s in enumerate(chunk))
-                out = self.model(x.expand(len(chunk), -1), patch=Patch(source, batch, base=base), logits="last")
-                rows.append(readable(out.logits[:, -1]).cpu())
-        return torch.cat(rows) if rows else torch.empty(0, self.cfg.vocab_size)
+        for start, stop in sweep_chunks(sites, per_chunk):
+            # one batch row per site, as the lab's sweeps run them (model.patching's `row`)
+            batch = tuple(replace(s, row=i) for i, s in enumerate(sites[start:stop]))
+            with torch.inference_mode():
+                out = self.model(x.expand(len(batch), -1), patch=Patch(source, batch, base=base), logits="last")
+            yield readable(out.logits[:, -1]).cpu()
+
+    def patch_cells(self, ids, source_ids, sites) -> torch.Tensor:
+        return join_chunks(self.patch_steps(ids, source_ids, sites), self.cfg.vocab_size)
 
 
-def generate_steps(backend: Backend, ids: Iterable[int], max_new_tokens: int, sampling: Sampling,
-                   eos_id: int | None = None, piece: Callable[[int], str] = str) -> Iterator[Step]:
-    """Continue `ids` through `backend`, one forward over the window (the last block_size tokens) per new token,
-    sampling as `Decoder.step` does: the padded vocabulary rows masked, temperature / top-k / top-p applied by
-    `adjust_probs`, one draw of a generator seeded with sampling.seed (greedy at temperature 0). Stops after
-    `max_new_tokens` or right after `eos_id`. Steps carry no attention rows."""
-    if not is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {short(max_new_tokens)}")
-    ids = list(_token_ids(ids, "the prompt"))
-    cfg = backend.cfg
-    generator = torch.Generator().manual_seed(sampling.seed)
-    for _ in range(max_new_tokens):
-        window = ids[-cfg.block_size :]
-        logits = backend.forward(ForwardRequest(tuple(window), logits="last")).logits[-1]
-        logits = mask_padding(logits.float().cpu(), cfg.vocab_used)
-        probs = torch.softmax(logits, dim=-1)
-        adjusted = adjust_probs(logits, sampling)
-        token = (int(torch.multinomial(adjusted, 1, generator=generator)) if sampling.temperature
-                 else int(adjusted.argmax()))
-        # the window slides when the text was already a whole context long (Decoder's `cropped`)
-        cropped = len(ids) >= cfg.block_size
-        ids.append(token)
-        eos = eos_id is not None and token == eos_id
-        yield Step(token_id=token, piece=piece(token), probs=probs.numpy(), adjusted=adjusted.numpy(), rows=[],
-                   position=len(ids) - 1, cropped=cropped, eos=eos, sampling=sampling)
-        if eos:
-            return
+def join_chunks(chunks: Iterable[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """A sweep's chunks as one (n_sites, V) tensor; (0, V) for a sweep of no site."""
+    chunks = list(chunks)
+    return torch.cat(chunks) if chunks else torch.empty(0, vocab_size)

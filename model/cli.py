@@ -399,20 +399,21 @@ def generate_main(argv: list[str] | None = None) -> int:
 
 
 def _nnsight_steps(args, sampling: Sampling):
-    """--backend nnsight: the steps of model.backend's generation loop on model.nnsight_backend (imported only
+    """--backend nnsight: the steps of the generation loop on model.nnsight_backend (imported only
     now: nnsight and transformers load with it), and the folder's tokenizer."""
     if args.meta or args.tokenizer:
         raise ValueError("--meta and --tokenizer are for nanoGPT checkpoints; the nnsight backend reads the "
                          "folder's tokenizer.json")
     if args.remote and args.weights == "stored":
         raise ValueError("--weights is for a model run on this machine; NDIF holds the weights as it keeps them")
-    from .backend import generate_steps
+    from .backend_decoder import make_decoder
     from .nnsight_backend import open_nnsight
 
     backend = open_nnsight(args.checkpoint, args.device_map, args.remote, args.weights)
     tok = backend.tokenizer
     ids = prompt_ids(tok, args.prompt)
-    return generate_steps(backend, ids, args.max_new_tokens, sampling, tok.eos_id, tok.piece), tok
+    decoder = make_decoder(backend, ids, sampling, tok.eos_id, tok.piece, capture_attention=False)
+    return generate(decoder, args.max_new_tokens, attention="none"), tok
 
 
 def _refusing(parser: argparse.ArgumentParser, steps):

@@ -141,7 +141,7 @@ class Decoder:
             self.use_cache = False  # a mean over the positions needs the whole text at every step
         self.ids = list(self.ids)  # the decoder appends to its own copy, never to the caller's list
         self.block_size = self.model.cfg.block_size
-        self.device = self.model.tok_emb.weight.device
+        self.device = self._device()
         self.cropped_prompt = len(self.ids) > self.block_size
         self.start = max(0, len(self.ids) - self.block_size)  # index of the window's first token
         self.prompt_len = len(self.ids)
@@ -149,9 +149,13 @@ class Decoder:
         self._rng_history: list[torch.Tensor] = []  # generator state before each step, for undo
         self.attention: list[np.ndarray] = []  # per layer, (H, T, T) weights for the current window
         self.scores: list[np.ndarray] = []  # per layer, (H, T, T) pre-softmax scores (-inf where masked)
-        self._attention: list[_Grown] = []  # the buffers these are read-only views of
-        self._scores: list[_Grown] = []
+        self._attention: list[Grown] = []  # the buffers these are read-only views of
+        self._scores: list[Grown] = []
         self._prefill()
+
+    def _device(self) -> torch.device:
+        """Where the window's token ids go (the model's embedding's device)."""
+        return self.model.tok_emb.weight.device
 
     @property
     def window(self) -> list[int]:
@@ -175,10 +179,10 @@ class Decoder:
         # reads the newest token from them without running the model again
         self.streams = tuple(r[:, -1:].clone() for r in out.residuals)
         # drop the batch dimension: (1, H, T, T) -> (H, T, T) per layer, each inside a buffer with room
-        # for more rows (see _Grown)
+        # for more rows (see Grown)
         cap = rows_held(ids.shape[1], self.block_size)
-        self._attention = [_Grown(a[0].float().cpu().numpy(), 0.0, cap) for a in out.attentions or []]
-        self._scores = [_Grown(a[0].float().cpu().numpy(), -np.inf, cap) for a in out.scores or []]
+        self._attention = [Grown(a[0].float().cpu().numpy(), 0.0, cap) for a in out.attentions or []]
+        self._scores = [Grown(a[0].float().cpu().numpy(), -np.inf, cap) for a in out.scores or []]
         self.attention = [g.view for g in self._attention]
         self.scores = [g.view for g in self._scores]
 
@@ -300,7 +304,7 @@ def rows_held(T: int, block_size: int) -> int:
     return min(block_size, T + max(16, T // 2))
 
 
-class _Grown:
+class Grown:
     """An (H, T, T) matrix of a causal window that grows by one query row per token, in place.
 
     The buffer has room for more rows and columns, already filled with `masked` (0 for weights, -inf

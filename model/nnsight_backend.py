@@ -5,7 +5,9 @@ Decoder Lab's own engine is exact and fast up to about a billion parameters on a
 GPUs or NDIF. nnsight runs the model's own transformers code and lets a trace read and set any module's
 input or output, and any operation inside a forward (`.source`). Every forward here is one nnsight session:
 an optional trace over the patch's source prompt, which keeps the activations a patch needs, then one trace
-per run (one for a forward, one per cell for a sweep). For NDIF that session is one request.
+per run (one for a forward, one per cell of a sweep). A sweep (`patch_steps`) is one session per chunk of
+max(1, batch_tokens // T) cells, so that a caller sees progress between chunks and a remote sweep is a few
+requests, not one per cell. For NDIF each session is one request.
 
 Where each number is read (`run_session`, at the end of this file, runs the session):
 
@@ -13,6 +15,10 @@ Where each number is read (`run_session`, at the end of this file, runs the sess
   "eager": the fused kernels never form the probabilities); an edited row or a uniform head is set on the
   output of the dropout step inside the attention function (`attention_interface` → nn.functional.dropout,
   right after the softmax), so the edited weights are the ones that multiply the values and the ones returned;
+* attention scores: the input of that softmax (scaled, after Gemma's soft-cap, plus transformers' mask),
+  where the own engine's mask hides a key set to -inf afterwards: transformers adds a large negative number
+  instead, so its value says nothing; an edited row or a uniform head changes what comes after the softmax,
+  so its scores are the model's own, as the own engine returns them;
 * head outputs: the input of the attention's output projection (o_proj; c_proj for GPT-2, dense for
   GPT-NeoX), split into heads; zero, mean and scale set it there;
 * residual stream: the first decoder layer's input (after the embedding), then each decoder layer's output;
@@ -52,11 +58,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from .attention import causal_mask
-from .backend import BACKEND_TOOLS, ForwardRequest, ForwardResult, check_patch, check_request
+from .backend import BACKEND_TOOLS, ForwardRequest, ForwardResult, check_request, check_sweep, join_chunks, sweep_chunks
 from .config import ModelConfig
 from .families import family_of
 from .families.common import read_config
@@ -239,25 +246,40 @@ class NnsightBackend:
         check_request(self.cfg, request)
         started = time.perf_counter()
         sites = request.patch.sites if request.patch is not None else ()
-        run = plan_run(self.cfg, len(request.ids), request.intervention, request.scales, sites,
-                       request.heads_wanted(self.cfg), request.head_outputs, request.residuals, request.logits)
+        T = len(request.ids)
+        run = plan_run(self.cfg, T, request.intervention, request.scales, sites, request.heads_wanted(self.cfg),
+                       request.head_outputs, request.residuals, request.logits, request.scores)
         source = request.patch.source_ids if request.patch is not None else None
         out = self._session(request.ids, source, [run])[0]
+        hidden = {l: self._hidden(l, T) for l in out["scores"]}
         return ForwardResult(
             logits=out["logits"],
             attention={(l, h): out["attention"][l][i] for l, heads in run["attention"].items()
                        for i, h in enumerate(heads)},
+            scores={(l, h): out["scores"][l][i].masked_fill(hidden[l], float("-inf"))
+                    for l, heads in run["attention"].items() if l in out["scores"] for i, h in enumerate(heads)},
             head_outputs=tuple(out["heads"]) if request.head_outputs else None,
             residuals=tuple(out["resid"]) if request.residuals else None,
             seconds=time.perf_counter() - started)
 
+    def _hidden(self, layer: int, T: int) -> torch.Tensor:
+        """(T, T) True where the own engine's mask hides key k from query q in `layer` (its window included)."""
+        if self.cfg.mask != "causal":
+            return torch.zeros(T, T, dtype=torch.bool)
+        return causal_mask(T, T, window=self.cfg.window(layer))
+
+    def patch_steps(self, ids, source_ids, sites, batch_tokens: int | None = None) -> Iterator[torch.Tensor]:
+        ids, source_ids, sites, per_chunk = check_sweep(self.cfg, ids, source_ids, sites, batch_tokens)
+        return self._sweep(ids, source_ids, sites, per_chunk)
+
+    def _sweep(self, ids, source_ids, sites, per_chunk: int) -> Iterator[torch.Tensor]:
+        """One session per chunk of a checked sweep (its sites may come from several layers): a run per site."""
+        for start, stop in sweep_chunks(sites, per_chunk, one_layer=False):
+            runs = [plan_run(self.cfg, len(ids), None, (), (s,), (), False, False, "last") for s in sites[start:stop]]
+            yield torch.stack([o["logits"][-1] for o in self._session(ids, source_ids, runs)])
+
     def patch_cells(self, ids, source_ids, sites) -> torch.Tensor:
-        ids, source_ids, sites = tuple(ids), tuple(source_ids), tuple(sites)
-        check_request(self.cfg, ForwardRequest(ids))
-        check_patch(self.cfg, ids, source_ids, sites)
-        runs = [plan_run(self.cfg, len(ids), None, (), (s,), (), False, False, "last") for s in sites]
-        outs = self._session(ids, source_ids, runs)
-        return torch.stack([o["logits"][-1] for o in outs]) if outs else torch.empty(0, self.cfg.vocab_size)
+        return join_chunks(self.patch_steps(ids, source_ids, sites), self.cfg.vocab_size)
 
     def _session(self, ids: tuple[int, ...], source_ids: tuple[int, ...] | None, runs: list[dict]) -> list[dict]:
         """Run the session (`run_session`) here or on NDIF; every tensor back on the CPU."""
@@ -317,15 +339,17 @@ def open_nnsight(source: str | Path, device_map: str | None = None, remote: bool
 
 
 def plan_run(cfg: ModelConfig, T: int, intervention: Intervention | None, scales, sites,
-             heads: tuple[tuple[int, int], ...], head_outputs: bool, residuals: bool, logits: str) -> dict:
+             heads: tuple[tuple[int, int], ...], head_outputs: bool, residuals: bool, logits: str,
+             scores: bool = False) -> dict:
     """One run over a text of T tokens: its changes per layer and what it reads (see the module docstring).
 
     rows {layer: (replace (1, H, T, T) bool, new rows (1, H, T, T))}; keep {layer: (H,) factor}; mean {layer:
     (H,) bool}; swap {(kind, layer): mask}, mask (1, T, H, 1) for a head, (1, T, 1) otherwise; attention
-    {layer: [heads]}; heads, resid: whether to return the head outputs and residual streams; logits "all"/"last"."""
+    {layer: [heads]}; heads, resid: whether to return the head outputs and residual streams; scores: whether to
+    return the attention heads' pre-softmax scores as well; logits "all"/"last"."""
     H = cfg.n_heads
     run = {"rows": {}, "keep": {}, "mean": {}, "swap": {}, "attention": {}, "heads": head_outputs,
-           "resid": residuals, "logits": logits}
+           "resid": residuals, "logits": logits, "scores": scores}
     plans = intervention.layer_plans(cfg, T) if intervention is not None and not intervention.is_empty else []
     for layer, plan in enumerate(plans):
         if plan is None:
@@ -373,8 +397,9 @@ def records_needed(runs: list[dict]) -> set[tuple[str, int]]:
 def run_session(model, nnsight, envoys: dict, cfg: ModelConfig, ids, source_ids, runs: list[dict],
                 record: set, backend=None) -> list[dict]:
     """One nnsight session: a trace over `source_ids` keeping the activations `record` names (when a run
-    patches), then one trace over `ids` per run. Returns per run {"logits", "attention": {layer: (h, T, T)},
-    "heads": [(H, T, hs)], "resid": [(T, C)]}. backend: nnsight's remote backend, or None to run here.
+    patches), then one trace over `ids` per run. Returns per run {"logits", "attention" and "scores" (the
+    softmax's input, the mask's large negative number in it): {layer: (h, T, T)}, "heads": [(H, T, hs)],
+    "resid": [(T, C)]}. backend: nnsight's remote backend, or None to run here.
 
     Everything the body reads is a local variable of plain data (tensors, lists, dicts) or an envoy, and it
     calls nothing of this project: that is what lets nnsight send it to NDIF as it is. nnsight sends the body
@@ -388,8 +413,7 @@ def run_session(model, nnsight, envoys: dict, cfg: ModelConfig, ids, source_ids,
     with torch.no_grad(), model.session(**({} if backend is None else {"backend": backend})):
         def swapped(mask, mine, theirs):  # first: unparse puts a blank line before a def anywhere else
             return torch.where(mask.to(mine.device), theirs.to(mine.device, mine.dtype), mine)
-        kept = {}  # the source run's activations, by (kind, layer)
-        results = []
+        kept, results = {}, []  # kept: the source run's activations, by (kind, layer)
         if src is not None:
             with model.trace(src):
                 for layer in range(L):
@@ -407,7 +431,7 @@ def run_session(model, nnsight, envoys: dict, cfg: ModelConfig, ids, source_ids,
         for run in runs:
             swap = run["swap"]
             with model.trace(x):
-                out = {"attention": {}, "heads": [], "resid": []}
+                out = {"attention": {}, "scores": {}, "heads": [], "resid": []}
                 for layer in range(L):
                     if layer == 0 and (run["resid"] or ("resid", 0) in swap):
                         r = blocks[0].input
@@ -416,6 +440,9 @@ def run_session(model, nnsight, envoys: dict, cfg: ModelConfig, ids, source_ids,
                             blocks[0].input = r
                         if run["resid"]:
                             out["resid"].append(r[0].detach().clone())
+                    if run["scores"] and layer in run["attention"]:  # the softmax's input: scores plus the mask
+                        scores = getattr(getattr(attns[layer].source, interface).source, "nn_functional_softmax_0")
+                        out["scores"][layer] = scores.input[0, run["attention"][layer]].detach().clone()
                     if layer in run["rows"]:  # the weights after the softmax (and its dropout), before V
                         step = getattr(getattr(attns[layer].source, interface).source, "nn_functional_dropout_0")
                         w = step.output

@@ -34,6 +34,7 @@ the whole text, so it is refused together with a key/value cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import torch
 
@@ -283,3 +284,17 @@ def make_taps(cfg: ModelConfig, patch: Patch | None, record: bool, batch: int, s
         if taps.skip:  # residual index skip is the input of block skip; a (1, T, C) base serves every row
             taps.start = patch.base.residuals[taps.skip].expand(B, -1, -1)
     return taps
+
+
+def sweep_chunks(sites: Sequence[PatchSite], per_chunk: int, one_layer: bool = True) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each chunk of a sweep, in order: at most `per_chunk` sites, and with `one_layer` only
+    sites of one layer (a batch of the own engine runs from its layer on, the blocks before it are the base
+    run's; a run of one layer's sites is split where it ends). A sweep's batches everywhere: the contract's
+    patch_steps, the lab's cost of a sweep, attribution patching's exact re-runs."""
+    start = 0
+    while start < len(sites):
+        stop = min(start + per_chunk, len(sites))
+        if one_layer:
+            stop = next((i for i in range(start + 1, stop) if sites[i].layer != sites[start].layer), stop)
+        yield start, stop
+        start = stop

@@ -74,7 +74,7 @@ def _composition(session: Session, model: str, kind: str) -> dict:
     """The map of `kind` when the scores are cached (made into the session's record as a cached Compute
     makes it, so that Q/K/V and the download follow); otherwise the section asks for Compute."""
     entry = session.entry_for(model)
-    kept = COMPOSITION.get(entry.model, True)
+    kept = COMPOSITION.get(entry.model, True) if entry.own else None
     if kept is None:
         return {"composition_note": NOT_CACHED, "composition_plot": message_plot(NO_COMPOSITION), "pairs": ""}
     r = composition_record(entry, *kept, cached=True)

@@ -17,7 +17,7 @@ import gradio as gr
 
 import viz
 from lab import captions
-from lab.catalogue.models import ModelEntry
+from lab.catalogue.models import ModelEntry, many_heads, thousands_of_heads_caption
 from lab.checks import check_sampling
 from lab.display import check_head, head_pages, page_value
 from lab.export import file_name, model_stem
@@ -173,6 +173,8 @@ def opening_controls(entry: ModelEntry, narrow: bool) -> tuple[int, int | str, s
     fv = entry.first_view
     if fv is not None:  # the caption is shown as Markdown: tokens such as <EOS> must stay text
         return fv.layer, fv.head, fv.view, html.escape(fv.caption, quote=False)
+    if many_heads(entry.cfg):  # thousands of heads: one head above, and the roles map of every head below
+        return 0, 0, "weights", thousands_of_heads_caption(entry.cfg)
     return 0, 0 if narrow else "all", "weights", OWN_MODEL_CAPTION
 
 
@@ -293,7 +295,7 @@ def select_model(session, model_name, request: gr.Request = None):
     if session.kept_on_select(model_name):  # a session file or link set this model's text up: keep it
         return (session, *[gr.skip()] * 10)
     entry = session.select_model(model_name)
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     layer, head, view, caption = opening_controls(entry, session.display.narrow)
     examples = list(entry.examples)
     return (session, [], entry.summary, probs_figure(session), message_plot(NO_TEXT),
@@ -308,7 +310,7 @@ def select_model(session, model_name, request: gr.Request = None):
 def shift_head(session, model_name, head, delta, request: gr.Request = None):
     """The head before or after the one shown (◀ ▶), wrapping around; from "all", the first or last.
     From a page of heads ("heads 6–11"), the page before or after it."""
-    n = session.entry_for(model_name).model.cfg.n_heads
+    n = session.entry_for(model_name).cfg.n_heads
     if delta not in (-1, 1):
         raise ValueError("delta must be -1 or 1.")
     current, page = check_head(head, n)

@@ -85,7 +85,7 @@ def build_explore_tab(ses: gr.State, first: Session) -> dict:
         heads = build_heads_section(ses, {"model": c.model_dd, "layer": c.layer, "head": c.head, "view": c.view,
                                   "sampling": c.sampling,
                                   "explore_group": c.group, "redraw": c.redraw, "default_model": DEFAULT_MODEL,
-                                  "layer_choices": layer_choices(default.model.cfg.n_layers)})
+                                  "layer_choices": layer_choices(default.cfg.n_layers)})
     return {"model": c.model_dd, "state_outputs": c.state_outputs, "screen": c.screen,
             "display_inputs": c.display_inputs, "no_probs": NO_PROBS, "inside": inside,
             "heads": heads, "token_view": {"tokens": c.tokens, "plot": c.attn_plot, "views": c.views,
@@ -115,7 +115,7 @@ def _lay_out_top(c: SimpleNamespace, first: Session, default) -> None:
 
 def _lay_out_attention(c: SimpleNamespace, default) -> None:
     """The left column: the caption, the view's controls and the attention, on the model's first view."""
-    cfg = default.model.cfg
+    cfg = default.cfg
     layer0, head0, view0, caption0 = opening_controls(default, narrow=False)
     with gr.Column(scale=7, min_width=300, elem_id="attention_col"):
         c.caption = gr.Markdown(caption0, elem_id="caption")

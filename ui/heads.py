@@ -315,7 +315,7 @@ def model_changed(session, model_name, request: gr.Request = None):
     """Another model: its example pairs and layers, prompts A and B its first pair (empty without one: the
     last model's pair need not fit this one); the last comparison goes."""
     entry = session.entry_for(model_name)
-    n_layers, pairs = entry.model.cfg.n_layers, pairs_for(model_name, entry)
+    n_layers, pairs = entry.cfg.n_layers, pairs_for(model_name, entry)
     empty = message_plot("Type two prompts and press Compare.")
     first = pairs[0][1].split("\u241e") if pairs else ("", "")
     return (gr.update(choices=pairs, value=None), *first,

@@ -36,7 +36,7 @@ def explore_state(session: Session, model: str, prompt: str | None, view: View, 
     """Every Explore control and figure for the session as a file or link left it (see explore_tab:
     `state_outputs`)."""
     entry = session.entry_for(model)
-    cfg = entry.model.cfg
+    cfg = entry.cfg
     examples = list(entry.examples)
     head = view.menu_head  # as the Head menu and the figure name it: a head, "all" or a page ("6-11")
     caption = view_caption(session, model, view.layer, head, view.view)

@@ -13,6 +13,7 @@ read from its own files and computed on its own weights (lab.catalogue.realmodel
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -49,16 +50,23 @@ class Source:
     path: Path | None = None
     repo: str | None = None
     revision: str | None = None
+    # What runs it: the own engine, or nnsight (`--backend nnsight`), in this process (with `device_map`:
+    # spread over the GPUs and the CPU) or on NDIF (`remote`, kind "remote": a Hub repo id NDIF hosts)
+    backend: str = "own"
+    device_map: str | None = None
+    remote: bool = False
 
     @property
     def label(self) -> str:
         """The source as the server knows it (the record of hashes is keyed by it)."""
+        if self.kind == "remote":
+            return f"{self.repo} on NDIF"
         return f"{self.repo}@{self.revision}" if self.kind == "hub" else str(self.path)
 
     @property
     def shown(self) -> str:
         """The source as visitors see it (status, refusals, session files): no server path."""
-        if self.kind == "hub":
+        if self.kind in ("hub", "remote"):
             return self.label
         if self.kind == "nanogpt" or (self.kind == "nanochat" and self.path.suffix == ".pt"):
             return f"local file {self.path.parent.name}/{self.path.name}"
@@ -68,7 +76,13 @@ class Source:
 
     @property
     def name(self) -> str:
-        """A short display name for the model list."""
+        """A short display name for the model list ("(nnsight)" after one that nnsight runs here)."""
+        if self.kind == "remote":
+            return f"{self.repo} (NDIF)"
+        return self._name + (" (nnsight)" if self.backend == "nnsight" else "")
+
+    @property
+    def _name(self) -> str:
         if self.kind == "hub":
             rev = self.revision if len(self.revision) <= 12 else self.revision[:12]
             return f"{self.repo}@{rev}"
@@ -110,16 +124,52 @@ def parse_source(text: str) -> Source:
                      "file nor a repo id as owner/name@revision")
 
 
-def sources_from(args: list[str] | None, env: str | None) -> list[Source]:
-    """The sources of --model (in order), then those of the environment variable, each once. When neither
-    names one, the README's `preload_from_hub` repos that are in the hub cache (lab.catalogue.preloaded): what
-    a Space's build fetched is what it offers."""
-    given = list(args or []) + [s for s in (env or "").split(SEPARATOR) if s.strip()]
-    if not given:
+BACKENDS = ("own", "nnsight")  # what may run a --model source (model.backend's contract)
+
+
+def run_by(text: str, backend: str = "own", device_map: str | None = None, remote: bool = False) -> Source:
+    """A --model source as `parse_source` reads it, run by `backend`: "nnsight" opens a Hugging Face folder (or
+    a cached hub repo) through nnsight, spread with `device_map`, or with `remote` a Hub repo id on NDIF.
+    A combination that cannot run is a ValueError with one sentence."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {shortened(str(backend))}")
+    if backend == "own":
+        if device_map is not None or remote:
+            raise ValueError("--device-map and --remote go with --backend nnsight: the own engine runs a model in "
+                             "this process")
+        return parse_source(text)
+    if remote:
+        if device_map is not None:
+            raise ValueError("a remote model is placed by NDIF: --device-map is for a model run on this machine")
+        repo = text.strip().partition("@")[0] if isinstance(text, str) else ""
+        if not _REPO.fullmatch(repo):
+            raise ValueError(f"{shortened(str(text))} is not a Hub repo id (owner/name), which NDIF knows its "
+                             "models by")
+        return Source("remote", repo=repo, backend="nnsight", remote=True)
+    source = parse_source(text)
+    if source.kind not in ("folder", "hub"):
+        raise ValueError(f"{source.shown} is a {source.kind} file: nnsight runs Hugging Face models (a folder or a "
+                         "cached hub repo)")
+    return dataclasses.replace(source, backend="nnsight", device_map=device_map)
+
+
+def sources_from(args: list[str] | None, env: str | None, backend: str = "own", device_map: str | None = None,
+                 remote: bool = False) -> list[Source]:
+    """The sources of --model (in order, run by `backend`: see `run_by`), then those of the environment
+    variable (the own engine's), each once. When neither names one, the README's `preload_from_hub` repos
+    that are in the hub cache (lab.catalogue.preloaded): what a Space's build fetched is what it offers."""
+    if (backend != "own" or device_map is not None or remote) and not args:
+        raise ValueError("--backend, --device-map and --remote apply to the models given with --model; name one")
+    found: list[Source] = []
+    for text in args or []:
+        source = run_by(text, backend, device_map, remote)
+        if source not in found:
+            found.append(source)
+    given = [s for s in (env or "").split(SEPARATOR) if s.strip()]
+    if not given and not found:
         from .preloaded import preloaded_sources
 
         given = preloaded_sources()
-    found: list[Source] = []
     for text in given:
         source = parse_source(text)
         if source not in found:
@@ -257,9 +307,11 @@ class ExternalModels:
                     raise
             return self._loaded[name]
 
-    def _open(self, name: str, source: Source, folder: Path) -> ModelEntry:
-        from .realmodels import open_external  # the engine's importers load only once a model is used
+    def _open(self, name: str, source: Source, folder: Path | None) -> ModelEntry:
+        from .realmodels import open_external, open_on_backend  # the engine's importers load on first use
 
+        if source.kind == "remote":  # no weights here: NDIF's copy is the model
+            return open_on_backend(name, source, "")
         try:
             files = model_files(source, folder)
         except ValueError as exc:  # a link out of the folder: refused as the importers refuse it
@@ -268,6 +320,8 @@ class ExternalModels:
             raise UserError(f"'{source.shown}' has no model files here.")
         digest = files_hash(files)
         self.record.check(source.label, digest, source.shown)
+        if source.backend == "nnsight":
+            return open_on_backend(name, dataclasses.replace(source, path=folder), digest)
         return open_external(name, source, folder, digest)
 
 

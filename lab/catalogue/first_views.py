@@ -159,7 +159,7 @@ def main(argv=None) -> None:
     for name, builtin in BUILTIN_MODELS.items():
         prompt = builtin.examples[0]
         entry = BUILTINS.get(name)
-        c = entry.model.cfg
+        c = entry.cfg
         print(f"== {name}: {c.n_layers} layers × {c.n_heads} heads; first example {prompt!r}")
         _, d, t = decode(name, prompt)
         print_scores(f"prompt ({len(t)} tokens)", d)

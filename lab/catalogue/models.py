@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from model.backend import Backend, OwnBackend
 from model.checkpoint import load_checkpoint
+from model.config import ModelConfig
 from model.film import Film
 from model.tokenizers import Tokenizer
 from model.transformer import DecoderLM
@@ -25,6 +27,31 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
 # the notice of a prompt longer than the model's context (lab.text.cut_lines finds it again in a status)
 PROMPT_CUT = "The prompt has {n} tokens but the model's context is {block}; it keeps the last {block}."
+# From this many heads (80 layers × 64 heads is 5,120) a model opens on one head, and the head-roles map under
+# the text, which scores every head of the text in one figure, is the place to start (not a panel per head).
+MANY_HEADS = 1024
+
+
+def many_heads(cfg: ModelConfig) -> bool:
+    """Whether a model has so many heads that its first view is the head-roles map (MANY_HEADS)."""
+    return cfg.n_layers * cfg.n_heads >= MANY_HEADS
+
+
+def thousands_of_heads_caption(cfg: ModelConfig) -> str:
+    """What a model of many heads says first, above its one head (the page's first caption)."""
+    return (f"This model has {cfg.n_layers * cfg.n_heads:,} heads ({cfg.n_layers} layers × {cfg.n_heads}): press "
+            "Step, then start from the Head roles map under the text, which scores every head on the text in one "
+            "figure; open the heads it singles out with the Layer and Head menus.")
+
+
+# The lab's tools that read the own engine's modules or weights, beyond what model.backend's contract hands
+# back (the contract's tools, Step to patching, run on every backend): what each needs, for the refusal.
+OWN_ENGINE_TOOLS = {
+    "lens": "The logit lens reads each layer's residual stream through the own engine's final norm and output head",
+    "circuits": "The Circuits view reads the own engine's weights (W_Q, W_K, W_V, W_O, the unembedding)",
+    "positions": "The positional table is read from the own engine's embedding",
+    "value": "Colouring by ‖a·v·W_O‖ reads the own engine's values and output projection",
+}
 
 
 @dataclass(frozen=True)
@@ -94,13 +121,51 @@ DEFAULT_MODEL = "grammar (built-in)"
 @dataclass
 class ModelEntry:
     name: str
-    model: DecoderLM
+    model: DecoderLM | None
     tokenizer: Tokenizer
     meta: dict
     builtin: bool = False
     examples: tuple[str, ...] = field(default_factory=tuple)
     first_view: FirstView | None = None  # built-ins only; other models open on layer 0, all heads
     film: Film | None = None  # the training film, when its training recorded one (model.film)
+    # What runs the model for the Explore tools (model.backend's contract): the own engine for every model
+    # with weights in this process (`model`), or another backend (nnsight) that runs a model the lab does not
+    # own; such an entry has no `model`, and the tools beyond the contract say why they are not offered.
+    runner: Backend | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.runner is None or isinstance(self.runner, OwnBackend)):
+            raise ValueError("a model entry has its own engine's model or another backend, one of the two")
+
+    @cached_property
+    def backend(self) -> Backend:
+        """The contract the lab's Explore tools run the model through."""
+        return self.runner if self.runner is not None else OwnBackend(self.model, self.tokenizer)
+
+    @property
+    def cfg(self) -> ModelConfig:
+        """The model's shape (layers, heads, context, vocabulary), whichever backend runs it."""
+        return self.backend.cfg
+
+    @property
+    def own(self) -> bool:
+        """Whether the own engine runs the model in this process (every tool is offered)."""
+        return self.model is not None
+
+    def refusal(self, tool: str) -> str | None:
+        """Why `tool` is not offered on this model, or None: one of model.backend.BACKEND_TOOLS (the backend
+        says), or one of OWN_ENGINE_TOOLS, which read the own engine's modules and weights beyond the contract."""
+        if tool in OWN_ENGINE_TOOLS:
+            return None if self.own else f"{OWN_ENGINE_TOOLS[tool]}; this model runs on {self.backend.where()}."
+        return self.backend.refusal(tool)
+
+    def require(self, tool: str) -> None:
+        """UserError (the `refusal`'s sentence) unless `tool` is offered on this model."""
+        if why := self.refusal(tool):
+            raise UserError(why)
+
+    def n_params(self) -> int:
+        return self.cfg.n_params() if self.model is None else self.model.n_params()
 
     @cached_property
     def pieces(self) -> tuple[str, ...]:
@@ -110,15 +175,15 @@ class ModelEntry:
 
     @property
     def summary(self) -> str:
-        c = self.model.cfg
+        c = self.cfg
         norm = "no norm" if c.norm == "none" else f"{c.norm}-norm"
         # without a feed-forward layer (d_ff 0) there is no activation to name
         ff = f"{c.activation} feed-forward" if c.ff_dim else "no feed-forward layer"
         return (
             f"{self.name}: {counted(c.n_layers, 'layer')} × {counted(c.n_heads, 'head')}, d_model {c.d_model}, "
             f"context {c.block_size}, {c.pos_encoding} positions, {norm}, {ff}, {self.tokenizer.kind} tokenizer "
-            f"({counted(self.tokenizer.vocab_size, 'token')}), {counted(self.model.n_params(), 'parameter')}"
-        )
+            f"({counted(self.tokenizer.vocab_size, 'token')}), {counted(self.n_params(), 'parameter')}"
+        ) + ("" if self.own else f"; runs on {self.backend.where()}")
 
 
 def counted(n: int, noun: str) -> str:
@@ -141,7 +206,7 @@ def encode_prompt(prompt, entry: ModelEntry) -> tuple[list[int], list[str]]:
         raise UserError("The prompt is empty: type a few words or characters first.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise UserError(f"The prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
-    tokenizer, block_size = entry.tokenizer, entry.model.cfg.block_size
+    tokenizer, block_size = entry.tokenizer, entry.cfg.block_size
     enc = tokenizer.encode_verbose(prompt)
     if enc.unknown:
         shown = ", ".join(repr(u if len(u) <= 20 else u[:19] + "…") for u in enc.unknown[:8])

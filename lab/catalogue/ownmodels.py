@@ -21,7 +21,7 @@ def film_bytes(entry: ModelEntry) -> int:
     per frame, the attention of every layer and head on the probe, float32."""
     if entry.film is None:
         return 0
-    cfg, t = entry.model.cfg, len(entry.film.probe_ids)
+    cfg, t = entry.cfg, len(entry.film.probe_ids)
     frames = max(len(entry.film.frames), FILM_FRAMES + 2)
     return frames * cfg.n_layers * cfg.n_heads * t * t * 4
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.backend import ForwardRequest
 from model.heads import ROLES, Role, head_scores
 
 from ..checks import UserError
 from ..limits import WEIGHTS_DTYPE
-from .models import FirstView, ModelEntry, counted, usable_examples
+from .models import FirstView, ModelEntry, counted, many_heads, usable_examples
 
 # Prompts that show something on a real model: a sentence said twice (a model that learned to copy, a
 # character model too, follows it), a pronoun to resolve and a name to repeat (the indirect-object pattern);
@@ -47,7 +48,7 @@ class ExternalEntry(ModelEntry):
 
     @property
     def summary(self) -> str:
-        c, tok = self.model.cfg, self.tokenizer
+        c, tok = self.cfg, self.tokenizer
         tokens = counted(tok.vocab_size, "token")
         if c.vocab_used is not None and c.vocab_used < c.vocab_size:
             tokens += f", {c.vocab_size - c.vocab_used:,} padded rows never shown"
@@ -57,14 +58,17 @@ class ExternalEntry(ModelEntry):
         elif tok.kind == "hf":
             tokens += "; no BOS token first"
         licence = f", licence {self.licence}" if self.licence else ""
-        return (f"{self.name}: {self.family}, {counted(self.model.n_params(), 'parameter')}, "
+        return (f"{self.name}: {self.family}, {counted(self.n_params(), 'parameter')}, "
                 f"{counted(c.n_layers, 'layer')} × {counted(c.n_heads, 'head')}, d_model {c.d_model}, "
                 f"context {c.block_size}, {tokenizer_name(tok)} ({tokens}), weights {weights_word(self.model)}, "
-                f"source {self.source}{licence}")
+                f"source {self.source}{licence}" + ("" if self.own else f"; runs on {self.backend.where()}"))
 
 
 def weights_word(model) -> str:
-    """How the model holds its weights, for the status line: float32, or a 16-bit dtype kept as stored."""
+    """How the model holds its weights, for the status line: float32, or a 16-bit dtype kept as stored
+    (None: another backend holds them, and says where)."""
+    if model is None:
+        return "held by the backend"
     dtype = model.tok_emb.weight.dtype
     return "float32" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} as stored"
 
@@ -132,6 +136,28 @@ def open_external(name: str, source, folder: Path, digest: str) -> ExternalEntry
     return entry
 
 
+def open_on_backend(name: str, source, digest: str) -> ExternalEntry:
+    """The entry of a source run by another backend than the own engine (source.backend: "nnsight", with its
+    device_map and remote settings), as `python app.py --backend nnsight` asks; a refusal is a UserError."""
+    from model.nnsight_backend import open_nnsight
+
+    try:
+        backend = open_nnsight(source.path if source.path is not None else source.repo, device_map=source.device_map,
+                               remote=source.remote)
+    except ValueError as exc:
+        raise UserError(f"'{source.shown}' cannot be opened with nnsight: {str(exc).rstrip('.')}.") from None
+    tok = backend.tokenizer
+    examples = example_prompts(tok, backend.cfg.block_size)
+    entry = ExternalEntry(name, None, tok, {"source": source.shown, "sha256": digest}, examples=examples,
+                          family=f"{backend.family} through nnsight", source=source.shown, sha256=digest,
+                          runner=backend)
+    # a first view found by running every example costs a remote model a request each: the roles map opens
+    # first on a model of many heads anyway (lab.display.MANY_HEADS)
+    if not many_heads(entry.cfg):
+        entry.first_view, entry.examples = choose_first_view(entry)
+    return entry
+
+
 # ------------------------------------------------------------------------------ examples, first view
 
 
@@ -178,9 +204,10 @@ def example_scores(entry: ModelEntry) -> list[dict[str, np.ndarray]]:
     found = []
     for prompt in entry.examples:
         ids = entry.tokenizer.encode(prompt)
-        with torch.inference_mode():
-            out = entry.model(torch.tensor([ids]), return_attention=True)
-        attention = [a[0].float().numpy() for a in out.attentions]
+        out = entry.backend.forward(ForwardRequest(tuple(ids), attention="all"))
+        cfg = entry.cfg
+        attention = [torch.stack([out.attention[layer, h] for h in range(cfg.n_heads)]).float().numpy()
+                     for layer in range(cfg.n_layers)]
         scores = head_scores(attention, ids)
         if entry.tokenizer.kind == "char":
             scores["word_start"] = word_start_scores(attention, [entry.tokenizer.piece(i) for i in ids])

@@ -24,11 +24,11 @@ import torch
 
 from lab import patching
 from lab.catalogue.models import BUILTINS, ModelEntry
-from model.attribution import (ATP_ABS_SHARE, ATP_GRIDS, AnswerMetric, AttributionCheck, atp_batches, atp_grid_sites,
+from model.attribution import (ATP_ABS_SHARE, ATP_GRIDS, AnswerMetric, AttributionCheck, atp_grid_sites,
                                attribute, attribute_and_verify, attribution_steps, exact_patched_metrics, verify_top)
 from model.config import ModelConfig
 from model.norms import RMSNorm
-from model.patching import Activations, Patch, PatchSite
+from model.patching import Activations, Patch, PatchSite, sweep_chunks
 from model.transformer import DecoderLM
 from tests.support.inside_ref import rope_angles
 from tests.support.patch_reference import metric_of, one_thread, reference  # noqa: F401 (fixture)
@@ -214,14 +214,18 @@ def test_the_tracked_forward_is_the_plain_recording_bit_for_bit(name):
     assert not att.base.residuals[0].requires_grad
 
 
-def test_the_grids_and_batches_are_the_labs():
+def test_the_grids_are_the_labs_and_batches_keep_to_one_layer():
     entry = ModelEntry("tiny", make("llama-gqa"), None, {})
     cfg = entry.model.cfg
     for what in patching.SWEEPS:
         _, _, sites = patching.grid(entry, what, len(A))
         assert atp_grid_sites(cfg, what, len(A)) == sites
         for rows in (1, 3, 7, 73):
-            assert atp_batches(sites, rows) == list(patching._batches(sites, rows))
+            chunks = list(sweep_chunks(sites, rows))
+            assert [s for a, b in chunks for s in sites[a:b]] == sites  # every site once, in order
+            assert all(b - a <= rows and len({s.layer for s in sites[a:b]}) == 1 for a, b in chunks)
+            # a batch ends early only where the layer changes
+            assert all(b - a == rows or b == len(sites) or sites[b].layer != sites[a].layer for a, b in chunks)
     head_pos = atp_grid_sites(cfg, "head_pos", len(A))
     assert len(head_pos) == 2 * 4 * 7 and head_pos[8] == PatchSite("head", 0, head=1, positions=(1,))
 
@@ -230,9 +234,8 @@ def lab_setup(model: DecoderLM, metric: AnswerMetric) -> patching.PatchSetup:
     """What lab.patching.prepare_sweep makes of A and B, for a model without a tokenizer (its own calls)."""
     entry = ModelEntry("tiny", model, None, {})
     m = patching.Metric(metric.kind, metric.answer, metric.other, "a", None if metric.other is None else "b")
-    runs = [patching._run(entry, torch.tensor([ids]), record=True) for ids in (A, B)]
-    clean, corrupted = (float(m.of(r.logits[:, -1], entry)[0]) for r in runs)
-    return patching.PatchSetup(entry, A, B, m, clean, corrupted, runs[0].activations, runs[1].activations)
+    clean, corrupted = (float(m.of(patching._last_logits(entry, ids), entry)[0]) for ids in (A, B))
+    return patching.PatchSetup(entry, A, B, m, clean, corrupted)
 
 
 def check_against_the_labs_sweeps(setup: patching.PatchSetup, metric: AnswerMetric, k: int = 5) -> None:

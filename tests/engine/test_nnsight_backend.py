@@ -1,10 +1,12 @@
 """The backend contract (model/backend.py) on the own engine and on nnsight (model/nnsight_backend.py): on a
 small random folder of every family the nnsight backend reaches, both give the same attention, head outputs,
-residual streams and logits, the same effects of zero / mean / uniform / scaled heads and of edited rows, and
-the same patching cells (1e-5, relative to a tensor's largest magnitude where that is above 1: the residual
-streams of these sharpened models reach about 30); the generate CLI prints the same tokens with either; what
-nnsight cannot do is refused by name; and the remote path runs through nnsight's own request to a stand-in
-for NDIF on 127.0.0.1 (tests/support/fake_ndif.py), which answers as nnsight's client expects.
+residual streams and logits (the scores: tests/engine/test_backend_contract_extras.py), the same effects of
+zero / mean / uniform / scaled heads and of edited rows, and the same patching cells (1e-5, relative to a
+tensor's largest magnitude where that is above 1: the residual streams of these sharpened models reach about
+30); the generate CLI prints the same tokens with either; what nnsight cannot do is refused by name; and the
+remote path runs through nnsight's own request to a stand-in for NDIF on 127.0.0.1
+(tests/support/fake_ndif.py), which answers as nnsight's client expects (a sweep in chunks: one request per
+chunk).
 """
 
 from __future__ import annotations
@@ -22,17 +24,21 @@ import pytest
 import torch
 
 from model import cli
-from model.backend import ForwardRequest, HeadScale, OwnBackend, PatchRequest, generate_steps
+from model.backend import ForwardRequest, HeadScale, OwnBackend, PatchRequest
+from model.backend_decoder import make_decoder
 from model.families import open_folder
 from model.generate import Decoder, Sampling, generate
 from model.interventions import AttentionEdit, Intervention
-from model.nnsight_backend import NDIF_HOST_ENV, NDIF_KEY_ENV, NnsightBackend, plan_run, records_needed, run_session
+from model.nnsight_backend import (NDIF_HOST_ENV, NDIF_KEY_ENV, NnsightBackend, nnsight_available, plan_run,
+                                   records_needed, run_session)
 from model.patching import PatchSite
 from tests.support.fake_ndif import FakeNDIF
 from tests.support.families import TEXT
 from tests.support.family_folders import family_folder
 
-nnsight = pytest.importorskip("nnsight", reason="the nnsight backend needs nnsight (requirements-scale.txt)")
+if not nnsight_available():  # checked without importing it: nnsight gives every object a `.save`, which breaks
+    # anyio's typed attributes if gradio is imported after it in the same process (the backend imports it on use)
+    pytest.skip("the nnsight backend needs nnsight (requirements-scale.txt)", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("gpt2", "neox", "llama", "llama3", "qwen2", "qwen3", "smollm3", "phi3", "olmo2", "gemma2", "gemma3")
@@ -73,6 +79,11 @@ def same_result(a, b, what: str) -> None:
     assert a.attention.keys() == b.attention.keys()
     for key in a.attention:
         close(a.attention[key], b.attention[key], f"{what}: attention {key}")
+    assert a.scores.keys() == b.scores.keys()
+    for key in a.scores:  # -inf where the mask hides a key on both, the rest equal
+        hidden = torch.isneginf(a.scores[key])
+        assert torch.equal(hidden, torch.isneginf(b.scores[key])), f"{what}: scores {key} masked elsewhere"
+        close(a.scores[key][~hidden], b.scores[key][~hidden], f"{what}: scores {key}")
     for name in ("head_outputs", "residuals"):
         mine, theirs = getattr(a, name), getattr(b, name)
         assert (mine is None) == (theirs is None), name
@@ -199,7 +210,8 @@ def test_the_generation_loop_samples_as_the_decoder_does(pair, folders):
         decoder = Decoder(own.model, long, sampling, capture_attention=False, eos_id=None, piece=own.tokenizer.piece)
         want = list(generate(decoder, 8, attention="none"))
         for backend in (own, nn):
-            got = list(generate_steps(backend, long, 8, sampling, None, own.tokenizer.piece))
+            decoder = make_decoder(backend, long, sampling, None, own.tokenizer.piece, capture_attention=False)
+            got = list(generate(decoder, 8, attention="none"))
             assert [s.token_id for s in got] == [s.token_id for s in want]
             assert [s.cropped for s in got] == [s.cropped for s in want] == [False] * 4 + [True] * 4
             assert [s.position for s in got] == [s.position for s in want]
@@ -250,17 +262,19 @@ def test_importing_the_backends_loads_neither_nnsight_nor_transformers():
 def test_the_session_needs_nothing_of_this_project(pair):
     """nnsight's own dry run of a remote request: the session serialized, then deserialized with every module not
     installed on an NDIF server hidden (this project's among them), then run; the same numbers as run here."""
+    import nnsight
     from nnsight.intervention.backends.local import LocalSimulationBackend
 
     own, nn = pair("olmo2")
     ids = text_ids(own)
     source = ids[:-2] + (ids[-1], ids[-2])
     run = plan_run(nn.cfg, len(ids), Intervention(heads=[(0, 1)], mode="mean"), (), (PatchSite("head", 1, head=2),),
-                   ((0, 0),), True, True, "all")
+                   ((0, 0),), True, True, "all", scores=True)
     here = run_session(nn.model, nnsight, nn.envoys, nn.cfg, ids, source, [run], records_needed([run]))
     there = run_session(nn.model, nnsight, nn.envoys, nn.cfg, ids, source, [run], records_needed([run]),
                         backend=LocalSimulationBackend(nn.model))
     close(there[0]["logits"], here[0]["logits"], "logits")
+    assert torch.equal(there[0]["scores"][0], here[0]["scores"][0])  # the softmax's input, mask value and all
     for x, y in zip(there[0]["heads"] + there[0]["resid"], here[0]["heads"] + here[0]["resid"]):
         close(x, y, "heads and residuals")
 
@@ -289,12 +303,16 @@ def test_a_remote_model_runs_through_nnsights_request(pair, folders, ndif, monke
     remote = NnsightBackend(folders["llama"], remote=True)
     ids = text_ids(own)
     source = ids[:-2] + (ids[-1], ids[-2])
-    changes = everything(ids, intervention=Intervention(heads=[(0, 1)], mode="mean"),
+    changes = everything(ids, scores=True, intervention=Intervention(heads=[(0, 1)], mode="mean"),
                          patch=PatchRequest(source, (PatchSite("resid", 1, positions=(len(ids) - 2,)),)))
-    same_result(own.forward(changes), remote.forward(changes), "remote")
+    same_result(own.forward(changes), remote.forward(changes), "remote")  # the scores too
     sites = [PatchSite("head", l, head=h) for l in range(own.cfg.n_layers) for h in range(own.cfg.n_heads)]
     close(remote.patch_cells(ids, source, sites), own.patch_cells(ids, source, sites), "remote cells")
     assert len(ndif.requests) == 2  # one request per session: a forward, a whole sweep
+    # a sweep in chunks of 5 cells: one request per chunk, the same cells
+    chunks = list(remote.patch_steps(ids, source, sites, batch_tokens=5 * len(ids)))
+    assert [len(c) for c in chunks] == [5, 5, len(sites) - 10] and len(ndif.requests) == 5
+    close(torch.cat(chunks), own.patch_cells(ids, source, sites), "remote chunks")
     sent = ndif.requests[0]
     key = json.loads(sent["model_key"].split(":", 1)[1])
     assert sent["model_key"].startswith("nnsight.modeling.transformers.TransformersModel:")

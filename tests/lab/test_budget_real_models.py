@@ -31,7 +31,7 @@ FULL = "The server is full right now"
 
 def test_a_gpt2_small_text_reserves_its_attention_cache_and_50k_distributions():
     cfg = ModelConfig(vocab_size=GPT2_VOCAB, block_size=1024, n_layers=12, n_heads=12, d_model=768)
-    entry = SimpleNamespace(model=SimpleNamespace(cfg=cfg), tokenizer=SimpleNamespace(vocab_size=GPT2_VOCAB))
+    entry = SimpleNamespace(cfg=cfg, tokenizer=SimpleNamespace(vocab_size=GPT2_VOCAB))
     rows = rows_held(64, 1024)
     attention = 12 * 12 * rows * rows * 4 * 2  # weights and scores, float32, with room for the rows to come
     cache = 2 * 12 * 64 * 768 * 4  # keys and values of 64 tokens in 12 layers
@@ -43,7 +43,7 @@ def test_a_gpt2_small_text_reserves_its_attention_cache_and_50k_distributions():
     assert rows == 96 and text_bytes(entry, 64) == total == 41_631_556
     # a vocabulary padded past the tokenizer's (nanoGPT's 50,304) is counted by the model's rows
     padded = ModelConfig(vocab_size=50_304, block_size=1024, n_layers=12, n_heads=12, d_model=768)
-    entry.model.cfg = padded
+    entry.cfg = padded
     assert text_bytes(entry, 64) == attention + cache + 2 * 50_304 * 4 * 64 + 50_304 * 4 + streams + sampler
 
 

@@ -243,7 +243,7 @@ def test_the_composition_estimate_reads_the_shape():
     """GPT-2 small's scores fit the server's bound (~190 GFLOP, ~230 MB); GPT-2 medium's do not."""
     def entry(**kw):
         cfg = ModelConfig(vocab_size=50257, block_size=1024, **kw)
-        return types.SimpleNamespace(model=types.SimpleNamespace(cfg=cfg))
+        return types.SimpleNamespace(cfg=cfg)
     small = entry(n_layers=12, n_heads=12, d_model=768)
     medium = entry(n_layers=24, n_heads=16, d_model=1024)
     assert 150e9 < composition_flops(small) < circuits.MAX_COMPOSITION_GFLOP * 1e9 < composition_flops(medium)

@@ -87,19 +87,27 @@ def test_the_probability_metric_cell_by_cell():
                      " tom", None, metric="prob", whats=("heads", "resid"))
 
 
+def run(entry, ids, patch):
+    """The own engine's last-position logits of `ids` under `patch`, read without the lab."""
+    with torch.inference_mode():
+        return entry.model(ids, patch=patch, logits="last").logits[:, -1]
+
+
 def test_the_methods_endpoints():
     """Nothing patched gives the corrupted run's metric; every head's output in every layer, or the residual
     stream after the last block, gives the clean run's (both prompts end on the same token)."""
     entry = BUILTINS.get(GRAMMAR)
     setup = patching.prepare_sweep(entry, LONG_A, LONG_B, "logit_diff", " she", " he")
     cfg = entry.model.cfg
-    for base, source, want in ((setup.ids_b, setup.source_a, setup.clean), (setup.ids_a, setup.source_b, setup.corrupted)):
+    for base, source_ids, want in ((setup.ids_b, setup.ids_a, setup.clean), (setup.ids_a, setup.ids_b, setup.corrupted)):
+        with torch.inference_mode():
+            source = entry.model(torch.tensor([source_ids]), record=True, logits="last").activations
         ids = torch.tensor([base])
-        unpatched = patching._run(entry, ids, Patch()).logits[:, -1]
+        unpatched = run(entry, ids, Patch())
         assert setup.metric.of(unpatched, entry)[0] == (setup.corrupted if want == setup.clean else setup.clean)
         heads = [PatchSite("head", l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
         for sites in (heads, [PatchSite("resid", cfg.n_layers)]):
-            out = patching._run(entry, ids, Patch(source, sites)).logits[:, -1]
+            out = run(entry, ids, Patch(source, sites))
             assert setup.metric.of(out, entry)[0] == pytest.approx(want, abs=1e-4)
     for direction in patching.DIRECTIONS:
         resid = patching.sweep(setup, "resid", direction)
@@ -206,7 +214,6 @@ def test_progress_stop_and_one_sweep_per_session():
     cells = (3 + 1) * T
     assert seen and all(t == cells for _, t in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert result.done == cells and np.isfinite(result.values).all()
-    assert result.setup.source_a is None and result.setup.source_b is None  # a kept result holds no recorded runs
     held = MODEL_BUDGET.held(session)
     steps = session.sweeps.run_steps(*args)
     first = next(steps)

@@ -426,7 +426,7 @@ def test_compare_is_two_plain_forwards():
     outs = []
     for text in ("anna found the key . she", "tom found the key . he"):
         with torch.inference_mode():
-            outs.append(model(torch.tensor([tok.encode(text)]), return_attention=True))
+            outs.append(model(torch.tensor([tok.encode(text)]), return_attention=True, logits="last"))
     for layer in range(model.cfg.n_layers):
         expect = (outs[1].attentions[layer][0] - outs[0].attentions[layer][0]).numpy()
         np.testing.assert_allclose(c.diff[layer], expect, atol=1e-7)
