@@ -31,6 +31,9 @@ __all__ = [
 
 # ---------------------------------------------------------------------------- Explore
 MAX_PROMPT_CHARS = 2000
+# From this many heads (layers × heads) a model opens on one head and the compact head-roles map of every head
+# (lab.catalogue.models.many_heads); viz.heads.COMPACT_HEADS, where the maps turn compact, is the same number
+MANY_HEADS = 1024
 MAX_NEW_TOKENS = 256  # per Generate, and generated tokens per text
 OVERVIEW_MAX_TOKENS = OVERVIEW_MAX_T  # the all-layers view draws n_layers × n_heads panels (viz's bound)
 TOP_K_RANGE = (0, 50)  # 0 = off

@@ -25,8 +25,9 @@ from .heads import (
 )
 
 ROLES_INTRO = ("Every head's scores on the text above, recomputed at each Step: a cell is **outlined** when its "
-               "score passes the role's threshold (hover for the formula). Scores say where a head looks, "
-               "not what it does for the prediction: the Ablate tab tests that.")
+               "score passes the role's threshold (hover for the formula; a model of a thousand heads or more "
+               "shows colours only). Scores say where a head looks, not what it does for the prediction: the "
+               "Ablate tab tests that.")
 LENS_INTRO = ("The residual stream after each layer, sent through the model's final norm and output head: "
               "what the model would predict if it stopped there. The last row is the model's own distribution. "
               "Click a token in the text to read the lens at that position.")

@@ -49,6 +49,11 @@ MARKED_COLOUR = "#e4572e"  # the "✕" on an ablated head (the app's one highlig
 NAN_TEXT = "–"
 _SELECT_INSET = 0.47  # half-size of the selected head's outline, in cells (the role mark: MARK_INSET)
 ROLE_MAPS_WRAP_PX = 700  # role maps laid out narrower than this wrap to 3 (or, under 480 px, 2) columns
+# From this many heads (layers × heads: 80 × 64 is 5,120) the maps are compact, so that every head of every
+# score fits on about a screen: colours only (the hover and a click give each head), cells down to
+# COMPACT_CELL_PX, the panels side by side, a label every few rows and columns, no per-cell marks.
+COMPACT_HEADS = 1024
+COMPACT_CELL_PX = 4
 
 
 def _number(value: float, threshold: float | None = None, *, signed: bool = False) -> str:
@@ -132,13 +137,14 @@ def _check_head(name: str, pair: object, n_layers: int, n_heads: int) -> tuple[i
     return int(layer), int(head)
 
 
-def _columns(n: int, n_heads: int, fonts: _MapFonts, width_px: int | None, left: float, cell_em: float) -> int:
+def _columns(n: int, n_heads: int, fonts: _MapFonts, width_px: int | None, left: float, cell_em: float,
+             compact: bool = False) -> int:
     """Panels per row: all of them when laid out ≥ `ROLE_MAPS_WRAP_PX` wide (or width unknown), else 3 (2
     under 480 px); fewer while a cell would be too narrow for its text (`cell_em` em). Only counts
     that fill the rows evenly are tried (5 panels: 5, 3, 2 or 1 a row, never 4 + 1)."""
     laid = width_px or 1000
     most = n if width_px is None or width_px >= ROLE_MAPS_WRAP_PX else (3 if width_px >= 480 else 2)
-    need = cell_em * fonts.cell + 8
+    need = COMPACT_CELL_PX if compact else cell_em * fonts.cell + 8
     options = sorted({math.ceil(n / rows) for rows in range(1, n + 1)}, reverse=True)
     for cols in (c for c in options if c <= most):
         panel = (laid - left - 12 - (cols - 1) * fonts.gap) / cols
@@ -167,23 +173,30 @@ def _score_maps(
     legend: the note parts under the title (escaped), wrapped to the width laid out for."""
     fonts = _MAP_PRESENTING if presentation else _MAP_NORMAL
     n = len(panels)
+    compact = n_layers * n_heads >= COMPACT_HEADS
     left = math.ceil(text_width_em(f"L{n_layers - 1}") * fonts.tick + 14)  # the widest layer label, "L11"
-    ncols = _columns(n, n_heads, fonts, width_px, left, cell_em)
+    ncols = _columns(n, n_heads, fonts, width_px, left, cell_em, compact)
     nrows = math.ceil(n / ncols)
     laid = width_px or 1000
     legend = wrap_parts(legend, fonts.sub, laid - 20)
     title = wrapped(title, (laid - 20) / fonts.title)  # whole on a phone: it says what the maps show
     margin = _margin(left, fonts, title, legend)
     title_px = fonts.panel_title * 1.5 + 4  # a panel's title, above it
-    panel_h = n_layers * fonts.cell_h
+    plot_w = max(1.0, laid - margin["l"] - margin["r"])
+    panel_w = (plot_w - (ncols - 1) * fonts.gap) / ncols
+    # a compact map's rows are about as tall as its cells are wide (never under COMPACT_CELL_PX)
+    cell_h = max(COMPACT_CELL_PX, min(fonts.cell_h, panel_w / n_heads)) if compact else fonts.cell_h
+    panel_h = n_layers * cell_h
     tick_px = fonts.tick * 1.4 + 8  # head labels under a panel
     row_h = title_px + panel_h + tick_px  # px; positions below are fractions of the plot area (paper units)
     plot_h = nrows * row_h
-    plot_w = max(1.0, laid - margin["l"] - margin["r"])
-    panel_w = (plot_w - (ncols - 1) * fonts.gap) / ncols
     height = math.ceil(margin["t"] + plot_h + margin["b"])
     customdata = [[[li, h] for h in range(n_heads)] for li in range(n_layers)]  # (L, H, 2): what a click picks
-    numbers = panel_w / n_heads >= cell_em * fonts.cell + 4  # else (12 heads, a phone) colours only; hover: each
+    # else (12 heads on a phone, or a compact map) colours only; the hover gives each number
+    numbers = not compact and panel_w / n_heads >= cell_em * fonts.cell + 4
+    # a label every `step` heads (layers) where one per cell would overlap: as wide as "H63" plus a gap
+    steps = (math.ceil(n_heads / max(1.0, panel_w / (text_width_em(f"H{n_heads - 1}") * fonts.tick + 6))),
+             math.ceil(fonts.tick * 1.3 / cell_h))
     layout: dict = {
         **layout_frame(font_px=fonts.tick, height=height, margin=margin, title=title, title_px=fonts.title,
                        subtitle=legend or None, subtitle_px=fonts.sub),
@@ -207,7 +220,8 @@ def _score_maps(
         top = 1 - (row * row_h + title_px) / plot_h
         bottom = top - panel_h / plot_h
         layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = _panel_axes(
-            (x0, x1), (bottom, top), xref, yref, n_layers, n_heads, tick_px=fonts.tick, first_column=col == 0)
+            (x0, x1), (bottom, top), xref, yref, n_layers, n_heads, tick_px=fonts.tick, first_column=col == 0,
+            steps=steps)
         layout["meta"]["panels"].append({"key": panel.key, "xaxis": xref, "yaxis": yref})
         shown_title = panel.title
         # a title wider than its panel (a phone) gives way to the role's bare name
@@ -216,8 +230,8 @@ def _score_maps(
         annotations.append({"text": shown_title, "xref": "paper", "yref": "paper", "x": round((x0 + x1) / 2, 5),
                             "y": round(top, 5), "xanchor": "center", "yanchor": "bottom", "yshift": 3,
                             "showarrow": False, "font": {"size": fonts.panel_title}})
-        data.append(_panel_trace(panel, fonts, customdata, xref, yref, numbers))
-        panel_shapes, panel_notes = _panel_marks(panel, xref, yref, fonts, marked, marked_label, selected)
+        data.append(_panel_trace(panel, fonts, customdata, xref, yref, numbers, gap=0 if compact else 2))
+        panel_shapes, panel_notes = _panel_marks(panel, xref, yref, fonts, marked, marked_label, selected, compact)
         shapes += panel_shapes
         annotations += panel_notes
     layout.update(annotations=annotations, **({"shapes": shapes} if shapes else {}))
@@ -232,30 +246,32 @@ def _margin(left: int, fonts: _MapFonts, title: str, legend: str) -> dict:
 
 
 def _panel_axes(xs: tuple[float, float], ys: tuple[float, float], xref: str, yref: str, n_layers: int,
-                n_heads: int, tick_px: float, first_column: bool) -> tuple[dict, dict]:
-    """A panel's x axis (heads) and y axis (layers, layer 0 at the top) over paper domains xs and ys."""
+                n_heads: int, tick_px: float, first_column: bool, steps: tuple[int, int] = (1, 1)) -> tuple[dict, dict]:
+    """A panel's x axis (heads) and y axis (layers, layer 0 at the top) over paper domains xs and ys, labelled
+    every steps[0] heads and steps[1] layers."""
     (x0, x1), (bottom, top) = xs, ys
+    heads, layers = range(0, n_heads, max(1, steps[0])), range(0, n_layers, max(1, steps[1]))
     xaxis = {
         "domain": [round(x0, 5), round(x1, 5)], "anchor": yref, "range": [-0.5, n_heads - 0.5],
-        "tickmode": "array", "tickvals": list(range(n_heads)), "ticktext": [f"H{h}" for h in range(n_heads)],
+        "tickmode": "array", "tickvals": list(heads), "ticktext": [f"H{h}" for h in heads],
         "tickfont": {"size": tick_px}, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
     }
     yaxis = {
         "domain": [round(max(0.0, bottom), 5), round(top, 5)], "anchor": xref, "range": [n_layers - 0.5, -0.5],
-        "tickmode": "array", "tickvals": list(range(n_layers)),
-        "ticktext": [f"L{li}" for li in range(n_layers)], "tickfont": {"size": tick_px},
+        "tickmode": "array", "tickvals": list(layers),
+        "ticktext": [f"L{li}" for li in layers], "tickfont": {"size": tick_px},
         "showticklabels": first_column, "showgrid": False, "zeroline": False, "ticks": "", "fixedrange": True,
     }
     return xaxis, yaxis
 
 
 def _panel_trace(panel: _Panel, fonts: _MapFonts, customdata: list, xref: str, yref: str,
-                 numbers: bool = True) -> dict:
+                 numbers: bool = True, gap: int = 2) -> dict:
     """A panel's heatmap: its values coloured, each cell's text (numbers: where it fits) and hover, [layer,
     head] as customdata."""
     trace = {
         "type": "heatmap", "z": panel.z, "x0": 0, "dx": 1, "y0": 0, "dy": 1, "zmin": panel.zmin,
-        "zmax": panel.zmax, "colorscale": colorscale(panel.scale), "showscale": False, "xgap": 2, "ygap": 2,
+        "zmax": panel.zmax, "colorscale": colorscale(panel.scale), "showscale": False, "xgap": gap, "ygap": gap,
         "text": panel.text, "texttemplate": "%{text}" if numbers else "", "textfont": {"size": fonts.cell},
         "hovertext": panel.hover, "hovertemplate": "%{hovertext}<extra></extra>", "customdata": customdata,
         "meta": panel.key, "name": panel.key,
@@ -266,15 +282,17 @@ def _panel_trace(panel: _Panel, fonts: _MapFonts, customdata: list, xref: str, y
 
 
 def _panel_marks(panel: _Panel, xref: str, yref: str, fonts: _MapFonts, marked: list[tuple[int, int]],
-                 marked_label: str, selected: tuple[int, int] | None) -> tuple[list[dict], list[dict]]:
+                 marked_label: str, selected: tuple[int, int] | None,
+                 compact: bool = False) -> tuple[list[dict], list[dict]]:
     """A panel's marks as (shapes, annotations): a dash where a score is undefined, the role's outline,
-    a "✕" on each marked head and the selected head's outline."""
+    a "✕" on each marked head and the selected head's outline (a compact map: the last two alone; its cells
+    are too small for a dash or an outline, and thousands of them would slow the page)."""
     shapes: list[dict] = []
     annotations: list[dict] = []
-    for li, h in zip(*np.nonzero(np.isnan(panel.z))):  # undefined: a grey dash (cell text would be white)
+    for li, h in [] if compact else zip(*np.nonzero(np.isnan(panel.z))):  # undefined: a grey dash (cell text would be white)
         annotations.append({"text": NAN_TEXT, "xref": xref, "yref": yref, "x": int(h), "y": int(li),
                             "showarrow": False, "font": {"size": fonts.cell, "color": TEXT_GREY}})
-    for li, h in panel.outlined:
+    for li, h in [] if compact else panel.outlined:
         for line in MARK_LINES:
             shapes.append({"type": "rect", "xref": xref, "yref": yref, "x0": h - MARK_INSET,
                            "x1": h + MARK_INSET, "y0": li - MARK_INSET, "y1": li + MARK_INSET,
@@ -380,7 +398,9 @@ def role_overview(
         panels.append(_Panel(role.key, panel_title, z, text=text, hover=hover, zmin=zmin, zmax=zmax, scale=SEQUENTIAL,
                              outlined=outlined, short_title=name))
     legend = []  # a line for each kind of mark this figure draws, none for those it does not
-    if any(r.threshold is not None for r in roles):
+    if n_layers * n_heads >= COMPACT_HEADS:
+        legend.append("colours only: hover a cell for its head and score, click it to open the head")
+    elif any(r.threshold is not None for r in roles):
         legend.append("outlined: score ≥ threshold: the head plays that role")
     unranged = [esc(r.name) for r in roles if r.threshold is None]
     if unranged:

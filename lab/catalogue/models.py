@@ -21,19 +21,18 @@ from model.tokenizers import Tokenizer
 from model.transformer import DecoderLM
 
 from ..checks import UserError
-from ..limits import MAX_PROMPT_CHARS
+from ..limits import MANY_HEADS, MAX_PROMPT_CHARS
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 LISTED_VOCABULARY = 40  # a vocabulary this small is listed whole when a prompt has a token it lacks
 # the notice of a prompt longer than the model's context (lab.text.cut_lines finds it again in a status)
 PROMPT_CUT = "The prompt has {n} tokens but the model's context is {block}; it keeps the last {block}."
-# From this many heads (80 layers × 64 heads is 5,120) a model opens on one head, and the head-roles map under
-# the text, which scores every head of the text in one figure, is the place to start (not a panel per head).
-MANY_HEADS = 1024
 
 
 def many_heads(cfg: ModelConfig) -> bool:
-    """Whether a model has so many heads that its first view is the head-roles map (MANY_HEADS)."""
+    """Whether a model has so many heads (lab.limits.MANY_HEADS: 80 layers × 64 heads is 5,120) that it opens on
+    one head, and the head-roles map under the text, which draws every head of the text compact in one figure,
+    is the place to start (not a panel per head)."""
     return cfg.n_layers * cfg.n_heads >= MANY_HEADS
 
 

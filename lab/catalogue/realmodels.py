@@ -58,10 +58,12 @@ class ExternalEntry(ModelEntry):
         elif tok.kind == "hf":
             tokens += "; no BOS token first"
         licence = f", licence {self.licence}" if self.licence else ""
-        return (f"{self.name}: {self.family}, {counted(self.n_params(), 'parameter')}, "
+        # a model another backend runs says where, with its size (model.backend's `where`)
+        size = counted(self.n_params(), "parameter") if self.own else f"runs on {self.backend.where()}"
+        return (f"{self.name}: {self.family}, {size}, "
                 f"{counted(c.n_layers, 'layer')} × {counted(c.n_heads, 'head')}, d_model {c.d_model}, "
                 f"context {c.block_size}, {tokenizer_name(tok)} ({tokens}), weights {weights_word(self.model)}, "
-                f"source {self.source}{licence}" + ("" if self.own else f"; runs on {self.backend.where()}"))
+                f"source {self.source}{licence}")
 
 
 def weights_word(model) -> str:

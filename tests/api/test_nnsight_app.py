@@ -128,7 +128,7 @@ def test_the_model_list_names_the_nnsight_models(own, nn):
     for family in FAMILIES:
         summary = nn.client.predict(nn_name(family), api_name="/select_model")[1]
         assert summary.startswith(f"{nn_name(family)}: {family} through nnsight"), summary
-        assert "; runs on nnsight in this process on " in summary and " parameters" in summary, summary
+        assert "runs on nnsight in this process on " in summary and " parameters" in summary, summary
         assert "runs on" not in own.client.predict(own_name(family), api_name="/select_model")[1]
 
 

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from lab.catalogue.external import ExternalModels, parse_source, run_by, sources_from
-from lab.catalogue.models import MANY_HEADS, many_heads
+from lab.catalogue.models import many_heads
 from lab.checks import UserError
 from lab.headsettings import changed_attention
+from lab.limits import MANY_HEADS
 from lab.pairs import pairs_for
 from lab.session import Session
 from model.backend_decoder import BackendDecoder
@@ -24,6 +25,7 @@ from model.config import ModelConfig
 from model.generate import Decoder, Sampling
 from model.nnsight_backend import nnsight_available
 from tests.support.family_folders import family_folder
+from viz.heads import COMPACT_HEADS
 
 if not nnsight_available():  # checked without importing it: nnsight gives every object a `.save`, which breaks
     # anyio's typed attributes if gradio is imported after it in the same process (the backend imports it on use)
@@ -204,3 +206,4 @@ def test_a_model_of_thousands_of_heads_opens_on_the_roles_map():
     big = ModelConfig(vocab_size=128, block_size=64, n_layers=80, n_heads=64, d_model=128)
     small = ModelConfig(vocab_size=128, block_size=64, n_layers=12, n_heads=12, d_model=96)
     assert many_heads(big) and not many_heads(small) and 80 * 64 >= MANY_HEADS > 12 * 12
+    assert MANY_HEADS == COMPACT_HEADS  # the model that opens on the roles map gets the compact map

@@ -285,3 +285,39 @@ def test_a_12_by_12_head_map_prints_numbers_only_where_they_fit(width, numbers):
     for trace in fig["data"]:
         assert trace["texttemplate"] == ("%{text}" if numbers else "")
         assert len(trace["hovertext"]) == 12  # every cell still hovers with its number
+
+
+@pytest.mark.parametrize("width, presentation, columns", [(1300, False, 3), (1200, True, 3), (390, False, 1)])
+def test_the_roles_map_of_thousands_of_heads_is_compact(width, presentation, columns):
+    """80 layers × 64 heads (5,120, past viz.heads.COMPACT_HEADS): the five maps three a row on a wide page
+    (one on a phone), about a screen tall, cells of at least COMPACT_CELL_PX, a label every few heads
+    and layers that does not overlap, no per-cell outlines or dashes, and every cell still hovers and clicks."""
+    from types import SimpleNamespace as Role
+
+    from viz.heads import COMPACT_CELL_PX, COMPACT_HEADS
+
+    rng = np.random.default_rng(7)
+    keys = ("previous_token", "first_token", "self_attention", "induction", "entropy")
+    roles = [Role(key=k, name=k, formula="f", threshold=None if k == "entropy" else 0.5) for k in keys]
+    scores = {k: rng.random((80, 64)) for k in keys}
+    scores["induction"][:] = np.nan  # undefined on this text: no dash in 5,120 cells
+    assert 80 * 64 >= COMPACT_HEADS > 12 * 12
+    fig = sent(viz.role_overview(scores, roles, width_px=width, presentation=presentation, selected=(3, 5),
+                                 marked=[(0, 1)]))
+    lay = fig["layout"]
+    xs = {round(lay[f"xaxis{'' if k == 0 else k + 1}"]["domain"][0], 3) for k in range(5)}
+    assert len(xs) == columns
+    cell_w = panel_px(lay, width) / 64
+    assert cell_w >= COMPACT_CELL_PX
+    assert lay["height"] <= (1400 if columns == 3 else 2800)  # 5,120 heads × 5 scores, not 15,000 px of panels
+    x, y = lay["xaxis"], lay["yaxis"]
+    assert 1 < len(x["tickvals"]) < 64 and 1 < len(y["tickvals"]) < 80
+    step = x["tickvals"][1] - x["tickvals"][0]
+    font = x["tickfont"]["size"]
+    assert step * cell_w >= text_width_em("H63") * font  # the labels do not overlap
+    assert not any(s.get("line", {}).get("color") == "#000" for s in lay.get("shapes", []))
+    assert len(lay.get("shapes", [])) <= 5 * 4  # the selected head's outline per panel, nothing per cell
+    assert not any(a.get("text") == "–" for a in lay.get("annotations", []))
+    for trace in fig["data"]:
+        assert trace["texttemplate"] == "" and trace["xgap"] == 0
+        assert len(trace["hovertext"]) == 80 and len(trace["customdata"]) == 80
