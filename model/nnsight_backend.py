@@ -138,7 +138,7 @@ class NnsightBackend:
             _ndif_key()  # refused now, before anything loads, when there is no key to send
         if device_map is not None and importlib.util.find_spec("accelerate") is None:
             raise ValueError("--device-map needs the accelerate package, which transformers uses to place the "
-                             "layers: pip install accelerate")
+                             "layers: pip install -r requirements-scale.txt")
         self.source, self.remote, self.device_map = str(source), bool(remote), device_map
         folder = self._folder(self.source)
         hf = read_config(folder)

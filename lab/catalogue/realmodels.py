@@ -153,9 +153,9 @@ def open_on_backend(name: str, source, digest: str) -> ExternalEntry:
     entry = ExternalEntry(name, None, tok, {"source": source.shown, "sha256": digest}, examples=examples,
                           family=f"{backend.family} through nnsight", source=source.shown, sha256=digest,
                           runner=backend)
-    # a first view found by running every example costs a remote model a request each: the roles map opens
-    # first on a model of many heads anyway (lab.display.MANY_HEADS)
-    if not many_heads(entry.cfg):
+    # a first view is found by running every example: on NDIF a request each, before the page answers; and a
+    # model of many heads opens on the roles map anyway (lab.limits.MANY_HEADS)
+    if not (source.remote or many_heads(entry.cfg)):
         entry.first_view, entry.examples = choose_first_view(entry)
     return entry
 

@@ -239,6 +239,20 @@ def test_the_cli_prints_the_same_tokens_with_either_backend(folders, family):
     assert answers[2][1] == answers[3][1] and answers[2][1]  # the plain text, the same from both
 
 
+def test_a_model_placed_by_accelerate_gives_the_same_numbers(pair, folders):
+    """--device-map auto: transformers places the layers with accelerate (requirements-scale.txt), here all on the
+    CPU (this machine has no GPU); the numbers are the own engine's."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("--device-map needs accelerate (requirements-scale.txt)")
+    own, _ = pair("llama")
+    spread = NnsightBackend(folders["llama"], device_map="auto")
+    assert "(device_map auto)" in spread.where()
+    ids = text_ids(own)
+    request = ForwardRequest(ids, attention="all", scores=True, head_outputs=True, residuals=True, logits="all",
+                             intervention=Intervention(heads=[(1, 2)], mode="zero"))
+    same_result(own.forward(request), spread.forward(request), "device_map auto")
+
+
 def test_the_cli_refuses_unknown_combinations_in_one_line(folders, capsys):
     folder = str(folders["gpt2"])
     cases = [(["--remote"], "add --backend nnsight"), (["--device-map", "auto"], "add --backend nnsight"),

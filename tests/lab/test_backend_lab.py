@@ -8,6 +8,7 @@ cost; and the sources the command line gives are checked before anything loads.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,17 @@ def test_a_model_of_thousands_of_heads_opens_on_the_roles_map():
     small = ModelConfig(vocab_size=128, block_size=64, n_layers=12, n_heads=12, d_model=96)
     assert many_heads(big) and not many_heads(small) and 80 * 64 >= MANY_HEADS > 12 * 12
     assert MANY_HEADS == COMPACT_HEADS  # the model that opens on the roles map gets the compact map
+
+
+def test_a_model_spread_with_a_device_map_steps_alike(tmp_path):
+    """`--device-map auto` reaches the backend (accelerate places the layers; here all on the CPU)."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("--device-map needs accelerate (requirements-scale.txt)")
+    folder = family_folder("llama", tmp_path)
+    own, spread = Session(), Session()
+    own.external = ExternalModels([parse_source(str(folder))], tmp_path / "own.json")
+    spread.external = ExternalModels([run_by(str(folder), "nnsight", device_map="auto")], tmp_path / "spread.json")
+    stepped(own, own.external.names[0], 3)
+    stepped(spread, spread.external.names[0], 3)
+    assert spread.text.decoder.ids == own.text.decoder.ids
+    assert "(device_map auto)" in spread.text.status()
