@@ -21,7 +21,7 @@ from model import heads
 from viz import LINES_VIEW, THUMBNAILS_VIEW
 
 from . import headsettings
-from .catalogue.models import ModelEntry
+from .catalogue.models import ModelEntry, many_heads, thousands_of_heads_caption
 
 _NUMBER = re.compile(r"\b\d\.\d\d\b")
 SEPARATORS = ("␣", "⏎")  # how the character tokenizers show a space and a line break
@@ -182,11 +182,13 @@ def change_mark(settings: headsettings.ProbeSettings, start: int) -> str:
 
 def no_text_caption(entry: ModelEntry, layer, head, view) -> str | None:
     """The line above the Explore attention before any text: a built-in's own line at its own view
-    (what the first Step shows), else an invitation to press Step. None for an own model (the page has
-    its own invitation)."""
+    (what the first Step shows), else an invitation to press Step; the way to the head-roles map for a model of
+    thousands of heads. None for an own model (the page has its own invitation)."""
     fv = entry.first_view
     if fv is not None and (layer, head, view) == (fv.layer, fv.head, fv.view):
         return fv.caption
+    if fv is None and many_heads(entry.cfg):  # thousands of heads: where to start, whatever head is shown
+        return thousands_of_heads_caption(entry.cfg)
     if not entry.builtin:
         return None
     which = "every layer" if view == "all layers" else f"layer {layer}, " + (

@@ -134,7 +134,8 @@ def open_external(name: str, source, folder: Path, digest: str) -> ExternalEntry
     entry = ExternalEntry(name, model, tok, {"source": source.shown, "sha256": digest}, examples=examples,
                           family=family, source=source.shown, sha256=digest, film=film,
                           licence=licence_of(folder if source.kind in ("folder", "hub") else None, hf))
-    entry.first_view, entry.examples = choose_first_view(entry)
+    if not many_heads(entry.cfg):  # thousands of heads open on the roles map (ui.explore.opening_controls)
+        entry.first_view, entry.examples = choose_first_view(entry)
     return entry
 
 
