@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import asdict, replace
@@ -116,7 +117,7 @@ def _as_flags(message: str) -> str:
 
 def train_main(argv: list[str] | None = None) -> int:
     """`python -m model.train`: train, print one JSON line per event, save the checkpoint; the exit status
-    (0 done, 2 a refused flag or setup, 1 a distributed run that stopped)."""
+    (0 done, 2 a refused flag or setup). A distributed run that stopped ends the process with status 1."""
     parser = train_parser()
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
@@ -144,7 +145,12 @@ def train_main(argv: list[str] | None = None) -> int:
             raise
         print(f"rank {ranks.rank}: the distributed run stopped ({str(exc).splitlines()[0][:200]}); "
               "no checkpoint was written", file=sys.stderr)
-        return 1
+        # The process group is broken: tearing it down (or letting the interpreter end gloo's threads) can abort
+        # the process with SIGABRT ("terminate called without an active exception") instead of this status, so
+        # a process whose peer died ends here, its output flushed, with the status the sentence goes with.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     finally:
         distributed.stop()
 

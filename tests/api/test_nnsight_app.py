@@ -1,15 +1,16 @@
 """`python app.py --model FOLDER --backend nnsight` through the running app (gradio_client against real servers):
 the same small random Hugging Face folders of three families (GPT-2; Llama with grouped queries, 6 query heads
 on 2 key/value heads; Gemma 2 with a window of 3 keys shorter than the prompts and soft-capped scores and
-logits, tests/support/family_folders.py) served twice, once by the own engine and once by nnsight, in two
-servers started for this module.
+logits, tests/support/family_folders.py) served twice by one server started for this module: by nnsight
+(`--model F --backend nnsight`) and by the own engine (the same folders in DECODER_LAB_MODELS, which the
+flag leaves on the own engine), each "own" and "nn" below a client of its own session.
 
 Every Explore tool the backend contract carries (model/backend.py) answers the same numbers on both: greedy
 Generate's tokens, each layer's attention (weights and scores), the head-role scores, a zero and a mean
 ablation (the effect and the continuations), and a heads patching sweep (1e-5, relative to the largest
 magnitude where that is above 1, as tests/engine/test_nnsight_backend.py compares the backends). The tools
 that read the own engine's modules (the logit lens, Inside one cell, direct logit attribution) refuse on the
-nnsight model in one clean sentence that names nnsight, and answer on the own server. The model list names
+nnsight model in one clean sentence that names nnsight, and answer on the own engine's. The model list names
 the nnsight model "(nnsight)", and the page's Step says where the model runs and what a Step costs there.
 """
 
@@ -68,29 +69,29 @@ def folders(tmp_path_factory):
     return {family: family_folder(family, root) for family in FAMILIES}
 
 
-def _serve(tmp_path_factory, folders, what: str, extra: list[str]):
-    tmp = tmp_path_factory.mktemp(what)
-    args = [a for folder in folders.values() for a in ("--model", str(folder))] + extra
-    # each server its own record of the folders' hashes: nothing written outside the test's folder
-    return AppServer({**ENV, "DECODER_LAB_MODEL_HASHES": str(tmp / "hashes.json")}, tmp, args=args).start()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, folders):
+    tmp = tmp_path_factory.mktemp("nnsight_app")
+    args = [a for folder in folders.values() for a in ("--model", str(folder))] + ["--backend", "nnsight"]
+    env = {**ENV, "DECODER_LAB_MODELS": ";".join(str(f) for f in folders.values()),
+           "DECODER_LAB_MODEL_HASHES": str(tmp / "hashes.json")}  # nothing written outside the test's folder
+    started = AppServer(env, tmp, args=args).start()
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="module")
-def own(tmp_path_factory, folders):
-    server = _serve(tmp_path_factory, folders, "own_app", [])
-    yield SimpleNamespace(server=server, client=Client(server.url, verbose=False))
-    server.stop()
+def own(server):
+    return SimpleNamespace(server=server, client=Client(server.url, verbose=False))
 
 
 @pytest.fixture(scope="module")
-def nn(tmp_path_factory, folders):
-    server = _serve(tmp_path_factory, folders, "nnsight_app", ["--backend", "nnsight"])
-    yield SimpleNamespace(server=server, client=Client(server.url, verbose=False))
-    server.stop()
+def nn(server):
+    return SimpleNamespace(server=server, client=Client(server.url, verbose=False))
 
 
 def both(own, nn, family: str, *args, api: str) -> tuple:
-    """The same call of the tool /tool_<api> on the own server's model and on the nnsight server's."""
+    """The same call of the tool /tool_<api> on the own engine's model and on nnsight's."""
     return (own.client.predict(own_name(family), *args, api_name=f"/tool_{api}"),
             nn.client.predict(nn_name(family), *args, api_name=f"/tool_{api}"))
 
@@ -117,14 +118,12 @@ def close(got, want, what: str) -> None:
 
 
 def test_the_model_list_names_the_nnsight_models(own, nn):
-    mine, theirs = own.client.predict(api_name="/tool_models"), nn.client.predict(api_name="/tool_models")
-    for family in FAMILIES:
-        assert own_name(family) in mine["models"] and nn_name(family) not in mine["models"]
-        assert nn_name(family) in theirs["models"] and own_name(family) not in theirs["models"]
-    added = [name for name in theirs["models"] if "(built-in)" not in name]
-    assert added == [nn_name(f) for f in FAMILIES] and all(n.endswith(" (nnsight)") for n in added)
-    assert theirs["default"] == mine["default"]  # the page still opens on the built-in default
-    assert set(theirs) == {"models", "default"}  # the tool has no summary: the page's model summary says it
+    listed = nn.client.predict(api_name="/tool_models")
+    added = [name for name in listed["models"] if "(built-in)" not in name]
+    # --model's sources first, run by nnsight; then DECODER_LAB_MODELS's, on the own engine
+    assert added == [nn_name(f) for f in FAMILIES] + [own_name(f) for f in FAMILIES]
+    assert listed["default"] == "grammar (built-in)"  # the page still opens on the built-in default
+    assert set(listed) == {"models", "default"}  # the tool has no summary: the page's model summary says it
     for family in FAMILIES:
         summary = nn.client.predict(nn_name(family), api_name="/select_model")[1]
         assert summary.startswith(f"{nn_name(family)}: {family} through nnsight"), summary

@@ -88,16 +88,9 @@ def test_thousands_of_heads_open_on_the_compact_roles_map(thousands_server, brow
             " return m && m.T === n && (gd._fullLayout.title.text || '').includes('Layer 40, head 33'); }",
             arg=n, timeout=ANSWER_MS)
         assert p.console_errors == []
-    finally:
-        context.close()
-
-
-def test_the_logit_lens_is_refused_by_name(thousands_server, browser):
-    context, p = open_page(thousands_server, browser, 1366, 900)
-    try:
-        open_and_step(p)
-        head_tab(p, "Logit lens")
-        said = p.toast_text()
-        assert "logit lens" in said.lower() and "runs on nnsight" in said, said
+        if not theme:  # the logit lens reads the own engine's modules: refused by name, in one toast
+            head_tab(p, "Logit lens")
+            said = p.toast_text()
+            assert "logit lens" in said.lower() and "runs on nnsight" in said, said
     finally:
         context.close()
