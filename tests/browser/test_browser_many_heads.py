@@ -10,11 +10,10 @@ Every check waits for what it reads; nothing depends on how fast the machine is.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import FIT, PLOT, open_page
-from tests.support.families import save_reference, sharpen
+from tests.support.families import save_random_gpt2
 from tests.support.heads_page import click_cell, head_tab
 from tests.support.share_page import share_section
 from tests.support.server import AppServer
@@ -31,15 +30,8 @@ LAYERS = HEADS = 12
 @pytest.fixture(scope="module")
 def many_heads_server(tmp_path_factory):
     """The app with a random GPT-2 of 12 layers × 12 heads (head size 2) added by --model."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     tmp = tmp_path_factory.mktemp("many_heads")
-    cfg = GPT2Config(n_positions=64, vocab_size=300, n_embd=24, n_layer=LAYERS, n_head=HEADS, bos_token_id=1,
-                     eos_token_id=0)
-    torch.manual_seed(0)
-    ref = GPT2LMHeadModel(cfg).eval()
-    sharpen(ref, seed=3, conv1d=True)
-    save_reference(ref, tmp / FOLDER, 300)
+    save_random_gpt2(tmp / FOLDER, LAYERS, HEADS, 24)
     server = AppServer({"DECODER_LAB_BUSY_WAIT_S": "600"}, tmp, args=["--model", str(tmp / FOLDER)]).start()
     yield server
     server.stop()

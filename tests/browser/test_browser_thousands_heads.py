@@ -11,12 +11,11 @@ reads; nothing depends on how fast the machine is.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from model.nnsight_backend import nnsight_available
 from tests.support.browser import ANSWER_MS, Page
 from tests.support.explore_page import PLOT, open_page
-from tests.support.families import save_reference, sharpen
+from tests.support.families import save_random_gpt2
 from tests.support.heads_page import head_tab
 from tests.support.plot_click import click_cell
 from tests.support.server import AppServer
@@ -34,15 +33,8 @@ ROLES = "#head_roles .js-plotly-plot"
 
 @pytest.fixture(scope="module")
 def thousands_server(tmp_path_factory):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     tmp = tmp_path_factory.mktemp("thousands")
-    cfg = GPT2Config(n_positions=64, vocab_size=300, n_embd=64, n_layer=LAYERS, n_head=HEADS, bos_token_id=1,
-                     eos_token_id=0)
-    torch.manual_seed(0)
-    ref = GPT2LMHeadModel(cfg).eval()
-    sharpen(ref, seed=3, conv1d=True)
-    save_reference(ref, tmp / FOLDER, 300)
+    save_random_gpt2(tmp / FOLDER, LAYERS, HEADS, 64)
     server = AppServer({"DECODER_LAB_BUSY_WAIT_S": "600"}, tmp,
                        args=["--model", str(tmp / FOLDER), "--backend", "nnsight"]).start()
     yield server

@@ -162,3 +162,16 @@ def check_cache_and_tools(model, ids: list[int]) -> None:
     scores = head_scores([a[0].numpy() for a in full.attentions], ids)
     for name, table in scores.items():
         assert np.asarray(table).shape[:2] == (L, H), name
+
+
+def save_random_gpt2(folder: Path, n_layer: int, n_head: int, n_embd: int) -> Path:
+    """A sharpened random GPT-2 folder of this shape (300 tokens, 64 positions): a model of many heads for the
+    browser tests (transformers' own class, saved with the byte-level tokenizer)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_positions=64, vocab_size=300, n_embd=n_embd, n_layer=n_layer, n_head=n_head, bos_token_id=1,
+                     eos_token_id=0)
+    torch.manual_seed(0)
+    ref = GPT2LMHeadModel(cfg).eval()
+    sharpen(ref, seed=3, conv1d=True)
+    return save_reference(ref, folder, 300)
