@@ -128,8 +128,12 @@ class Door:
         self._lock_users: Counter[str] = Counter()
 
     def _events(self) -> list:
+        """gradio's events of the queue, waiting or running, but those whose page has gone: gradio marks an event
+        not `alive` when its client disconnects, and one still running then stays listed until its handler
+        returns; counted, it would hold its address's worker (and keep that address's next calls at this door)
+        for a visitor who is no longer there."""
         queue = getattr(self.blocks, "_queue", None)
-        return list(getattr(queue, "event_ids_to_events", {}).values())
+        return [e for e in getattr(queue, "event_ids_to_events", {}).values() if getattr(e, "alive", True)]
 
     def _fn(self, api_name: str | None, payload: dict):
         fns, index = self.blocks.fns, payload.get("fn_index")
