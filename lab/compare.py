@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from .catalogue.models import ModelEntry, encode_prompt
-from .headsettings import forward, kl_bits, per_layer
+from model.backend import per_layer
+
+from .headsettings import forward, kl_bits
 from .roles import HeadRoles, compute_head_roles
 from .text import used_rows
 
@@ -76,7 +78,7 @@ def compare(entry: ModelEntry, prompt_a, prompt_b) -> Comparison:
     ids_b, notes_b = encode_prompt(prompt_b, entry)
     tok = entry.tokenizer
     outs = [forward(entry, ids, attention=True, logits="last") for ids in (ids_a, ids_b)]
-    weights = [per_layer(entry, o.attention) for o in outs]
+    weights = [per_layer(o.attention, entry.cfg) for o in outs]
     tokens = [[tok.piece(i) for i in ids] for ids in (ids_a, ids_b)]
     n = min(len(ids_a), len(ids_b))
     causal = entry.cfg.mask == "causal"

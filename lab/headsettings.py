@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from model.backend import ForwardRequest, ForwardResult
+from model.backend import ForwardRequest, ForwardResult, per_layer
 from model.interventions import ABLATION_MODE_WORDS, AttentionEdit, Intervention
 
 from .catalogue.models import ModelEntry
@@ -119,12 +119,6 @@ def forward(entry: ModelEntry, ids: Sequence[int], intervention: Intervention | 
                                                 intervention=intervention, logits=logits))
 
 
-def per_layer(entry: ModelEntry, heads: dict) -> list[np.ndarray]:
-    """A forward's {(layer, head): (T, T)} tensors as one (H, T, T) float32 array per layer."""
-    cfg = entry.cfg
-    return [torch.stack([heads[layer, h] for h in range(cfg.n_heads)]).float().numpy() for layer in range(cfg.n_layers)]
-
-
 def window_intervention(text: Text, settings: ProbeSettings) -> Intervention | None:
     """The settings' intervention in window positions; refuses settings that do not fit this text."""
     iv = settings.intervention()
@@ -195,4 +189,4 @@ def changed_attention(text: Text, settings: ProbeSettings) -> tuple[list[np.ndar
     except UserError:
         return None
     out = forward(text.entry, text.decoder.window, iv, attention=True, logits="last")
-    return per_layer(text.entry, out.attention), per_layer(text.entry, out.scores)
+    return per_layer(out.attention, text.entry.cfg), per_layer(out.scores, text.entry.cfg)

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from .config import ModelConfig
@@ -152,6 +153,12 @@ class ForwardResult:
     head_outputs: tuple[torch.Tensor, ...] | None = None
     residuals: tuple[torch.Tensor, ...] | None = None
     seconds: float = 0.0
+
+
+def per_layer(heads: dict, cfg: ModelConfig) -> list[np.ndarray]:
+    """A result's attention or scores for every head ({(layer, head): (T, T)}) as one (H, T, T) float32 array per
+    layer, the shape the own engine's decoder and the lab's figures read."""
+    return [torch.stack([heads[layer, h] for h in range(cfg.n_heads)]).float().numpy() for layer in range(cfg.n_layers)]
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .backend import Backend, ForwardRequest, OwnBackend
+from .backend import Backend, ForwardRequest, OwnBackend, per_layer
 from .generate import Decoder, Grown, Sampling, rows_held
 
 
@@ -66,12 +66,8 @@ class BackendDecoder(Decoder):
         cap = rows_held(T, self.block_size)
         self._attention, self._scores = [], []
         if self.capture_attention:
-            for layer in range(cfg.n_layers):
-                heads = range(cfg.n_heads)
-                weights = torch.stack([out.attention[layer, h] for h in heads]).float().numpy()
-                scores = torch.stack([out.scores[layer, h] for h in heads]).float().numpy()
-                self._attention.append(Grown(np.ascontiguousarray(weights), 0.0, cap))
-                self._scores.append(Grown(np.ascontiguousarray(scores), -np.inf, cap))
+            self._attention = [Grown(w, 0.0, cap) for w in per_layer(out.attention, cfg)]
+            self._scores = [Grown(w, -np.inf, cap) for w in per_layer(out.scores, cfg)]
         self.attention = [g.view for g in self._attention]
         self.scores = [g.view for g in self._scores]
 

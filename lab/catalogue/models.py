@@ -182,7 +182,7 @@ class ModelEntry:
             f"{self.name}: {counted(c.n_layers, 'layer')} × {counted(c.n_heads, 'head')}, d_model {c.d_model}, "
             f"context {c.block_size}, {c.pos_encoding} positions, {norm}, {ff}, {self.tokenizer.kind} tokenizer "
             f"({counted(self.tokenizer.vocab_size, 'token')}), {counted(self.n_params(), 'parameter')}"
-        ) + ("" if self.own else f"; runs on {self.backend.where()}")
+        )
 
 
 def counted(n: int, noun: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.backend import ForwardRequest
+from model.backend import ForwardRequest, per_layer
 from model.heads import ROLES, Role, head_scores
 
 from ..checks import UserError
@@ -207,10 +207,7 @@ def example_scores(entry: ModelEntry) -> list[dict[str, np.ndarray]]:
     found = []
     for prompt in entry.examples:
         ids = entry.tokenizer.encode(prompt)
-        out = entry.backend.forward(ForwardRequest(tuple(ids), attention="all"))
-        cfg = entry.cfg
-        attention = [torch.stack([out.attention[layer, h] for h in range(cfg.n_heads)]).float().numpy()
-                     for layer in range(cfg.n_layers)]
+        attention = per_layer(entry.backend.forward(ForwardRequest(tuple(ids), attention="all")).attention, entry.cfg)
         scores = head_scores(attention, ids)
         if entry.tokenizer.kind == "char":
             scores["word_start"] = word_start_scores(attention, [entry.tokenizer.piece(i) for i in ids])
