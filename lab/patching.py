@@ -166,7 +166,7 @@ def _last_logits(entry: ModelEntry, ids: list[int]) -> torch.Tensor:
 
 
 def prepare_sweep(entry: ModelEntry, prompt_a, prompt_b, metric="logit_diff", answer=None, other=None) -> PatchSetup:
-    """Check two prompts and a metric, run A and B once each (recording their activations) and
+    """Check two prompts and a metric, run A and B once each (the last position alone) and
     measure the metric on both; refuses prompts of different lengths or a difference of about 0."""
     ids_a, notes_a = encode_prompt(prompt_a, entry)
     ids_b, notes_b = encode_prompt(prompt_b, entry)
