@@ -31,6 +31,7 @@ from lab.server.warm import map_large_blocks
 from lab.session import SESSIONS, Session
 from ui.circuits_reopen import bind_reopen
 from ui.circuits_tab import bind_circuits_api, bind_circuits_tab, build_circuits_tab
+from ui import diagnose
 from ui.common import LATEX, RAW
 from ui.explore import (
     attention_figure, generate, probs_figure, redraw, reset, select_model, step, step_picture, undo,
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     for chatty in ("httpx", "httpcore", "urllib3"):  # one line per request of gradio's own start-up checks
         logging.getLogger(chatty).setLevel(logging.WARNING)
     files.sweep_runs()
+    diagnose.install()  # `kill -USR1 <pid>`: the queue, the door and every thread's stack, in the log
     demo = build_demo()
     quiet_state_warning()  # the MCP server, if any, serves the stateless tools only (ui/mcp.py)
     # gradio summarises its last 10,000 calls with pandas after every call, for the monitoring page this

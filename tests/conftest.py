@@ -87,6 +87,9 @@ def pytest_runtest_makereport(item, call):
     server = getattr(item, "funcargs", {}).get("app_server")
     if report.when == "call" and report.failed and server is not None:
         report.sections.append(("app server log (last 4,000 characters)", server.output()[-4000:]))
+        state = server.state()
+        if state:
+            report.sections.append(("app server state at the failure (ui/diagnose.py)", state[-12_000:]))
 
 
 @pytest.fixture(scope="session")

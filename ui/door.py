@@ -53,6 +53,7 @@ from lab.server.rates import LIMITER
 from lab.session import BUSY_WAIT_S, SESSIONS
 
 from .clients import CHARGED, request_client, request_header, scope_client, without_charge  # noqa: F401 (http.py)
+from .streams import kept_open
 
 REFUSAL_PAUSE_S = float(os.environ.get("DECODER_LAB_REFUSAL_PAUSE_S", "0.5"))
 REST = float(os.environ.get("DECODER_LAB_REST", "1.0"))  # a back-to-back call's rest, as a share of its run
@@ -134,6 +135,10 @@ class Door:
         for a visitor who is no longer there."""
         queue = getattr(self.blocks, "_queue", None)
         return [e for e in getattr(queue, "event_ids_to_events", {}).values() if getattr(e, "alive", True)]
+
+    def state(self) -> str:
+        """What the door holds now, in one line (ui/diagnose.py's report)."""
+        return f"door: admitted {dict(self.admitted)}, joining {dict(self.joining)}, rests {self._rests}"
 
     def _fn(self, api_name: str | None, payload: dict):
         fns, index = self.blocks.fns, payload.get("fn_index")
@@ -220,6 +225,13 @@ class Door:
         if fn is None:  # not a call of ours: the guard's checks answer it
             yield None
             return
+        with kept_open(self.blocks, payload.get("session_hash")):  # ui/streams.py
+            async with self._admit(scope, fn, payload) as answer:
+                yield answer
+
+    @contextlib.asynccontextmanager
+    async def _admit(self, scope, fn, payload: dict):
+        """`admit` of a call of ours (`fn`, its `payload`)."""
         client = scope_client(scope)
         async with self._counting(client):
             refused, kind = self._refusal(scope, client, fn, payload.get("session_hash"))

@@ -13,6 +13,7 @@ from gradio.utils import get_type_hints, get_upload_folder
 
 from lab.checks import is_int
 
+from . import diagnose
 from .door import Door, without_charge
 
 log = logging.getLogger("decoder_lab")
@@ -37,6 +38,7 @@ class RefuseMalformedCalls:
     def __init__(self, app, blocks: gr.Blocks):
         self.app, self.blocks = app, blocks
         self.door = Door(blocks)  # each address's share of the queue, its rates, its session's turn
+        diagnose.watch(blocks, self.door)  # what `kill -USR1` reports (ui/diagnose.py)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":

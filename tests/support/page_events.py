@@ -22,7 +22,9 @@ from __future__ import annotations
 TRACKER = """
 (() => {
   if (window.__labEvents) return;
-  const ev = window.__labEvents = {waiting: 0, pending: new Map(), early: new Set(), done: [], streak: 0};
+  const ev = window.__labEvents = {waiting: 0, pending: new Map(), early: new Set(), done: [], streak: 0,
+                                  log: [], msgs: {}};
+  const note = (what) => { ev.log.push(`${Math.round(performance.now())} ${what}`); if (ev.log.length > 40) ev.log.shift(); };
   const real = window.fetch;
   const fnOf = (init) => { try { return JSON.parse(init.body).fn_index; } catch (e) { return null; } };
   const completed = (id) => {
@@ -36,7 +38,7 @@ TRACKER = """
     try {
       for (;;) {
         const {value, done} = await reader.read();
-        if (done) return;
+        if (done) { note('stream ended'); return; }
         text += decoder.decode(value, {stream: true});
         let end;
         while ((end = text.indexOf('\\n')) >= 0) {
@@ -45,15 +47,19 @@ TRACKER = """
           if (!line.startsWith('data:')) continue;
           let m;
           try { m = JSON.parse(line.slice(5)); } catch (e) { continue; }
+          if (m && m.event_id) ev.msgs[m.event_id] = (ev.msgs[m.event_id] || '') + ' ' + m.msg;
+          if (m && m.msg === 'close_stream') note('close_stream');
           if (m && m.msg === 'process_completed' && m.event_id) completed(m.event_id);
         }
       }
-    } catch (e) { /* the stream closed: its page goes away or gradio opens another */ }
+    } catch (e) { note('stream closed: ' + e); /* its page goes away or gradio opens another */ }
   };
   window.fetch = function (input, init) {
     const url = String(input instanceof Request ? input.url : input).split('?')[0];
     if (/\\/queue\\/data$/.test(url)) {
+      note('stream opened');
       return real.call(this, input, init).then((res) => {
+        note(`stream answered ${res.status}`);
         if (res.ok && res.body) read(res.clone().body);
         return res;
       });
@@ -65,6 +71,7 @@ TRACKER = """
     return real.call(this, input, init).then(async (res) => {
       try {
         const id = join && res.ok ? (await res.clone().json()).event_id : null;
+        note(`fn ${fn} joined: ${res.status} ${id ? id.slice(0, 8) : ''}`);
         if (id && ev.early.delete(id)) ev.done.push(fn);
         else if (id) ev.pending.set(id, fn);
         else ev.done.push(fn);  // answered by the reply itself (outside the queue, or refused at the door)
@@ -104,7 +111,9 @@ BUSY = """() => {
           covered: [...document.querySelectorAll('[data-testid="status-tracker"]')]
             .filter(t => !t.classList.contains('hide') && !t.querySelector('.error') && t.getClientRects().length)
             .map(t => (t.closest('[id]') || {}).id || t.className),
-          toolsDue: !!lab && lab.sig !== lab.toolsSig, answered: ev.done.length};
+          toolsDue: !!lab && lab.sig !== lab.toolsSig, answered: ev.done.length,
+          messages: [...ev.pending.keys()].map(id => `${id.slice(0, 8)}:${ev.msgs[id] || ' none'}`),
+          log: ev.log.slice(-20)};
 }"""
 
 # The function numbers of the app's events named `name`: its api_name, or "load" for the page's load event.

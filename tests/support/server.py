@@ -105,6 +105,22 @@ class AppServer:
         """Everything the app printed so far (stdout and stderr together)."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def state(self, timeout: float = 10.0) -> str:
+        """What the running app is doing (its queue, its door, every thread's stack: ui/diagnose.py), asked for
+        with SIGUSR1 and read back from its log ("" once it has stopped or if no report came within `timeout`)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return ""
+        start = len(self.output())
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        end = "== end of the server's state =="
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.output()[start:]
+            if end in text:
+                return text[text.find("== the server's state"):text.find(end) + len(end)]
+            time.sleep(0.1)
+        return ""
+
     def stop(self) -> None:
         """SIGTERM the app's process group, SIGKILL after 10 s; close the log."""
         if self.proc is not None and self.proc.poll() is None:

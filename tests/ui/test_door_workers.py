@@ -197,3 +197,43 @@ def test_an_address_calling_back_to_back_rests_as_long_as_its_call_ran_a_person_
         assert await admitted(door, demo, A, step, "a-8") is None  # after its calls ended: no rest
 
     run_alone(scenario())
+
+
+def test_a_call_waiting_for_its_session_s_turn_keeps_the_session_s_event_stream_open(demo):
+    """gradio closes a session's event stream once an answer leaves none of its events pending (its stream
+    route's own rule, on `pending_event_ids_session`), and the page reads a call's answer only from a stream
+    it opened after the call's reply or before it. A call that waits here for its session's turn joins just
+    as the call before it ends: were the stream closed then, its answer could be sent where nobody reads.
+    While the call is at the door the session has a pending mark besides its events; it goes once the call
+    has joined (its own event is then pending) or has been refused."""
+    step, redraw = fn_of(demo, "step"), fn_of(demo, "redraw_view")
+    pending = demo._queue.pending_event_ids_session
+
+    async def scenario():
+        door = Door(demo, wait_s=GUARD_S, poll_s=0.002)
+        joined = asyncio.Event()
+
+        async def second():  # the session's next call: it waits for the running Step
+            async with door.admit(scope_of(A), None, body(demo, redraw, "s-1")) as refused:
+                assert refused is None
+                pending["s-1"].add("event-of-the-redraw")  # gradio's push, as the door lets it through
+                joined.set()
+
+        with in_queue(demo, A, step, "s-1") as running:
+            pending.setdefault("s-1", set()).add(running._id)  # as gradio's push records it
+            task = asyncio.create_task(second())
+            while not door.admitted:  # the next call is at the door
+                await asyncio.sleep(0.002)
+            pending["s-1"].discard(running._id)  # the Step's answer, as the stream sends it: does it close?
+            assert pending["s-1"], "the stream would close with the next call still on its way"
+            assert not joined.is_set()
+        await asyncio.wait_for(task, GUARD_S)
+        assert pending["s-1"] == {"event-of-the-redraw"}  # only its own event keeps the stream open now
+        del pending["s-1"]
+
+        door = Door(demo, wait_s=0.02, poll_s=0.002)  # refused after waiting: nothing of it is left
+        with in_queue(demo, A, step, "s-2"):
+            status, _ = await asyncio.wait_for(admitted(door, demo, A, redraw, "s-2"), GUARD_S)
+        assert status == 409 and "s-2" not in pending
+
+    run_alone(scenario())
