@@ -64,10 +64,13 @@ def report(out=None) -> None:
     lines = ["== the server's state (SIGUSR1) =="]
     for blocks_ref, door_ref in _WATCHED:
         blocks, door = blocks_ref(), door_ref()
-        if blocks is not None:
-            lines += queue_report(blocks)
-        if door is not None:
-            lines.append(door.state())
+        try:  # read while the server goes on: a raised error here would end the main thread, and the app
+            if blocks is not None:
+                lines += queue_report(blocks)
+            if door is not None:
+                lines.append(door.state())
+        except Exception as exc:  # noqa: BLE001 - a report, never a crash
+            lines.append(f"(could not read it just now: {type(exc).__name__})")
     out.write("\n".join(lines) + "\nthreads:\n")
     out.flush()
     faulthandler.dump_traceback(file=out, all_threads=True)
@@ -77,5 +80,9 @@ def report(out=None) -> None:
 
 def install() -> None:
     """Answer SIGUSR1 with the report (on systems that have it; in the main thread only, as Python wants)."""
-    if hasattr(signal, "SIGUSR1"):
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
         signal.signal(signal.SIGUSR1, lambda *_: report())
+    except ValueError:  # not the main thread (the app started by another program): no report, nothing else lost
+        pass
