@@ -124,6 +124,7 @@ class Door:
         self.long_calls = dict(CLIENT_LONG_CALLS if long_calls is None else long_calls)
         self.admitted: Counter[tuple[str, str | None]] = Counter()  # (client, kind) → admitted, not yet queued
         self.joining: Counter[str] = Counter()  # calls per session hash between this door and gradio's queue
+        self.waiting: Counter[str] = Counter()  # calls per session hash at this door, not yet let through
         self._locks: dict[str, asyncio.Lock] = {}
         self._new_hashes: OrderedDict[str, None] = OrderedDict()  # new sessions' hashes charged here, newest last
         self._lock_users: Counter[str] = Counter()
@@ -138,7 +139,8 @@ class Door:
 
     def state(self) -> str:
         """What the door holds now, in one line (ui/diagnose.py's report)."""
-        return f"door: admitted {dict(self.admitted)}, joining {dict(self.joining)}, rests {self._rests}"
+        return (f"door: admitted {dict(self.admitted)}, waiting {dict(self.waiting)}, joining {dict(self.joining)}, "
+                f"rests {self._rests}")
 
     def _fn(self, api_name: str | None, payload: dict):
         fns, index = self.blocks.fns, payload.get("fn_index")
@@ -243,9 +245,10 @@ class Door:
             await asyncio.sleep(self.refusal_pause_s)
             yield refused
             return
-        queued = False
+        queued, session_hash = False, payload.get("session_hash")
+        self.waiting[str(session_hash)] += 1
+        waits = True
         try:
-            session_hash = payload.get("session_hash")
             exclusive = _exclusive(fn) and isinstance(session_hash, str) and bool(session_hash)
             counted = kind != "train"  # a training has a worker of its own (one per address, one at once)
             loop = asyncio.get_running_loop()
@@ -257,6 +260,8 @@ class Door:
                     full = counted and not self._free(client, now, waited)
                     waited = waited or (counted and self.working(client) >= self.workers)
                     if not busy and not full:
+                        self.waiting -= Counter({str(session_hash): 1})
+                        waits = False
                         self._joins(client, now, counted)
                         if exclusive:
                             self.joining[session_hash] += 1
@@ -279,6 +284,8 @@ class Door:
                 yield 429, (f"Your address's earlier calls are still running; one address may have {self.workers} "
                             "in the queue at once, so that others are not kept waiting. Try again in a moment.")
         finally:
+            if waits:
+                self.waiting -= Counter({str(session_hash): 1})
             if not queued:
                 self._release(client, kinds)
 

@@ -59,10 +59,10 @@ class Stream:
 
 
 def _waiting_at_door(state: str, session: str) -> bool:
-    """Whether the server's report shows a call of 127.0.0.1 admitted at the door and not yet joining."""
+    """Whether the server's report shows a call of `session` waiting at the door (not yet let through)."""
     door = next((line for line in state.splitlines() if line.startswith("door:")), "")
-    admitted = re.search(r"admitted \{([^}]*)\}", door)
-    return bool(admitted and "127.0.0.1" in admitted.group(1) and f"'{session}'" not in door.split("joining", 1)[1])
+    waiting = re.search(r"waiting \{([^}]*)\}", door)
+    return bool(waiting and f"'{session}'" in waiting.group(1))
 
 
 def test_a_call_that_waited_for_its_session_s_turn_is_answered_on_the_open_stream(app_server):

@@ -33,6 +33,6 @@ def test_the_report_names_each_lane_the_held_call_the_door_and_every_thread():
     assert "explore: 0 / 4, 0 waiting" in text  # the Step's lane: none running, its limit, none waiting
     assert "events held (1):" in text and "step (lane explore) session session-" in text and "alive True" in text
     assert "session-: events" in text and "messages waiting" in text
-    assert "door: admitted {}, joining {}" in text
+    assert "door: admitted {}, waiting {}, joining {}" in text
     assert "Current thread 0x" in text and "test_the_report_names_each_lane" in text  # this thread's stack
     assert text.rstrip().endswith(diagnose.END_MARK)

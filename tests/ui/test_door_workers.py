@@ -224,11 +224,13 @@ def test_a_call_waiting_for_its_session_s_turn_keeps_the_session_s_event_stream_
             task = asyncio.create_task(second())
             while not door.admitted:  # the next call is at the door
                 await asyncio.sleep(0.002)
+            assert door.waiting == {"s-1": 1}  # as the server's report says it (ui/diagnose.py)
             pending["s-1"].discard(running._id)  # the Step's answer, as the stream sends it: does it close?
             assert pending["s-1"], "the stream would close with the next call still on its way"
             assert not joined.is_set()
         await asyncio.wait_for(task, GUARD_S)
         assert pending["s-1"] == {"event-of-the-redraw"}  # only its own event keeps the stream open now
+        assert not door.waiting
         del pending["s-1"]
 
         door = Door(demo, wait_s=0.02, poll_s=0.002)  # refused after waiting: nothing of it is left
