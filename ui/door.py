@@ -60,6 +60,13 @@ REST = float(os.environ.get("DECODER_LAB_REST", "1.0"))  # a back-to-back call's
 REST_MAX_S, ACTIVE_S = 1.0, 10.0  # the longest rest; how recently another address must have called for one
 
 
+def _drop_one(counter: Counter, key) -> None:
+    """One call fewer under `key`; a key with none left goes."""
+    counter[key] -= 1
+    if not counter[key]:
+        del counter[key]
+
+
 def _event_client(event) -> str | None:
     return request_client(getattr(event, "request", None))
 
@@ -260,7 +267,7 @@ class Door:
                     full = counted and not self._free(client, now, waited)
                     waited = waited or (counted and self.working(client) >= self.workers)
                     if not busy and not full:
-                        self.waiting -= Counter({str(session_hash): 1})
+                        _drop_one(self.waiting, str(session_hash))
                         waits = False
                         self._joins(client, now, counted)
                         if exclusive:
@@ -271,9 +278,7 @@ class Door:
                             queued = True
                             self._release(client, kinds)
                             if exclusive:
-                                self.joining[session_hash] -= 1
-                                if not self.joining[session_hash]:
-                                    del self.joining[session_hash]
+                                _drop_one(self.joining, session_hash)
                         return
                 if loop.time() >= deadline:
                     break
@@ -285,7 +290,7 @@ class Door:
                             "in the queue at once, so that others are not kept waiting. Try again in a moment.")
         finally:
             if waits:
-                self.waiting -= Counter({str(session_hash): 1})
+                _drop_one(self.waiting, str(session_hash))
             if not queued:
                 self._release(client, kinds)
 
@@ -329,9 +334,7 @@ class Door:
 
     def _release(self, client: str, kinds: set[str | None]) -> None:
         for kind in kinds:
-            self.admitted[(client, kind)] -= 1
-            if not self.admitted[(client, kind)]:
-                del self.admitted[(client, kind)]
+            _drop_one(self.admitted, (client, kind))
 
     def admit_upload(self, scope) -> tuple[int, str] | None:
         """A file sent to gradio's upload route: its bytes are taken from the address's upload share

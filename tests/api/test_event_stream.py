@@ -77,7 +77,7 @@ def test_a_call_that_waited_for_its_session_s_turn_is_answered_on_the_open_strea
                                   daemon=True)
         joiner.start()
         waited = False
-        while not stream.completed(first) and not waited:  # until Reset is seen waiting, or the Generate is over
+        while not (stream.completed(first) or stream.ended.is_set() or waited):  # Reset seen waiting, or it's over
             waited = _waiting_at_door(app_server.state(), session) and not stream.completed(first)
         joiner.join(GUARD_S)
         assert "id" in second, "Reset never joined"
